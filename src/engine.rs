@@ -1,0 +1,435 @@
+//! The apply engine: carries out a reconciled plan against the API server with bounded
+//! concurrency, a client rate limit, per-operation timeouts and retries, and reports every
+//! step as an owned event. It knows nothing about terminals.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::decision_log::{DecisionLog, Record};
+use crate::error::Result;
+use crate::k8s_target::{K8sTarget, RequestError};
+use crate::planner::{Op, OpKind, display_labels};
+use crate::ratelimit::RateLimiter;
+
+/// Knobs of an apply.
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    pub concurrency: usize,
+    pub op_timeout: Duration,
+    pub max_attempts: u32,
+    pub qps: f64,
+    pub burst: u32,
+    pub crd_timeout: Duration,
+    /// Longest wait between two attempts; a server's `Retry-After` is honoured up to this.
+    pub max_backoff: Duration,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        ApplyOptions {
+            concurrency: 32,
+            op_timeout: Duration::from_secs(30),
+            max_attempts: 8,
+            qps: 0.0,
+            burst: 0,
+            crd_timeout: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The final state of one identity after apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "outcome")]
+pub enum Outcome {
+    Created,
+    /// The object was already there with identical labels (a rerun, or a create whose answer was lost).
+    AlreadyExisted,
+    AlreadyMigrated,
+    Mapped,
+    Skipped,
+    /// The id turned out to be taken by other labels at apply time; left alone.
+    Conflict {
+        existing: String,
+    },
+    Failed {
+        error: String,
+    },
+    /// Not tried because the run was stopped.
+    NotAttempted,
+}
+
+impl Outcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::AlreadyExisted => "already-existed",
+            Outcome::AlreadyMigrated => "already-migrated",
+            Outcome::Mapped => "mapped",
+            Outcome::Skipped => "skipped",
+            Outcome::Conflict { .. } => "conflict",
+            Outcome::Failed { .. } => "failed",
+            Outcome::NotAttempted => "not-attempted",
+        }
+    }
+
+    fn error(&self) -> Option<String> {
+        match self {
+            Outcome::Conflict { existing } => {
+                Some(format!("id already holds other labels: {existing}"))
+            }
+            Outcome::Failed { error } => Some(error.clone()),
+            _ => None,
+        }
+    }
+
+    /// Outcomes that still need work on a rerun.
+    pub fn is_unfinished(&self) -> bool {
+        matches!(self, Outcome::Failed { .. } | Outcome::NotAttempted)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OpResult {
+    pub id: String,
+    pub target_id: Option<u32>,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    pub attempts: u32,
+}
+
+/// Owned progress events for whoever watches (the headless printer or the TUI).
+#[derive(Debug, Clone)]
+pub enum EngineEvent {
+    CrdCreating,
+    CrdEstablished,
+    Started {
+        writes: usize,
+        total: usize,
+    },
+    Retrying {
+        id: String,
+        attempt: u32,
+        error: String,
+        wait: Duration,
+    },
+    Done(OpResult),
+    Stopping {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ApplyReport {
+    pub results: Vec<OpResult>,
+    pub retries: u64,
+    pub stopped: Option<String>,
+    pub crd_created: bool,
+    pub elapsed_ms: u128,
+}
+
+impl ApplyReport {
+    pub fn count(&self, outcome: &str) -> usize {
+        self.results
+            .iter()
+            .filter(|r| r.outcome.as_str() == outcome)
+            .count()
+    }
+
+    /// True when no item failed, conflicted or was left unattempted.
+    pub fn succeeded(&self) -> bool {
+        self.results
+            .iter()
+            .all(|r| !r.outcome.is_unfinished() && !matches!(r.outcome, Outcome::Conflict { .. }))
+    }
+}
+
+/// Shared stop switch: set it and no new write starts; writes in flight finish.
+#[derive(Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct Ctx<'a> {
+    target: &'a K8sTarget,
+    opts: &'a ApplyOptions,
+    limiter: RateLimiter,
+    events: Option<&'a mpsc::Sender<EngineEvent>>,
+    stop: StopFlag,
+    retries: AtomicU64,
+    stop_reason: std::sync::Mutex<Option<String>>,
+}
+
+impl Ctx<'_> {
+    async fn emit(&self, e: EngineEvent) {
+        if let Some(tx) = self.events {
+            // A watcher that went away must not stop the apply.
+            let _ = tx.send(e).await;
+        }
+    }
+
+    async fn halt(&self, reason: String) {
+        self.stop.stop();
+        let first = {
+            let mut r = self.stop_reason.lock().unwrap_or_else(|p| p.into_inner());
+            if r.is_none() {
+                *r = Some(reason.clone());
+                true
+            } else {
+                false
+            }
+        };
+        if first {
+            self.emit(EngineEvent::Stopping { reason }).await;
+        }
+    }
+}
+
+/// Applies the operations. Writes happen only for `OpKind::Create`; everything else is
+/// recorded. Every decision and outcome goes to the decision log as it happens.
+pub async fn apply(
+    target: &K8sTarget,
+    ops: Vec<Op>,
+    create_crd: bool,
+    opts: &ApplyOptions,
+    log: Option<&DecisionLog>,
+    events: Option<&mpsc::Sender<EngineEvent>>,
+    stop: StopFlag,
+) -> Result<ApplyReport> {
+    let started = Instant::now();
+    let ctx = Ctx {
+        target,
+        opts,
+        limiter: RateLimiter::new(opts.qps, opts.burst),
+        events,
+        stop,
+        retries: AtomicU64::new(0),
+        stop_reason: std::sync::Mutex::new(None),
+    };
+    let mut report = ApplyReport::default();
+    let writes = ops.iter().filter(|o| o.op == OpKind::Create).count();
+    if create_crd && writes > 0 {
+        ctx.emit(EngineEvent::CrdCreating).await;
+        target.create_crd().await?;
+        target.wait_crd_established(opts.crd_timeout).await?;
+        report.crd_created = true;
+        ctx.emit(EngineEvent::CrdEstablished).await;
+    }
+    ctx.emit(EngineEvent::Started {
+        writes,
+        total: ops.len(),
+    })
+    .await;
+
+    let ctx_ref = &ctx;
+    let mut stream = futures::stream::iter(ops)
+        .map(|op| async move {
+            let result = run_op(ctx_ref, &op).await;
+            if let Some(log) = log {
+                log_outcome(log, &op, &result)?;
+            }
+            ctx_ref.emit(EngineEvent::Done(result.clone())).await;
+            Ok::<_, crate::Error>(result)
+        })
+        .buffer_unordered(opts.concurrency.max(1));
+    let mut first_err = None;
+    while let Some(r) = stream.next().await {
+        match r {
+            Ok(res) => report.results.push(res),
+            Err(e) => {
+                // The log could not be written: stop writing to the cluster too.
+                ctx.halt(format!("decision log: {e}")).await;
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    drop(stream);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    report.retries = ctx.retries.load(Ordering::SeqCst);
+    report.stopped = ctx
+        .stop_reason
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if report.stopped.is_none() && ctx.stop.is_stopped() {
+        report.stopped = Some("stopped by the operator".into());
+    }
+    report.elapsed_ms = started.elapsed().as_millis();
+    Ok(report)
+}
+
+fn decision_name(op: &Op) -> &'static str {
+    match op.op {
+        OpKind::Create => "create",
+        OpKind::AlreadyDone => "none",
+        OpKind::Map => "map",
+        OpKind::Skip => "skip",
+    }
+}
+
+fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
+    log.append(Record {
+        ts: String::new(),
+        operator: String::new(),
+        id: op.id.clone(),
+        labels: op.label_key.clone(),
+        kind: op.kind.as_str().to_string(),
+        decision: format!("{} ({})", decision_name(op), op.decided_by),
+        target_id: op.target_id,
+        outcome: None,
+        error: None,
+    })
+}
+
+fn log_outcome(log: &DecisionLog, op: &Op, r: &OpResult) -> Result<()> {
+    log.append(Record {
+        ts: String::new(),
+        operator: String::new(),
+        id: op.id.clone(),
+        labels: op.label_key.clone(),
+        kind: op.kind.as_str().to_string(),
+        decision: decision_name(op).to_string(),
+        target_id: op.target_id,
+        outcome: Some(r.outcome.as_str().to_string()),
+        error: r.outcome.error(),
+    })
+}
+
+async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
+    let mut result = OpResult {
+        id: op.id.clone(),
+        target_id: op.target_id,
+        outcome: Outcome::NotAttempted,
+        attempts: 0,
+    };
+    result.outcome = match (op.op, op.target_id) {
+        (OpKind::Skip, _) => Outcome::Skipped,
+        (OpKind::Map, _) => Outcome::Mapped,
+        (OpKind::AlreadyDone, _) => Outcome::AlreadyMigrated,
+        (OpKind::Create, None) => Outcome::Failed {
+            error: "create without a target id".into(),
+        },
+        (OpKind::Create, Some(_)) if ctx.stop.is_stopped() => Outcome::NotAttempted,
+        (OpKind::Create, Some(t)) => create_with_retries(ctx, op, t, &mut result.attempts).await,
+    };
+    result
+}
+
+fn backoff(attempt: u32, id: &str, max: Duration) -> Duration {
+    // Exponential from 100 ms with a little per-item jitter so retries do not march in step.
+    let base = 100u64.saturating_mul(1 << attempt.min(10).saturating_sub(1));
+    let jitter = id.bytes().fold(u64::from(attempt), |h, b| {
+        h.wrapping_mul(31).wrapping_add(u64::from(b))
+    }) % 50;
+    Duration::from_millis(base + jitter).min(max)
+}
+
+async fn attempt<T>(
+    ctx: &Ctx<'_>,
+    fut: impl Future<Output = Result<T, RequestError>>,
+) -> Result<T, RequestError> {
+    ctx.limiter.acquire().await;
+    tokio::time::timeout(ctx.opts.op_timeout, fut)
+        .await
+        .unwrap_or(Err(RequestError::Timeout))
+}
+
+async fn create_with_retries(
+    ctx: &Ctx<'_>,
+    op: &Op,
+    target_id: u32,
+    attempts: &mut u32,
+) -> Outcome {
+    loop {
+        *attempts += 1;
+        match attempt(ctx, ctx.target.create_identity(target_id, &op.labels)).await {
+            Ok(()) => return Outcome::Created,
+            Err(e) if e.is_already_exists() => {
+                return check_existing(ctx, op, target_id, attempts).await;
+            }
+            Err(e) if e.is_retryable() && *attempts < ctx.opts.max_attempts => {
+                wait_before_retry(ctx, op, *attempts, &e).await;
+            }
+            Err(e) => {
+                if e.is_retryable() {
+                    ctx.halt(format!(
+                        "the API server {} kept failing ({e}); stopped starting new writes",
+                        ctx.target.server
+                    ))
+                    .await;
+                }
+                return Outcome::Failed {
+                    error: format!("{e} after {} attempt(s)", *attempts),
+                };
+            }
+        }
+    }
+}
+
+/// A 409 on create: read what is there. Identical labels count as migrated; anything else is
+/// a conflict to report, never to overwrite.
+async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, attempts: &mut u32) -> Outcome {
+    loop {
+        *attempts += 1;
+        match attempt(ctx, ctx.target.get_identity(target_id)).await {
+            Ok(Some(existing)) if existing == op.labels => return Outcome::AlreadyExisted,
+            Ok(Some(existing)) => {
+                return Outcome::Conflict {
+                    existing: display_labels(&existing),
+                };
+            }
+            Ok(None) => {
+                return Outcome::Failed {
+                    error: format!(
+                        "create of {target_id} said it exists, but a read finds nothing; rerun to retry"
+                    ),
+                };
+            }
+            Err(e) if e.is_retryable() && *attempts < ctx.opts.max_attempts => {
+                wait_before_retry(ctx, op, *attempts, &e).await;
+            }
+            Err(e) => {
+                return Outcome::Failed {
+                    error: format!("reading existing {target_id}: {e}"),
+                };
+            }
+        }
+    }
+}
+
+async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestError) {
+    ctx.retries.fetch_add(1, Ordering::SeqCst);
+    let wait = e
+        .retry_after()
+        .map(|d| d.min(ctx.opts.max_backoff))
+        .unwrap_or_else(|| backoff(attempt_no, &op.id, ctx.opts.max_backoff));
+    tracing::debug!(id = %op.id, attempt = attempt_no, error = %e, ?wait, "retrying");
+    ctx.emit(EngineEvent::Retrying {
+        id: op.id.clone(),
+        attempt: attempt_no,
+        error: e.to_string(),
+        wait,
+    })
+    .await;
+    tokio::time::sleep(wait).await;
+}
+
+/// Logs the decisions for a set of operations before any write, so the log shows what was
+/// decided even if the process dies before the outcome.
+pub fn log_decisions(log: &DecisionLog, ops: &[Op]) -> Result<()> {
+    ops.iter().try_for_each(|op| log_decision(log, op))
+}

@@ -1,0 +1,239 @@
+//! The etcd side: connect (plain, TLS with client certificates, user/password), and read a
+//! consistent snapshot of the identities in pages at one pinned revision. Read-only: this
+//! module issues range requests and nothing else.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::kvstore::{
+    KeyKind, KvSnapshot, MasterEntry, SourceInfo, classify_key, normalize_prefix,
+};
+
+/// How to reach etcd and what to read.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub config_file: Option<PathBuf>,
+    pub prefix: String,
+    /// Keys per range request; halved automatically when a page is too large for one response.
+    pub page_size: i64,
+    pub timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            endpoints: Vec::new(),
+            config_file: None,
+            prefix: crate::kvstore::DEFAULT_PREFIX.to_string(),
+            page_size: 2000,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Cilium's etcd config file (the one passed as `--kvstore-opt etcd.config=`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EtcdConfigFile {
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    pub trusted_ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl EtcdConfigFile {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, e))?;
+        serde_yaml::from_str(&text)
+            .map_err(|e| Error::file(path, format!("not a valid etcd config: {e}")))
+    }
+}
+
+/// The resolved connection: endpoints plus the options built from the config file.
+pub struct EtcdConnection {
+    client: Client,
+    endpoints: Vec<String>,
+    timeout: Duration,
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::file(path, format!("cannot read {what}: {e}")))
+}
+
+impl EtcdConnection {
+    pub async fn connect(opts: &EtcdOptions) -> Result<Self> {
+        let file = match &opts.config_file {
+            Some(p) => EtcdConfigFile::load(p)?,
+            None => EtcdConfigFile::default(),
+        };
+        let mut endpoints = opts.endpoints.clone();
+        if endpoints.is_empty() {
+            endpoints = file.endpoints.clone();
+        }
+        if endpoints.is_empty() {
+            return Err(Error::Config(
+                "no etcd endpoints: pass --etcd-endpoints URL[,URL] or --etcd-config FILE".into(),
+            ));
+        }
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(opts.timeout);
+        let uses_tls = file.trusted_ca_file.is_some()
+            || file.cert_file.is_some()
+            || endpoints.iter().any(|e| e.starts_with("https://"));
+        if uses_tls {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &file.trusted_ca_file {
+                tls = tls.ca_certificate(Certificate::from_pem(read_file(ca, "trusted-ca-file")?));
+            }
+            match (&file.cert_file, &file.key_file) {
+                (Some(c), Some(k)) => {
+                    tls = tls.identity(Identity::from_pem(
+                        read_file(c, "cert-file")?,
+                        read_file(k, "key-file")?,
+                    ));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(Error::Config(
+                        "etcd config: cert-file and key-file must be given together".into(),
+                    ));
+                }
+            }
+            co = co.with_tls(tls);
+        }
+        if let (Some(u), Some(p)) = (&file.username, &file.password) {
+            co = co.with_user(u.clone(), p.clone());
+        }
+        let joined = endpoints.join(",");
+        let client = Client::connect(endpoints.clone(), Some(co))
+            .await
+            .map_err(|e| Error::Etcd {
+                endpoints: joined.clone(),
+                message: format!("cannot connect: {e}"),
+            })?;
+        Ok(EtcdConnection {
+            client,
+            endpoints,
+            timeout: opts.timeout,
+        })
+    }
+
+    fn err(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        Error::Etcd {
+            endpoints: self.endpoints.join(","),
+            message: format!("{what}: {e}"),
+        }
+    }
+
+    /// Reads `id/` with values and `value/` keys only, both at one revision, in pages.
+    pub async fn read_snapshot(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
+        let prefix = normalize_prefix(prefix);
+        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
+        let mut snap = KvSnapshot {
+            source: SourceInfo {
+                endpoints: self.endpoints.clone(),
+                revision: 0,
+                prefix: prefix.trim_end_matches('/').to_string(),
+            },
+            ..Default::default()
+        };
+        let mut revision = 0i64;
+        let id_prefix = format!("{prefix}id/").into_bytes();
+        let value_prefix = format!("{prefix}value/").into_bytes();
+        for (range_prefix, keys_only) in [(&id_prefix, false), (&value_prefix, true)] {
+            let end = prefix_end(range_prefix);
+            let mut start = range_prefix.clone();
+            let mut page = page_size.max(1);
+            loop {
+                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
+                if revision > 0 {
+                    opts = opts.with_revision(revision);
+                }
+                if keys_only {
+                    opts = opts.with_keys_only();
+                }
+                let resp =
+                    match tokio::time::timeout(self.timeout, kv.get(start.clone(), Some(opts)))
+                        .await
+                    {
+                        Err(_) => {
+                            return Err(self.err(
+                                "range request",
+                                format!("timed out after {}s", self.timeout.as_secs()),
+                            ));
+                        }
+                        Ok(Err(e)) if page > 1 && is_too_large(&e) => {
+                            page /= 2;
+                            continue;
+                        }
+                        Ok(Err(e)) => return Err(self.err("range request", e)),
+                        Ok(Ok(r)) => r,
+                    };
+                if revision == 0 {
+                    // Pin every later page to the revision of the first answer.
+                    revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    snap.source.revision = revision;
+                }
+                let kvs = resp.kvs();
+                for item in kvs {
+                    match classify_key(&prefix, item.key()) {
+                        KeyKind::Master { id } => {
+                            snap.masters.push(MasterEntry::new(id, item.value()))
+                        }
+                        KeyKind::Slave { label_key, .. } => {
+                            *snap.node_counts.entry(label_key.to_vec()).or_insert(0) += 1;
+                        }
+                        KeyKind::Lock | KeyKind::Other => {}
+                    }
+                }
+                match kvs.last() {
+                    Some(last) if resp.more() => {
+                        start = last.key().to_vec();
+                        start.push(0);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        tracing::info!(
+            revision,
+            identities = snap.masters.len(),
+            "read kvstore snapshot"
+        );
+        Ok(snap)
+    }
+}
+
+fn is_too_large(e: &etcd_client::Error) -> bool {
+    let s = e.to_string();
+    s.contains("larger than max") || s.contains("ResourceExhausted") || s.contains("too large")
+}
+
+/// The smallest key greater than every key with this prefix.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Connects and reads in one go.
+pub async fn read_snapshot(opts: &EtcdOptions) -> Result<KvSnapshot> {
+    EtcdConnection::connect(opts)
+        .await?
+        .read_snapshot(&opts.prefix, opts.page_size)
+        .await
+}

@@ -1,0 +1,152 @@
+//! The kvstore layout Cilium uses for identities, and the snapshot read from it (pure data).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Cilium's base path for identities in etcd.
+pub const DEFAULT_PREFIX: &str = "cilium/state/identities/v1";
+
+/// What a key under the identities prefix is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyKind<'a> {
+    /// `id/<n>`: the master key; the value is the label key.
+    Master { id: &'a [u8] },
+    /// `value/<label key>/<node>`: a node's reference; the label key may itself contain `/`,
+    /// so the node is whatever follows the last `/`.
+    Slave { label_key: &'a [u8], node: &'a [u8] },
+    /// `locks/...`: allocator locks, never migrated.
+    Lock,
+    /// Anything else under the prefix.
+    Other,
+}
+
+/// Normalises a prefix so that it ends with exactly one `/`.
+pub fn normalize_prefix(prefix: &str) -> String {
+    format!("{}/", prefix.trim_end_matches('/'))
+}
+
+/// Classifies a full etcd key against a normalised prefix (ending in `/`).
+pub fn classify_key<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
+    let Some(rest) = key.strip_prefix(prefix.as_bytes()) else {
+        return KeyKind::Other;
+    };
+    if let Some(id) = rest.strip_prefix(b"id/") {
+        return KeyKind::Master { id };
+    }
+    if let Some(v) = rest.strip_prefix(b"value/") {
+        return match v.iter().rposition(|&b| b == b'/') {
+            Some(pos) if pos > 0 => KeyKind::Slave {
+                label_key: &v[..pos],
+                node: &v[pos + 1..],
+            },
+            _ => KeyKind::Other,
+        };
+    }
+    if rest.starts_with(b"locks/") {
+        return KeyKind::Lock;
+    }
+    KeyKind::Other
+}
+
+/// Parses the `<n>` of `id/<n>` strictly: plain decimal as Cilium formats it, no sign, no
+/// leading zero, no whitespace, and within 32 bits (the width of a numeric identity).
+pub fn parse_id(raw: &[u8]) -> Result<u32, String> {
+    let s = std::str::from_utf8(raw).map_err(|_| "id is not valid UTF-8".to_string())?;
+    if s.is_empty() {
+        return Err("id is empty".into());
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("id {s:?} is not a plain decimal number"));
+    }
+    if s.len() > 1 && s.starts_with('0') {
+        return Err(format!(
+            "id {s:?} has a leading zero; Cilium never writes one"
+        ));
+    }
+    s.parse::<u32>()
+        .map_err(|_| format!("id {s} does not fit in 32 bits"))
+}
+
+/// One `id/<n>` entry as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterEntry {
+    pub id: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+impl MasterEntry {
+    pub fn new(id: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        MasterEntry {
+            id: id.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// Where a snapshot came from, for the plan file and the preflight screen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SourceInfo {
+    pub endpoints: Vec<String>,
+    pub revision: i64,
+    pub prefix: String,
+}
+
+/// A consistent read of the identities in the kvstore at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct KvSnapshot {
+    pub source: SourceInfo,
+    pub masters: Vec<MasterEntry>,
+    /// Number of `value/` keys per label key: how many nodes use each identity.
+    pub node_counts: HashMap<Vec<u8>, u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_keys() {
+        let p = normalize_prefix("cilium/state/identities/v1/");
+        assert_eq!(p, "cilium/state/identities/v1/");
+        assert_eq!(
+            classify_key(&p, b"cilium/state/identities/v1/id/300"),
+            KeyKind::Master { id: b"300" }
+        );
+        assert_eq!(
+            classify_key(&p, b"cilium/state/identities/v1/value/k8s:a=b/c;/node-1"),
+            KeyKind::Slave {
+                label_key: b"k8s:a=b/c;",
+                node: b"node-1"
+            }
+        );
+        assert_eq!(
+            classify_key(&p, b"cilium/state/identities/v1/locks/x"),
+            KeyKind::Lock
+        );
+        assert_eq!(
+            classify_key(&p, b"cilium/state/identities/v1/value/nolash"),
+            KeyKind::Other
+        );
+        assert_eq!(classify_key(&p, b"elsewhere/id/1"), KeyKind::Other);
+    }
+
+    #[test]
+    fn parses_ids_strictly() {
+        assert_eq!(parse_id(b"300"), Ok(300));
+        assert_eq!(parse_id(b"0"), Ok(0));
+        assert_eq!(parse_id(b"4294967295"), Ok(u32::MAX));
+        for bad in [
+            &b""[..],
+            b"+300",
+            b"-1",
+            b"0300",
+            b" 300",
+            b"30x",
+            b"4294967296",
+            b"\xff",
+        ] {
+            assert!(parse_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

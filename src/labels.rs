@@ -1,0 +1,332 @@
+//! Cilium label keys: parsing the kvstore form, re-encoding it canonically, and the maps
+//! a `CiliumIdentity` carries (`security-labels` and the sanitized `metadata.labels`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// `security-labels`: `source:key` -> value, exactly what Cilium's `GetAsMap()` gives.
+pub type SecurityLabels = BTreeMap<String, String>;
+
+/// One label as Cilium stores it in a label key: `source:key=value;`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    pub source: String,
+    pub key: String,
+    pub value: String,
+}
+
+/// Why a kvstore value is not a label key that Cilium's writer could have produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelKeyError {
+    Empty,
+    NotUtf8,
+    MissingTrailingSemicolon,
+    EmptyItem { index: usize },
+    MissingSource { item: String },
+    MissingEquals { item: String },
+    EmptyKey { item: String },
+    DuplicateKey { key: String },
+    NotCanonicalOrder { before: String, after: String },
+}
+
+impl fmt::Display for LabelKeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LabelKeyError::Empty => write!(f, "empty label key (no labels)"),
+            LabelKeyError::NotUtf8 => write!(f, "label key is not valid UTF-8"),
+            LabelKeyError::MissingTrailingSemicolon => {
+                write!(f, "label key does not end with ';' as Cilium writes it")
+            }
+            LabelKeyError::EmptyItem { index } => write!(f, "label #{index} is empty (';;')"),
+            LabelKeyError::MissingSource { item } => {
+                write!(f, "label {item:?} has no 'source:' prefix")
+            }
+            LabelKeyError::MissingEquals { item } => write!(f, "label {item:?} has no '='"),
+            LabelKeyError::EmptyKey { item } => write!(f, "label {item:?} has an empty key"),
+            LabelKeyError::DuplicateKey { key } => write!(f, "label key {key:?} appears twice"),
+            LabelKeyError::NotCanonicalOrder { before, after } => write!(
+                f,
+                "labels are not in Cilium's sorted order ({before:?} before {after:?}); no agent looks this key up"
+            ),
+        }
+    }
+}
+
+impl Label {
+    /// `source:key`, the form used as a `security-labels` map key.
+    pub fn map_key(&self) -> String {
+        format!("{}:{}", self.source, self.key)
+    }
+}
+
+/// Parses a kvstore label key strictly: it must be exactly what Cilium's writer produces,
+/// so that `encode_label_key(&parse_label_key(s)?) == s` byte for byte.
+pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
+    if raw.is_empty() {
+        return Err(LabelKeyError::Empty);
+    }
+    let body = raw
+        .strip_suffix(';')
+        .ok_or(LabelKeyError::MissingTrailingSemicolon)?;
+    let mut labels: Vec<Label> = Vec::new();
+    for (index, item) in body.split(';').enumerate() {
+        if item.is_empty() {
+            return Err(LabelKeyError::EmptyItem { index });
+        }
+        let (source, rest) = item
+            .split_once(':')
+            .filter(|(s, _)| !s.is_empty())
+            .ok_or_else(|| LabelKeyError::MissingSource {
+                item: item.to_string(),
+            })?;
+        let (key, value) = rest
+            .split_once('=')
+            .ok_or_else(|| LabelKeyError::MissingEquals {
+                item: item.to_string(),
+            })?;
+        if key.is_empty() {
+            return Err(LabelKeyError::EmptyKey {
+                item: item.to_string(),
+            });
+        }
+        if let Some(prev) = labels.last() {
+            // Cilium sorts by the key without its source; equal keys cannot both be in a label set.
+            match prev.key.as_str().cmp(key) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => {
+                    return Err(LabelKeyError::DuplicateKey {
+                        key: key.to_string(),
+                    });
+                }
+                std::cmp::Ordering::Greater => {
+                    if labels.iter().any(|l| l.key == key) {
+                        return Err(LabelKeyError::DuplicateKey {
+                            key: key.to_string(),
+                        });
+                    }
+                    return Err(LabelKeyError::NotCanonicalOrder {
+                        before: prev.key.clone(),
+                        after: key.to_string(),
+                    });
+                }
+            }
+        }
+        labels.push(Label {
+            source: source.to_string(),
+            key: key.to_string(),
+            value: value.to_string(),
+        });
+    }
+    Ok(labels)
+}
+
+/// Parses raw kvstore bytes (which need not be UTF-8) into labels.
+pub fn parse_label_key_bytes(raw: &[u8]) -> Result<Vec<Label>, LabelKeyError> {
+    let s = std::str::from_utf8(raw).map_err(|_| LabelKeyError::NotUtf8)?;
+    parse_label_key(s)
+}
+
+/// Encodes labels the way Cilium's `GetKey` does: sorted by key, `source:key=value;` each.
+pub fn encode_label_key(labels: &[Label]) -> String {
+    let mut sorted: Vec<&Label> = labels.iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut out = String::with_capacity(
+        labels
+            .iter()
+            .map(|l| l.source.len() + l.key.len() + l.value.len() + 3)
+            .sum(),
+    );
+    for l in sorted {
+        out.push_str(&l.source);
+        out.push(':');
+        out.push_str(&l.key);
+        out.push('=');
+        out.push_str(&l.value);
+        out.push(';');
+    }
+    out
+}
+
+/// `security-labels` of a label set.
+pub fn to_security_labels(labels: &[Label]) -> SecurityLabels {
+    labels
+        .iter()
+        .map(|l| (l.map_key(), l.value.clone()))
+        .collect()
+}
+
+/// Rebuilds the canonical kvstore label key from a `security-labels` map, if every map key
+/// has a source. Used to show Kubernetes-side labels in the same form as kvstore ones.
+pub fn label_key_from_map(map: &SecurityLabels) -> Option<String> {
+    let mut labels = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let (source, key) = k.split_once(':')?;
+        labels.push(Label {
+            source: source.to_string(),
+            key: key.to_string(),
+            value: v.clone(),
+        });
+    }
+    Some(encode_label_key(&labels))
+}
+
+/// The `metadata.labels` Cilium derives for humans and selectors: `k8s:` labels with the
+/// prefix stripped, keeping only keys and values the API server accepts, so an odd label
+/// value can never make the whole create fail with 422.
+pub fn metadata_labels(security: &SecurityLabels) -> BTreeMap<String, String> {
+    security
+        .iter()
+        .filter_map(|(k, v)| {
+            let key = k.strip_prefix("k8s:")?;
+            (is_valid_label_key(key) && is_valid_label_value(v))
+                .then(|| (key.to_string(), v.clone()))
+        })
+        .collect()
+}
+
+/// A Kubernetes qualified name: `[prefix/]name`, name up to 63 chars of `[A-Za-z0-9._-]`,
+/// starting and ending alphanumeric; prefix a DNS-1123 subdomain up to 253 chars.
+pub fn is_valid_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && !is_dns1123_subdomain(p)
+    {
+        return false;
+    }
+    !name.is_empty() && is_label_value_shape(name)
+}
+
+/// A Kubernetes label value: empty, or up to 63 chars of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+pub fn is_valid_label_value(value: &str) -> bool {
+    value.is_empty() || is_label_value_shape(value)
+}
+
+fn is_label_value_shape(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() <= 63
+        && b.first().is_some_and(|c| c.is_ascii_alphanumeric())
+        && b.last().is_some_and(|c| c.is_ascii_alphanumeric())
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// RFC 1123 subdomain as Kubernetes checks it (object names, label key prefixes).
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && b.first()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && b.last()
+                    .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_key_round_trips() {
+        let raw = "k8s:app=web;reserved:host=;k8s:io.kubernetes.pod.namespace=shop;";
+        let labels = parse_label_key(raw).unwrap();
+        assert_eq!(labels.len(), 3);
+        assert_eq!(labels[1].value, "");
+        assert_eq!(encode_label_key(&labels), raw);
+        let map = to_security_labels(&labels);
+        assert_eq!(map["reserved:host"], "");
+        assert_eq!(label_key_from_map(&map).unwrap(), raw);
+    }
+
+    #[test]
+    fn values_may_hold_equals_and_keys_colons() {
+        let raw = "cidr:2001:db8::/64=;k8s:x=a=b;";
+        let labels = parse_label_key(raw).unwrap();
+        assert_eq!(labels[0].key, "2001:db8::/64");
+        assert_eq!(labels[1].value, "a=b");
+        assert_eq!(encode_label_key(&labels), raw);
+    }
+
+    #[test]
+    fn rejects_what_cilium_could_not_write() {
+        assert_eq!(parse_label_key(""), Err(LabelKeyError::Empty));
+        assert_eq!(
+            parse_label_key("k8s:a=b"),
+            Err(LabelKeyError::MissingTrailingSemicolon)
+        );
+        assert!(matches!(
+            parse_label_key("k8s:a=b;;"),
+            Err(LabelKeyError::EmptyItem { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("a=b;"),
+            Err(LabelKeyError::MissingSource { .. })
+        ));
+        assert!(matches!(
+            parse_label_key(":a=b;"),
+            Err(LabelKeyError::MissingSource { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:a;"),
+            Err(LabelKeyError::MissingEquals { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:=b;"),
+            Err(LabelKeyError::EmptyKey { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:a=1;k8s:a=2;"),
+            Err(LabelKeyError::DuplicateKey { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:a=1;container:a=2;"),
+            Err(LabelKeyError::DuplicateKey { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:b=1;k8s:a=2;"),
+            Err(LabelKeyError::NotCanonicalOrder { .. })
+        ));
+        assert!(matches!(
+            parse_label_key("k8s:a=1;k8s:c=1;k8s:a=2;"),
+            Err(LabelKeyError::DuplicateKey { .. })
+        ));
+        assert_eq!(
+            parse_label_key_bytes(b"k8s:a=\xff;"),
+            Err(LabelKeyError::NotUtf8)
+        );
+    }
+
+    #[test]
+    fn metadata_labels_keep_only_valid_k8s_labels() {
+        let mut m = SecurityLabels::new();
+        m.insert("k8s:app".into(), "web".into());
+        m.insert("k8s:io.kubernetes.pod.namespace".into(), "shop".into());
+        m.insert("k8s:weird".into(), "has space".into());
+        m.insert("k8s:bad key".into(), "v".into());
+        m.insert("reserved:host".into(), "".into());
+        m.insert("container:x".into(), "y".into());
+        let md = metadata_labels(&m);
+        assert_eq!(md.len(), 2);
+        assert_eq!(md["app"], "web");
+        assert_eq!(md["io.kubernetes.pod.namespace"], "shop");
+    }
+
+    #[test]
+    fn label_key_and_value_validation() {
+        assert!(is_valid_label_key("app.kubernetes.io/name"));
+        assert!(!is_valid_label_key("Bad.Prefix/name"));
+        assert!(!is_valid_label_key("a/b/c"));
+        assert!(!is_valid_label_key(""));
+        assert!(is_valid_label_value(""));
+        assert!(!is_valid_label_value("-x"));
+        assert!(!is_valid_label_value(&"a".repeat(64)));
+        assert!(is_valid_label_value(&"a".repeat(63)));
+    }
+}

@@ -1,0 +1,92 @@
+//! Fault injection for the sandbox API server: latency, spikes, 500s, 429 with Retry-After,
+//! dropped connections, and a queue of exact faults for deterministic tests.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// What a request should suffer before (or instead of) being served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    Status(u16),
+    TooManyRequests { retry_after_secs: u64 },
+    Drop,
+    Delay(Duration),
+}
+
+/// Probabilistic faults, applied to `ciliumidentities` requests only, so the CRD and
+/// discovery paths stay healthy.
+#[derive(Debug, Clone, Default)]
+pub struct FaultConfig {
+    /// Added to every identity request.
+    pub latency: Duration,
+    pub p_500: f64,
+    pub p_429: f64,
+    pub retry_after_secs: u64,
+    pub p_drop: f64,
+    /// Probability of a latency spike of `spike` (e.g. beyond the client's op timeout).
+    pub p_spike: f64,
+    pub spike: Duration,
+    /// Only faults on writes (POST), leaving reads clean.
+    pub writes_only: bool,
+    /// Exact faults for the next requests, taken before any probabilistic one.
+    pub queue: VecDeque<Fault>,
+}
+
+/// A small deterministic generator (splitmix64) so fault runs can be replayed by seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+}
+
+impl FaultConfig {
+    /// Picks the faults for one request: an optional delay, then an optional failure.
+    pub fn pick(&mut self, rng: &mut Rng, is_write: bool) -> (Duration, Option<Fault>) {
+        let mut delay = self.latency;
+        if let Some(f) = self.queue.pop_front() {
+            return match f {
+                Fault::Delay(d) => (delay + d, None),
+                other => (delay, Some(other)),
+            };
+        }
+        if self.writes_only && !is_write {
+            return (delay, None);
+        }
+        if self.p_spike > 0.0 && rng.next_f64() < self.p_spike {
+            delay += self.spike;
+        }
+        let r = rng.next_f64();
+        let fault = if r < self.p_500 {
+            Some(Fault::Status(500))
+        } else if r < self.p_500 + self.p_429 {
+            Some(Fault::TooManyRequests {
+                retry_after_secs: self.retry_after_secs,
+            })
+        } else if r < self.p_500 + self.p_429 + self.p_drop {
+            Some(Fault::Drop)
+        } else {
+            None
+        };
+        (delay, fault)
+    }
+}

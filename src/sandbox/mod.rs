@@ -1,0 +1,186 @@
+//! The sandbox Kubernetes API server: an in-process HTTP server that follows the API
+//! conventions for CRDs and `ciliumidentities` (Status bodies, resourceVersion, uid,
+//! creationTimestamp, list limit/continue, label selectors, watch) and can inject faults.
+//! Tests and `cilium-idmig demo` run against it exactly as against a real cluster.
+
+mod faults;
+mod selector;
+mod server;
+mod store;
+
+pub use faults::{Fault, FaultConfig, Rng};
+pub use selector::Selector;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::identity::{CRD_YAML, identity_object};
+use crate::labels::SecurityLabels;
+
+/// How the sandbox starts.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// How long a new CRD stays un-Established (its resource answers a plain 404 meanwhile).
+    pub crd_establish_delay: Duration,
+    /// Install the CiliumIdentity CRD at start.
+    pub with_crd: bool,
+    /// Require this bearer token on every request (401 otherwise).
+    pub token: Option<String>,
+    /// `(verb, resource)` pairs that SelfSubjectAccessReview denies.
+    pub denied: Vec<(String, String)>,
+    pub seed: u64,
+    /// Port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            crd_establish_delay: Duration::from_millis(300),
+            with_crd: true,
+            token: None,
+            denied: Vec::new(),
+            seed: 1,
+            port: 0,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub store: Mutex<store::Store>,
+    pub faults: Mutex<(FaultConfig, Rng)>,
+    pub counts: Mutex<HashMap<String, u64>>,
+    pub config: SandboxConfig,
+}
+
+/// A running sandbox. Dropping it stops the server and closes every connection.
+pub struct Sandbox {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sandbox {
+    pub async fn start(config: SandboxConfig) -> Result<Self> {
+        let mut store = store::Store::new(config.crd_establish_delay);
+        if config.with_crd {
+            let crd: Value =
+                serde_yaml::from_str(CRD_YAML).map_err(|e| Error::Sandbox(e.to_string()))?;
+            store.install_crd(crd);
+            // Installed at start means established from the start.
+            if let Some((_, at)) = store.crd.as_mut() {
+                *at -= config.crd_establish_delay;
+            }
+        }
+        let shared = Arc::new(Shared {
+            store: Mutex::new(store),
+            faults: Mutex::new((FaultConfig::default(), Rng::new(config.seed))),
+            counts: Mutex::new(HashMap::new()),
+            config: config.clone(),
+        });
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
+            .await
+            .map_err(|e| {
+                Error::Sandbox(format!("cannot listen on 127.0.0.1:{}: {e}", config.port))
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::Sandbox(e.to_string()))?;
+        let task = tokio::spawn(server::serve(listener, shared.clone()));
+        Ok(Sandbox { addr, shared, task })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig that points at this sandbox (context `sandbox`), mode 0600.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let user = match &self.shared.config.token {
+            Some(t) => format!("    user:\n      token: {t}\n"),
+            None => "    user: {}\n".to_string(),
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: {}\ncontexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\ncurrent-context: sandbox\nusers:\n- name: sandbox\n{user}",
+            self.url()
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(|e| Error::file(path, e))
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
+        self.shared.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an identity directly, as if another writer had created it.
+    pub fn seed_identity(&self, id: u32, labels: &SecurityLabels) {
+        let obj = identity_object(id, labels);
+        self.store().insert(id.to_string(), obj);
+    }
+
+    /// Adds a raw object (for objects no well-behaved writer makes, e.g. `null` label values).
+    pub fn seed_raw(&self, name: &str, obj: Value) {
+        self.store().insert(name.to_string(), obj);
+    }
+
+    /// Every object, by name.
+    pub fn objects(&self) -> BTreeMap<String, Value> {
+        self.store().objects.clone()
+    }
+
+    pub fn crd_installed(&self) -> bool {
+        self.store().crd.is_some()
+    }
+
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0 = faults;
+    }
+
+    /// Requests served so far, by `METHOD resource` (e.g. `POST ciliumidentities`).
+    pub fn request_count(&self, key: &str) -> u64 {
+        self.shared
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn reset_counts(&self) {
+        self.shared
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Stops serving and drops every open connection: the API server is gone.
+    pub fn shutdown(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

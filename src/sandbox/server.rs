@@ -1,0 +1,648 @@
+//! HTTP handling of the sandbox API server: routing, validation and Status bodies.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+
+use super::faults::Fault;
+use super::selector::Selector;
+use super::{Shared, store::Store};
+use crate::identity::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
+use crate::labels::{is_dns1123_subdomain, is_valid_label_key, is_valid_label_value};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// Returned by the service to make hyper close the connection without an answer.
+#[derive(Debug)]
+struct DropConnection;
+impl std::fmt::Display for DropConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("injected dropped connection")
+    }
+}
+impl std::error::Error for DropConnection {}
+
+pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    // Connections live in this set, so aborting `serve` closes every one of them.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| handle(shared.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+fn full(status: StatusCode, body: Vec<u8>, content_type: &str) -> Response<Body> {
+    let mut res = Response::new(Full::new(Bytes::from(body)).boxed());
+    *res.status_mut() = status;
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        res.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    res
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    full(status, v.to_string().into_bytes(), "application/json")
+}
+
+/// A `metav1.Status` failure body, as the API server sends it.
+fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Response<Body> {
+    let mut body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    });
+    if let Some(d) = details {
+        body["details"] = d;
+    }
+    json_response(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &body,
+    )
+}
+
+/// What an unknown path gets: plain text, not a Status (as for a CRD that is not established).
+fn page_not_found() -> Response<Body> {
+    full(
+        StatusCode::NOT_FOUND,
+        b"404 page not found\n".to_vec(),
+        "text/plain; charset=utf-8",
+    )
+}
+
+fn query_params(q: Option<&str>) -> Vec<(String, String)> {
+    q.unwrap_or("")
+        .split('&')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Store> {
+    shared.store.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, DropConnection> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let params = query_params(req.uri().query());
+    let identities = format!("/apis/{GROUP}/{VERSION}/{PLURAL}");
+    let is_identity = path == identities || path.starts_with(&format!("{identities}/"));
+    let resource = if is_identity {
+        PLURAL
+    } else {
+        path.rsplit('/').next().unwrap_or("")
+    };
+    *shared
+        .counts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(format!("{method} {resource}"))
+        .or_default() += 1;
+
+    if let Some(token) = &shared.config.token {
+        let ok = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v == format!("Bearer {token}"));
+        if !ok {
+            return Ok(status(401, "Unauthorized", "Unauthorized", None));
+        }
+    }
+
+    if is_identity {
+        let (delay, fault) = {
+            let mut f = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
+            let (cfg, rng) = &mut *f;
+            cfg.pick(rng, method == Method::POST)
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        match fault {
+            Some(Fault::Drop) => return Err(DropConnection),
+            Some(Fault::Status(code)) => {
+                return Ok(status(
+                    code,
+                    "InternalError",
+                    "injected fault: the server is having a bad day",
+                    None,
+                ));
+            }
+            Some(Fault::TooManyRequests { retry_after_secs }) => {
+                let mut res = status(
+                    429,
+                    "TooManyRequests",
+                    "injected fault: too many requests, please try again later",
+                    Some(json!({"retryAfterSeconds": retry_after_secs})),
+                );
+                if let Ok(v) = http::HeaderValue::from_str(&retry_after_secs.to_string()) {
+                    res.headers_mut().insert(http::header::RETRY_AFTER, v);
+                }
+                return Ok(res);
+            }
+            Some(Fault::Delay(_)) | None => {}
+        }
+    }
+
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(DropConnection),
+    };
+
+    let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    Ok(match (method, path.as_str()) {
+        (Method::GET, "/version") => json_response(
+            StatusCode::OK,
+            &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-sandbox", "platform": "linux/amd64"}),
+        ),
+        (Method::GET, "/healthz") | (Method::GET, "/readyz") => {
+            full(StatusCode::OK, b"ok".to_vec(), "text/plain")
+        }
+        (Method::POST, p) if p == crd_path => create_crd(&shared, &body),
+        (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match lock(&shared)
+            .crd_object()
+        {
+            Some(crd) => json_response(StatusCode::OK, &crd),
+            None => status(
+                404,
+                "NotFound",
+                &format!("customresourcedefinitions.apiextensions.k8s.io \"{CRD_NAME}\" not found"),
+                Some(
+                    json!({"name": CRD_NAME, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"}),
+                ),
+            ),
+        },
+        (Method::POST, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") => {
+            access_review(&shared, &body)
+        }
+        (m, _) if is_identity => {
+            if !lock(&shared).crd_established() {
+                return Ok(page_not_found());
+            }
+            let name = path
+                .strip_prefix(&identities)
+                .unwrap_or("")
+                .trim_start_matches('/')
+                .to_string();
+            match (m, name.is_empty()) {
+                (Method::GET, true)
+                    if params
+                        .iter()
+                        .any(|(k, v)| k == "watch" && (v == "true" || v == "1")) =>
+                {
+                    watch(&shared, &params)
+                }
+                (Method::GET, true) => list(&shared, &params),
+                (Method::POST, true) => create_identity(&shared, &body),
+                (Method::GET, false) => match lock(&shared).objects.get(&name) {
+                    Some(o) => json_response(StatusCode::OK, o),
+                    None => not_found(&name),
+                },
+                (Method::DELETE, false) => match lock(&shared).delete(&name) {
+                    Some(o) => json_response(StatusCode::OK, &o),
+                    None => not_found(&name),
+                },
+                _ => status(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                    None,
+                ),
+            }
+        }
+        _ => page_not_found(),
+    })
+}
+
+fn not_found(name: &str) -> Response<Body> {
+    status(
+        404,
+        "NotFound",
+        &format!("{PLURAL}.{GROUP} \"{name}\" not found"),
+        Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
+    )
+}
+
+fn create_crd(shared: &Shared, body: &[u8]) -> Response<Body> {
+    let crd: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("invalid JSON: {e}"), None),
+    };
+    if crd.pointer("/metadata/name").and_then(Value::as_str) != Some(CRD_NAME) {
+        return status(
+            422,
+            "Invalid",
+            "this sandbox serves only the CiliumIdentity CRD",
+            None,
+        );
+    }
+    let mut store = lock(shared);
+    if store.crd.is_some() {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!(
+                "customresourcedefinitions.apiextensions.k8s.io \"{CRD_NAME}\" already exists"
+            ),
+            Some(
+                json!({"name": CRD_NAME, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"}),
+            ),
+        );
+    }
+    let obj = store.install_crd(crd);
+    json_response(StatusCode::CREATED, &obj)
+}
+
+fn access_review(shared: &Shared, body: &[u8]) -> Response<Body> {
+    let mut review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("invalid JSON: {e}"), None),
+    };
+    let attrs = &review["spec"]["resourceAttributes"];
+    let verb = attrs["verb"].as_str().unwrap_or("").to_string();
+    let resource = attrs["resource"].as_str().unwrap_or("").to_string();
+    let denied = shared
+        .config
+        .denied
+        .iter()
+        .any(|(v, r)| *v == verb && *r == resource);
+    review["status"] = json!({"allowed": !denied, "reason": if denied { "denied by the sandbox's RBAC" } else { "" }});
+    json_response(StatusCode::CREATED, &review)
+}
+
+fn invalid(name: &str, causes: Vec<(String, String)>) -> Response<Body> {
+    let msg = causes
+        .iter()
+        .map(|(f, m)| format!("{f}: {m}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    status(
+        422,
+        "Invalid",
+        &format!("{KIND}.{GROUP} \"{name}\" is invalid: {msg}"),
+        Some(json!({"name": name, "group": GROUP, "kind": KIND,
+            "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "field": f, "message": m})).collect::<Vec<_>>()})),
+    )
+}
+
+fn create_identity(shared: &Shared, body: &[u8]) -> Response<Body> {
+    let obj: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return status(
+                400,
+                "BadRequest",
+                &format!("the body of the request was in an unknown format: {e}"),
+                None,
+            );
+        }
+    };
+    if obj["apiVersion"] != format!("{GROUP}/{VERSION}") || obj["kind"] != KIND {
+        return status(
+            400,
+            "BadRequest",
+            &format!(
+                "the API version in the data ({}) does not match the expected API version ({GROUP}/{VERSION})",
+                obj["apiVersion"]
+            ),
+            None,
+        );
+    }
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let mut causes = Vec::new();
+    if name.is_empty() {
+        causes.push((
+            "metadata.name".into(),
+            "Required value: name or generateName is required".into(),
+        ));
+    } else if !is_dns1123_subdomain(&name) {
+        causes.push(("metadata.name".into(), format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")));
+    }
+    if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
+        for (k, v) in labels {
+            let vs = v.as_str().unwrap_or("");
+            if !is_valid_label_key(k) {
+                causes.push(("metadata.labels".into(), format!("Invalid value: {k:?}: name part must consist of alphanumeric characters, '-', '_' or '.'")));
+            }
+            if !v.is_string() || !is_valid_label_value(vs) {
+                causes.push(("metadata.labels".into(), format!("Invalid value: {v}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")));
+            }
+        }
+    }
+    match obj.get("security-labels") {
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                if !v.is_string() {
+                    causes.push((format!("security-labels.{k}"), format!("Invalid value: \"{}\": security-labels.{k} in body must be of type string: \"{}\"", json_type(v), json_type(v))));
+                }
+            }
+        }
+        None => causes.push(("security-labels".into(), "Required value".into())),
+        Some(v) => causes.push((
+            "security-labels".into(),
+            format!(
+                "Invalid value: \"{}\": security-labels in body must be of type object",
+                json_type(v)
+            ),
+        )),
+    }
+    if !causes.is_empty() {
+        return invalid(&name, causes);
+    }
+    let mut store = lock(shared);
+    if store.objects.contains_key(&name) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("{PLURAL}.{GROUP} \"{name}\" already exists"),
+            Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
+        );
+    }
+    let created = store.insert(name, obj);
+    json_response(StatusCode::CREATED, &created)
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn param<'a>(params: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+fn selector(params: &[(String, String)]) -> Result<Selector, Box<Response<Body>>> {
+    Selector::parse(param(params, "labelSelector").unwrap_or("")).map_err(|e| {
+        Box::new(status(
+            400,
+            "BadRequest",
+            &format!("unable to parse requirement: {e}"),
+            None,
+        ))
+    })
+}
+
+fn obj_labels(o: &Value) -> std::collections::BTreeMap<String, String> {
+    o.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Continue tokens are opaque to clients: hex of `<rv>/<last name>`.
+fn encode_continue(rv: u64, last: &str) -> String {
+    format!("{rv}/{last}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_continue(token: &str) -> Option<(u64, String)> {
+    if !token.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16).ok())
+        .collect();
+    let s = String::from_utf8(bytes?).ok()?;
+    let (rv, last) = s.split_once('/')?;
+    Some((rv.parse().ok()?, last.to_string()))
+}
+
+fn list(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
+    let sel = match selector(params) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let limit = param(params, "limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let store = lock(shared);
+    let (rv, after) = match param(params, "continue").filter(|c| !c.is_empty()) {
+        Some(c) => match decode_continue(c) {
+            Some((rv, last)) if rv >= store.history_floor => (rv, Some(last)),
+            Some(_) => {
+                return status(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    None,
+                );
+            }
+            None => return status(400, "BadRequest", "invalid continue token", None),
+        },
+        None => (store.rv, None),
+    };
+    let range = match &after {
+        Some(last) => store.objects.range::<String, _>((
+            std::ops::Bound::Excluded(last.clone()),
+            std::ops::Bound::Unbounded,
+        )),
+        None => store.objects.range::<String, _>(..),
+    };
+    let mut items = Vec::new();
+    let mut remaining = 0usize;
+    let mut last_name = None;
+    for (name, o) in range {
+        if !sel.matches(&obj_labels(o)) {
+            continue;
+        }
+        if limit.is_some_and(|l| items.len() >= l) {
+            remaining += 1;
+            continue;
+        }
+        items.push(o.clone());
+        last_name = Some(name.clone());
+    }
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if remaining > 0
+        && let Some(last) = last_name
+    {
+        meta["continue"] = json!(encode_continue(rv, &last));
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({"apiVersion": format!("{GROUP}/{VERSION}"), "kind": format!("{KIND}List"), "metadata": meta, "items": items}),
+    )
+}
+
+fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
+    let sel = match selector(params) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let timeout = param(params, "timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let from: Option<u64> = param(params, "resourceVersion")
+        .and_then(|r| r.parse().ok())
+        .filter(|r| *r > 0);
+    let store = lock(shared);
+    let mut initial: Vec<String> = Vec::new();
+    match from {
+        Some(rv) if rv < store.history_floor => {
+            let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {rv} ({})", store.history_floor), "reason": "Expired", "code": 410}});
+            initial.push(gone.to_string());
+        }
+        Some(rv) => {
+            for ev in store.history.iter().filter(|e| e.rv > rv) {
+                if event_matches(&ev.line, &sel) {
+                    initial.push(ev.line.clone());
+                }
+            }
+        }
+        None => {
+            for o in store.objects.values() {
+                if sel.matches(&obj_labels(o)) {
+                    initial.push(json!({"type": "ADDED", "object": o}).to_string());
+                }
+            }
+        }
+    }
+    let expired = from.is_some_and(|rv| rv < store.history_floor);
+    let mut rx = store.events.subscribe();
+    let start_rv = store.rv;
+    drop(store);
+    let (tx, out) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(256);
+    tokio::spawn(async move {
+        for line in initial {
+            if tx
+                .send(Ok(Frame::data(Bytes::from(line + "\n"))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        loop {
+            let next = async {
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
+                    None => Some(rx.recv().await),
+                }
+            };
+            match next.await {
+                Some(Ok(ev)) if ev.rv > start_rv => {
+                    if event_matches(&ev.line, &sel)
+                        && tx
+                            .send(Ok(Frame::data(Bytes::from(ev.line + "\n"))))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                Some(Ok(_)) | Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    });
+    let stream = futures::stream::unfold(out, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut res = Response::new(StreamBody::new(stream).boxed());
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn event_matches(line: &str, sel: &Selector) -> bool {
+    serde_json::from_str::<Value>(line).is_ok_and(|v| sel.matches(&obj_labels(&v["object"])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_tokens_round_trip_and_params_decode() {
+        let t = encode_continue(1234, "65535");
+        assert_eq!(decode_continue(&t), Some((1234, "65535".to_string())));
+        assert_eq!(decode_continue("zz"), None);
+        assert_eq!(percent_decode("app%3Dweb%2Ctier+in"), "app=web,tier in");
+        assert_eq!(percent_decode("100%"), "100%");
+    }
+}

@@ -1,0 +1,184 @@
+//! The flows behind the commands: scan both sides, plan, apply a plan, verify. Shared by
+//! the headless commands and the TUI's engine task.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use tokio::sync::mpsc;
+
+use crate::decision_log::DecisionLog;
+use crate::engine::{self, ApplyOptions, ApplyReport, EngineEvent, StopFlag};
+use crate::error::{Error, Result};
+use crate::etcd_source::{self, EtcdOptions};
+use crate::k8s_target::{K8sSnapshot, K8sTarget};
+use crate::kvstore::KvSnapshot;
+use crate::plan_file::{PlanFile, TargetInfo};
+use crate::planner::{self, PlanItem, reconcile};
+use crate::range::IdRange;
+use crate::verify::{self, VerifyReport};
+
+/// Where the kvstore identities come from.
+#[derive(Debug, Clone)]
+pub enum KvSource {
+    Etcd(EtcdOptions),
+    /// An in-memory kvstore (the demo's, or a test's).
+    Memory(KvSnapshot),
+}
+
+impl KvSource {
+    pub async fn read(&self) -> Result<KvSnapshot> {
+        match self {
+            KvSource::Etcd(opts) => etcd_source::read_snapshot(opts).await,
+            KvSource::Memory(s) => Ok(s.clone()),
+        }
+    }
+}
+
+/// Both sides read, and the plan made from them.
+pub struct Scan {
+    pub kv: KvSnapshot,
+    pub k8s: K8sSnapshot,
+    pub items: Vec<PlanItem>,
+}
+
+pub const LIST_PAGE: u32 = 500;
+
+/// Reads the kvstore and Kubernetes concurrently and plans.
+pub async fn scan(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<Scan> {
+    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(LIST_PAGE))?;
+    let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
+    Ok(Scan { kv, k8s, items })
+}
+
+pub fn target_info(target: &K8sTarget) -> TargetInfo {
+    TargetInfo {
+        server: target.server.clone(),
+        context: target.context.clone(),
+    }
+}
+
+pub fn plan_file(scan: &Scan, target: &K8sTarget, cluster_id: u32, range: IdRange) -> PlanFile {
+    PlanFile::new(
+        scan.kv.source.clone(),
+        target_info(target),
+        cluster_id,
+        range,
+        scan.k8s.crd_present,
+        scan.items.clone(),
+    )
+}
+
+/// What apply starts from.
+pub struct ApplyRequest {
+    /// A saved plan's items; `None` plans and applies in one go.
+    pub plan: Option<PlanFile>,
+    pub accept_proposals: bool,
+    pub options: ApplyOptions,
+}
+
+pub struct ApplyRun {
+    pub reconciled: planner::Reconciled,
+    pub report: ApplyReport,
+}
+
+/// Re-reads both sides, re-validates every decision against them, logs the decisions, then
+/// writes. Nothing is written when any item is refused.
+pub async fn apply(
+    kv: &KvSource,
+    target: &K8sTarget,
+    range: IdRange,
+    req: &ApplyRequest,
+    log: &DecisionLog,
+    events: Option<&mpsc::Sender<EngineEvent>>,
+    stop: StopFlag,
+) -> Result<ApplyRun> {
+    if let Some(plan) = &req.plan {
+        if plan.target.server != target.server {
+            return Err(Error::Refused(format!(
+                "the plan was made against {}, but the current context points at {}; make a new plan for this cluster",
+                plan.target.server, target.server
+            )));
+        }
+        if plan.range != range {
+            return Err(Error::Refused(format!(
+                "the plan is for range {}, but this run uses {range}",
+                plan.range
+            )));
+        }
+    }
+    let scan = scan(kv, target, range).await?;
+    if let Some(plan) = &req.plan
+        && plan.source.prefix != scan.kv.source.prefix
+    {
+        return Err(Error::Refused(format!(
+            "the plan reads kvstore prefix {:?}, this run reads {:?}",
+            plan.source.prefix, scan.kv.source.prefix
+        )));
+    }
+    let decisions = req
+        .plan
+        .as_ref()
+        .map(|p| p.items.as_slice())
+        .unwrap_or(&scan.items);
+    let reconciled = reconcile(
+        decisions,
+        &scan.items,
+        &scan.k8s.identities,
+        range,
+        req.accept_proposals,
+    )
+    .map_err(|errs| {
+        let shown: Vec<String> = errs.iter().take(20).map(|e| format!("  {e}")).collect();
+        let more = if errs.len() > 20 {
+            format!("\n  ... and {} more", errs.len() - 20)
+        } else {
+            String::new()
+        };
+        Error::Refused(format!(
+            "{} item(s) refused, nothing written:\n{}{more}",
+            errs.len(),
+            shown.join("\n")
+        ))
+    })?;
+    engine::log_decisions(log, &reconciled.ops)?;
+    let report = engine::apply(
+        target,
+        reconciled.ops.clone(),
+        !scan.k8s.crd_present,
+        &req.options,
+        Some(log),
+        events,
+        stop,
+    )
+    .await?;
+    Ok(ApplyRun { reconciled, report })
+}
+
+/// Verifies the migration; `mappings` come from a decision log (empty: every identity at its own id).
+pub async fn verify(
+    kv: &KvSource,
+    target: &K8sTarget,
+    range: IdRange,
+    mappings: &BTreeMap<String, Option<u32>>,
+) -> Result<VerifyReport> {
+    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(LIST_PAGE))?;
+    Ok(verify::verify(
+        &kv.masters,
+        &k8s.identities,
+        mappings,
+        range,
+    ))
+}
+
+/// Mappings from one or more decision logs (later files win).
+pub fn mappings_from_logs(paths: &[PathBuf]) -> Result<BTreeMap<String, Option<u32>>> {
+    let mut m = BTreeMap::new();
+    for p in paths {
+        let c = crate::decision_log::read(p)?;
+        if c.torn_tail {
+            tracing::warn!(path = %p.display(), "decision log ends in a torn line (a write cut short); it was ignored");
+        }
+        m.extend(c.mappings());
+    }
+    Ok(m)
+}

@@ -18,6 +18,11 @@ use crate::identity::{
 };
 use crate::labels::SecurityLabels;
 
+/// Deadline of one read during a scan (a list page of 500 objects is well under a second).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of one read before the scan gives up.
+const READ_ATTEMPTS: u32 = 8;
+
 /// How to reach the API server, as kubectl would.
 #[derive(Debug, Clone, Default)]
 pub struct K8sOptions {
@@ -31,6 +36,9 @@ pub enum RequestError {
     /// The server answered with an error status.
     Status {
         code: u16,
+        /// The body was not a `Status` object (e.g. a plain-text `404 page not found`
+        /// for a resource path that is not served).
+        plain: bool,
         reason: String,
         message: String,
         retry_after: Option<Duration>,
@@ -63,9 +71,16 @@ impl RequestError {
             || matches!(self, RequestError::Status { reason, .. } if reason == "AlreadyExists")
     }
 
+    /// NotFound for an object: a 404 Status, by code or by reason. A plain-text 404 means the
+    /// resource itself is not served (yet), which is not the same thing.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, RequestError::Status { code: 404, .. })
+        matches!(self, RequestError::Status { code: 404, plain: false, .. })
             || matches!(self, RequestError::Status { reason, .. } if reason == "NotFound")
+    }
+
+    /// Any 404, including a plain-text one for a path that is not served.
+    pub fn is_404(&self) -> bool {
+        matches!(self, RequestError::Status { code: 404, .. })
     }
 }
 
@@ -162,6 +177,9 @@ impl K8sTarget {
         // Per-operation deadlines are ours (`--op-timeout`); kube's own read timeout would
         // cut long list pages and watches short.
         config.read_timeout = None;
+        // Retries are the engine's, counted and reported, honouring Retry-After; a second,
+        // hidden retry layer would double them.
+        config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(|e| Error::Kube {
             server: server.clone(),
             message: e.to_string(),
@@ -225,7 +243,8 @@ impl K8sTarget {
         }
         // A Status body when there is one; the plain text otherwise (e.g. "404 page not found"
         // while a new CRD is not yet established).
-        let (reason, message) = if value.get("kind").and_then(Value::as_str) == Some("Status") {
+        let plain = value.get("kind").and_then(Value::as_str) != Some("Status");
+        let (reason, message) = if !plain {
             (
                 value
                     .get("reason")
@@ -250,10 +269,35 @@ impl K8sTarget {
         };
         Err(RequestError::Status {
             code: status.as_u16(),
+            plain,
             reason,
             message,
             retry_after,
         })
+    }
+
+    /// A read that is safe to repeat: retried on 429 (honouring Retry-After), 5xx, dropped
+    /// connections and timeouts, so a flaky server does not fail a whole scan.
+    async fn get_retrying(&self, path: &str) -> Result<Value, RequestError> {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let res = tokio::time::timeout(READ_TIMEOUT, self.send(Method::GET, path, None))
+                .await
+                .unwrap_or(Err(RequestError::Timeout));
+            match res {
+                Ok((_, v)) => return Ok(v),
+                Err(e) if e.is_retryable() && attempt < READ_ATTEMPTS => {
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or(Duration::from_millis(100 << attempt.min(6)))
+                        .min(Duration::from_secs(30));
+                    tracing::debug!(path, attempt, error = %e, "retrying read");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The server's version string, e.g. `v1.33.0`.
@@ -270,8 +314,8 @@ impl K8sTarget {
 
     pub async fn crd_state(&self) -> Result<CrdState> {
         let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}");
-        match self.send(Method::GET, &path, None).await {
-            Ok((_, v)) => {
+        match self.get_retrying(&path).await {
+            Ok(v) => {
                 let established = v
                     .pointer("/status/conditions")
                     .and_then(Value::as_array)
@@ -281,7 +325,7 @@ impl K8sTarget {
                     });
                 Ok(CrdState::Present { established })
             }
-            Err(e) if e.is_not_found() => Ok(CrdState::Missing),
+            Err(e) if e.is_404() => Ok(CrdState::Missing),
             Err(e) => Err(self.kube_err(&format!("reading CRD {CRD_NAME}"), e)),
         }
     }
@@ -315,7 +359,7 @@ impl K8sTarget {
                     .await
                 {
                     Ok(_) => return Ok(()),
-                    Err(e) if e.is_not_found() => {}
+                    Err(e) if e.is_404() => {}
                     Err(e) => return Err(self.kube_err("probing ciliumidentities", e)),
                 }
             }
@@ -347,7 +391,7 @@ impl K8sTarget {
                 path.push_str("&continue=");
                 path.push_str(&urlencode(c));
             }
-            let (_, page) = match self.send(Method::GET, &path, None).await {
+            let page = match self.get_retrying(&path).await {
                 Ok(p) => p,
                 Err(RequestError::Status { code: 410, .. }) if restarts < 3 => {
                     restarts += 1;

@@ -253,7 +253,9 @@ fn init_logging(cli: &Cli) -> anyhow::Result<Option<tracing_appender::non_blocki
             Ok(Some(guard))
         }
         None => {
-            let filter = tracing_subscriber::EnvFilter::try_new("warn").unwrap_or(filter);
+            // On the terminal, only this tool's own warnings: errors reach the operator as one
+            // clear line, not as the client library's log.
+            let filter = tracing_subscriber::EnvFilter::try_new("cilium_idmig=warn").unwrap_or(filter);
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_writer(std::io::stderr)

@@ -105,8 +105,8 @@ impl Sandbox {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let user = match &self.shared.config.token {
-            Some(t) => format!("    user:\n      token: {t}\n"),
-            None => "    user: {}\n".to_string(),
+            Some(t) => format!("  user:\n    token: {t}\n"),
+            None => "  user: {}\n".to_string(),
         };
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: {}\ncontexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\ncurrent-context: sandbox\nusers:\n- name: sandbox\n{user}",

@@ -237,3 +237,82 @@ pub async fn read_snapshot(opts: &EtcdOptions) -> Result<KvSnapshot> {
         .read_snapshot(&opts.prefix, opts.page_size)
         .await
 }
+
+/// A change to the identities since the snapshot revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drift {
+    /// An `id/` key was created (`added`) or deleted (`removed`) at `revision`.
+    Changed {
+        added: u64,
+        removed: u64,
+        revision: i64,
+    },
+    /// etcd compacted past the watched revision: the snapshot must be taken again.
+    Compacted { compact_revision: i64 },
+}
+
+impl EtcdConnection {
+    /// Watches `id/` keys from `revision + 1` and reports drift until the receiver goes away.
+    /// Read-only, like everything here.
+    pub async fn watch_drift(
+        &self,
+        prefix: &str,
+        revision: i64,
+        tx: tokio::sync::mpsc::Sender<Drift>,
+    ) -> Result<()> {
+        let key = format!("{}id/", normalize_prefix(prefix));
+        let mut client = self.client.clone();
+        let mut stream = client
+            .watch(
+                key,
+                Some(
+                    etcd_client::WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision + 1),
+                ),
+            )
+            .await
+            .map_err(|e| self.err("watch", e))?;
+        while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
+            if resp.compact_revision() > 0 {
+                let _ = tx
+                    .send(Drift::Compacted {
+                        compact_revision: resp.compact_revision(),
+                    })
+                    .await;
+                return Ok(());
+            }
+            if resp.canceled() {
+                return Err(self.err(
+                    "watch",
+                    format!("cancelled by the server: {}", resp.cancel_reason()),
+                ));
+            }
+            let (mut added, mut removed, mut rev) = (0, 0, revision);
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                rev = rev.max(kv.mod_revision());
+                match ev.event_type() {
+                    etcd_client::EventType::Put if kv.create_revision() == kv.mod_revision() => {
+                        added += 1
+                    }
+                    etcd_client::EventType::Put => {}
+                    etcd_client::EventType::Delete => removed += 1,
+                }
+            }
+            if (added > 0 || removed > 0)
+                && tx
+                    .send(Drift::Changed {
+                        added,
+                        removed,
+                        revision: rev,
+                    })
+                    .await
+                    .is_err()
+            {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}

@@ -74,8 +74,14 @@ impl RequestError {
     /// NotFound for an object: a 404 Status, by code or by reason. A plain-text 404 means the
     /// resource itself is not served (yet), which is not the same thing.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, RequestError::Status { code: 404, plain: false, .. })
-            || matches!(self, RequestError::Status { reason, .. } if reason == "NotFound")
+        matches!(
+            self,
+            RequestError::Status {
+                code: 404,
+                plain: false,
+                ..
+            }
+        ) || matches!(self, RequestError::Status { reason, .. } if reason == "NotFound")
     }
 
     /// Any 404, including a plain-text one for a path that is not served.

@@ -19,6 +19,7 @@ pub mod planner;
 pub mod range;
 pub mod ratelimit;
 pub mod sandbox;
+pub mod service;
 pub mod session;
 pub mod tui;
 pub mod verify;

@@ -35,12 +35,28 @@ struct Cli {
     /// Log filter, e.g. info or cilium_idmig=debug.
     #[arg(long, global = true, default_value = "info")]
     log_level: String,
+    /// Without a command, opens the interactive migrator with these connection flags.
+    #[command(flatten)]
+    conn: Conn,
+    #[command(flatten)]
+    tuning: Tuning,
+    #[arg(long)]
+    decision_log: Option<PathBuf>,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// The interactive migrator (the default when no command is given).
+    Tui {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(flatten)]
+        tuning: Tuning,
+        #[arg(long)]
+        decision_log: Option<PathBuf>,
+    },
     /// Read both sides and write the plan; changes nothing.
     Plan {
         #[command(flatten)]
@@ -81,8 +97,9 @@ enum Command {
         #[arg(long, default_value = "text")]
         output: String,
     },
-    /// Run plan, apply and verify on the embedded sandbox: an in-memory kvstore and the
-    /// in-process API server. Needs no etcd, no Kubernetes, no network.
+    /// The interactive migrator on the embedded sandbox: an in-memory kvstore and the
+    /// in-process API server, seeded with generated identities of every kind. Needs no etcd,
+    /// no Kubernetes, no network.
     Demo {
         #[arg(long, default_value_t = 2000)]
         identities: usize,
@@ -91,6 +108,12 @@ enum Command {
         /// Where the demo's decision log goes.
         #[arg(long)]
         decision_log: Option<PathBuf>,
+        /// Serve the sandbox API server on this port (0 picks one), e.g. to inspect it with kubectl.
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Run plan, apply (accepting every proposal) and verify without the TUI.
+        #[arg(long)]
+        headless: bool,
     },
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
     Sandbox {
@@ -105,7 +128,7 @@ enum Command {
     },
 }
 
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Default)]
 struct Conn {
     /// etcd endpoints, comma-separated.
     #[arg(long, value_delimiter = ',', env = "CILIUM_IDMIG_ETCD_ENDPOINTS")]
@@ -127,7 +150,7 @@ struct Conn {
     cluster_id: u32,
 }
 
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Default)]
 struct Tuning {
     /// Creates in flight at once.
     #[arg(long, default_value_t = 32)]
@@ -204,8 +227,13 @@ impl Tuning {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let _guard = match init_logging(&cli) {
+    let mut cli = Cli::parse();
+    let interactive = match &cli.command {
+        None | Some(Command::Tui { .. }) => true,
+        Some(Command::Demo { headless, .. }) => !headless,
+        _ => false,
+    };
+    let _guard = match init_logging(&cli, interactive) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -219,7 +247,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(run(cli.command)) {
+    let command = cli.command.take().unwrap_or(Command::Tui {
+        conn: cli.conn.clone(),
+        tuning: cli.tuning.clone(),
+        decision_log: cli.decision_log.clone(),
+    });
+    match rt.block_on(run(command)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
         Err(e) => {
@@ -233,7 +266,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(cli: &Cli) -> anyhow::Result<Option<tracing_appender::non_blocking::WorkerGuard>> {
+fn init_logging(
+    cli: &Cli,
+    interactive: bool,
+) -> anyhow::Result<Option<tracing_appender::non_blocking::WorkerGuard>> {
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
         .with_context(|| format!("--log-level {:?}", cli.log_level))?;
     match &cli.log_file {
@@ -252,10 +288,13 @@ fn init_logging(cli: &Cli) -> anyhow::Result<Option<tracing_appender::non_blocki
                 .init();
             Ok(Some(guard))
         }
+        // While the TUI owns the screen nothing may print to it: no log file, no logs.
+        None if interactive => Ok(None),
         None => {
             // On the terminal, only this tool's own warnings: errors reach the operator as one
             // clear line, not as the client library's log.
-            let filter = tracing_subscriber::EnvFilter::try_new("cilium_idmig=warn").unwrap_or(filter);
+            let filter =
+                tracing_subscriber::EnvFilter::try_new("cilium_idmig=warn").unwrap_or(filter);
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_writer(std::io::stderr)
@@ -318,7 +357,38 @@ async fn run(cmd: Command) -> anyhow::Result<Exit> {
             identities,
             seed,
             decision_log,
-        } => demo(identities, seed, decision_log).await,
+            port,
+            headless: true,
+        } => demo(identities, seed, decision_log, port).await,
+        Command::Demo {
+            identities,
+            seed,
+            decision_log,
+            port,
+            headless: false,
+        } => {
+            let (sandbox, kv) = demo_world(identities, seed, port).await?;
+            let target = K8sTarget::from_url(&sandbox.url())?;
+            let range = IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?;
+            interactive(kv, target, 0, range, decision_log, ApplyOptions::default()).await
+        }
+        Command::Tui {
+            conn,
+            tuning,
+            decision_log,
+        } => {
+            let range = conn.range()?;
+            let target = conn.target().await?;
+            interactive(
+                KvSource::Etcd(conn.etcd()),
+                target,
+                conn.cluster_id,
+                range,
+                decision_log,
+                tuning.options(),
+            )
+            .await
+        }
         Command::Sandbox {
             port,
             kubeconfig_out,
@@ -536,14 +606,23 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn demo(identities: usize, seed: u64, log_path: Option<PathBuf>) -> anyhow::Result<Exit> {
+/// The demo's world: a sandbox API server and an in-memory kvstore, seeded from the generator.
+async fn demo_world(
+    identities: usize,
+    seed: u64,
+    port: u16,
+) -> anyhow::Result<(Sandbox, KvSource)> {
     let cfg = GenConfig {
         identities,
         seed,
         ..Default::default()
     };
     let data = generator::generate(&cfg)?;
-    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig {
+        port,
+        ..Default::default()
+    })
+    .await?;
     for (id, labels) in &data.k8s {
         sandbox.seed_identity(*id, labels);
     }
@@ -556,6 +635,41 @@ async fn demo(identities: usize, seed: u64, log_path: Option<PathBuf>) -> anyhow
         masters: data.masters,
         node_counts: data.node_counts,
     });
+    Ok((sandbox, kv))
+}
+
+/// Opens the TUI over the engine service.
+async fn interactive(
+    kv: KvSource,
+    target: K8sTarget,
+    cluster_id: u32,
+    range: IdRange,
+    log_path: Option<PathBuf>,
+    apply: ApplyOptions,
+) -> anyhow::Result<Exit> {
+    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    let log = std::sync::Arc::new(DecisionLog::open(&log_path)?);
+    let (requests, events) = cilium_idmig::service::spawn(cilium_idmig::service::ServiceConfig {
+        kv,
+        target,
+        cluster_id,
+        range,
+        log,
+        apply,
+    });
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    cilium_idmig::tui::run(range, no_color, requests, events).await?;
+    println!("decision log: {}", log_path.display());
+    Ok(Exit::Ok)
+}
+
+async fn demo(
+    identities: usize,
+    seed: u64,
+    log_path: Option<PathBuf>,
+    port: u16,
+) -> anyhow::Result<Exit> {
+    let (sandbox, kv) = demo_world(identities, seed, port).await?;
     let target = K8sTarget::from_url(&sandbox.url())?;
     let range = IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?;
     println!(

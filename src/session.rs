@@ -26,6 +26,14 @@ pub enum KvSource {
 }
 
 impl KvSource {
+    /// The kvstore prefix this source reads, as a plan records it.
+    pub fn prefix(&self) -> String {
+        match self {
+            KvSource::Etcd(o) => o.prefix.trim_end_matches('/').to_string(),
+            KvSource::Memory(s) => s.source.prefix.clone(),
+        }
+    }
+
     pub async fn read(&self) -> Result<KvSnapshot> {
         match self {
             KvSource::Etcd(opts) => etcd_source::read_snapshot(opts).await,

@@ -2,7 +2,9 @@
 //! proposes a safe resolution. No IO; the same input always gives the same plan.
 
 pub mod reconcile;
-pub use reconcile::{Op, OpKind, ReconcileError, Reconciled, reconcile};
+pub use reconcile::{
+    Op, OpKind, ReconcileError, Reconciled, check_create_target, reconcile, validate_new_target,
+};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -212,27 +212,9 @@ fn decide(
         Action::Create => {
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
-            if !range.contains(t) {
-                return Err(format!(
-                    "target id {t} is outside the allocation range {range}"
-                ));
-            }
-            if t != own && kv_ids.contains(&t) {
-                return Err(format!(
-                    "target id {t} belongs to another kvstore identity that kvstore-mode nodes still use"
-                ));
-            }
-            match k8s.get(&t) {
-                Some(existing) if *existing == op.labels => {
-                    op.op = OpKind::AlreadyDone;
-                    return Ok(op);
-                }
-                Some(_) => {
-                    return Err(format!(
-                        "target id {t} is taken in Kubernetes by other labels; it is never overwritten"
-                    ));
-                }
-                None => {}
+            if check_create_target(own, t, &op.labels, range, kv_ids, k8s.get(&t))? {
+                op.op = OpKind::AlreadyDone;
+                return Ok(op);
             }
             if l.kind.needs_decision() && !d.decided && !accept_proposals {
                 return Err(format!(
@@ -244,4 +226,65 @@ fn decide(
             Ok(op)
         }
     }
+}
+
+/// Checks that kvstore identity `own` may be created at `t`: in range, not another kvstore
+/// identity's id, and not taken in Kubernetes by other labels. `Ok(true)` when `t` already
+/// holds exactly these labels (nothing to write).
+pub fn check_create_target(
+    own: u32,
+    t: u32,
+    labels: &SecurityLabels,
+    range: IdRange,
+    kv_ids: &HashSet<u32>,
+    k8s_at_t: Option<&SecurityLabels>,
+) -> Result<bool, String> {
+    if !range.contains(t) {
+        return Err(format!(
+            "target id {t} is outside the allocation range {range}"
+        ));
+    }
+    if t != own && kv_ids.contains(&t) {
+        return Err(format!(
+            "target id {t} belongs to another kvstore identity that kvstore-mode nodes still use"
+        ));
+    }
+    match k8s_at_t {
+        Some(existing) if existing == labels => Ok(true),
+        Some(_) => Err(format!(
+            "target id {t} is taken in Kubernetes by other labels; it is never overwritten"
+        )),
+        None => Ok(false),
+    }
+}
+
+/// Validates an operator's new target id for `items[index]` against the plan and Kubernetes:
+/// the rules of `check_create_target`, and no other create in the plan may claim it.
+pub fn validate_new_target(
+    items: &[PlanItem],
+    index: usize,
+    t: u32,
+    k8s: &BTreeMap<u32, SecurityLabels>,
+    range: IdRange,
+) -> Result<(), String> {
+    let item = items.get(index).ok_or("no such item")?;
+    let own = item
+        .numeric_id()
+        .ok_or("an invalid item cannot be created")?;
+    let labels = parse_label_key(&item.labels)
+        .map(|l| to_security_labels(&l))
+        .map_err(|e| format!("labels do not parse: {e}"))?;
+    let kv_ids: HashSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
+    check_create_target(own, t, &labels, range, &kv_ids, k8s.get(&t))?;
+    if let Some((_, other)) = items
+        .iter()
+        .enumerate()
+        .find(|(j, i)| *j != index && i.action == Action::Create && i.target_id == Some(t))
+    {
+        return Err(format!(
+            "id {t} is already the target of identity {}",
+            other.id
+        ));
+    }
+    Ok(())
 }

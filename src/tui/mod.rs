@@ -1,1 +1,121 @@
-//! The interactive terminal front end (see the TUI issue); it talks to the engine only through owned messages.
+//! The interactive terminal front end. One task owns the terminal and `select!`s over
+//! input, engine events and a frame tick; state changes only in `update`; `view` draws.
+//! It talks to the engine service only through owned messages, and never touches kube or etcd.
+
+pub mod keys;
+pub mod model;
+pub mod update;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+use std::io::Stdout;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event as TermEvent, EventStream};
+use crossterm::execute;
+use crossterm::terminal::{
+    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
+use futures::StreamExt;
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+use crate::range::IdRange;
+use crate::service::{Event, Request};
+use model::Model;
+use update::{Command, Msg};
+
+fn term_err(e: impl std::fmt::Display) -> Error {
+    Error::Terminal(e.to_string())
+}
+
+/// Puts the terminal back however the TUI ends: normal quit, error, or panic.
+struct TerminalGuard;
+
+impl TerminalGuard {
+    fn enter() -> Result<(Self, Terminal<CrosstermBackend<Stdout>>)> {
+        enable_raw_mode().map_err(term_err)?;
+        let guard = TerminalGuard;
+        let mut out = std::io::stdout();
+        execute!(out, EnterAlternateScreen, EnableMouseCapture).map_err(term_err)?;
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            previous(info);
+        }));
+        let terminal = Terminal::new(CrosstermBackend::new(out)).map_err(term_err)?;
+        Ok((guard, terminal))
+    }
+}
+
+fn restore() {
+    let _ = disable_raw_mode();
+    let _ = execute!(
+        std::io::stdout(),
+        LeaveAlternateScreen,
+        DisableMouseCapture,
+        crossterm::cursor::Show
+    );
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// Runs the TUI until the operator quits. `requests`/`events` are the engine service's channels.
+pub async fn run(
+    range: IdRange,
+    no_color: bool,
+    requests: mpsc::Sender<Request>,
+    mut events: mpsc::Receiver<Event>,
+) -> Result<()> {
+    let mut sigterm = signal(SignalKind::terminate()).map_err(term_err)?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(term_err)?;
+    let (_guard, mut terminal) = TerminalGuard::enter()?;
+    let mut model = Model::new(range, no_color);
+    let size = terminal.size().map_err(term_err)?;
+    update::update(&mut model, Msg::Resize { rows: size.height });
+    let mut input = EventStream::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut pending: Vec<Command> = update::init(&mut model);
+    loop {
+        for cmd in pending.drain(..) {
+            match cmd {
+                Command::Send(req) => {
+                    if requests.send(req).await.is_err() {
+                        return Err(Error::Terminal("the engine stopped".into()));
+                    }
+                }
+            }
+        }
+        if model.quit {
+            return Ok(());
+        }
+        terminal.draw(|f| view::view(&model, f)).map_err(term_err)?;
+        let msg = tokio::select! {
+            ev = input.next() => match ev {
+                Some(Ok(TermEvent::Key(k))) if k.kind == crossterm::event::KeyEventKind::Press => Msg::Key(k),
+                Some(Ok(TermEvent::Mouse(m))) => match update::scroll_of(m.kind) {
+                    Some(n) => Msg::Scroll(n),
+                    None => continue,
+                },
+                Some(Ok(TermEvent::Resize(_, rows))) => Msg::Resize { rows },
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(term_err(e)),
+                None => return Ok(()),
+            },
+            Some(ev) = events.recv() => Msg::Engine(ev),
+            _ = tick.tick() => Msg::Tick { now: Instant::now() },
+            _ = sigterm.recv() => Msg::Signal,
+            _ = sighup.recv() => Msg::Signal,
+        };
+        pending = update::update(&mut model, msg);
+    }
+}

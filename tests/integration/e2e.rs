@@ -26,7 +26,17 @@ const E: &str = "k8s:app=e;reserved:host=;k8s:io.kubernetes.pod.namespace=shop;"
 
 /// One identity of every kind, in etcd and the sandbox.
 async fn seed_every_kind(etcd: &Etcd, sb: &Sandbox) {
-    for (id, labels) in [("300", A), ("301", B), ("302", C), ("303", D), ("304", E), ("0305", A), ("5", B), ("306", ""), ("307", "k8s:app;")] {
+    for (id, labels) in [
+        ("300", A),
+        ("301", B),
+        ("302", C),
+        ("303", D),
+        ("304", E),
+        ("0305", A),
+        ("5", B),
+        ("306", ""),
+        ("307", "k8s:app;"),
+    ] {
         etcd.put(&format!("{P}/id/{id}"), labels.as_bytes()).await;
     }
     etcd.put(&format!("{P}/value/{B}/node-1"), b"301").await;
@@ -68,13 +78,22 @@ impl World {
         self.sb
             .objects()
             .into_iter()
-            .map(|(k, v)| (k, cilium_idmig::identity::parse_identity(&v).unwrap().labels))
+            .map(|(k, v)| {
+                (
+                    k,
+                    cilium_idmig::identity::parse_identity(&v).unwrap().labels,
+                )
+            })
             .collect()
     }
 }
 
 fn log_records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -85,19 +104,29 @@ async fn plan_then_apply_a_reviewed_plan() {
     let r = w.cli(&["plan", "--output", &plan_path]).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("remap"), "{}", r.stdout);
-    let mut plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    let mut plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
     assert_eq!(plan["version"], 1);
     assert_eq!(plan["target"]["server"], w.sb.url());
     assert_eq!(plan["range"]["min"], 256);
     let kind_of = |plan: &Value, id: &str| {
-        plan["items"].as_array().unwrap().iter().find(|i| i["id"] == id).unwrap().clone()
+        plan["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap()
+            .clone()
     };
     assert_eq!(kind_of(&plan, "300")["kind"], "already-migrated");
     assert_eq!(kind_of(&plan, "301")["kind"], "create");
     assert_eq!(kind_of(&plan, "301")["nodes"], 2);
     assert_eq!(kind_of(&plan, "302")["kind"], "remap");
     assert_eq!(kind_of(&plan, "302")["target_id"], 256);
-    assert_eq!(kind_of(&plan, "302")["existing_labels"], "k8s:app=squatter;");
+    assert_eq!(
+        kind_of(&plan, "302")["existing_labels"],
+        "k8s:app=squatter;"
+    );
     assert_eq!(kind_of(&plan, "303")["kind"], "reuse");
     assert_eq!(kind_of(&plan, "303")["target_id"], 900);
     assert_eq!(kind_of(&plan, "304")["kind"], "duplicate");
@@ -106,7 +135,11 @@ async fn plan_then_apply_a_reviewed_plan() {
         assert_eq!(kind_of(&plan, bad)["action"], "skip");
     }
     assert_eq!(plan["summary"]["invalid"], 4);
-    assert_eq!(w.sb.request_count("POST ciliumidentities"), 0, "plan writes nothing");
+    assert_eq!(
+        w.sb.request_count("POST ciliumidentities"),
+        0,
+        "plan writes nothing"
+    );
 
     // Without --yes: refused, exit 2.
     let r = w.cli(&["apply", "--plan", &plan_path]).await;
@@ -115,7 +148,11 @@ async fn plan_then_apply_a_reviewed_plan() {
     // The remap and the duplicate have no decision yet: refused, naming them, nothing written.
     let r = w.cli(&["apply", "--plan", &plan_path, "--yes"]).await;
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
-    assert!(r.stderr.contains("item 302") && r.stderr.contains("item 304"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("item 302") && r.stderr.contains("item 304"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
 
     // An edit that collides with Kubernetes is refused with the item and the reason.
@@ -134,7 +171,11 @@ async fn plan_then_apply_a_reviewed_plan() {
     std::fs::write(&edited, serde_json::to_string(&plan).unwrap()).unwrap();
     let r = w.cli(&["apply", "--plan", &edited, "--yes"]).await;
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("item 302") && r.stderr.contains("taken in Kubernetes"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("item 302") && r.stderr.contains("taken in Kubernetes"),
+        "{}",
+        r.stderr
+    );
 
     // The operator picks 4000 for the remap and skips the duplicate.
     for item in plan["items"].as_array_mut().unwrap() {
@@ -145,7 +186,9 @@ async fn plan_then_apply_a_reviewed_plan() {
     let decided = w.path("decided.json");
     std::fs::write(&decided, serde_json::to_string(&plan).unwrap()).unwrap();
     let log = w.path("decisions.jsonl");
-    let r = w.cli(&["apply", "--plan", &decided, "--yes", "--decision-log", &log]).await;
+    let r = w
+        .cli(&["apply", "--plan", &decided, "--yes", "--decision-log", &log])
+        .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let s = w.state();
     assert_eq!(s["301"], sl(B));
@@ -155,7 +198,14 @@ async fn plan_then_apply_a_reviewed_plan() {
     assert_eq!(s.len(), 7);
 
     let records = log_records(Path::new(&log));
-    let outcome = |id: &str| records.iter().rev().find(|r| r["id"] == id && !r["outcome"].is_null()).unwrap().clone();
+    let outcome = |id: &str| {
+        records
+            .iter()
+            .rev()
+            .find(|r| r["id"] == id && !r["outcome"].is_null())
+            .unwrap()
+            .clone()
+    };
     assert_eq!(outcome("302")["outcome"], "created");
     assert_eq!(outcome("302")["target_id"], 4000);
     assert_eq!(outcome("303")["outcome"], "mapped");
@@ -168,7 +218,11 @@ async fn plan_then_apply_a_reviewed_plan() {
     // Verify follows the recorded mappings, and reports the skipped duplicate.
     let r = w.cli(&["verify", "--decision-log", &log]).await;
     assert_eq!(r.code, 1, "{}", r.stdout);
-    assert!(r.stdout.contains("skipped") && r.stdout.contains("id 304"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("skipped") && r.stdout.contains("id 304"),
+        "{}",
+        r.stdout
+    );
     assert!(!r.stdout.contains("id 302 "), "{}", r.stdout);
     assert!(std::fs::metadata(&log).unwrap().len() > 0);
 }
@@ -180,44 +234,94 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
     let r = w.cli(&["apply", "--yes"]).await;
     assert_eq!(r.code, 2, "undecided proposals refuse: {}", r.stderr);
     let log = w.path("d.jsonl");
-    let r = w.cli(&["apply", "--yes", "--accept-proposals", "--decision-log", &log]).await;
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &log,
+        ])
+        .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let s = w.state();
     assert_eq!(s["256"], sl(C), "remap at the lowest free id");
     assert_eq!(s["304"], sl(E), "duplicate created at its own id");
     assert_eq!(s["301"], sl(B));
-    let r = w.cli(&["verify", "--decision-log", &log, "--output", "json"]).await;
+    let r = w
+        .cli(&["verify", "--decision-log", &log, "--output", "json"])
+        .await;
     assert_eq!(r.code, 0, "{}", r.stdout);
     let v: Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!((v["checked"].as_u64(), v["ok"].as_u64(), v["mapped"].as_u64()), (Some(5), Some(5), Some(2)));
+    assert_eq!(
+        (
+            v["checked"].as_u64(),
+            v["ok"].as_u64(),
+            v["mapped"].as_u64()
+        ),
+        (Some(5), Some(5), Some(2))
+    );
     // Without the decision log the remap and the reuse are not at their own ids.
     let r = w.cli(&["verify"]).await;
     assert_eq!(r.code, 1);
-    assert!(r.stdout.contains("id 302") && r.stdout.contains("id 303"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("id 302") && r.stdout.contains("id 303"),
+        "{}",
+        r.stdout
+    );
 
     let before = w.state();
     w.sb.reset_counts();
-    let r = w.cli(&["apply", "--yes", "--accept-proposals", "--decision-log", &log]).await;
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &log,
+        ])
+        .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    assert_eq!(w.sb.request_count("POST ciliumidentities"), 0, "a rerun sends no create");
+    assert_eq!(
+        w.sb.request_count("POST ciliumidentities"),
+        0,
+        "a rerun sends no create"
+    );
     assert_eq!(w.state(), before);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn creates_the_crd_when_missing() {
-    let w = World::new(SandboxConfig { with_crd: false, ..Default::default() }).await;
+    let w = World::new(SandboxConfig {
+        with_crd: false,
+        ..Default::default()
+    })
+    .await;
     w.etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
     let r = w.cli(&["plan"]).await;
-    assert!(r.stdout.contains("CRD ciliumidentities.cilium.io is missing"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("CRD ciliumidentities.cilium.io is missing"),
+        "{}",
+        r.stdout
+    );
     assert!(!w.sb.crd_installed());
-    let r = w.cli(&["apply", "--yes", "--decision-log", &w.path("l.jsonl")]).await;
+    let r = w
+        .cli(&["apply", "--yes", "--decision-log", &w.path("l.jsonl")])
+        .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(w.sb.crd_installed());
     assert_eq!(w.state()["300"], sl(A));
 }
 
 async fn load_dataset(w: &World, n: usize, seed: u64) {
-    let data = generator::generate(&GenConfig { identities: n, seed, nodes: 3, ..Default::default() }).unwrap();
+    let data = generator::generate(&GenConfig {
+        identities: n,
+        seed,
+        nodes: 3,
+        ..Default::default()
+    })
+    .unwrap();
     let mut c = w.etcd.client().await.unwrap();
     generator::load_etcd(&mut c, P, &data).await.unwrap();
     for (id, labels) in &data.k8s {
@@ -229,10 +333,22 @@ async fn load_dataset(w: &World, n: usize, seed: u64) {
 async fn faults_mid_apply_are_retried_to_the_same_final_state() {
     let clean = World::new(SandboxConfig::default()).await;
     load_dataset(&clean, 400, 7).await;
-    let r = clean.cli(&["apply", "--yes", "--accept-proposals", "--decision-log", &clean.path("l")]).await;
+    let r = clean
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &clean.path("l"),
+        ])
+        .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 
-    let w = World::new(SandboxConfig { seed: 99, ..Default::default() }).await;
+    let w = World::new(SandboxConfig {
+        seed: 99,
+        ..Default::default()
+    })
+    .await;
     load_dataset(&w, 400, 7).await;
     w.sb.set_faults(FaultConfig {
         p_500: 0.10,
@@ -244,27 +360,68 @@ async fn faults_mid_apply_are_retried_to_the_same_final_state() {
         ..Default::default()
     });
     let r = w
-        .cli(&["apply", "--yes", "--accept-proposals", "--decision-log", &w.path("l"), "--op-timeout", "500ms", "--max-attempts", "12", "--json"])
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &w.path("l"),
+            "--op-timeout",
+            "500ms",
+            "--max-attempts",
+            "12",
+            "--json",
+        ])
         .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let json_end = r.stdout.rfind("\n}").unwrap() + 2;
     let report: Value = serde_json::from_str(&r.stdout[..json_end]).unwrap();
-    assert!(report["retries"].as_u64().unwrap() > 10, "retries are counted: {}", report["retries"]);
-    let failed = report["results"].as_array().unwrap().iter().filter(|x| x["outcome"] == "failed").count();
+    assert!(
+        report["retries"].as_u64().unwrap() > 10,
+        "retries are counted: {}",
+        report["retries"]
+    );
+    let failed = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["outcome"] == "failed")
+        .count();
     assert_eq!(failed, 0);
     w.sb.set_faults(FaultConfig::default());
-    assert_eq!(w.state(), clean.state(), "same final state as a run without faults");
+    assert_eq!(
+        w.state(),
+        clean.state(),
+        "same final state as a run without faults"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn api_server_gone_mid_apply_stops_cleanly_and_a_rerun_finishes() {
     let w = World::new(SandboxConfig::default()).await;
     load_dataset(&w, 300, 11).await;
-    w.sb.set_faults(FaultConfig { latency: Duration::from_millis(20), ..Default::default() });
+    w.sb.set_faults(FaultConfig {
+        latency: Duration::from_millis(20),
+        ..Default::default()
+    });
     let port: u16 = w.sb.url().rsplit(':').next().unwrap().parse().unwrap();
     let log = w.path("l.jsonl");
     let kc = w.path("kubeconfig");
-    let args = ["apply", "--yes", "--accept-proposals", "--decision-log", &log, "--concurrency", "2", "--max-attempts", "3", "--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc];
+    let args = [
+        "apply",
+        "--yes",
+        "--accept-proposals",
+        "--decision-log",
+        &log,
+        "--concurrency",
+        "2",
+        "--max-attempts",
+        "3",
+        "--etcd-endpoints",
+        &w.etcd.endpoint,
+        "--kubeconfig",
+        &kc,
+    ];
     let dir = w.dir.path().to_path_buf();
     let child = tokio::spawn({
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -278,11 +435,20 @@ async fn api_server_gone_mid_apply_stops_cleanly_and_a_rerun_finishes() {
     w.sb.shutdown();
     let r = child.await.unwrap();
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains("stopped") && r.stdout.contains("rerun"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("stopped") && r.stdout.contains("rerun"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("not attempted"), "{}", r.stdout);
 
     // The API server comes back (same address, same objects); the rerun finishes the job.
-    let sb2 = Sandbox::start(SandboxConfig { port, ..Default::default() }).await.unwrap();
+    let sb2 = Sandbox::start(SandboxConfig {
+        port,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let written_before_loss = w.sb.objects();
     assert!(written_before_loss.len() > partial.len() - 1);
     for (name, obj) in &written_before_loss {
@@ -290,7 +456,19 @@ async fn api_server_gone_mid_apply_stops_cleanly_and_a_rerun_finishes() {
     }
     let r = run(w.dir.path(), &args).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    let r = run(w.dir.path(), &["verify", "--decision-log", &log, "--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc]).await;
+    let r = run(
+        w.dir.path(),
+        &[
+            "verify",
+            "--decision-log",
+            &log,
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &kc,
+        ],
+    )
+    .await;
     assert_eq!(r.code, 0, "{}", r.stdout);
 }
 
@@ -299,12 +477,30 @@ async fn bad_input_is_one_clear_line_with_exit_2() {
     let w = World::new(SandboxConfig::default()).await;
     let dead = format!("http://127.0.0.1:{}", crate::harness::free_port());
     let kc = w.path("kubeconfig");
-    let r = run(w.dir.path(), &["plan", "--etcd-endpoints", &dead, "--kubeconfig", &kc]).await;
+    let r = run(
+        w.dir.path(),
+        &["plan", "--etcd-endpoints", &dead, "--kubeconfig", &kc],
+    )
+    .await;
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains(&dead.replace("http://", "")), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&dead.replace("http://", "")),
+        "{}",
+        r.stderr
+    );
     assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
 
-    let r = run(w.dir.path(), &["plan", "--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", "/nonexistent/kubeconfig"]).await;
+    let r = run(
+        w.dir.path(),
+        &[
+            "plan",
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ],
+    )
+    .await;
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("/nonexistent/kubeconfig"), "{}", r.stderr);
 
@@ -312,8 +508,14 @@ async fn bad_input_is_one_clear_line_with_exit_2() {
     std::fs::write(&garbage, "{ not json").unwrap();
     let r = w.cli(&["apply", "--plan", &garbage, "--yes"]).await;
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("garbage.json") && r.stderr.contains("JSON"), "{}", r.stderr);
-    let r = w.cli(&["apply", "--plan", &w.path("missing.json"), "--yes"]).await;
+    assert!(
+        r.stderr.contains("garbage.json") && r.stderr.contains("JSON"),
+        "{}",
+        r.stderr
+    );
+    let r = w
+        .cli(&["apply", "--plan", &w.path("missing.json"), "--yes"])
+        .await;
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("missing.json"), "{}", r.stderr);
 

@@ -9,13 +9,25 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn etcd_bin() -> String {
     let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
-    let ok = Command::new(&bin).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
-    assert!(ok, "etcd not found ({bin}): install Debian's etcd-server (`apt-get install etcd-server`) or set ETCD_BIN");
+    let ok = Command::new(&bin)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        ok,
+        "etcd not found ({bin}): install Debian's etcd-server (`apt-get install etcd-server`) or set ETCD_BIN"
+    );
     bin
 }
 
@@ -62,16 +74,27 @@ impl Etcd {
             .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap());
         let tls_files = if tls {
             let t = make_certs(dir.path());
-            cmd.arg(format!("--cert-file={}", dir.path().join("server.crt").display()))
-                .arg(format!("--key-file={}", dir.path().join("server.key").display()))
-                .arg(format!("--trusted-ca-file={}", t.ca.display()))
-                .arg("--client-cert-auth");
+            cmd.arg(format!(
+                "--cert-file={}",
+                dir.path().join("server.crt").display()
+            ))
+            .arg(format!(
+                "--key-file={}",
+                dir.path().join("server.key").display()
+            ))
+            .arg(format!("--trusted-ca-file={}", t.ca.display()))
+            .arg("--client-cert-auth");
             Some(t)
         } else {
             None
         };
         let child = cmd.spawn().expect("start etcd");
-        let etcd = Etcd { child, dir, endpoint: client_url, tls: tls_files };
+        let etcd = Etcd {
+            child,
+            dir,
+            endpoint: client_url,
+            tls: tls_files,
+        };
         etcd.wait_ready().await;
         etcd
     }
@@ -85,17 +108,23 @@ impl Etcd {
                 return;
             }
             let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
-            assert!(start.elapsed() < Duration::from_secs(20), "etcd did not become ready:\n{log}");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "etcd did not become ready:\n{log}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// A client for seeding test data (the tool itself never writes to etcd).
     pub async fn client(&self) -> Result<etcd_client::Client, etcd_client::Error> {
-        let mut opts = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        let mut opts =
+            etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
         if let Some(t) = &self.tls {
             let tls = etcd_client::TlsOptions::new()
-                .ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(&t.ca).unwrap()))
+                .ca_certificate(etcd_client::Certificate::from_pem(
+                    std::fs::read(&t.ca).unwrap(),
+                ))
                 .identity(etcd_client::Identity::from_pem(
                     std::fs::read(&t.cert).unwrap(),
                     std::fs::read(&t.key).unwrap(),
@@ -106,7 +135,12 @@ impl Etcd {
     }
 
     pub async fn put(&self, key: &str, value: &[u8]) {
-        self.client().await.unwrap().put(key, value, None).await.unwrap();
+        self.client()
+            .await
+            .unwrap()
+            .put(key, value, None)
+            .await
+            .unwrap();
     }
 
     /// Writes an etcd config file in Cilium's format for this server.
@@ -139,21 +173,53 @@ impl Drop for Etcd {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("run openssl (apt-get install openssl)");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, all EC P-256.
 fn make_certs(dir: &Path) -> TlsFiles {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut ca = vec!["req", "-x509"];
     ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=idmig-test-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=idmig-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
     openssl(dir, &ca);
     for (name, ext) in [
-        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"),
-        ("client", "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"),
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+        ),
+        (
+            "client",
+            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+        ),
     ] {
         std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
         let mut req = vec!["req"];
@@ -164,14 +230,41 @@ fn make_certs(dir: &Path) -> TlsFiles {
         let extf = format!("{name}.ext");
         req.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=root"]);
         openssl(dir, &req);
-        openssl(dir, &["x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "2", "-extfile", &extf]);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ],
+        );
     }
-    TlsFiles { ca: dir.join("ca.crt"), cert: dir.join("client.crt"), key: dir.join("client.key") }
+    TlsFiles {
+        ca: dir.join("ca.crt"),
+        cert: dir.join("client.crt"),
+        key: dir.join("client.key"),
+    }
 }
 
 /// A raw HTTP/1.1 exchange (`Connection: close`), independent of the product's client.
-pub async fn http(base: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<(String, String)>, String) {
+pub async fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, Vec<(String, String)>, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = base.trim_start_matches("http://");
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -190,13 +283,23 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, String) {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
-    let code = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let code = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
     (code, headers, body)
 }
 

@@ -16,7 +16,11 @@ use crate::harness::http;
 const IDS: &str = "/apis/cilium.io/v2/ciliumidentities";
 
 fn labels(app: &str) -> SecurityLabels {
-    [("k8s:app".to_string(), app.to_string()), ("reserved:host".to_string(), String::new())].into()
+    [
+        ("k8s:app".to_string(), app.to_string()),
+        ("reserved:host".to_string(), String::new()),
+    ]
+    .into()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -28,13 +32,19 @@ async fn create_get_and_status_bodies() {
     assert_eq!(code, 201, "{text}");
     let created: Value = serde_json::from_str(&text).unwrap();
     for field in ["uid", "resourceVersion", "creationTimestamp"] {
-        assert!(created["metadata"][field].is_string(), "{field} in {created}");
+        assert!(
+            created["metadata"][field].is_string(),
+            "{field} in {created}"
+        );
     }
     assert_eq!(created["security-labels"]["reserved:host"], "");
 
     let (code, _, text) = http(&url, "POST", IDS, Some(&body)).await;
     let status: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!((code, &status["kind"], &status["reason"], &status["code"]), (409, &json!("Status"), &json!("AlreadyExists"), &json!(409)));
+    assert_eq!(
+        (code, &status["kind"], &status["reason"], &status["code"]),
+        (409, &json!("Status"), &json!("AlreadyExists"), &json!(409))
+    );
     assert_eq!(status["details"]["name"], "300");
 
     let (code, _, text) = http(&url, "GET", &format!("{IDS}/301"), None).await;
@@ -46,17 +56,37 @@ async fn create_get_and_status_bodies() {
     bad["metadata"]["labels"]["app"] = json!("not valid!");
     let (code, _, text) = http(&url, "POST", IDS, Some(&bad.to_string())).await;
     let status: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!((code, &status["reason"]), (422, &json!("Invalid")), "{text}");
+    assert_eq!(
+        (code, &status["reason"]),
+        (422, &json!("Invalid")),
+        "{text}"
+    );
     let mut null = identity_object(303, &labels("web"));
     null["security-labels"]["reserved:host"] = Value::Null;
     let (code, _, text) = http(&url, "POST", IDS, Some(&null.to_string())).await;
     assert_eq!(code, 422, "{text}");
     assert!(text.contains("must be of type string"), "{text}");
-    assert_eq!(sb.objects().len(), 1, "rejected creates leave nothing behind");
+    assert_eq!(
+        sb.objects().len(),
+        1,
+        "rejected creates leave nothing behind"
+    );
     // resourceVersions only grow.
-    let (_, _, t2) = http(&url, "POST", IDS, Some(&identity_object(304, &labels("db")).to_string())).await;
+    let (_, _, t2) = http(
+        &url,
+        "POST",
+        IDS,
+        Some(&identity_object(304, &labels("db")).to_string()),
+    )
+    .await;
     let second: Value = serde_json::from_str(&t2).unwrap();
-    let rv = |v: &Value| v["metadata"]["resourceVersion"].as_str().unwrap().parse::<u64>().unwrap();
+    let rv = |v: &Value| {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
     assert!(rv(&second) > rv(&created));
 }
 
@@ -71,12 +101,25 @@ async fn list_pages_with_limit_and_continue_and_selects_by_label() {
     let mut cont = String::new();
     let mut pages = 0;
     loop {
-        let path = format!("{IDS}?limit=500{}", if cont.is_empty() { String::new() } else { format!("&continue={cont}") });
+        let path = format!(
+            "{IDS}?limit=500{}",
+            if cont.is_empty() {
+                String::new()
+            } else {
+                format!("&continue={cont}")
+            }
+        );
         let (code, _, text) = http(&sb.url(), "GET", &path, None).await;
         assert_eq!(code, 200);
         let v: Value = serde_json::from_str(&text).unwrap();
         pages += 1;
-        names.extend(v["items"].as_array().unwrap().iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_string()));
+        names.extend(
+            v["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["metadata"]["name"].as_str().unwrap().to_string()),
+        );
         match v["metadata"]["continue"].as_str() {
             Some(c) => {
                 assert!(v["metadata"]["remainingItemCount"].as_u64().unwrap() > 0);
@@ -86,10 +129,22 @@ async fn list_pages_with_limit_and_continue_and_selects_by_label() {
         }
     }
     assert_eq!((pages, names.len()), (3, 1204));
-    let (_, _, text) = http(&sb.url(), "GET", &format!("{IDS}?labelSelector=app%3Dweb"), None).await;
+    let (_, _, text) = http(
+        &sb.url(),
+        "GET",
+        &format!("{IDS}?labelSelector=app%3Dweb"),
+        None,
+    )
+    .await;
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["items"].as_array().unwrap().len(), 401);
-    let (_, _, text) = http(&sb.url(), "GET", &format!("{IDS}?labelSelector=app+in+(web,db)"), None).await;
+    let (_, _, text) = http(
+        &sb.url(),
+        "GET",
+        &format!("{IDS}?labelSelector=app+in+(web,db)"),
+        None,
+    )
+    .await;
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["items"].as_array().unwrap().len(), 1203);
     let (code, _, _) = http(&sb.url(), "GET", &format!("{IDS}?continue=zz"), None).await;
@@ -108,7 +163,10 @@ async fn watch_streams_events_after_a_resource_version() {
     let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
     sb.seed_identity(300, &labels("before"));
     let (_, _, text) = http(&sb.url(), "GET", &format!("{IDS}?limit=1"), None).await;
-    let rv = serde_json::from_str::<Value>(&text).unwrap()["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = serde_json::from_str::<Value>(&text).unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let addr = sb.url().trim_start_matches("http://").to_string();
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     s.write_all(format!("GET {IDS}?watch=true&resourceVersion={rv}&labelSelector=app%3Dafter HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
@@ -127,28 +185,57 @@ async fn watch_streams_events_after_a_resource_version() {
         }
     })
     .await;
-    assert!(got.is_ok(), "no watch event: {}", String::from_utf8_lossy(&buf));
+    assert!(
+        got.is_ok(),
+        "no watch event: {}",
+        String::from_utf8_lossy(&buf)
+    );
     let text = String::from_utf8_lossy(&buf);
     assert!(text.contains("\"type\":\"ADDED\""), "{text}");
-    assert!(!text.contains("\"300\"") && !text.contains("\"301\""), "only events after rv and matching the selector: {text}");
+    assert!(
+        !text.contains("\"300\"") && !text.contains("\"301\""),
+        "only events after rv and matching the selector: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn crd_lifecycle_plain_404_until_established() {
-    let sb = Sandbox::start(SandboxConfig { with_crd: false, crd_establish_delay: Duration::from_millis(500), ..Default::default() }).await.unwrap();
+    let sb = Sandbox::start(SandboxConfig {
+        with_crd: false,
+        crd_establish_delay: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let target = K8sTarget::from_url(&sb.url()).unwrap();
     assert_eq!(target.crd_state().await.unwrap(), CrdState::Missing);
     let snap = target.list_identities(500).await.unwrap();
     assert!(!snap.crd_present);
     target.create_crd().await.unwrap();
-    assert_eq!(target.crd_state().await.unwrap(), CrdState::Present { established: false });
+    assert_eq!(
+        target.crd_state().await.unwrap(),
+        CrdState::Present { established: false }
+    );
     let (code, headers, body) = http(&sb.url(), "GET", IDS, None).await;
     assert_eq!((code, body.trim()), (404, "404 page not found"));
-    assert!(headers.iter().any(|(k, v)| k == "content-type" && v.starts_with("text/plain")));
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.starts_with("text/plain"))
+    );
     let err = target.get_identity(1).await.unwrap_err();
-    assert!(matches!(&err, RequestError::Status { code: 404, reason, .. } if reason.is_empty()), "{err:?}");
-    target.wait_crd_established(Duration::from_secs(10)).await.unwrap();
-    assert_eq!(target.crd_state().await.unwrap(), CrdState::Present { established: true });
+    assert!(
+        matches!(&err, RequestError::Status { code: 404, reason, .. } if reason.is_empty()),
+        "{err:?}"
+    );
+    target
+        .wait_crd_established(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        target.crd_state().await.unwrap(),
+        CrdState::Present { established: true }
+    );
     target.create_identity(300, &labels("web")).await.unwrap();
     assert_eq!(target.get_identity(300).await.unwrap(), Some(labels("web")));
     // Creating it again is harmless.
@@ -160,7 +247,9 @@ async fn injects_429_500_drops_and_latency() {
     let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
     let mut f = FaultConfig::default();
     f.queue.extend([
-        Fault::TooManyRequests { retry_after_secs: 3 },
+        Fault::TooManyRequests {
+            retry_after_secs: 3,
+        },
         Fault::Status(500),
         Fault::Drop,
         Fault::Delay(Duration::from_millis(300)),
@@ -168,7 +257,10 @@ async fn injects_429_500_drops_and_latency() {
     sb.set_faults(f);
     let (code, headers, text) = http(&sb.url(), "GET", IDS, None).await;
     assert_eq!(code, 429);
-    assert!(headers.iter().any(|(k, v)| k == "retry-after" && v == "3"), "{headers:?}");
+    assert!(
+        headers.iter().any(|(k, v)| k == "retry-after" && v == "3"),
+        "{headers:?}"
+    );
     assert!(text.contains("TooManyRequests"));
     let (code, _, _) = http(&sb.url(), "GET", IDS, None).await;
     assert_eq!(code, 500);
@@ -180,15 +272,28 @@ async fn injects_429_500_drops_and_latency() {
     assert!(start.elapsed() >= Duration::from_millis(300));
     // The product's client classifies them.
     let mut f = FaultConfig::default();
-    f.queue.extend([Fault::TooManyRequests { retry_after_secs: 2 }, Fault::Drop]);
+    f.queue.extend([
+        Fault::TooManyRequests {
+            retry_after_secs: 2,
+        },
+        Fault::Drop,
+    ]);
     sb.set_faults(f);
     let target = K8sTarget::from_url(&sb.url()).unwrap();
     let e = target.get_identity(1).await.unwrap_err();
-    assert!(e.is_retryable() && e.retry_after() == Some(Duration::from_secs(2)), "{e:?}");
+    assert!(
+        e.is_retryable() && e.retry_after() == Some(Duration::from_secs(2)),
+        "{e:?}"
+    );
     let e = target.get_identity(1).await.unwrap_err();
     assert!(matches!(e, RequestError::Transport(_)), "{e:?}");
     // Bearer tokens are enforced when configured.
-    let sb = Sandbox::start(SandboxConfig { token: Some("s3cret".into()), ..Default::default() }).await.unwrap();
+    let sb = Sandbox::start(SandboxConfig {
+        token: Some("s3cret".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let (code, _, text) = http(&sb.url(), "GET", IDS, None).await;
     assert_eq!(code, 401, "{text}");
 }

@@ -1,0 +1,497 @@
+//! The engine service: one task that owns every piece of IO (etcd, Kubernetes, the decision
+//! log, files) and talks to a front end only through owned requests and events over bounded
+//! channels. Results carry the generation of the request so a front end can drop stale ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::decision_log::{DecisionLog, Record};
+use crate::engine::{ApplyOptions, ApplyReport, EngineEvent, StopFlag};
+use crate::error::{Error, Result};
+use crate::etcd_source::{Drift, EtcdConnection};
+use crate::identity::{CRD_NAME, GROUP, PLURAL};
+use crate::k8s_target::K8sTarget;
+use crate::kvstore::SourceInfo;
+use crate::labels::SecurityLabels;
+use crate::plan_file::PlanFile;
+use crate::planner::{Kind, PlanItem};
+use crate::range::IdRange;
+use crate::session::{self, ApplyRequest, KvSource};
+use crate::verify::VerifyReport;
+
+/// What the service needs to run.
+pub struct ServiceConfig {
+    pub kv: KvSource,
+    pub target: K8sTarget,
+    pub cluster_id: u32,
+    pub range: IdRange,
+    pub log: Arc<DecisionLog>,
+    pub apply: ApplyOptions,
+}
+
+/// Requests from the front end.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Preflight,
+    Scan {
+        generation: u64,
+    },
+    /// Append one decision record to the log, now.
+    Log(Record),
+    /// Write what the operator confirmed. `items` carry their decisions.
+    Commit {
+        generation: u64,
+        items: Vec<PlanItem>,
+    },
+    /// Stop starting new writes.
+    Stop,
+    /// Write the decision log and a Markdown summary next to `path`.
+    Export {
+        path: PathBuf,
+        items: Vec<PlanItem>,
+    },
+}
+
+/// One preflight check, worded for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+    /// How to fix it, when it failed.
+    pub fix: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PreflightReport {
+    pub etcd: String,
+    pub server: String,
+    pub context: String,
+    pub version: String,
+    pub crd_present: bool,
+    pub cluster_id: u32,
+    pub range: Option<IdRange>,
+    pub checks: Vec<Check>,
+}
+
+/// A finished scan: everything the front end shows, as plain data.
+#[derive(Debug, Clone)]
+pub struct ScanResult {
+    pub items: Vec<PlanItem>,
+    pub k8s: BTreeMap<u32, SecurityLabels>,
+    pub source: SourceInfo,
+    pub crd_present: bool,
+    pub other_names: usize,
+}
+
+/// Events to the front end.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Preflight(PreflightReport),
+    Scanned {
+        generation: u64,
+        scan: Box<ScanResult>,
+    },
+    Apply(EngineEvent),
+    Committed {
+        generation: u64,
+        report: ApplyReport,
+        verify: Option<VerifyReport>,
+    },
+    Drift {
+        added: u64,
+        removed: u64,
+    },
+    /// The kvstore was compacted past the watched revision; a rescan was started.
+    DriftCompacted {
+        generation: u64,
+    },
+    Exported {
+        paths: Vec<PathBuf>,
+    },
+    Failed {
+        generation: u64,
+        what: String,
+        error: String,
+    },
+}
+
+/// Starts the service; it ends when the request sender is dropped.
+pub fn spawn(cfg: ServiceConfig) -> (mpsc::Sender<Request>, mpsc::Receiver<Event>) {
+    let (req_tx, req_rx) = mpsc::channel(64);
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    tokio::spawn(run(Arc::new(cfg), req_rx, ev_tx));
+    (req_tx, ev_rx)
+}
+
+async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc::Sender<Event>) {
+    let stop = StopFlag::default();
+    let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
+    while let Some(req) = rx.recv().await {
+        match req {
+            Request::Preflight => {
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let _ = tx.send(Event::Preflight(preflight(&cfg).await)).await;
+                });
+            }
+            Request::Scan { generation } => {
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                if let Some(t) = drift_task.take() {
+                    t.abort();
+                }
+                let (drift_tx, drift_rx) = mpsc::channel(16);
+                drift_task = Some(tokio::spawn(watch_drift(cfg.clone(), drift_rx, tx.clone())));
+                tokio::spawn(async move {
+                    let ev = match session::scan(&cfg.kv, &cfg.target, cfg.range).await {
+                        Ok(scan) => {
+                            let _ = drift_tx.send(scan.kv.source.revision).await;
+                            Event::Scanned {
+                                generation,
+                                scan: Box::new(ScanResult {
+                                    items: scan.items,
+                                    k8s: scan.k8s.identities,
+                                    source: scan.kv.source,
+                                    crd_present: scan.k8s.crd_present,
+                                    other_names: scan.k8s.other_names.len(),
+                                }),
+                            }
+                        }
+                        Err(e) => Event::Failed {
+                            generation,
+                            what: "scan".into(),
+                            error: e.to_string(),
+                        },
+                    };
+                    let _ = tx.send(ev).await;
+                });
+            }
+            Request::Log(record) => {
+                if let Err(e) = cfg.log.append(record) {
+                    let _ = tx
+                        .send(Event::Failed {
+                            generation: 0,
+                            what: "decision log".into(),
+                            error: e.to_string(),
+                        })
+                        .await;
+                }
+            }
+            Request::Commit { generation, items } => {
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let ev = match commit(&cfg, items, &tx, stop).await {
+                        Ok((report, verify)) => Event::Committed {
+                            generation,
+                            report,
+                            verify,
+                        },
+                        Err(e) => Event::Failed {
+                            generation,
+                            what: "commit".into(),
+                            error: e.to_string(),
+                        },
+                    };
+                    let _ = tx.send(ev).await;
+                });
+            }
+            Request::Stop => stop.stop(),
+            Request::Export { path, items } => {
+                let ev = match export(&cfg, &path, &items) {
+                    Ok(paths) => Event::Exported { paths },
+                    Err(e) => Event::Failed {
+                        generation: 0,
+                        what: "export".into(),
+                        error: e.to_string(),
+                    },
+                };
+                let _ = tx.send(ev).await;
+            }
+        }
+    }
+    if let Some(t) = drift_task {
+        t.abort();
+    }
+}
+
+async fn commit(
+    cfg: &ServiceConfig,
+    items: Vec<PlanItem>,
+    tx: &mpsc::Sender<Event>,
+    stop: StopFlag,
+) -> Result<(ApplyReport, Option<VerifyReport>)> {
+    let (apply_tx, mut apply_rx) = mpsc::channel(1024);
+    let forward = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = apply_rx.recv().await {
+                if tx.send(Event::Apply(ev)).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let source = SourceInfo {
+        prefix: cfg.kv.prefix(),
+        ..Default::default()
+    };
+    let plan = PlanFile::new(
+        source,
+        session::target_info(&cfg.target),
+        cfg.cluster_id,
+        cfg.range,
+        true,
+        items,
+    );
+    let req = ApplyRequest {
+        plan: Some(plan),
+        accept_proposals: false,
+        options: cfg.apply.clone(),
+    };
+    let run = session::apply(
+        &cfg.kv,
+        &cfg.target,
+        cfg.range,
+        &req,
+        &cfg.log,
+        Some(&apply_tx),
+        stop,
+    )
+    .await;
+    drop(apply_tx);
+    let _ = forward.await;
+    let run = run?;
+    let verify = if run.report.stopped.is_none() {
+        let mappings = session::mappings_from_logs(&[cfg.log.path().to_path_buf()])?;
+        Some(session::verify(&cfg.kv, &cfg.target, cfg.range, &mappings).await?)
+    } else {
+        None
+    };
+    Ok((run.report, verify))
+}
+
+async fn watch_drift(
+    cfg: Arc<ServiceConfig>,
+    mut revision_rx: mpsc::Receiver<i64>,
+    tx: mpsc::Sender<Event>,
+) {
+    let KvSource::Etcd(opts) = &cfg.kv else {
+        return;
+    };
+    let Some(revision) = revision_rx.recv().await else {
+        return;
+    };
+    let conn = match EtcdConnection::connect(opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = tx
+                .send(Event::Failed {
+                    generation: 0,
+                    what: "drift watch".into(),
+                    error: e.to_string(),
+                })
+                .await;
+            return;
+        }
+    };
+    let (dtx, mut drx) = mpsc::channel(64);
+    let prefix = opts.prefix.clone();
+    let watcher = tokio::spawn(async move { conn.watch_drift(&prefix, revision, dtx).await });
+    let (mut added, mut removed) = (0, 0);
+    while let Some(d) = drx.recv().await {
+        let ev = match d {
+            Drift::Changed {
+                added: a,
+                removed: r,
+                ..
+            } => {
+                added += a;
+                removed += r;
+                Event::Drift { added, removed }
+            }
+            Drift::Compacted { compact_revision } => {
+                tracing::warn!(
+                    compact_revision,
+                    "kvstore compacted past the watched revision; rescanning"
+                );
+                Event::DriftCompacted { generation: 0 }
+            }
+        };
+        if tx.send(ev).await.is_err() {
+            break;
+        }
+    }
+    if let Ok(Err(e)) = watcher.await {
+        let _ = tx
+            .send(Event::Failed {
+                generation: 0,
+                what: "drift watch".into(),
+                error: e.to_string(),
+            })
+            .await;
+    }
+}
+
+async fn preflight(cfg: &ServiceConfig) -> PreflightReport {
+    let mut r = PreflightReport {
+        server: cfg.target.server.clone(),
+        context: cfg.target.context.clone().unwrap_or_else(|| "-".into()),
+        cluster_id: cfg.cluster_id,
+        range: Some(cfg.range),
+        ..Default::default()
+    };
+    r.etcd = match &cfg.kv {
+        KvSource::Etcd(o) => o.endpoints.join(","),
+        KvSource::Memory(s) => s.source.endpoints.join(","),
+    };
+    match cfg.kv.read().await {
+        Ok(s) => r.checks.push(Check {
+            name: "kvstore readable".into(),
+            ok: true,
+            detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
+            fix: None,
+        }),
+        Err(e) => r.checks.push(Check {
+            name: "kvstore readable".into(),
+            ok: false,
+            detail: e.to_string(),
+            fix: Some("check --etcd-endpoints / --etcd-config, the CA and client certificate, and that etcd is up".into()),
+        }),
+    }
+    match cfg.target.server_version().await {
+        Ok(v) => {
+            r.version = v.clone();
+            r.checks.push(Check {
+                name: "API server reachable".into(),
+                ok: true,
+                detail: v,
+                fix: None,
+            });
+        }
+        Err(e) => {
+            r.checks.push(Check {
+                name: "API server reachable".into(),
+                ok: false,
+                detail: e.to_string(),
+                fix: Some("check --kubeconfig / --context and that the API server is up".into()),
+            });
+            return r;
+        }
+    }
+    match cfg.target.crd_state().await {
+        Ok(state) => {
+            r.crd_present = state != crate::k8s_target::CrdState::Missing;
+            r.checks.push(Check {
+                name: format!("CRD {CRD_NAME}"),
+                ok: true,
+                detail: if r.crd_present {
+                    "installed".into()
+                } else {
+                    "missing: commit creates it first".into()
+                },
+                fix: None,
+            });
+        }
+        Err(e) => r.checks.push(Check {
+            name: format!("CRD {CRD_NAME}"),
+            ok: false,
+            detail: e.to_string(),
+            fix: None,
+        }),
+    }
+    let mut wanted: Vec<(&str, &str, &str)> = vec![
+        ("list", GROUP, PLURAL),
+        ("get", GROUP, PLURAL),
+        ("create", GROUP, PLURAL),
+    ];
+    if !r.crd_present {
+        wanted.push((
+            "create",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+        ));
+    }
+    for (verb, group, resource) in wanted {
+        let name = format!("RBAC: {verb} {resource}.{group}");
+        match cfg.target.can_i(verb, group, resource).await {
+            Ok(true) => r.checks.push(Check { name, ok: true, detail: "allowed".into(), fix: None }),
+            Ok(false) => r.checks.push(Check {
+                name,
+                ok: false,
+                detail: "denied".into(),
+                fix: Some(format!("bind the ClusterRole in assets/clusterrole.yaml (it grants {verb} on {resource}.{group})")),
+            }),
+            Err(e) => r.checks.push(Check { name, ok: false, detail: e.to_string(), fix: None }),
+        }
+    }
+    r
+}
+
+fn export(cfg: &ServiceConfig, path: &std::path::Path, items: &[PlanItem]) -> Result<Vec<PathBuf>> {
+    let log_out = path.with_extension("jsonl");
+    let md_out = path.with_extension("md");
+    let log_text = std::fs::read(cfg.log.path()).map_err(|e| Error::file(cfg.log.path(), e))?;
+    write_new(&log_out, &log_text)?;
+    write_new(&md_out, summary_markdown(cfg, items).as_bytes())?;
+    Ok(vec![log_out, md_out])
+}
+
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::file(path, e))
+}
+
+/// A human-readable summary of the session's decisions.
+pub fn summary_markdown(cfg: &ServiceConfig, items: &[PlanItem]) -> String {
+    let mut out = String::new();
+    out.push_str("# cilium-idmig migration summary\n\n");
+    out.push_str(&format!(
+        "- operator: {}\n- API server: {}\n- range: {}\n- decision log: {}\n\n",
+        cfg.log.operator(),
+        cfg.target.server,
+        cfg.range,
+        cfg.log.path().display()
+    ));
+    out.push_str("| kind | count |\n|---|---|\n");
+    for kind in Kind::ALL {
+        out.push_str(&format!(
+            "| {kind} | {} |\n",
+            items.iter().filter(|i| i.kind == kind).count()
+        ));
+    }
+    out.push_str("\n## Conflicts and their decisions\n\n| id | kind | action | target | decided | labels |\n|---|---|---|---|---|---|\n");
+    for i in items.iter().filter(|i| i.kind.is_conflict()) {
+        let t = i.target_id.map_or("-".to_string(), |t| t.to_string());
+        out.push_str(&format!(
+            "| {} | {} | {} | {t} | {} | `{}` |\n",
+            i.id,
+            i.kind,
+            i.action.as_str(),
+            if i.decided { "yes" } else { "no" },
+            i.labels
+        ));
+    }
+    let invalid: BTreeSet<&str> = items
+        .iter()
+        .filter(|i| i.kind == Kind::Invalid)
+        .map(|i| i.id.as_str())
+        .collect();
+    if !invalid.is_empty() {
+        out.push_str("\n## Invalid kvstore entries (never written)\n\n");
+        for i in items.iter().filter(|i| i.kind == Kind::Invalid) {
+            out.push_str(&format!("- `{}`: {}\n", i.id, i.reason));
+        }
+    }
+    out
+}

@@ -1,0 +1,375 @@
+//! The key table: the single source for dispatching keys, the footer and the `?` help.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+use super::model::Screen;
+
+/// What a key does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Quit,
+    Help,
+    NextScreen,
+    Go(Screen),
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Home,
+    End,
+    CycleFilter,
+    Search,
+    CycleSort,
+    ReverseSort,
+    Open,
+    NextConflict,
+    PrevConflict,
+    Accept,
+    EditTarget,
+    Reuse,
+    Skip,
+    CreateAnyway,
+    Undo,
+    AcceptAll,
+    Commit,
+    Stop,
+    Retry,
+    Rescan,
+    Export,
+}
+
+/// Where a binding applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Global,
+    On(Screen),
+}
+
+pub struct Binding {
+    pub scope: Scope,
+    pub keys: &'static [(KeyCode, KeyModifiers)],
+    /// How the footer and help show the keys.
+    pub label: &'static str,
+    pub action: Action,
+    pub help: &'static str,
+}
+
+const N: KeyModifiers = KeyModifiers::NONE;
+const S: KeyModifiers = KeyModifiers::SHIFT;
+const C: KeyModifiers = KeyModifiers::CONTROL;
+use KeyCode::*;
+
+const LIST: Scope = Scope::On(Screen::Identities);
+const CONF: Scope = Scope::On(Screen::Conflicts);
+const COMMIT: Scope = Scope::On(Screen::Commit);
+
+pub const BINDINGS: &[Binding] = &[
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('?'), N), (Char('?'), S)],
+        label: "?",
+        action: Action::Help,
+        help: "help (this screen)",
+    },
+    Binding {
+        scope: COMMIT,
+        keys: &[(Char('c'), C)],
+        label: "Ctrl-C",
+        action: Action::Stop,
+        help: "stop: no new writes, in-flight ones finish",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('q'), N), (Esc, N), (Char('c'), C)],
+        label: "q",
+        action: Action::Quit,
+        help: "quit (Esc closes a popup first)",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Tab, N)],
+        label: "Tab",
+        action: Action::NextScreen,
+        help: "next screen",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('1'), N)],
+        label: "1",
+        action: Action::Go(Screen::Preflight),
+        help: "preflight",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('2'), N)],
+        label: "2",
+        action: Action::Go(Screen::Identities),
+        help: "identities",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('3'), N)],
+        label: "3",
+        action: Action::Go(Screen::Conflicts),
+        help: "conflict review",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('4'), N)],
+        label: "4",
+        action: Action::Go(Screen::Commit),
+        help: "commit",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('R'), S), (Char('R'), N)],
+        label: "R",
+        action: Action::Rescan,
+        help: "rescan both sides (keeps decisions of unchanged items)",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('x'), N)],
+        label: "x",
+        action: Action::Export,
+        help: "export the decision log and a Markdown summary",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        action: Action::Up,
+        help: "up",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        action: Action::Down,
+        help: "down",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(PageUp, N), (Char('b'), C)],
+        label: "PgUp",
+        action: Action::PageUp,
+        help: "page up",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(PageDown, N), (Char('f'), C)],
+        label: "PgDn",
+        action: Action::PageDown,
+        help: "page down",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Home, N), (Char('g'), N)],
+        label: "g",
+        action: Action::Home,
+        help: "first row",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(End, N), (Char('G'), S), (Char('G'), N)],
+        label: "G",
+        action: Action::End,
+        help: "last row",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Char('f'), N)],
+        label: "f",
+        action: Action::CycleFilter,
+        help: "filter by kind: all, conflicts, create, already migrated, invalid",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Char('/'), N)],
+        label: "/",
+        action: Action::Search,
+        help: "search labels and ids",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Char('s'), N)],
+        label: "s",
+        action: Action::CycleSort,
+        help: "sort by the next column",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Char('S'), S), (Char('S'), N)],
+        label: "S",
+        action: Action::ReverseSort,
+        help: "reverse the sort",
+    },
+    Binding {
+        scope: LIST,
+        keys: &[(Enter, N)],
+        label: "Enter",
+        action: Action::Open,
+        help: "review this conflict",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('n'), N), (Down, N), (Char('j'), N)],
+        label: "n",
+        action: Action::NextConflict,
+        help: "next conflict",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('N'), S), (Char('N'), N), (Up, N), (Char('k'), N)],
+        label: "N",
+        action: Action::PrevConflict,
+        help: "previous conflict",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('a'), N)],
+        label: "a",
+        action: Action::Accept,
+        help: "accept the proposal",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('e'), N)],
+        label: "e",
+        action: Action::EditTarget,
+        help: "edit the target id (checked: in range and free)",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('u'), N)],
+        label: "u",
+        action: Action::Reuse,
+        help: "reuse the id that already has these labels",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('s'), N)],
+        label: "s",
+        action: Action::Skip,
+        help: "skip: write nothing for it",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('c'), N)],
+        label: "c",
+        action: Action::CreateAnyway,
+        help: "create anyway at its own id (duplicate)",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('z'), N)],
+        label: "z",
+        action: Action::Undo,
+        help: "undo the last decision",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(Char('A'), S), (Char('A'), N)],
+        label: "A",
+        action: Action::AcceptAll,
+        help: "accept all remaining proposals (asks first)",
+    },
+    Binding {
+        scope: COMMIT,
+        keys: &[(Enter, N), (Char('c'), N)],
+        label: "Enter",
+        action: Action::Commit,
+        help: "commit: asks you to type yes",
+    },
+    Binding {
+        scope: COMMIT,
+        keys: &[(Char('r'), N)],
+        label: "r",
+        action: Action::Retry,
+        help: "retry failed items",
+    },
+];
+
+fn scope_matches(scope: Scope, screen: Screen) -> bool {
+    match scope {
+        Scope::Global => true,
+        Scope::On(s) => s == screen,
+    }
+}
+
+/// The action bound to a key on a screen; screen bindings win over global ones.
+pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<Action> {
+    let hit = |b: &&Binding| {
+        b.keys.iter().any(|(code, mods)| {
+            *code == key.code
+                && (*mods == key.modifiers || (*mods == S && key.modifiers.is_empty()))
+        })
+    };
+    BINDINGS
+        .iter()
+        .filter(|b| b.scope != Scope::Global && scope_matches(b.scope, screen))
+        .find(hit)
+        .or_else(|| {
+            BINDINGS
+                .iter()
+                .filter(|b| b.scope == Scope::Global)
+                .find(hit)
+        })
+        .map(|b| b.action)
+}
+
+/// The bindings that work on a screen, screen-specific first.
+pub fn bindings_for(screen: Screen) -> impl Iterator<Item = &'static Binding> {
+    let own = BINDINGS
+        .iter()
+        .filter(move |b| b.scope == Scope::On(screen));
+    own.chain(BINDINGS.iter().filter(|b| b.scope == Scope::Global))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn screen_bindings_win_and_every_action_has_help() {
+        let k = |c| KeyEvent::new(c, KeyModifiers::NONE);
+        assert_eq!(
+            action_for(Screen::Conflicts, &k(Char('s'))),
+            Some(Action::Skip)
+        );
+        assert_eq!(
+            action_for(Screen::Identities, &k(Char('s'))),
+            Some(Action::CycleSort)
+        );
+        assert_eq!(
+            action_for(Screen::Identities, &k(Char('q'))),
+            Some(Action::Quit)
+        );
+        assert_eq!(
+            action_for(
+                Screen::Commit,
+                &KeyEvent::new(Char('c'), KeyModifiers::CONTROL)
+            ),
+            Some(Action::Stop)
+        );
+        assert_eq!(
+            action_for(
+                Screen::Identities,
+                &KeyEvent::new(Char('c'), KeyModifiers::CONTROL)
+            ),
+            Some(Action::Quit)
+        );
+        assert_eq!(
+            action_for(
+                Screen::Identities,
+                &KeyEvent::new(Char('G'), KeyModifiers::SHIFT)
+            ),
+            Some(Action::End)
+        );
+        assert!(
+            BINDINGS
+                .iter()
+                .all(|b| !b.help.is_empty() && !b.keys.is_empty())
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! TUI tests: update driven by synthetic engine events, and screen snapshots.

@@ -1,0 +1,184 @@
+//! Commit: what will be written, then live progress, then the verification.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Gauge, Paragraph};
+
+use super::Theme;
+use crate::planner::{Action, Kind};
+use crate::tui::model::{CommitPhase, Model};
+
+pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
+    match model.commit.phase {
+        CommitPhase::Idle => summary(model, frame, area),
+        _ => progress(model, frame, area),
+    }
+}
+
+fn summary(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let own = |i: &crate::planner::PlanItem| i.target_id == i.numeric_id();
+    let count =
+        |f: &dyn Fn(&crate::planner::PlanItem) -> bool| model.items.iter().filter(|i| f(i)).count();
+    let creates_same =
+        count(&|i| i.action == Action::Create && own(i) && i.kind != Kind::Duplicate);
+    let remaps = count(&|i| i.action == Action::Create && !own(i));
+    let dups = count(&|i| i.action == Action::Create && own(i) && i.kind == Kind::Duplicate);
+    let maps = count(&|i| i.action == Action::None && !own(i));
+    let skipped = count(&|i| i.action == Action::Skip && i.kind != Kind::Invalid);
+    let mut lines = vec![Line::styled(
+        "Writes on commit",
+        Style::default().add_modifier(Modifier::BOLD),
+    )];
+    if !model.crd_present {
+        lines.push(Line::raw(
+            "  create CRD ciliumidentities.cilium.io and wait until it is Established",
+        ));
+    }
+    lines.push(Line::raw(format!(
+        "  {creates_same:>6}  create at the same id"
+    )));
+    lines.push(Line::raw(format!(
+        "  {remaps:>6}  create at a new id (remap)"
+    )));
+    lines.push(Line::raw(format!(
+        "  {dups:>6}  create a duplicate at its own id"
+    )));
+    lines.push(Line::raw(format!(
+        "  {:>6}  CiliumIdentity objects in all",
+        creates_same + remaps + dups
+    )));
+    lines.push(Line::raw(""));
+    lines.push(Line::styled(
+        "Not written",
+        Style::default().add_modifier(Modifier::BOLD),
+    ));
+    lines.push(Line::raw(format!(
+        "  {:>6}  already migrated",
+        model.count(Kind::AlreadyMigrated)
+    )));
+    lines.push(Line::raw(format!(
+        "  {maps:>6}  mapped to an id that holds the labels (reuse)"
+    )));
+    lines.push(Line::raw(format!("  {skipped:>6}  skipped by decision")));
+    lines.push(Line::raw(format!(
+        "  {:>6}  invalid kvstore entries",
+        model.count(Kind::Invalid)
+    )));
+    lines.push(Line::raw(""));
+    let undecided = model.undecided();
+    if undecided > 0 {
+        lines.push(Line::styled(
+            format!("{undecided} remap/duplicate conflicts need a decision first (screen 3)"),
+            t.bad(),
+        ));
+    } else {
+        lines.push(Line::styled(
+            "Enter to commit: you will be asked to type yes",
+            t.good(),
+        ));
+    }
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" Commit ")),
+        area,
+    );
+}
+
+fn progress(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let c = &model.commit;
+    let [gauge_area, stats, failures] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(7),
+        Constraint::Min(3),
+    ])
+    .areas(area);
+    let ratio = if c.total == 0 {
+        0.0
+    } else {
+        (c.done as f64 / c.total as f64).min(1.0)
+    };
+    let label = format!("{} / {} items", c.done, c.total);
+    let gauge = Gauge::default()
+        .block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(format!(" Commit: {:?} ", c.phase)),
+        )
+        .gauge_style(t.fg(Color::Green))
+        .ratio(ratio)
+        .label(label);
+    frame.render_widget(gauge, gauge_area);
+    let secs = c.elapsed.as_secs_f64();
+    let rate = if secs > 0.0 {
+        c.done as f64 / secs
+    } else {
+        0.0
+    };
+    let eta = if rate > 0.0 && c.total > c.done {
+        format!("{:.0}s", (c.total - c.done) as f64 / rate)
+    } else {
+        "-".into()
+    };
+    let mut lines = vec![
+        Line::raw(format!(
+            "created {} of {} writes · {} failed · {} retries",
+            c.created,
+            c.writes,
+            c.failures.len(),
+            c.retries
+        )),
+        Line::raw(format!(
+            "elapsed {secs:.1}s · {rate:.0} items/s · ETA {eta}"
+        )),
+    ];
+    if let Some(n) = &c.crd_note {
+        lines.push(Line::raw(n.clone()));
+    }
+    if let Some(s) = &c.stop_reason {
+        lines.push(Line::styled(
+            format!("stopped: {s}; press r to retry what is left"),
+            t.bad(),
+        ));
+    }
+    if c.phase == CommitPhase::Done {
+        match &c.verify {
+            Some(v) if v.passed() => lines.push(Line::styled(
+                format!("verified: all {} valid identities present with identical labels ({} via a mapping)", v.checked, v.mapped),
+                t.good(),
+            )),
+            Some(v) => lines.push(Line::styled(
+                format!("verification: {} of {} ok, {} problems (skipped or missing)", v.ok, v.checked, v.problems.len()),
+                t.bad(),
+            )),
+            None => lines.push(Line::raw("not verified (the commit was stopped)")),
+        }
+    }
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL)),
+        stats,
+    );
+    let rows: Vec<Line> = c
+        .failures
+        .iter()
+        .rev()
+        .take(usize::from(failures.height.saturating_sub(2)))
+        .map(|(id, e)| {
+            Line::from(vec![
+                Span::styled(format!("{id}: "), t.bad()),
+                Span::raw(e.clone()),
+            ])
+        })
+        .collect();
+    let title = if c.failures.is_empty() {
+        " Failures: none ".to_string()
+    } else {
+        format!(" Failures: {} (r retries) ", c.failures.len())
+    };
+    frame.render_widget(
+        Paragraph::new(rows).block(Block::default().borders(Borders::ALL).title(title)),
+        failures,
+    );
+}

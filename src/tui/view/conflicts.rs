@@ -1,0 +1,149 @@
+//! Conflict review: kvstore and Kubernetes labels side by side, differences marked, the
+//! proposal and why.
+
+use std::collections::BTreeMap;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
+
+use super::{Theme, symbol};
+use crate::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use crate::planner::{Action, Kind};
+use crate::tui::model::Model;
+
+fn as_map(key: &str) -> SecurityLabels {
+    parse_label_key(key)
+        .map(|l| to_security_labels(&l))
+        .unwrap_or_default()
+}
+
+pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let all: Vec<usize> = model.conflicts().collect();
+    let Some(i) = model.conflict.filter(|i| all.contains(i)) else {
+        let msg = if model.scanning {
+            "scanning…"
+        } else {
+            "no conflicts: every identity is a plain create, already migrated, or invalid"
+        };
+        frame.render_widget(
+            Paragraph::new(msg).block(Block::default().borders(Borders::ALL).title(" Conflicts ")),
+            area,
+        );
+        return;
+    };
+    let item = &model.items[i];
+    let pos = all.iter().position(|&c| c == i).map_or(0, |p| p + 1);
+    let state = if item.kind.needs_decision() && !item.decided {
+        Span::styled("needs a decision", t.bad())
+    } else if item.decided {
+        Span::styled("decided", t.good())
+    } else {
+        Span::raw("proposal stands (no decision needed)")
+    };
+    let [top, sides, bottom] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Min(4),
+        Constraint::Length(8),
+    ])
+    .areas(area);
+    let title = Line::from(vec![
+        Span::styled(
+            format!(" {} {} ", symbol(item.kind), item.kind.as_str()),
+            t.kind(item.kind),
+        ),
+        Span::raw(format!(
+            " conflict {pos} of {} · kvstore id {} · used by {} node(s) · ",
+            all.len(),
+            item.id,
+            item.nodes
+        )),
+        state,
+    ]);
+    frame.render_widget(
+        Paragraph::new(title).block(Block::default().borders(Borders::ALL)),
+        top,
+    );
+
+    let kv = as_map(&item.labels);
+    let own = item.numeric_id();
+    let (k8s_title, k8s): (String, Option<SecurityLabels>) =
+        match (item.existing_labels.as_ref(), item.labels_present_at) {
+            (Some(existing), _) => (
+                format!(" Kubernetes at id {} (taken) ", item.id),
+                Some(as_map(existing)),
+            ),
+            (None, Some(x)) => (
+                format!(" Kubernetes at id {x} (same labels) "),
+                model.k8s.get(&x).cloned(),
+            ),
+            _ => (" Kubernetes ".into(), None),
+        };
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sides);
+    let empty = BTreeMap::new();
+    let other = k8s.as_ref().unwrap_or(&empty);
+    frame.render_widget(label_list(&t, &kv, other, " kvstore ".to_string()), left);
+    frame.render_widget(label_list(&t, other, &kv, k8s_title), right);
+
+    let proposal = match (item.action, item.target_id) {
+        (Action::Create, Some(tid)) if Some(tid) == own => format!("create at its own id {tid}"),
+        (Action::Create, Some(tid)) => format!("create at new id {tid}"),
+        (Action::None, Some(tid)) => format!("write nothing; map to id {tid}"),
+        (Action::Skip, _) => "skip: write nothing".into(),
+        _ => "-".into(),
+    };
+    let mut lines = vec![Line::from(vec![
+        Span::styled(
+            "Resolution: ",
+            ratatui::style::Style::default().add_modifier(Modifier::BOLD),
+        ),
+        Span::raw(proposal),
+    ])];
+    if let Some(x) = item.labels_present_at
+        && matches!(item.kind, Kind::Duplicate | Kind::Reuse)
+    {
+        lines.push(Line::raw(format!(
+            "These labels are already present at id {x}."
+        )));
+    }
+    lines.push(Line::raw(item.reason.clone()));
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL).title(" Why ")),
+        bottom,
+    );
+}
+
+/// One side's labels; a label missing or different on the other side is marked `*`.
+fn label_list<'a>(
+    t: &Theme,
+    mine: &SecurityLabels,
+    theirs: &SecurityLabels,
+    title: String,
+) -> Paragraph<'a> {
+    let lines: Vec<Line> = mine
+        .iter()
+        .map(|(k, v)| {
+            let same = theirs.get(k) == Some(v);
+            let text = format!("{} {k}={v}", if same { " " } else { "*" });
+            if same {
+                Line::raw(text)
+            } else {
+                Line::styled(text, t.fg(Color::Yellow).add_modifier(Modifier::BOLD))
+            }
+        })
+        .collect();
+    let lines = if lines.is_empty() {
+        vec![Line::raw("(no object)")]
+    } else {
+        lines
+    };
+    Paragraph::new(lines)
+        .wrap(Wrap { trim: false })
+        .block(Block::default().borders(Borders::ALL).title(title))
+}

@@ -1,0 +1,96 @@
+//! The identities table: renders only the rows on screen, so 65,280 scroll like 20.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Span;
+use ratatui::widgets::{Block, Borders, Cell, Row, Table};
+
+use super::{Theme, symbol};
+use crate::tui::model::{Model, SortColumn};
+
+pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let arrow = if model.descending { "↓" } else { "↑" };
+    let head = |name: &str, col: SortColumn| {
+        let label = if model.sort == col {
+            format!("{name}{arrow}")
+        } else {
+            name.to_string()
+        };
+        Cell::from(label)
+    };
+    let header = Row::new(vec![
+        Cell::from(" "),
+        head("id", SortColumn::Id),
+        head("kind", SortColumn::Kind),
+        head("target", SortColumn::Target),
+        head("nodes", SortColumn::Nodes),
+        head("labels", SortColumn::Labels),
+    ])
+    .style(Style::default().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
+    // Rows only for the visible slice of the view.
+    let height = usize::from(area.height.saturating_sub(3));
+    let start = model.offset.min(model.view.len());
+    let end = (start + height).min(model.view.len());
+    let rows = model.view[start..end].iter().enumerate().map(|(n, &i)| {
+        let item = &model.items[i];
+        let target = match item.target_id {
+            Some(tid) if Some(tid) != item.numeric_id() => format!("→{tid}"),
+            Some(tid) => tid.to_string(),
+            None => "-".into(),
+        };
+        let decided = if item.kind.needs_decision() && !item.decided {
+            "?"
+        } else {
+            ""
+        };
+        let mut style = t.kind(item.kind);
+        if start + n == model.selected {
+            style = style.patch(t.selected());
+        }
+        Row::new(vec![
+            Cell::from(format!("{}{decided}", symbol(item.kind))),
+            Cell::from(item.id.clone()),
+            Cell::from(item.kind.as_str()),
+            Cell::from(format!("{target} {}", item.action.as_str())),
+            Cell::from(item.nodes.to_string()),
+            Cell::from(item.labels.clone()),
+        ])
+        .style(style)
+    });
+    let title = format!(
+        " Identities: {} of {} shown · filter {} · search {} · row {} ",
+        model.view.len(),
+        model.items.len(),
+        model.filter.label(),
+        if model.search.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:?}", model.search)
+        },
+        if model.view.is_empty() {
+            0
+        } else {
+            model.selected + 1
+        },
+    );
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(2),
+            Constraint::Length(8),
+            Constraint::Length(16),
+            Constraint::Length(14),
+            Constraint::Length(5),
+            Constraint::Min(10),
+        ],
+    )
+    .header(header)
+    .block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(Span::raw(title)),
+    );
+    frame.render_widget(table, area);
+}

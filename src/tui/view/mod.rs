@@ -1,0 +1,191 @@
+//! `view(&Model, &mut Frame)`: draws the current screen, the header, the footer and any popup.
+//! Pure rendering: reads the model, changes nothing.
+
+mod commit;
+mod conflicts;
+mod identities;
+mod modal;
+mod preflight;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::keys::bindings_for;
+use super::model::{Model, Screen};
+use crate::planner::Kind;
+
+/// Styles that still read without colour (`NO_COLOR`): colour is only ever a second cue.
+pub struct Theme {
+    no_color: bool,
+}
+
+impl Theme {
+    pub fn of(model: &Model) -> Self {
+        Theme {
+            no_color: model.no_color,
+        }
+    }
+    pub fn fg(&self, c: Color) -> Style {
+        if self.no_color {
+            Style::default()
+        } else {
+            Style::default().fg(c)
+        }
+    }
+    pub fn kind(&self, kind: Kind) -> Style {
+        match kind {
+            Kind::AlreadyMigrated => self.fg(Color::DarkGray),
+            Kind::Create => Style::default(),
+            Kind::Remap => self.fg(Color::Yellow).add_modifier(Modifier::BOLD),
+            Kind::Reuse => self.fg(Color::Cyan).add_modifier(Modifier::BOLD),
+            Kind::Duplicate => self.fg(Color::Magenta).add_modifier(Modifier::BOLD),
+            Kind::Invalid => self.fg(Color::Red),
+        }
+    }
+    pub fn selected(&self) -> Style {
+        Style::default().add_modifier(Modifier::REVERSED)
+    }
+    pub fn bad(&self) -> Style {
+        self.fg(Color::Red).add_modifier(Modifier::BOLD)
+    }
+    pub fn good(&self) -> Style {
+        self.fg(Color::Green)
+    }
+    pub fn dim(&self) -> Style {
+        if self.no_color {
+            Style::default()
+        } else {
+            Style::default().fg(Color::DarkGray)
+        }
+    }
+}
+
+/// A symbol per kind, so conflicts stand out without colour too.
+pub fn symbol(kind: Kind) -> &'static str {
+    match kind {
+        Kind::AlreadyMigrated => "=",
+        Kind::Create => "+",
+        Kind::Remap => "~",
+        Kind::Reuse => ">",
+        Kind::Duplicate => "!",
+        Kind::Invalid => "x",
+    }
+}
+
+pub fn view(model: &Model, frame: &mut Frame) {
+    let area = frame.area();
+    let [header, body, status, footer] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(3),
+        Constraint::Length(1),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    draw_header(model, frame, header);
+    match model.screen {
+        Screen::Preflight => preflight::draw(model, frame, body),
+        Screen::Identities => identities::draw(model, frame, body),
+        Screen::Conflicts => conflicts::draw(model, frame, body),
+        Screen::Commit => commit::draw(model, frame, body),
+    }
+    let t = Theme::of(model);
+    let mut status_spans = vec![Span::raw(model.status.clone())];
+    if model.scanning {
+        status_spans.insert(0, Span::styled("scanning… ", t.fg(Color::Yellow)));
+    }
+    if model.drift != (0, 0) {
+        status_spans.push(Span::styled(
+            format!(
+                "  drift since scan: +{} -{} identities (R rescans)",
+                model.drift.0, model.drift.1
+            ),
+            t.fg(Color::Yellow).add_modifier(Modifier::BOLD),
+        ));
+    }
+    frame.render_widget(Paragraph::new(Line::from(status_spans)), status);
+    draw_footer(model, frame, footer);
+    if let Some(m) = &model.modal {
+        modal::draw(model, m, frame, area);
+    }
+}
+
+fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let mut tabs = vec![Span::styled(
+        " cilium-idmig ",
+        Style::default().add_modifier(Modifier::BOLD),
+    )];
+    for (n, s) in Screen::ALL.iter().enumerate() {
+        let label = format!(" {} {} ", n + 1, s.title());
+        tabs.push(if *s == model.screen {
+            Span::styled(label, t.selected())
+        } else {
+            Span::raw(label)
+        });
+    }
+    let mut counts = vec![Span::raw(format!(" {} identities: ", model.items.len()))];
+    for kind in Kind::ALL {
+        counts.push(Span::styled(
+            format!(
+                "{} {} {}  ",
+                symbol(kind),
+                short_kind(kind),
+                model.count(kind)
+            ),
+            t.kind(kind),
+        ));
+    }
+    let undecided = model.undecided();
+    if undecided > 0 {
+        counts.push(Span::styled(format!("| {undecided} undecided"), t.bad()));
+    }
+    frame.render_widget(
+        Paragraph::new(vec![Line::from(tabs), Line::from(counts)]),
+        area,
+    );
+}
+
+fn draw_footer(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let mut spans = Vec::new();
+    for b in bindings_for(model.screen) {
+        if matches!(b.label, "1" | "2" | "3" | "4") {
+            continue;
+        }
+        spans.push(Span::styled(
+            format!(" {}", b.label),
+            Style::default().add_modifier(Modifier::BOLD),
+        ));
+        spans.push(Span::styled(format!(" {} ", short(b.help)), t.dim()));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// Kind names short enough for the header at 100 columns.
+fn short_kind(kind: Kind) -> &'static str {
+    match kind {
+        Kind::AlreadyMigrated => "migrated",
+        Kind::Duplicate => "dup",
+        other => other.as_str(),
+    }
+}
+
+/// The first words of a help text, for the footer.
+fn short(help: &str) -> &str {
+    help.split([':', '(', ',']).next().unwrap_or(help).trim()
+}
+
+/// A rectangle of at most `w` x `h` centred in `area`.
+pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
+    let w = w.min(area.width);
+    let h = h.min(area.height);
+    Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    }
+}

@@ -1,1 +1,479 @@
-//! TUI tests: update driven by synthetic engine events, and screen snapshots.
+//! TUI tests: `update` driven by synthetic engine events, and snapshots of every screen on
+//! ratatui's TestBackend at 100x30 (set UPDATE_SNAPSHOTS=1 to rewrite them after a deliberate change).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+use super::model::{CommitPhase, Modal, Model, Screen};
+use super::update::{Command, Msg, init, merge_decisions, update};
+use crate::engine::{ApplyReport, EngineEvent, OpResult, Outcome};
+use crate::kvstore::{MasterEntry, SourceInfo};
+use crate::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use crate::planner::{Action, Kind, plan};
+use crate::range::IdRange;
+use crate::service::{Check, Event, PreflightReport, Request, ScanResult};
+
+fn sl(k: &str) -> SecurityLabels {
+    to_security_labels(&parse_label_key(k).unwrap())
+}
+
+fn world() -> (Vec<MasterEntry>, BTreeMap<u32, SecurityLabels>) {
+    let masters = vec![
+        MasterEntry::new("300", "k8s:app=web;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("301", "k8s:app=api;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("302", "k8s:app=db;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("303", "k8s:app=cache;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("304", "k8s:app=queue;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("305", "k8s:app=mail;k8s:io.kubernetes.pod.namespace=shop;"),
+        MasterEntry::new("0306", "k8s:app=zero;"),
+    ];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(300, sl("k8s:app=web;k8s:io.kubernetes.pod.namespace=shop;"));
+    k8s.insert(
+        302,
+        sl("k8s:app=squatter;k8s:io.kubernetes.pod.namespace=shop;"),
+    );
+    k8s.insert(303, sl("k8s:app=other;"));
+    k8s.insert(
+        900,
+        sl("k8s:app=cache;k8s:io.kubernetes.pod.namespace=shop;"),
+    );
+    k8s.insert(
+        901,
+        sl("k8s:app=queue;k8s:io.kubernetes.pod.namespace=shop;"),
+    );
+    (masters, k8s)
+}
+
+fn scan_event(generation: u64) -> Event {
+    let (masters, k8s) = world();
+    let mut nodes = HashMap::new();
+    nodes.insert(masters[1].value.clone(), 4);
+    let items = plan(&masters, &nodes, &k8s, IdRange::for_cluster(0).unwrap());
+    Event::Scanned {
+        generation,
+        scan: Box::new(ScanResult {
+            items,
+            k8s,
+            source: SourceInfo {
+                endpoints: vec!["http://127.0.0.1:2379".into()],
+                revision: 42,
+                prefix: "cilium/state/identities/v1".into(),
+            },
+            crd_present: true,
+            other_names: 0,
+        }),
+    }
+}
+
+fn scanned_model() -> Model {
+    let mut m = Model::new(IdRange::for_cluster(0).unwrap(), true);
+    update(&mut m, Msg::Resize { rows: 30 });
+    let cmds = init(&mut m);
+    assert!(matches!(
+        cmds[1],
+        Command::Send(Request::Scan { generation: 1 })
+    ));
+    update(&mut m, Msg::Engine(scan_event(1)));
+    m
+}
+
+fn key(c: char) -> Msg {
+    Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
+}
+
+fn code(c: KeyCode) -> Msg {
+    Msg::Key(KeyEvent::new(c, KeyModifiers::NONE))
+}
+
+fn logged(cmds: &[Command]) -> Vec<String> {
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Send(Request::Log(r)) => Some(format!("{} {}", r.id, r.decision)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn item<'a>(m: &'a Model, id: &str) -> &'a crate::planner::PlanItem {
+    m.items.iter().find(|i| i.id == id).unwrap()
+}
+
+#[test]
+fn stale_scans_are_dropped() {
+    let mut m = scanned_model();
+    assert_eq!(m.items.len(), 7);
+    update(&mut m, key('R'));
+    assert_eq!(m.generation, 2);
+    // A result for generation 1 arriving late changes nothing.
+    let mut stale = scan_event(1);
+    if let Event::Scanned { scan, .. } = &mut stale {
+        scan.items.truncate(1);
+    }
+    update(&mut m, Msg::Engine(stale));
+    assert_eq!(m.items.len(), 7);
+    assert!(m.scanning);
+    update(&mut m, Msg::Engine(scan_event(2)));
+    assert!(!m.scanning);
+}
+
+#[test]
+fn decisions_are_logged_at_once_and_undo_restores() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    assert_eq!(m.screen, Screen::Conflicts);
+    assert_eq!(
+        m.items[m.conflict.unwrap()].id,
+        "302",
+        "first conflict is the remap"
+    );
+    let cmds = update(&mut m, key('a'));
+    assert_eq!(logged(&cmds), vec!["302 accept (create 256)".to_string()]);
+    assert!(item(&m, "302").decided);
+    assert_eq!(
+        m.items[m.conflict.unwrap()].id,
+        "303",
+        "moves to the next undecided conflict"
+    );
+    let cmds = update(&mut m, key('s'));
+    assert_eq!(logged(&cmds), vec!["303 skip (skip 900)".to_string()]);
+    assert_eq!(item(&m, "303").action, Action::Skip);
+    let cmds = update(&mut m, key('z'));
+    assert_eq!(logged(&cmds), vec!["303 undo (none 900)".to_string()]);
+    assert_eq!(item(&m, "303").action, Action::None);
+    assert!(!item(&m, "303").decided);
+    assert_eq!(m.items[m.conflict.unwrap()].id, "303");
+}
+
+#[test]
+fn edit_target_is_validated_before_it_counts() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    update(&mut m, key('e'));
+    assert!(matches!(m.modal, Some(Modal::EditTarget { .. })));
+    for _ in 0..4 {
+        update(&mut m, code(KeyCode::Backspace));
+    }
+    for c in "301".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    assert!(logged(&cmds).is_empty());
+    match &m.modal {
+        Some(Modal::EditTarget { error: Some(e), .. }) => {
+            assert!(e.contains("another kvstore identity"), "{e}")
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    for _ in 0..3 {
+        update(&mut m, code(KeyCode::Backspace));
+    }
+    for c in "70000".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
+    assert!(
+        matches!(&m.modal, Some(Modal::EditTarget { error: Some(e), .. }) if e.contains("outside"))
+    );
+    for _ in 0..5 {
+        update(&mut m, code(KeyCode::Backspace));
+    }
+    for c in "4000".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    assert_eq!(logged(&cmds), vec!["302 edit (create 4000)".to_string()]);
+    assert!(m.modal.is_none());
+    assert_eq!(
+        (item(&m, "302").target_id, item(&m, "302").decided),
+        (Some(4000), true)
+    );
+}
+
+#[test]
+fn commit_needs_every_decision_and_the_word_yes() {
+    let mut m = scanned_model();
+    update(&mut m, key('4'));
+    update(&mut m, code(KeyCode::Enter));
+    assert!(matches!(&m.modal, Some(Modal::Message(t)) if t.contains("need a decision")));
+    update(&mut m, code(KeyCode::Esc));
+    update(&mut m, key('3'));
+    update(&mut m, key('A'));
+    assert!(matches!(
+        m.modal,
+        Some(Modal::ConfirmAcceptAll { count: 3 })
+    ));
+    let cmds = update(&mut m, key('y'));
+    assert_eq!(logged(&cmds).len(), 3);
+    assert_eq!(m.undecided(), 0);
+    update(&mut m, key('4'));
+    update(&mut m, code(KeyCode::Enter));
+    for c in "no".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    assert!(cmds.is_empty(), "only yes commits");
+    assert!(matches!(&m.modal, Some(Modal::ConfirmCommit { typed }) if typed.is_empty()));
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    match &cmds[..] {
+        [
+            Command::Send(Request::Commit {
+                generation: 1,
+                items,
+            }),
+        ] => assert_eq!(items.len(), 7),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(m.commit.phase, CommitPhase::Running);
+}
+
+#[test]
+fn progress_signal_and_stale_commit_results() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    update(&mut m, key('A'));
+    update(&mut m, key('y'));
+    update(&mut m, key('4'));
+    update(&mut m, code(KeyCode::Enter));
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
+    update(
+        &mut m,
+        Msg::Engine(Event::Apply(EngineEvent::Started {
+            writes: 4,
+            total: 7,
+        })),
+    );
+    update(
+        &mut m,
+        Msg::Engine(Event::Apply(EngineEvent::Done(OpResult {
+            id: "301".into(),
+            target_id: Some(301),
+            outcome: Outcome::Created,
+            attempts: 1,
+        }))),
+    );
+    update(
+        &mut m,
+        Msg::Engine(Event::Apply(EngineEvent::Done(OpResult {
+            id: "304".into(),
+            target_id: Some(304),
+            outcome: Outcome::Failed {
+                error: "HTTP 500".into(),
+            },
+            attempts: 8,
+        }))),
+    );
+    assert_eq!(
+        (m.commit.done, m.commit.created, m.commit.failures.len()),
+        (2, 1, 1)
+    );
+    // A dropped SSH session: stop new writes, quit when the commit has finished.
+    let cmds = update(&mut m, Msg::Signal);
+    assert!(matches!(cmds[..], [Command::Send(Request::Stop)]));
+    assert!(!m.quit);
+    let report = ApplyReport {
+        stopped: Some("stopped by the operator".into()),
+        ..Default::default()
+    };
+    update(
+        &mut m,
+        Msg::Engine(Event::Committed {
+            generation: 99,
+            report: report.clone(),
+            verify: None,
+        }),
+    );
+    assert!(!m.quit, "a result for another commit is ignored");
+    update(
+        &mut m,
+        Msg::Engine(Event::Committed {
+            generation: 1,
+            report,
+            verify: None,
+        }),
+    );
+    assert!(m.quit);
+    assert_eq!(m.commit.phase, CommitPhase::Done);
+}
+
+#[test]
+fn rescan_keeps_decisions_only_for_unchanged_items() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    update(&mut m, key('a')); // 302 accepted
+    update(&mut m, key('s')); // 303 skipped
+    let mut fresh = match scan_event(2) {
+        Event::Scanned { scan, .. } => scan.items,
+        _ => unreachable!(),
+    };
+    for i in &mut fresh {
+        if i.id == "303" {
+            i.labels = "k8s:app=changed;".into();
+        }
+    }
+    let merged = merge_decisions(&m.items, fresh);
+    let get = |id: &str| merged.iter().find(|i| i.id == id).unwrap().clone();
+    assert!(get("302").decided);
+    assert!(
+        !get("303").decided,
+        "labels changed: the decision is dropped"
+    );
+    assert_eq!(get("303").action, Action::None);
+}
+
+#[test]
+fn filter_search_sort_and_scrolling() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    update(&mut m, key('f'));
+    assert_eq!(m.view.len(), 3, "conflicts");
+    update(&mut m, key('f'));
+    update(&mut m, key('f'));
+    update(&mut m, key('f'));
+    assert_eq!(m.view.len(), 1, "invalid");
+    update(&mut m, key('f'));
+    update(&mut m, key('/'));
+    for c in "QUEUE".chars() {
+        update(&mut m, key(c));
+    }
+    assert_eq!(m.view.len(), 1, "case-insensitive search while typing");
+    update(&mut m, code(KeyCode::Esc));
+    assert_eq!(m.view.len(), 7);
+    update(&mut m, key('s')); // kind
+    assert_eq!(m.items[m.view[0]].kind, Kind::AlreadyMigrated);
+    update(&mut m, key('S'));
+    assert_eq!(m.items[m.view[0]].kind, Kind::Invalid);
+    update(&mut m, key('G'));
+    assert_eq!(m.selected, 6);
+    update(&mut m, Msg::Scroll(-3));
+    assert_eq!(m.selected, 3);
+    update(&mut m, key('g'));
+    assert_eq!(m.selected, 0);
+}
+
+#[test]
+fn quit_is_refused_while_a_commit_runs() {
+    let mut m = scanned_model();
+    m.commit.phase = CommitPhase::Running;
+    update(&mut m, key('q'));
+    assert!(!m.quit);
+    update(&mut m, code(KeyCode::Esc));
+    let cmds = update(
+        &mut m,
+        Msg::Key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
+    );
+    assert!(matches!(cmds[..], [Command::Send(Request::Stop)]));
+}
+
+// ---- snapshots ---------------------------------------------------------------------------
+
+fn render(m: &Model) -> String {
+    let mut t = Terminal::new(TestBackend::new(100, 30)).unwrap();
+    t.draw(|f| super::view::view(m, f)).unwrap();
+    let buf = t.backend().buffer().clone();
+    let mut out = String::new();
+    for y in 0..buf.area.height {
+        let line: String = (0..buf.area.width)
+            .map(|x| buf[(x, y)].symbol().to_string())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn check_snapshot(name: &str, text: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/tui/snapshots")
+        .join(format!("{name}.txt"));
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing snapshot {}: run with UPDATE_SNAPSHOTS=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        text,
+        expected,
+        "screen {name} differs from {}",
+        path.display()
+    );
+}
+
+fn preflight() -> PreflightReport {
+    PreflightReport {
+        etcd: "https://10.0.0.10:2379".into(),
+        server: "https://10.0.0.1:6443".into(),
+        context: "prod".into(),
+        version: "v1.33.2".into(),
+        crd_present: true,
+        cluster_id: 0,
+        range: Some(IdRange::for_cluster(0).unwrap()),
+        checks: vec![
+            Check {
+                name: "kvstore readable".into(),
+                ok: true,
+                detail: "7 identities at revision 42".into(),
+                fix: None,
+            },
+            Check {
+                name: "RBAC: create ciliumidentities.cilium.io".into(),
+                ok: false,
+                detail: "denied".into(),
+                fix: Some("bind the ClusterRole in assets/clusterrole.yaml".into()),
+            },
+        ],
+    }
+}
+
+#[test]
+fn screens_match_their_snapshots() {
+    let mut m = scanned_model();
+    m.status = "scanned 7 identities at revision 42".into();
+    update(&mut m, Msg::Engine(Event::Preflight(preflight())));
+    check_snapshot("preflight", &render(&m));
+    update(&mut m, key('2'));
+    check_snapshot("identities", &render(&m));
+    update(&mut m, key('3'));
+    check_snapshot("conflict", &render(&m));
+    update(&mut m, key('?'));
+    check_snapshot("help", &render(&m));
+    update(&mut m, code(KeyCode::Esc));
+    update(&mut m, key('A'));
+    update(&mut m, key('y'));
+    m.status.clear();
+    update(&mut m, key('4'));
+    check_snapshot("commit-summary", &render(&m));
+    update(&mut m, code(KeyCode::Enter));
+    for c in "ye".chars() {
+        update(&mut m, key(c));
+    }
+    check_snapshot("commit-confirm", &render(&m));
+    m.modal = None;
+    m.commit.phase = CommitPhase::Done;
+    m.commit.total = 7;
+    m.commit.done = 7;
+    m.commit.writes = 4;
+    m.commit.created = 3;
+    m.commit
+        .failures
+        .push(("304".into(), "HTTP 422 Invalid: metadata.labels".into()));
+    m.commit.elapsed = Duration::from_millis(3500);
+    check_snapshot("commit-done", &render(&m));
+    let _ = Instant::now();
+}

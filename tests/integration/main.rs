@@ -4,3 +4,4 @@ mod e2e;
 mod etcd;
 mod harness;
 mod sandbox;
+mod tui;

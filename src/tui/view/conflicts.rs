@@ -86,8 +86,11 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sides);
     let empty = BTreeMap::new();
     let other = k8s.as_ref().unwrap_or(&empty);
-    frame.render_widget(label_list(&t, &kv, other, " kvstore ".to_string()), left);
-    frame.render_widget(label_list(&t, other, &kv, k8s_title), right);
+    frame.render_widget(
+        label_list(&t, &kv, other, " kvstore ".to_string(), left.width),
+        left,
+    );
+    frame.render_widget(label_list(&t, other, &kv, k8s_title, right.width), right);
 
     let proposal = match (item.action, item.target_id) {
         (Action::Create, Some(tid)) if Some(tid) == own => format!("create at its own id {tid}"),
@@ -125,19 +128,30 @@ fn label_list<'a>(
     mine: &SecurityLabels,
     theirs: &SecurityLabels,
     title: String,
+    width: u16,
 ) -> Paragraph<'a> {
-    let lines: Vec<Line> = mine
-        .iter()
-        .map(|(k, v)| {
-            let same = theirs.get(k) == Some(v);
-            let text = format!("{} {k}={v}", if same { " " } else { "*" });
-            if same {
-                Line::raw(text)
-            } else {
-                Line::styled(text, t.fg(Color::Yellow).add_modifier(Modifier::BOLD))
-            }
-        })
-        .collect();
+    // Label keys have no spaces to wrap at: cut them into pieces that fit, marker first.
+    let width = usize::from(width.saturating_sub(4)).max(8);
+    let mut lines: Vec<Line> = Vec::new();
+    for (k, v) in mine {
+        let same = theirs.get(k) == Some(v);
+        let style = if same {
+            ratatui::style::Style::default()
+        } else {
+            t.fg(Color::Yellow).add_modifier(Modifier::BOLD)
+        };
+        let text: Vec<char> = format!("{k}={v}").chars().collect();
+        for (n, chunk) in text.chunks(width).enumerate() {
+            let mark = match (n, same) {
+                (0, false) => "* ",
+                _ => "  ",
+            };
+            lines.push(Line::styled(
+                format!("{mark}{}", chunk.iter().collect::<String>()),
+                style,
+            ));
+        }
+    }
     let lines = if lines.is_empty() {
         vec![Line::raw("(no object)")]
     } else {

@@ -4,4 +4,5 @@ mod e2e;
 mod etcd;
 mod harness;
 mod sandbox;
+mod service;
 mod tui;

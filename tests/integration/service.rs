@@ -1,0 +1,232 @@
+//! The engine service the TUI drives: preflight, scan, drift, commit, export, against a real
+//! etcd and the sandbox.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use cilium_idmig::decision_log::DecisionLog;
+use cilium_idmig::engine::ApplyOptions;
+use cilium_idmig::etcd_source::{Drift, EtcdConnection, EtcdOptions};
+use cilium_idmig::k8s_target::K8sTarget;
+use cilium_idmig::range::IdRange;
+use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
+use cilium_idmig::service::{self, Event, Request, ServiceConfig};
+use cilium_idmig::session::KvSource;
+
+use crate::harness::Etcd;
+
+const P: &str = "cilium/state/identities/v1";
+
+async fn next(rx: &mut mpsc::Receiver<Event>, what: &str, pred: impl Fn(&Event) -> bool) -> Event {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} event"));
+        let ev = ev.expect("service ended");
+        if pred(&ev) {
+            return ev;
+        }
+    }
+}
+
+fn opts(etcd: &Etcd) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![etcd.endpoint.clone()],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preflight_scan_drift_commit_and_export() {
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    etcd.put(&format!("{P}/id/301"), b"k8s:app=b;").await;
+    let sb = Sandbox::start(SandboxConfig {
+        with_crd: false,
+        denied: vec![("create".into(), "customresourcedefinitions".into())],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(DecisionLog::open(&dir.path().join("log.jsonl")).unwrap());
+    let (tx, mut rx) = service::spawn(ServiceConfig {
+        kv: KvSource::Etcd(opts(&etcd)),
+        target: K8sTarget::from_url(&sb.url()).unwrap(),
+        cluster_id: 0,
+        range: IdRange::for_cluster(0).unwrap(),
+        log,
+        apply: ApplyOptions::default(),
+    });
+
+    tx.send(Request::Preflight).await.unwrap();
+    let Event::Preflight(p) =
+        next(&mut rx, "preflight", |e| matches!(e, Event::Preflight(_))).await
+    else {
+        unreachable!()
+    };
+    assert!(!p.crd_present);
+    let crd_rbac = p
+        .checks
+        .iter()
+        .find(|c| c.name.contains("create customresourcedefinitions"))
+        .unwrap();
+    assert!(!crd_rbac.ok);
+    assert!(
+        crd_rbac
+            .fix
+            .as_ref()
+            .unwrap()
+            .contains("assets/clusterrole.yaml")
+    );
+    assert!(
+        p.checks
+            .iter()
+            .filter(|c| c.name.contains("ciliumidentities"))
+            .all(|c| c.ok)
+    );
+    assert!(
+        p.checks
+            .iter()
+            .any(|c| c.name == "kvstore readable" && c.ok && c.detail.contains("2 identities"))
+    );
+
+    tx.send(Request::Scan { generation: 7 }).await.unwrap();
+    let Event::Scanned { generation, scan } =
+        next(&mut rx, "scan", |e| matches!(e, Event::Scanned { .. })).await
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (generation, scan.items.len(), scan.crd_present),
+        (7, 2, false)
+    );
+
+    // Drift: the kvstore changes after the snapshot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.put(&format!("{P}/id/302"), b"k8s:app=c;").await;
+    let ev = next(&mut rx, "drift", |e| matches!(e, Event::Drift { .. })).await;
+    assert!(
+        matches!(
+            ev,
+            Event::Drift {
+                added: 1,
+                removed: 0
+            }
+        ),
+        "{ev:?}"
+    );
+    etcd.client()
+        .await
+        .unwrap()
+        .delete(format!("{P}/id/300"), None)
+        .await
+        .unwrap();
+    let ev = next(&mut rx, "drift", |e| matches!(e, Event::Drift { .. })).await;
+    assert!(
+        matches!(
+            ev,
+            Event::Drift {
+                added: 1,
+                removed: 1
+            }
+        ),
+        "{ev:?}"
+    );
+
+    // Commit what was scanned; the CRD is created first. 300 is gone from the kvstore now
+    // and is left alone; 302 appeared after the scan and is not in the decisions.
+    tx.send(Request::Commit {
+        generation: 1,
+        items: scan.items.clone(),
+    })
+    .await
+    .unwrap();
+    let ev = next(&mut rx, "commit", |e| {
+        matches!(e, Event::Committed { .. } | Event::Failed { .. })
+    })
+    .await;
+    let Event::Committed {
+        generation: 1,
+        report,
+        verify,
+    } = ev
+    else {
+        panic!("{ev:?}")
+    };
+    assert!(report.crd_created);
+    assert_eq!(report.count("created"), 1);
+    let verify = verify.unwrap();
+    assert_eq!(
+        verify.problems.len(),
+        1,
+        "302 was not in the decisions: {verify:?}"
+    );
+    assert_eq!(verify.problems[0].id, 302);
+    assert!(sb.objects().contains_key("301"));
+
+    let export = dir.path().join("export");
+    tx.send(Request::Export {
+        path: export.clone(),
+        items: scan.items.clone(),
+    })
+    .await
+    .unwrap();
+    let Event::Exported { paths } = next(&mut rx, "export", |e| {
+        matches!(e, Event::Exported { .. } | Event::Failed { .. })
+    })
+    .await
+    else {
+        panic!()
+    };
+    assert_eq!(paths.len(), 2);
+    let md = std::fs::read_to_string(dir.path().join("export.md")).unwrap();
+    assert!(md.contains("| create | 2 |"), "{md}");
+    let jsonl = std::fs::read_to_string(dir.path().join("export.jsonl")).unwrap();
+    assert!(jsonl.contains("\"outcome\":\"created\""));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(dir.path().join("export.md"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    // Exporting again never overwrites.
+    tx.send(Request::Export {
+        path: export,
+        items: scan.items,
+    })
+    .await
+    .unwrap();
+    let ev = next(&mut rx, "export", |e| {
+        matches!(e, Event::Exported { .. } | Event::Failed { .. })
+    })
+    .await;
+    assert!(matches!(ev, Event::Failed { .. }), "{ev:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drift_watch_reports_compaction_past_the_snapshot() {
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    let conn = EtcdConnection::connect(&opts(&etcd)).await.unwrap();
+    let snap = conn.read_snapshot(P, 100).await.unwrap();
+    for i in 0..5 {
+        etcd.put(&format!("{P}/id/{}", 400 + i), b"k8s:app=x;")
+            .await;
+    }
+    let mut c = etcd.client().await.unwrap();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, None).await.unwrap();
+    let (tx, mut rx) = mpsc::channel(8);
+    conn.watch_drift(P, snap.source.revision, tx).await.unwrap();
+    match rx.recv().await {
+        Some(Drift::Compacted { compact_revision }) => assert_eq!(compact_revision, rev),
+        other => panic!("{other:?}"),
+    }
+}

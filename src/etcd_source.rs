@@ -146,63 +146,71 @@ impl EtcdConnection {
             },
             ..Default::default()
         };
-        let mut revision = 0i64;
         let id_prefix = format!("{prefix}id/").into_bytes();
         let value_prefix = format!("{prefix}value/").into_bytes();
-        for (range_prefix, keys_only) in [(&id_prefix, false), (&value_prefix, true)] {
-            let end = prefix_end(range_prefix);
-            let mut start = range_prefix.clone();
-            let mut page = page_size.max(1);
-            loop {
-                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(page);
-                if revision > 0 {
-                    opts = opts.with_revision(revision);
+        // A cheap first request pins the revision every page is read at.
+        let head = self
+            .range(
+                &mut kv,
+                id_prefix.clone(),
+                GetOptions::new()
+                    .with_range(prefix_end(&id_prefix))
+                    .with_count_only(),
+            )
+            .await?;
+        let revision = head.header().map(|h| h.revision()).unwrap_or(0);
+        snap.source.revision = revision;
+        let id_end = prefix_end(&id_prefix);
+        self.page_range(
+            &mut kv,
+            id_prefix.clone(),
+            &id_end,
+            revision,
+            false,
+            page_size,
+            &mut |item| {
+                if let KeyKind::Master { id } = classify_key(&prefix, item.key()) {
+                    snap.masters.push(MasterEntry::new(id, item.value()));
                 }
-                if keys_only {
-                    opts = opts.with_keys_only();
-                }
-                let resp =
-                    match tokio::time::timeout(self.timeout, kv.get(start.clone(), Some(opts)))
-                        .await
-                    {
-                        Err(_) => {
-                            return Err(self.err(
-                                "range request",
-                                format!("timed out after {}s", self.timeout.as_secs()),
-                            ));
-                        }
-                        Ok(Err(e)) if page > 1 && is_too_large(&e) => {
-                            page /= 2;
-                            continue;
-                        }
-                        Ok(Err(e)) => return Err(self.err("range request", e)),
-                        Ok(Ok(r)) => r,
-                    };
-                if revision == 0 {
-                    // Pin every later page to the revision of the first answer.
-                    revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-                    snap.source.revision = revision;
-                }
-                let kvs = resp.kvs();
-                for item in kvs {
-                    match classify_key(&prefix, item.key()) {
-                        KeyKind::Master { id } => {
-                            snap.masters.push(MasterEntry::new(id, item.value()))
-                        }
-                        KeyKind::Slave { label_key, .. } => {
-                            *snap.node_counts.entry(label_key.to_vec()).or_insert(0) += 1;
-                        }
-                        KeyKind::Lock | KeyKind::Other => {}
-                    }
-                }
-                match kvs.last() {
-                    Some(last) if resp.more() => {
-                        start = last.key().to_vec();
-                        start.push(0);
-                    }
-                    _ => break,
-                }
+            },
+        )
+        .await?;
+        // `value/` keys number one per identity per node: millions on a large cluster. They are
+        // read keys-only, and counted per label key so memory does not grow with them. etcd 3.4
+        // walks every key from a request's start to its range end before applying the limit,
+        // so one wide range paged costs O(n²/page); the label keys just read split the value/
+        // space into ranges of about a page each, which keeps the pass linear.
+        let mut bounds: Vec<Vec<u8>> = snap
+            .masters
+            .iter()
+            .map(|m| [value_prefix.as_slice(), m.value.as_slice()].concat())
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        bounds.retain(|b| b.as_slice() > value_prefix.as_slice());
+        let value_end = prefix_end(&value_prefix);
+        let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
+        let mut count_into = |item: &etcd_client::KeyValue| {
+            if let KeyKind::Slave { label_key, .. } = classify_key(&prefix, item.key()) {
+                *snap.node_counts.entry(label_key.to_vec()).or_insert(0) += 1;
             }
+        };
+        loop {
+            next = (next + group).min(bounds.len());
+            let hi = bounds
+                .get(next)
+                .cloned()
+                .unwrap_or_else(|| value_end.clone());
+            let keys = self
+                .page_range(&mut kv, lo, &hi, revision, true, page_size, &mut count_into)
+                .await?;
+            if hi == value_end {
+                break;
+            }
+            // Aim the next range at about one page of keys.
+            let per_label = (keys / group.max(1)).max(1);
+            group = (page_size as usize / per_label).clamp(1, 8192);
+            lo = hi;
         }
         tracing::info!(
             revision,
@@ -210,6 +218,73 @@ impl EtcdConnection {
             "read kvstore snapshot"
         );
         Ok(snap)
+    }
+
+    async fn range(
+        &self,
+        kv: &mut etcd_client::KvClient,
+        key: Vec<u8>,
+        opts: GetOptions,
+    ) -> Result<etcd_client::GetResponse> {
+        match tokio::time::timeout(self.timeout, kv.get(key, Some(opts))).await {
+            Err(_) => Err(self.err(
+                "range request",
+                format!("timed out after {}s", self.timeout.as_secs()),
+            )),
+            Ok(r) => r.map_err(|e| self.err("range request", e)),
+        }
+    }
+
+    /// Pages through `[lo, hi)` at `revision`, visiting every key; returns how many there were.
+    #[allow(clippy::too_many_arguments)]
+    async fn page_range(
+        &self,
+        kv: &mut etcd_client::KvClient,
+        lo: Vec<u8>,
+        hi: &[u8],
+        revision: i64,
+        keys_only: bool,
+        page_size: i64,
+        visit: &mut impl FnMut(&etcd_client::KeyValue),
+    ) -> Result<usize> {
+        let mut page = page_size.max(1);
+        let mut start = lo;
+        let mut seen = 0;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(hi.to_vec())
+                .with_limit(page)
+                .with_revision(revision);
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
+            let resp =
+                match tokio::time::timeout(self.timeout, kv.get(start.clone(), Some(opts))).await {
+                    Err(_) => {
+                        return Err(self.err(
+                            "range request",
+                            format!("timed out after {}s", self.timeout.as_secs()),
+                        ));
+                    }
+                    Ok(Err(e)) if page > 1 && is_too_large(&e) => {
+                        page /= 2;
+                        continue;
+                    }
+                    Ok(Err(e)) => return Err(self.err("range request", e)),
+                    Ok(Ok(r)) => r,
+                };
+            let kvs = resp.kvs();
+            tracing::trace!(keys = kvs.len(), more = resp.more(), "range page");
+            seen += kvs.len();
+            kvs.iter().for_each(&mut *visit);
+            match kvs.last() {
+                Some(last) if resp.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(seen),
+            }
+        }
     }
 }
 

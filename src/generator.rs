@@ -172,40 +172,49 @@ pub fn generate(cfg: &GenConfig) -> Result<Generated> {
     let mut top = range.max;
     let n_invalid = (cfg.identities as f64 * cfg.invalid) as usize;
     let valid = cfg.identities - n_invalid;
+    // Earlier identities whose labels a reuse or a duplicate can share, so those kinds need
+    // no extra ids and the whole range can be filled.
+    let mut migrated_anchor: Option<Vec<Label>> = None;
+    let mut create_anchor: Option<Vec<Label>> = None;
     for n in 0..valid {
         let id = range.min + n as u32;
-        let labels = label_set(&mut rng, n);
-        let key = encode_label_key(&labels);
-        let map = to_security_labels(&labels);
+        let mut labels = label_set(&mut rng, n);
+        let squatter = to_security_labels(&[k8s("app", &format!("squatter-{n}"))]);
         let r = rng.next_f64();
-        let mut cut = cfg.migrated;
-        if r < cut {
-            out.k8s.push((id, map));
-        } else if r < {
-            cut += cfg.remap;
-            cut
-        } {
-            out.k8s.push((
-                id,
-                to_security_labels(&[k8s("app", &format!("squatter-{n}"))]),
-            ));
-        } else if r < {
-            cut += cfg.reuse;
-            cut
-        } {
-            out.k8s.push((
-                id,
-                to_security_labels(&[k8s("app", &format!("squatter-{n}"))]),
-            ));
-            out.k8s.push((top, map));
-            top -= 1;
-        } else if r < {
-            cut += cfg.duplicate;
-            cut
-        } {
-            out.k8s.push((top, map));
-            top -= 1;
+        let (c_migrated, c_remap, c_reuse, c_dup) = (
+            cfg.migrated,
+            cfg.migrated + cfg.remap,
+            cfg.migrated + cfg.remap + cfg.reuse,
+            cfg.migrated + cfg.remap + cfg.reuse + cfg.duplicate,
+        );
+        if r < c_migrated {
+            out.k8s.push((id, to_security_labels(&labels)));
+            migrated_anchor = Some(labels.clone());
+        } else if r < c_remap {
+            out.k8s.push((id, squatter));
+        } else if r < c_reuse {
+            // Own id squatted; the labels already live at an earlier, migrated id.
+            out.k8s.push((id, squatter));
+            match &migrated_anchor {
+                Some(a) => labels = a.clone(),
+                None => {
+                    out.k8s.push((top, to_security_labels(&labels)));
+                    top -= 1;
+                }
+            }
+        } else if r < c_dup {
+            // Own id free; the labels also sit under an earlier kvstore id that will be created.
+            match &create_anchor {
+                Some(a) => labels = a.clone(),
+                None => {
+                    out.k8s.push((top, to_security_labels(&labels)));
+                    top -= 1;
+                }
+            }
+        } else {
+            create_anchor = Some(labels.clone());
         }
+        let key = encode_label_key(&labels);
         let nodes = if cfg.nodes == 0 {
             0
         } else {
@@ -238,11 +247,18 @@ pub async fn load_etcd(
     let prefix = normalize_prefix(prefix);
     let mut ops: Vec<etcd_client::TxnOp> = Vec::new();
     let mut puts = Vec::new();
+    // Identities that share a label key (duplicates) share its value/ keys too: a node's key
+    // for a label key names one id.
+    let mut seen_label_keys = std::collections::HashSet::new();
     for m in &data.masters {
         let mut key = format!("{prefix}id/").into_bytes();
         key.extend_from_slice(&m.id);
         puts.push((key, m.value.clone()));
-        let nodes = data.node_counts.get(&m.value).copied().unwrap_or(0);
+        let nodes = if seen_label_keys.insert(m.value.as_slice()) {
+            data.node_counts.get(&m.value).copied().unwrap_or(0)
+        } else {
+            0
+        };
         for node in 0..nodes {
             let mut vkey = format!("{prefix}value/").into_bytes();
             vkey.extend_from_slice(&m.value);

@@ -10,6 +10,8 @@ pub mod engine;
 pub mod error;
 pub mod etcd_source;
 pub mod generator;
+#[cfg(test)]
+mod hostile_input;
 pub mod identity;
 pub mod k8s_target;
 pub mod kvstore;
@@ -21,6 +23,8 @@ pub mod ratelimit;
 pub mod sandbox;
 pub mod service;
 pub mod session;
+#[doc(hidden)]
+pub mod testkit;
 pub mod tui;
 pub mod verify;
 

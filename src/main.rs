@@ -114,6 +114,9 @@ enum Command {
         /// Run plan, apply (accepting every proposal) and verify without the TUI.
         #[arg(long)]
         headless: bool,
+        /// Latency the sandbox adds to every identity request, to feel a slow API server (e.g. 20ms).
+        #[arg(long, value_parser = parse_duration)]
+        sandbox_latency: Option<Duration>,
     },
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
     Sandbox {
@@ -359,15 +362,17 @@ async fn run(cmd: Command) -> anyhow::Result<Exit> {
             decision_log,
             port,
             headless: true,
-        } => demo(identities, seed, decision_log, port).await,
+            sandbox_latency,
+        } => demo(identities, seed, decision_log, port, sandbox_latency).await,
         Command::Demo {
             identities,
             seed,
             decision_log,
             port,
             headless: false,
+            sandbox_latency,
         } => {
-            let (sandbox, kv) = demo_world(identities, seed, port).await?;
+            let (sandbox, kv) = demo_world(identities, seed, port, sandbox_latency).await?;
             let target = K8sTarget::from_url(&sandbox.url())?;
             let range = IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?;
             interactive(kv, target, 0, range, decision_log, ApplyOptions::default()).await
@@ -611,6 +616,7 @@ async fn demo_world(
     identities: usize,
     seed: u64,
     port: u16,
+    latency: Option<Duration>,
 ) -> anyhow::Result<(Sandbox, KvSource)> {
     let cfg = GenConfig {
         identities,
@@ -625,6 +631,12 @@ async fn demo_world(
     .await?;
     for (id, labels) in &data.k8s {
         sandbox.seed_identity(*id, labels);
+    }
+    if let Some(latency) = latency {
+        sandbox.set_faults(cilium_idmig::sandbox::FaultConfig {
+            latency,
+            ..Default::default()
+        });
     }
     let kv = KvSource::Memory(KvSnapshot {
         source: SourceInfo {
@@ -668,8 +680,9 @@ async fn demo(
     seed: u64,
     log_path: Option<PathBuf>,
     port: u16,
+    latency: Option<Duration>,
 ) -> anyhow::Result<Exit> {
-    let (sandbox, kv) = demo_world(identities, seed, port).await?;
+    let (sandbox, kv) = demo_world(identities, seed, port, latency).await?;
     let target = K8sTarget::from_url(&sandbox.url())?;
     let range = IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?;
     println!(

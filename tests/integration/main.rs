@@ -3,6 +3,7 @@
 mod e2e;
 mod etcd;
 mod harness;
+mod reliability;
 mod sandbox;
 mod service;
 mod tui;

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use crate::decision_log::{DecisionLog, Record};
 use crate::error::Result;
 use crate::k8s_target::{K8sTarget, RequestError};
-use crate::planner::{Op, OpKind, display_labels};
+use crate::labels::{canonical_key, parse_label_key, to_security_labels};
+use crate::planner::{Op, OpKind};
 use crate::ratelimit::RateLimiter;
 
 /// Knobs of an apply.
@@ -354,9 +355,18 @@ async fn create_with_retries(
     target_id: u32,
     attempts: &mut u32,
 ) -> Outcome {
+    // The map is built per create, not held for every identity of the plan.
+    let labels = match parse_label_key(&op.label_key) {
+        Ok(l) => to_security_labels(&l),
+        Err(e) => {
+            return Outcome::Failed {
+                error: format!("labels do not parse: {e}"),
+            };
+        }
+    };
     loop {
         *attempts += 1;
-        match attempt(ctx, ctx.target.create_identity(target_id, &op.labels)).await {
+        match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
             Ok(()) => return Outcome::Created,
             Err(e) if e.is_already_exists() => {
                 return check_existing(ctx, op, target_id, attempts).await;
@@ -386,10 +396,12 @@ async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, attempts: &mut u
     loop {
         *attempts += 1;
         match attempt(ctx, ctx.target.get_identity(target_id)).await {
-            Ok(Some(existing)) if existing == op.labels => return Outcome::AlreadyExisted,
+            Ok(Some(existing)) if canonical_key(&existing) == op.label_key => {
+                return Outcome::AlreadyExisted;
+            }
             Ok(Some(existing)) => {
                 return Outcome::Conflict {
-                    existing: display_labels(&existing),
+                    existing: canonical_key(&existing),
                 };
             }
             Ok(None) => {

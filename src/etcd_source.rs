@@ -180,14 +180,14 @@ impl EtcdConnection {
         // walks every key from a request's start to its range end before applying the limit,
         // so one wide range paged costs O(n²/page); the label keys just read split the value/
         // space into ranges of about a page each, which keeps the pass linear.
-        let mut bounds: Vec<Vec<u8>> = snap
+        let mut bounds: Vec<&[u8]> = snap
             .masters
             .iter()
-            .map(|m| [value_prefix.as_slice(), m.value.as_slice()].concat())
+            .map(|m| m.value.as_slice())
+            .filter(|v| !v.is_empty())
             .collect();
         bounds.sort_unstable();
         bounds.dedup();
-        bounds.retain(|b| b.as_slice() > value_prefix.as_slice());
         let value_end = prefix_end(&value_prefix);
         let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
         let mut count_into = |item: &etcd_client::KeyValue| {
@@ -199,7 +199,7 @@ impl EtcdConnection {
             next = (next + group).min(bounds.len());
             let hi = bounds
                 .get(next)
-                .cloned()
+                .map(|b| [value_prefix.as_slice(), *b].concat())
                 .unwrap_or_else(|| value_end.clone());
             let keys = self
                 .page_range(&mut kv, lo, &hi, revision, true, page_size, &mut count_into)

@@ -301,7 +301,11 @@ mod tests {
         let a = generate(&cfg).unwrap();
         let b = generate(&cfg).unwrap();
         assert_eq!(a.masters, b.masters);
-        let k8s: BTreeMap<u32, SecurityLabels> = a.k8s.iter().cloned().collect();
+        let k8s: BTreeMap<u32, String> = a
+            .k8s
+            .iter()
+            .map(|(id, l)| (*id, crate::labels::canonical_key(l)))
+            .collect();
         let items = plan(
             &a.masters,
             &a.node_counts,

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::identity::{
     self, CRD_NAME, ObservedIdentity, collection_path, identity_object, parse_identity,
 };
-use crate::labels::SecurityLabels;
+use crate::labels::{LabelKey, SecurityLabels, canonical_key};
 
 /// Deadline of one read during a scan (a list page of 500 objects is well under a second).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -125,8 +125,8 @@ pub enum CrdState {
 #[derive(Debug, Clone, Default)]
 pub struct K8sSnapshot {
     pub crd_present: bool,
-    /// Identities whose name is a decimal id.
-    pub identities: BTreeMap<u32, SecurityLabels>,
+    /// Identities whose name is a decimal id, with their labels as a canonical label key.
+    pub identities: BTreeMap<u32, LabelKey>,
     /// Names that are not decimal ids (left alone, shown to the operator).
     pub other_names: Vec<String>,
     pub resource_version: String,
@@ -418,7 +418,7 @@ impl K8sTarget {
                     .map_err(|e| self.kube_err("listing ciliumidentities", e))?;
                 match crate::kvstore::parse_id(name.as_bytes()) {
                     Ok(id) => {
-                        snap.identities.insert(id, labels);
+                        snap.identities.insert(id, canonical_key(&labels));
                     }
                     Err(_) => snap.other_names.push(name),
                 }

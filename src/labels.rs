@@ -170,6 +170,17 @@ pub fn label_key_from_map(map: &SecurityLabels) -> Option<String> {
     Some(encode_label_key(&labels))
 }
 
+/// A label set in Cilium's canonical kvstore form (`source:key=value;...`, sorted by key).
+/// Label sets are compared in this form: one string instead of a map of strings, which keeps
+/// 65,280 identities per side cheap to hold and to compare.
+pub type LabelKey = String;
+
+/// The canonical label key of a `security-labels` map. A map whose keys lack a source (which
+/// no kvstore identity can have) yields its JSON form, which never equals a kvstore label key.
+pub fn canonical_key(map: &SecurityLabels) -> LabelKey {
+    label_key_from_map(map).unwrap_or_else(|| serde_json::to_string(map).unwrap_or_default())
+}
+
 /// The `metadata.labels` Cilium derives for humans and selectors: `k8s:` labels with the
 /// prefix stripped, keeping only keys and values the API server accepts, so an odd label
 /// value can never make the whole create fail with 422.

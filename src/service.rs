@@ -15,7 +15,7 @@ use crate::etcd_source::{Drift, EtcdConnection};
 use crate::identity::{CRD_NAME, GROUP, PLURAL};
 use crate::k8s_target::K8sTarget;
 use crate::kvstore::SourceInfo;
-use crate::labels::SecurityLabels;
+use crate::labels::LabelKey;
 use crate::plan_file::PlanFile;
 use crate::planner::{Kind, PlanItem};
 use crate::range::IdRange;
@@ -81,7 +81,7 @@ pub struct PreflightReport {
 #[derive(Debug, Clone)]
 pub struct ScanResult {
     pub items: Vec<PlanItem>,
-    pub k8s: BTreeMap<u32, SecurityLabels>,
+    pub k8s: BTreeMap<u32, LabelKey>,
     pub source: SourceInfo,
     pub crd_present: bool,
     pub other_names: usize,

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::kvstore::{MasterEntry, parse_id};
-use crate::labels::{SecurityLabels, parse_label_key_bytes, to_security_labels};
-use crate::planner::display_labels;
+use crate::labels::{LabelKey, parse_label_key_bytes};
 use crate::range::IdRange;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -49,17 +48,20 @@ impl VerifyReport {
 /// `mappings`: kvstore id (text) -> the id it is served at (`None` = skipped), from the decision log.
 pub fn verify(
     masters: &[MasterEntry],
-    k8s: &BTreeMap<u32, SecurityLabels>,
+    k8s: &BTreeMap<u32, LabelKey>,
     mappings: &BTreeMap<String, Option<u32>>,
     range: IdRange,
 ) -> VerifyReport {
     let mut report = VerifyReport::default();
-    let mut entries: Vec<(u32, SecurityLabels)> = Vec::with_capacity(masters.len());
+    let mut entries: Vec<(u32, &str)> = Vec::with_capacity(masters.len());
     for m in masters {
-        match (parse_id(&m.id), parse_label_key_bytes(&m.value)) {
-            (Ok(id), Ok(labels)) if range.contains(id) => {
-                entries.push((id, to_security_labels(&labels)))
-            }
+        // A label key that parses is valid UTF-8 and canonical: comparable as text.
+        match (
+            parse_id(&m.id),
+            parse_label_key_bytes(&m.value),
+            std::str::from_utf8(&m.value),
+        ) {
+            (Ok(id), Ok(_), Ok(labels)) if range.contains(id) => entries.push((id, labels)),
             _ => report.invalid_ignored += 1,
         }
     }
@@ -74,7 +76,7 @@ pub fn verify(
         let Some(target) = expected_at else {
             report.problems.push(Problem {
                 id,
-                labels: display_labels(&labels),
+                labels: labels.to_string(),
                 expected_at: None,
                 problem: ProblemKind::Skipped,
                 found_labels: None,
@@ -82,7 +84,7 @@ pub fn verify(
             continue;
         };
         match k8s.get(&target) {
-            Some(found) if *found == labels => {
+            Some(found) if found.as_str() == labels => {
                 report.ok += 1;
                 if target != id {
                     report.mapped += 1;
@@ -90,14 +92,14 @@ pub fn verify(
             }
             found => report.problems.push(Problem {
                 id,
-                labels: display_labels(&labels),
+                labels: labels.to_string(),
                 expected_at: Some(target),
                 problem: if found.is_some() {
                     ProblemKind::Different
                 } else {
                     ProblemKind::Missing
                 },
-                found_labels: found.map(display_labels),
+                found_labels: found.cloned(),
             }),
         }
     }
@@ -109,8 +111,10 @@ mod tests {
     use super::*;
     use crate::labels::parse_label_key;
 
-    fn sl(s: &str) -> SecurityLabels {
-        to_security_labels(&parse_label_key(s).unwrap())
+    fn sl(s: &str) -> String {
+        crate::labels::canonical_key(&crate::labels::to_security_labels(
+            &parse_label_key(s).unwrap(),
+        ))
     }
 
     #[test]

@@ -11,9 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::kvstore::{MasterEntry, parse_id};
-use crate::labels::{
-    SecurityLabels, label_key_from_map, parse_label_key_bytes, to_security_labels,
-};
+use crate::labels::{LabelKey, parse_label_key_bytes};
 use crate::range::IdRange;
 
 /// How a kvstore identity relates to what Kubernetes already holds.
@@ -133,11 +131,12 @@ pub fn summarize(items: &[PlanItem]) -> Summary {
 
 /// A kvstore identity after parsing, before classification.
 struct Parsed<'a> {
-    raw_id: String,
-    raw_labels: String,
+    raw_id: std::borrow::Cow<'a, str>,
+    /// The label key as text; `labels` says whether it is a valid (hence canonical) one.
+    raw_labels: std::borrow::Cow<'a, str>,
     entry: &'a MasterEntry,
     id: Result<u32, String>,
-    labels: Result<SecurityLabels, String>,
+    labels: Result<(), String>,
 }
 
 const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a kvstore-mode node tags with the old id is read by CRD-mode nodes as the other labels, so policy between old and new nodes can allow or drop the wrong traffic; finish the rollout quickly.";
@@ -146,18 +145,18 @@ const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a
 pub fn plan(
     masters: &[MasterEntry],
     node_counts: &HashMap<Vec<u8>, u32>,
-    k8s: &BTreeMap<u32, SecurityLabels>,
+    k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
 ) -> Vec<PlanItem> {
     let mut parsed: Vec<Parsed<'_>> = masters
         .iter()
         .map(|entry| Parsed {
-            raw_id: String::from_utf8_lossy(&entry.id).into_owned(),
-            raw_labels: String::from_utf8_lossy(&entry.value).into_owned(),
+            raw_id: String::from_utf8_lossy(&entry.id),
+            raw_labels: String::from_utf8_lossy(&entry.value),
             entry,
             id: parse_id(&entry.id),
             labels: parse_label_key_bytes(&entry.value)
-                .map(|l| to_security_labels(&l))
+                .map(|_| ())
                 .map_err(|e| e.to_string()),
         })
         .collect();
@@ -173,33 +172,33 @@ pub fn plan(
     used.extend(parsed.iter().filter_map(|p| p.id.as_ref().ok().copied()));
 
     // The lowest Kubernetes id per label set: the one a CRD-mode agent would settle on.
-    let mut k8s_by_labels: HashMap<&SecurityLabels, u32> = HashMap::with_capacity(k8s.len());
+    let mut k8s_by_labels: HashMap<&str, u32> = HashMap::with_capacity(k8s.len());
     for (id, labels) in k8s {
-        k8s_by_labels.entry(labels).or_insert(*id);
+        k8s_by_labels.entry(labels.as_str()).or_insert(*id);
     }
 
     // Kvstore ids that will be created at their own (free) id, lowest first per label set.
-    let mut kv_anchor: HashMap<SecurityLabels, u32> = HashMap::new();
+    let mut kv_anchor: HashMap<&str, u32> = HashMap::new();
     let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
     for p in &parsed {
-        if let (Ok(id), Ok(labels)) = (&p.id, &p.labels)
+        if let (Ok(id), Ok(())) = (&p.id, &p.labels)
             && range.contains(*id)
             && !k8s.contains_key(id)
             && seen_ids.insert(*id)
         {
-            kv_anchor.entry(labels.clone()).or_insert(*id);
+            kv_anchor.entry(p.raw_labels.as_ref()).or_insert(*id);
         }
     }
 
     let mut next_free = range.min;
-    let mut remapped: HashMap<SecurityLabels, u32> = HashMap::new();
+    let mut remapped: HashMap<&str, u32> = HashMap::new();
     let mut claimed: BTreeSet<u32> = BTreeSet::new();
     let mut items = Vec::with_capacity(parsed.len());
     for p in &parsed {
         let nodes = node_counts.get(&p.entry.value).copied().unwrap_or(0);
         let mut item = PlanItem {
-            id: p.raw_id.clone(),
-            labels: p.raw_labels.clone(),
+            id: p.raw_id.to_string(),
+            labels: p.raw_labels.to_string(),
             kind: Kind::Invalid,
             action: Action::Skip,
             target_id: None,
@@ -220,7 +219,7 @@ pub fn plan(
                 items.push(item);
                 continue;
             }
-            (Ok(id), Ok(labels)) => (*id, labels),
+            (Ok(id), Ok(())) => (*id, p.raw_labels.as_ref()),
         };
         if !range.contains(id) {
             item.reason = format!(
@@ -235,14 +234,14 @@ pub fn plan(
             continue;
         }
         match k8s.get(&id) {
-            Some(existing) if existing == labels => {
+            Some(existing) if existing.as_str() == labels => {
                 item.kind = Kind::AlreadyMigrated;
                 item.action = Action::None;
                 item.target_id = Some(id);
                 item.reason = "a CiliumIdentity with these labels already exists at this id".into();
             }
             Some(existing) => {
-                item.existing_labels = Some(display_labels(existing));
+                item.existing_labels = Some(existing.clone());
                 let elsewhere = k8s_by_labels
                     .get(labels)
                     .copied()
@@ -269,7 +268,7 @@ pub fn plan(
                     }
                     let new_id = next_free;
                     used.insert(new_id);
-                    remapped.insert(labels.clone(), new_id);
+                    remapped.insert(labels, new_id);
                     item.kind = Kind::Remap;
                     item.action = Action::Create;
                     item.target_id = Some(new_id);
@@ -308,11 +307,6 @@ pub fn plan(
         items.push(item);
     }
     items
-}
-
-/// Labels in the familiar kvstore form when possible, else as JSON.
-pub fn display_labels(map: &SecurityLabels) -> String {
-    label_key_from_map(map).unwrap_or_else(|| serde_json::to_string(map).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Action, Kind, PlanItem};
-use crate::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use crate::labels::{LabelKey, parse_label_key};
 use crate::range::IdRange;
 
 /// What apply does for one identity.
@@ -25,8 +25,8 @@ pub enum OpKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
     pub id: String,
-    pub label_key: String,
-    pub labels: SecurityLabels,
+    /// The canonical label key: what is compared, and what the create sends as `security-labels`.
+    pub label_key: LabelKey,
     pub kind: Kind,
     pub op: OpKind,
     pub target_id: Option<u32>,
@@ -63,7 +63,7 @@ pub struct Reconciled {
 pub fn reconcile(
     decisions: &[PlanItem],
     live: &[PlanItem],
-    k8s: &BTreeMap<u32, SecurityLabels>,
+    k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
     accept_proposals: bool,
 ) -> Result<Reconciled, Vec<ReconcileError>> {
@@ -118,10 +118,10 @@ pub fn reconcile(
     // A mapping must land on labels that exist in Kubernetes or that this plan creates.
     for op in out.ops.iter().filter(|o| o.op == OpKind::Map) {
         let Some(t) = op.target_id else { continue };
-        let served = k8s.get(&t) == Some(&op.labels)
+        let served = k8s.get(&t) == Some(&op.label_key)
             || creates
                 .get(&t)
-                .is_some_and(|c| c.iter().any(|c| c.labels == op.labels));
+                .is_some_and(|c| c.iter().any(|c| c.label_key == op.label_key));
         if !served {
             errors.push(err(
                 &op.id,
@@ -147,7 +147,7 @@ fn err(id: &str, reason: &str) -> ReconcileError {
 fn decide(
     d: &PlanItem,
     l: &PlanItem,
-    k8s: &BTreeMap<u32, SecurityLabels>,
+    k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
     kv_ids: &HashSet<u32>,
     accept_proposals: bool,
@@ -161,7 +161,6 @@ fn decide(
     let mut op = Op {
         id: l.id.clone(),
         label_key: l.labels.clone(),
-        labels: SecurityLabels::new(),
         kind: l.kind,
         op: OpKind::Skip,
         target_id: None,
@@ -177,9 +176,7 @@ fn decide(
     let own = l
         .numeric_id()
         .ok_or_else(|| "has no numeric id".to_string())?;
-    op.labels = parse_label_key(&l.labels)
-        .map(|ls| to_security_labels(&ls))
-        .map_err(|e| format!("labels do not parse: {e}"))?;
+    parse_label_key(&l.labels).map_err(|e| format!("labels do not parse: {e}"))?;
     let edited = d.action != l.action || d.target_id != l.target_id;
     op.decided_by = if edited || d.decided {
         "operator"
@@ -197,7 +194,7 @@ fn decide(
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
             if t == own {
-                if k8s.get(&own) == Some(&op.labels) {
+                if k8s.get(&own) == Some(&op.label_key) {
                     op.op = OpKind::AlreadyDone;
                     return Ok(op);
                 }
@@ -212,7 +209,7 @@ fn decide(
         Action::Create => {
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
-            if check_create_target(own, t, &op.labels, range, kv_ids, k8s.get(&t))? {
+            if check_create_target(own, t, &op.label_key, range, kv_ids, k8s.get(&t))? {
                 op.op = OpKind::AlreadyDone;
                 return Ok(op);
             }
@@ -234,10 +231,10 @@ fn decide(
 pub fn check_create_target(
     own: u32,
     t: u32,
-    labels: &SecurityLabels,
+    labels: &str,
     range: IdRange,
     kv_ids: &HashSet<u32>,
-    k8s_at_t: Option<&SecurityLabels>,
+    k8s_at_t: Option<&LabelKey>,
 ) -> Result<bool, String> {
     if !range.contains(t) {
         return Err(format!(
@@ -250,7 +247,7 @@ pub fn check_create_target(
         ));
     }
     match k8s_at_t {
-        Some(existing) if existing == labels => Ok(true),
+        Some(existing) if existing.as_str() == labels => Ok(true),
         Some(_) => Err(format!(
             "target id {t} is taken in Kubernetes by other labels; it is never overwritten"
         )),
@@ -264,18 +261,17 @@ pub fn validate_new_target(
     items: &[PlanItem],
     index: usize,
     t: u32,
-    k8s: &BTreeMap<u32, SecurityLabels>,
+    k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
 ) -> Result<(), String> {
     let item = items.get(index).ok_or("no such item")?;
     let own = item
         .numeric_id()
         .ok_or("an invalid item cannot be created")?;
-    let labels = parse_label_key(&item.labels)
-        .map(|l| to_security_labels(&l))
-        .map_err(|e| format!("labels do not parse: {e}"))?;
+    parse_label_key(&item.labels).map_err(|e| format!("labels do not parse: {e}"))?;
+    let labels = item.labels.as_str();
     let kv_ids: HashSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
-    check_create_target(own, t, &labels, range, &kv_ids, k8s.get(&t))?;
+    check_create_target(own, t, labels, range, &kv_ids, k8s.get(&t))?;
     if let Some((_, other)) = items
         .iter()
         .enumerate()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::engine::ApplyReport;
 use crate::kvstore::SourceInfo;
-use crate::labels::SecurityLabels;
+use crate::labels::LabelKey;
 use crate::planner::{Action as PlanAction, Kind, PlanItem};
 use crate::range::IdRange;
 use crate::service::PreflightReport;
@@ -161,7 +161,7 @@ pub struct Model {
     pub items: Vec<PlanItem>,
     /// Lower-cased `id labels` per item, for `/` search without allocating per keystroke.
     pub haystack: Vec<String>,
-    pub k8s: BTreeMap<u32, SecurityLabels>,
+    pub k8s: BTreeMap<u32, LabelKey>,
     pub source: Option<SourceInfo>,
     pub crd_present: bool,
     pub range: IdRange,

@@ -155,7 +155,11 @@ async fn list_pages_with_limit_and_continue_and_selects_by_label() {
     let snap = target.list_identities(100).await.unwrap();
     assert_eq!(snap.identities.len(), 1203);
     assert_eq!(snap.other_names, vec!["not-a-number".to_string()]);
-    assert_eq!(snap.identities[&1000], labels("web"));
+    assert_eq!(
+        snap.identities[&1000],
+        cilium_idmig::labels::canonical_key(&labels("web"))
+    );
+    assert_eq!(snap.identities[&1000], "k8s:app=web;reserved:host=;");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -78,7 +78,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             ),
             (None, Some(x)) => (
                 format!(" Kubernetes at id {x} (same labels) "),
-                model.k8s.get(&x).cloned(),
+                model.k8s.get(&x).map(|k| as_map(k)),
             ),
             _ => (" Kubernetes ".into(), None),
         };

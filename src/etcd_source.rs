@@ -2,6 +2,7 @@
 //! consistent snapshot of the identities in pages at one pinned revision. Read-only: this
 //! module issues range requests and nothing else.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -136,6 +137,13 @@ impl EtcdConnection {
 
     /// Reads `id/` with values and `value/` keys only, both at one revision, in pages.
     pub async fn read_snapshot(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
+        let mut snap = self.read_masters(prefix, page_size).await?;
+        snap.node_counts = self.count_nodes(&snap, page_size).await?;
+        Ok(snap)
+    }
+
+    /// Reads the `id/` keys and their label keys at one pinned revision; no node counts yet.
+    pub async fn read_masters(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
         let prefix = normalize_prefix(prefix);
         let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
         let mut snap = KvSnapshot {
@@ -147,23 +155,22 @@ impl EtcdConnection {
             ..Default::default()
         };
         let id_prefix = format!("{prefix}id/").into_bytes();
-        let value_prefix = format!("{prefix}value/").into_bytes();
+        let id_end = prefix_end(&id_prefix);
         // A cheap first request pins the revision every page is read at.
         let head = self
             .range(
                 &mut kv,
                 id_prefix.clone(),
                 GetOptions::new()
-                    .with_range(prefix_end(&id_prefix))
+                    .with_range(id_end.clone())
                     .with_count_only(),
             )
             .await?;
         let revision = head.header().map(|h| h.revision()).unwrap_or(0);
         snap.source.revision = revision;
-        let id_end = prefix_end(&id_prefix);
         self.page_range(
             &mut kv,
-            id_prefix.clone(),
+            id_prefix,
             &id_end,
             revision,
             false,
@@ -175,11 +182,30 @@ impl EtcdConnection {
             },
         )
         .await?;
-        // `value/` keys number one per identity per node: millions on a large cluster. They are
-        // read keys-only, and counted per label key so memory does not grow with them. etcd 3.4
-        // walks every key from a request's start to its range end before applying the limit,
-        // so one wide range paged costs O(n²/page); the label keys just read split the value/
-        // space into ranges of about a page each, which keeps the pass linear.
+        tracing::info!(
+            revision,
+            identities = snap.masters.len(),
+            "read kvstore snapshot"
+        );
+        Ok(snap)
+    }
+
+    /// Counts the `value/` keys per label key at the snapshot's revision: how many nodes use
+    /// each identity. They number one per identity per node, millions on a large cluster, so
+    /// they are read keys-only and only counted: memory does not grow with them. etcd 3.4
+    /// walks every key from a request's start to its range end before applying the limit, so
+    /// one wide range paged costs O(n²/page); the snapshot's label keys split the `value/`
+    /// space into ranges of about a page each, which keeps the pass linear.
+    pub async fn count_nodes(
+        &self,
+        snap: &KvSnapshot,
+        page_size: i64,
+    ) -> Result<HashMap<Vec<u8>, u32>> {
+        let prefix = normalize_prefix(&snap.source.prefix);
+        let revision = snap.source.revision;
+        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
+        let value_prefix = format!("{prefix}value/").into_bytes();
+        let value_end = prefix_end(&value_prefix);
         let mut bounds: Vec<&[u8]> = snap
             .masters
             .iter()
@@ -188,13 +214,18 @@ impl EtcdConnection {
             .collect();
         bounds.sort_unstable();
         bounds.dedup();
-        let value_end = prefix_end(&value_prefix);
-        let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
+        let mut counts: HashMap<Vec<u8>, u32> = HashMap::with_capacity(snap.masters.len());
         let mut count_into = |item: &etcd_client::KeyValue| {
             if let KeyKind::Slave { label_key, .. } = classify_key(&prefix, item.key()) {
-                *snap.node_counts.entry(label_key.to_vec()).or_insert(0) += 1;
+                match counts.get_mut(label_key) {
+                    Some(n) => *n += 1,
+                    None => {
+                        counts.insert(label_key.to_vec(), 1);
+                    }
+                }
             }
         };
+        let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
         loop {
             next = (next + group).min(bounds.len());
             let hi = bounds
@@ -214,10 +245,10 @@ impl EtcdConnection {
         }
         tracing::info!(
             revision,
-            identities = snap.masters.len(),
-            "read kvstore snapshot"
+            label_keys = counts.len(),
+            "counted node references"
         );
-        Ok(snap)
+        Ok(counts)
     }
 
     async fn range(

@@ -91,9 +91,15 @@ pub struct ScanResult {
 #[derive(Debug, Clone)]
 pub enum Event {
     Preflight(PreflightReport),
+    /// The table's data; node counts follow in `NodeCounts`.
     Scanned {
         generation: u64,
         scan: Box<ScanResult>,
+    },
+    /// Nodes using each label key (keyed by the label key as text).
+    NodeCounts {
+        generation: u64,
+        counts: std::collections::HashMap<String, u32>,
     },
     Apply(EngineEvent),
     Committed {
@@ -146,23 +152,47 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
                 let (drift_tx, drift_rx) = mpsc::channel(16);
                 drift_task = Some(tokio::spawn(watch_drift(cfg.clone(), drift_rx, tx.clone())));
                 tokio::spawn(async move {
-                    let ev = match session::scan(&cfg.kv, &cfg.target, cfg.range).await {
-                        Ok(scan) => {
-                            let _ = drift_tx.send(scan.kv.source.revision).await;
-                            Event::Scanned {
-                                generation,
-                                scan: Box::new(ScanResult {
-                                    items: scan.items,
-                                    k8s: scan.k8s.identities,
-                                    source: scan.kv.source,
-                                    crd_present: scan.k8s.crd_present,
-                                    other_names: scan.k8s.other_names.len(),
-                                }),
+                    let scan =
+                        match session::scan_without_counts(&cfg.kv, &cfg.target, cfg.range).await {
+                            Ok(scan) => scan,
+                            Err(e) => {
+                                let _ = tx
+                                    .send(Event::Failed {
+                                        generation,
+                                        what: "scan".into(),
+                                        error: e.to_string(),
+                                    })
+                                    .await;
+                                return;
                             }
-                        }
+                        };
+                    let _ = drift_tx.send(scan.kv.source.revision).await;
+                    let kv = scan.kv;
+                    let ev = Event::Scanned {
+                        generation,
+                        scan: Box::new(ScanResult {
+                            items: scan.items,
+                            k8s: scan.k8s.identities,
+                            source: kv.source.clone(),
+                            crd_present: scan.k8s.crd_present,
+                            other_names: scan.k8s.other_names.len(),
+                        }),
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                    // The table is on screen; now the slow count of node references.
+                    let ev = match cfg.kv.count_nodes(&kv).await {
+                        Ok(counts) => Event::NodeCounts {
+                            generation,
+                            counts: counts
+                                .into_iter()
+                                .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
+                                .collect(),
+                        },
                         Err(e) => Event::Failed {
                             generation,
-                            what: "scan".into(),
+                            what: "node count".into(),
                             error: e.to_string(),
                         },
                     };

@@ -40,6 +40,38 @@ impl KvSource {
             KvSource::Memory(s) => Ok(s.clone()),
         }
     }
+
+    /// The identities alone, without node counts (the quick half of a read).
+    pub async fn read_masters(&self) -> Result<KvSnapshot> {
+        match self {
+            KvSource::Etcd(opts) => {
+                etcd_source::EtcdConnection::connect(opts)
+                    .await?
+                    .read_masters(&opts.prefix, opts.page_size)
+                    .await
+            }
+            KvSource::Memory(s) => Ok(KvSnapshot {
+                node_counts: Default::default(),
+                ..s.clone()
+            }),
+        }
+    }
+
+    /// Nodes using each label key, at the snapshot's revision (the slow half of a read).
+    pub async fn count_nodes(
+        &self,
+        snap: &KvSnapshot,
+    ) -> Result<std::collections::HashMap<Vec<u8>, u32>> {
+        match self {
+            KvSource::Etcd(opts) => {
+                etcd_source::EtcdConnection::connect(opts)
+                    .await?
+                    .count_nodes(snap, opts.page_size)
+                    .await
+            }
+            KvSource::Memory(s) => Ok(s.node_counts.clone()),
+        }
+    }
 }
 
 /// Both sides read, and the plan made from them.
@@ -54,6 +86,18 @@ pub const LIST_PAGE: u32 = 500;
 /// Reads the kvstore and Kubernetes concurrently and plans.
 pub async fn scan(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<Scan> {
     let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(LIST_PAGE))?;
+    let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
+    Ok(Scan { kv, k8s, items })
+}
+
+/// Reads the identities and Kubernetes and plans, leaving node counts at zero: what a front
+/// end shows first, while `KvSource::count_nodes` runs.
+pub async fn scan_without_counts(
+    kv: &KvSource,
+    target: &K8sTarget,
+    range: IdRange,
+) -> Result<Scan> {
+    let (kv, k8s) = tokio::try_join!(kv.read_masters(), target.list_identities(LIST_PAGE))?;
     let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
     Ok(Scan { kv, k8s, items })
 }

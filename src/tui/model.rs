@@ -157,6 +157,8 @@ pub struct Model {
     /// Generation of the latest scan request; results of older ones are dropped.
     pub generation: u64,
     pub scanning: bool,
+    /// Node counts are still being read (the table shows `…` meanwhile).
+    pub counting: bool,
     pub preflight: Option<PreflightReport>,
     pub items: Vec<PlanItem>,
     /// Lower-cased `id labels` per item, for `/` search without allocating per keystroke.
@@ -194,6 +196,7 @@ impl Model {
             modal: None,
             generation: 0,
             scanning: false,
+            counting: false,
             preflight: None,
             items: Vec::new(),
             haystack: Vec::new(),

@@ -80,7 +80,38 @@ fn scanned_model() -> Model {
         Command::Send(Request::Scan { generation: 1 })
     ));
     update(&mut m, Msg::Engine(scan_event(1)));
+    assert!(m.counting);
+    update(&mut m, Msg::Engine(counts_event(1)));
+    assert!(!m.counting);
     m
+}
+
+fn counts_event(generation: u64) -> Event {
+    let (masters, _) = world();
+    let mut counts = HashMap::new();
+    counts.insert(String::from_utf8(masters[1].value.clone()).unwrap(), 4);
+    Event::NodeCounts { generation, counts }
+}
+
+#[test]
+fn node_counts_arrive_after_the_table_and_stale_ones_are_dropped() {
+    let mut m = Model::new(IdRange::for_cluster(0).unwrap(), true);
+    init(&mut m);
+    let mut ev = scan_event(1);
+    if let Event::Scanned { scan, .. } = &mut ev {
+        for i in &mut scan.items {
+            i.nodes = 0;
+        }
+    }
+    update(&mut m, Msg::Engine(ev));
+    assert!(m.counting, "the table shows before the counts");
+    assert_eq!(item(&m, "301").nodes, 0);
+    update(&mut m, Msg::Engine(counts_event(0)));
+    assert!(m.counting, "counts of another scan are dropped");
+    update(&mut m, Msg::Engine(counts_event(1)));
+    assert!(!m.counting);
+    assert_eq!(item(&m, "301").nodes, 4);
+    assert_eq!(item(&m, "300").nodes, 0);
 }
 
 fn key(c: char) -> Msg {

@@ -100,6 +100,7 @@ fn on_engine(model: &mut Model, ev: Event) -> Vec<Command> {
                 return vec![]; // a stale scan
             }
             model.scanning = false;
+            model.counting = true;
             model.drift = (0, 0);
             let kept = merge_decisions(&model.items, scan.items);
             model.k8s = scan.k8s;
@@ -121,6 +122,17 @@ fn on_engine(model: &mut Model, ev: Event) -> Vec<Command> {
             model.conflict = first;
             vec![]
         }
+        Event::NodeCounts { generation, counts } => {
+            if generation != model.generation {
+                return vec![];
+            }
+            model.counting = false;
+            for item in &mut model.items {
+                item.nodes = counts.get(&item.labels).copied().unwrap_or(0);
+            }
+            model.rebuild_view();
+            vec![]
+        }
         Event::Failed {
             generation,
             what,
@@ -131,6 +143,9 @@ fn on_engine(model: &mut Model, ev: Event) -> Vec<Command> {
             }
             if what == "scan" {
                 model.scanning = false;
+            }
+            if what == "node count" {
+                model.counting = false;
             }
             if what == "commit" {
                 model.commit.phase = CommitPhase::Done;

@@ -59,7 +59,11 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             " conflict {pos} of {} · kvstore id {} · used by {} node(s) · ",
             all.len(),
             item.id,
-            item.nodes
+            if model.counting {
+                "…".to_string()
+            } else {
+                item.nodes.to_string()
+            }
         )),
         state,
     ]);

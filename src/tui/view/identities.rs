@@ -54,7 +54,11 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Cell::from(item.id.clone()),
             Cell::from(item.kind.as_str()),
             Cell::from(format!("{target} {}", item.action.as_str())),
-            Cell::from(item.nodes.to_string()),
+            Cell::from(if model.counting {
+                "…".to_string()
+            } else {
+                item.nodes.to_string()
+            }),
             Cell::from(item.labels.clone()),
         ])
         .style(style)

@@ -95,6 +95,8 @@ pub fn view(model: &Model, frame: &mut Frame) {
     let mut status_spans = vec![Span::raw(model.status.clone())];
     if model.scanning {
         status_spans.insert(0, Span::styled("scanning… ", t.fg(Color::Yellow)));
+    } else if model.counting {
+        status_spans.insert(0, Span::styled("counting nodes… ", t.fg(Color::Yellow)));
     }
     if model.drift != (0, 0) {
         status_spans.push(Span::styled(

@@ -282,8 +282,9 @@ fn decision_name(op: &Op) -> &'static str {
     }
 }
 
-fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
-    log.append(Record {
+/// The log line for an operation: its decision, and its outcome once there is one.
+fn record(op: &Op, result: Option<&OpResult>) -> Record {
+    Record {
         ts: String::new(),
         operator: String::new(),
         id: op.id.clone(),
@@ -291,23 +292,17 @@ fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
         kind: op.kind.as_str().to_string(),
         decision: format!("{} ({})", decision_name(op), op.decided_by),
         target_id: op.target_id,
-        outcome: None,
-        error: None,
-    })
+        outcome: result.map(|r| r.outcome.as_str().to_string()),
+        error: result.and_then(|r| r.outcome.error()),
+    }
+}
+
+fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
+    log.append(record(op, None))
 }
 
 fn log_outcome(log: &DecisionLog, op: &Op, r: &OpResult) -> Result<()> {
-    log.append(Record {
-        ts: String::new(),
-        operator: String::new(),
-        id: op.id.clone(),
-        labels: op.label_key.clone(),
-        kind: op.kind.as_str().to_string(),
-        decision: decision_name(op).to_string(),
-        target_id: op.target_id,
-        outcome: Some(r.outcome.as_str().to_string()),
-        error: r.outcome.error(),
-    })
+    log.append(record(op, Some(r)))
 }
 
 async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
@@ -440,8 +435,11 @@ async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestE
     tokio::time::sleep(wait).await;
 }
 
-/// Logs the decisions for a set of operations before any write, so the log shows what was
-/// decided even if the process dies before the outcome.
+/// Logs the decision behind every write before any write starts, so the log shows what was
+/// decided even if the process dies before the outcome. Operations that write nothing get a
+/// single line with their decision and outcome together, from `apply`.
 pub fn log_decisions(log: &DecisionLog, ops: &[Op]) -> Result<()> {
-    ops.iter().try_for_each(|op| log_decision(log, op))
+    ops.iter()
+        .filter(|op| op.op == OpKind::Create)
+        .try_for_each(|op| log_decision(log, op))
 }

@@ -125,6 +125,16 @@ pub enum Event {
     },
 }
 
+impl Event {
+    fn failed(generation: u64, what: &str, error: impl std::fmt::Display) -> Self {
+        Event::Failed {
+            generation,
+            what: what.to_string(),
+            error: error.to_string(),
+        }
+    }
+}
+
 /// Starts the service; it ends when the request sender is dropped.
 pub fn spawn(cfg: ServiceConfig) -> (mpsc::Sender<Request>, mpsc::Receiver<Event>) {
     let (req_tx, req_rx) = mpsc::channel(64);
@@ -156,13 +166,7 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
                         match session::scan_without_counts(&cfg.kv, &cfg.target, cfg.range).await {
                             Ok(scan) => scan,
                             Err(e) => {
-                                let _ = tx
-                                    .send(Event::Failed {
-                                        generation,
-                                        what: "scan".into(),
-                                        error: e.to_string(),
-                                    })
-                                    .await;
+                                let _ = tx.send(Event::failed(generation, "scan", e)).await;
                                 return;
                             }
                         };
@@ -190,24 +194,14 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
                                 .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
                                 .collect(),
                         },
-                        Err(e) => Event::Failed {
-                            generation,
-                            what: "node count".into(),
-                            error: e.to_string(),
-                        },
+                        Err(e) => Event::failed(generation, "node count", e),
                     };
                     let _ = tx.send(ev).await;
                 });
             }
             Request::Log(record) => {
                 if let Err(e) = cfg.log.append(record) {
-                    let _ = tx
-                        .send(Event::Failed {
-                            generation: 0,
-                            what: "decision log".into(),
-                            error: e.to_string(),
-                        })
-                        .await;
+                    let _ = tx.send(Event::failed(0, "decision log", e)).await;
                 }
             }
             Request::Commit { generation, items } => {
@@ -220,11 +214,7 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
                             report,
                             verify,
                         },
-                        Err(e) => Event::Failed {
-                            generation,
-                            what: "commit".into(),
-                            error: e.to_string(),
-                        },
+                        Err(e) => Event::failed(generation, "commit", e),
                     };
                     let _ = tx.send(ev).await;
                 });
@@ -233,11 +223,7 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
             Request::Export { path, items } => {
                 let ev = match export(&cfg, &path, &items) {
                     Ok(paths) => Event::Exported { paths },
-                    Err(e) => Event::Failed {
-                        generation: 0,
-                        what: "export".into(),
-                        error: e.to_string(),
-                    },
+                    Err(e) => Event::failed(0, "export", e),
                 };
                 let _ = tx.send(ev).await;
             }
@@ -318,13 +304,7 @@ async fn watch_drift(
     let conn = match EtcdConnection::connect(opts).await {
         Ok(c) => c,
         Err(e) => {
-            let _ = tx
-                .send(Event::Failed {
-                    generation: 0,
-                    what: "drift watch".into(),
-                    error: e.to_string(),
-                })
-                .await;
+            let _ = tx.send(Event::failed(0, "drift watch", e)).await;
             return;
         }
     };
@@ -356,13 +336,7 @@ async fn watch_drift(
         }
     }
     if let Ok(Err(e)) = watcher.await {
-        let _ = tx
-            .send(Event::Failed {
-                generation: 0,
-                what: "drift watch".into(),
-                error: e.to_string(),
-            })
-            .await;
+        let _ = tx.send(Event::failed(0, "drift watch", e)).await;
     }
 }
 

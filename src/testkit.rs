@@ -119,8 +119,19 @@ impl Etcd {
 
     /// A client for seeding test data (the tool itself never writes to etcd).
     pub async fn client(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        self.client_as(None).await
+    }
+
+    /// A client that logs in as `(user, password)` once etcd auth is on.
+    pub async fn client_as(
+        &self,
+        user: Option<(&str, &str)>,
+    ) -> Result<etcd_client::Client, etcd_client::Error> {
         let mut opts =
             etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        if let Some((name, password)) = user {
+            opts = opts.with_user(name, password);
+        }
         if let Some(t) = &self.tls {
             let tls = etcd_client::TlsOptions::new()
                 .ca_certificate(etcd_client::Certificate::from_pem(

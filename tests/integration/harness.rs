@@ -90,3 +90,83 @@ pub async fn run(dir: &Path, args: &[&str]) -> Run {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// A tmux server of the test's own (its own socket), running one command in a 100x30 pane.
+pub struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    pub fn start(name: &str, cmd: &str) -> Tmux {
+        let t = Tmux {
+            socket: format!("idmig-{name}-{}", std::process::id()),
+        };
+        let ok = std::process::Command::new("tmux")
+            .args([
+                "-L",
+                &t.socket,
+                "new-session",
+                "-d",
+                "-x",
+                "100",
+                "-y",
+                "30",
+                "-s",
+                "t",
+                cmd,
+            ])
+            .status()
+            .expect("tmux is needed for this test (apt-get install tmux)");
+        assert!(ok.success());
+        t
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Sends keys one at a time, as a person types.
+    pub fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            self.cmd(&["send-keys", "-t", "t", k]);
+            std::thread::sleep(std::time::Duration::from_millis(60));
+        }
+    }
+
+    pub fn screen(&self) -> String {
+        self.cmd(&["capture-pane", "-p", "-t", "t"])
+    }
+
+    pub fn alternate_on(&self) -> String {
+        self.cmd(&["display", "-p", "-t", "t", "#{alternate_on}"])
+            .trim()
+            .to_string()
+    }
+
+    pub fn wait_for(&self, text: &str, secs: u64) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let s = self.screen();
+            if s.contains(text) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(secs),
+                "waited for {text:?}; screen:\n{s}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.cmd(&["kill-server"]);
+    }
+}

@@ -10,7 +10,7 @@ use cilium_idmig::generator::{self, GenConfig};
 use cilium_idmig::labels::SecurityLabels;
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
-use crate::harness::{Etcd, bin, free_port, run};
+use crate::harness::{Etcd, Tmux, bin, free_port, run};
 
 const P: &str = "cilium/state/identities/v1";
 
@@ -239,20 +239,7 @@ async fn read_only_etcd_user_over_tls_suffices_and_secrets_stay_out_of_files() {
     .unwrap();
     // Proof that these credentials cannot write.
     {
-        let tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(
-                std::fs::read(&t.ca).unwrap(),
-            ))
-            .identity(etcd_client::Identity::from_pem(
-                std::fs::read(&t.cert).unwrap(),
-                std::fs::read(&t.key).unwrap(),
-            ));
-        let opts = etcd_client::ConnectOptions::new()
-            .with_tls(tls)
-            .with_user("idmig", password);
-        let mut c = etcd_client::Client::connect([etcd.endpoint.clone()], Some(opts))
-            .await
-            .unwrap();
+        let mut c = etcd.client_as(Some(("idmig", password))).await.unwrap();
         let err = c
             .put(format!("{P}/id/999"), "k8s:app=x;", None)
             .await
@@ -331,69 +318,21 @@ async fn read_only_etcd_user_over_tls_suffices_and_secrets_stay_out_of_files() {
     }
 }
 
-struct Tmux(String);
-
-impl Tmux {
-    fn cmd(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new("tmux")
-            .arg("-L")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-    fn wait_for(&self, text: &str) -> String {
-        let start = std::time::Instant::now();
-        loop {
-            let s = self.cmd(&["capture-pane", "-p", "-t", "t"]);
-            if s.contains(text) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "waited for {text:?}:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        self.cmd(&["kill-server"]);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_and_sigterm_during_a_tui_commit_stop_it_cleanly() {
     for (n, signal) in [(1, libc::SIGHUP), (2, libc::SIGTERM)] {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("d.jsonl");
-        let t = Tmux(format!("idmig-sig-{}-{n}", std::process::id()));
         let cmd = format!(
             "{} demo --identities 2000 --seed 8 --sandbox-latency 40ms --port {} --decision-log {}; echo EXITED $?; sleep 600",
             bin(),
             free_port(),
             log.display()
         );
-        t.cmd(&[
-            "new-session",
-            "-d",
-            "-x",
-            "100",
-            "-y",
-            "30",
-            "-s",
-            "t",
-            &cmd,
-        ]);
-        t.wait_for("scanned 2000");
-        for k in ["3", "A", "y", "4", "Enter", "y", "e", "s", "Enter"] {
-            t.cmd(&["send-keys", "-t", "t", k]);
-            std::thread::sleep(Duration::from_millis(60));
-        }
-        t.wait_for("Commit: Running");
+        let t = Tmux::start(&format!("sig{n}"), &cmd);
+        t.wait_for("scanned 2000", 60);
+        t.keys(&["3", "A", "y", "4", "Enter", "y", "e", "s", "Enter"]);
+        t.wait_for("Commit: Running", 60);
         std::thread::sleep(Duration::from_millis(300));
         let shell: i32 = t
             .cmd(&["display", "-p", "-t", "t", "#{pane_pid}"])
@@ -413,14 +352,9 @@ async fn sighup_and_sigterm_during_a_tui_commit_stop_it_cleanly() {
             .unwrap();
         // SAFETY: sending a signal to a process this test started.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        let s = t.wait_for("EXITED");
+        let s = t.wait_for("EXITED", 60);
         assert!(s.contains("EXITED 0"), "signal {signal}: {s}");
-        assert_eq!(
-            t.cmd(&["display", "-p", "-t", "t", "#{alternate_on}"])
-                .trim(),
-            "0",
-            "terminal restored"
-        );
+        assert_eq!(t.alternate_on(), "0", "terminal restored");
         let records: Vec<Value> = std::fs::read_to_string(&log)
             .unwrap()
             .lines()

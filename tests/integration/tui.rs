@@ -1,119 +1,30 @@
 //! The real binary's TUI in `demo` mode under tmux: review conflicts, commit by typing yes,
 //! then check the sandbox's objects, the decision log, and that `q` restores the terminal.
 
-use std::process::Command;
-use std::time::{Duration, Instant};
-
 use serde_json::Value;
 
-use crate::harness::{bin, free_port, http};
+use crate::harness::{Tmux, bin, free_port, http};
 
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn start(cmd: &str) -> Tmux {
-        let socket = format!("idmig-test-{}", std::process::id());
-        let ok = Command::new("tmux")
-            .args([
-                "-L",
-                &socket,
-                "new-session",
-                "-d",
-                "-x",
-                "100",
-                "-y",
-                "30",
-                "-s",
-                "t",
-                cmd,
-            ])
-            .status()
-            .expect("tmux is needed for this test (apt-get install tmux)");
-        assert!(ok.success());
-        Tmux { socket }
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for k in keys {
-            let ok = Command::new("tmux")
-                .args(["-L", &self.socket, "send-keys", "-t", "t", k])
-                .status()
+/// Steps with `n` until the conflict shown is of `kind` and undecided; returns its kvstore id.
+fn find_conflict(t: &Tmux, kind: &str) -> String {
+    for _ in 0..400 {
+        let s = t.screen();
+        if let Some(line) = s.lines().find(|l| l.contains("kvstore id"))
+            && line.contains(&format!(" {kind} "))
+            && line.contains("needs a decision")
+        {
+            let id = line
+                .split("kvstore id ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
                 .unwrap();
-            assert!(ok.success());
-            std::thread::sleep(Duration::from_millis(60));
+            return id.to_string();
         }
+        t.keys(&["n"]);
     }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-t", "t"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn alternate_on(&self) -> String {
-        let out = Command::new("tmux")
-            .args([
-                "-L",
-                &self.socket,
-                "display",
-                "-p",
-                "-t",
-                "t",
-                "#{alternate_on}",
-            ])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn wait_for(&self, text: &str, secs: u64) -> String {
-        let start = Instant::now();
-        loop {
-            let s = self.screen();
-            if s.contains(text) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(secs),
-                "waited for {text:?}; screen:\n{s}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Steps with `n` until the conflict shown is of `kind` and undecided; returns its kvstore id.
-    fn find_conflict(&self, kind: &str) -> String {
-        for _ in 0..400 {
-            let s = self.screen();
-            if let Some(line) = s.lines().find(|l| l.contains("kvstore id"))
-                && line.contains(&format!(" {kind} "))
-                && line.contains("needs a decision")
-            {
-                let id = line
-                    .split("kvstore id ")
-                    .nth(1)
-                    .unwrap()
-                    .split_whitespace()
-                    .next()
-                    .unwrap();
-                return id.to_string();
-            }
-            self.keys(&["n"]);
-        }
-        panic!("no undecided {kind} conflict found:\n{}", self.screen());
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .status();
-    }
+    panic!("no undecided {kind} conflict found:\n{}", t.screen());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,7 +38,7 @@ async fn review_and_commit_in_the_demo_under_tmux() {
         bin(),
         log.display()
     );
-    let t = Tmux::start(&cmd);
+    let t = Tmux::start("tui", &cmd);
     t.wait_for("scanned 300 identities", 30);
     assert_eq!(
         t.alternate_on(),
@@ -135,14 +46,14 @@ async fn review_and_commit_in_the_demo_under_tmux() {
         "the TUI runs on the alternate screen"
     );
     t.keys(&["3"]);
-    let accepted = t.find_conflict("remap");
+    let accepted = find_conflict(&t, "remap");
     t.keys(&["a"]);
-    let edited = t.find_conflict("remap");
+    let edited = find_conflict(&t, "remap");
     t.keys(&[
         "e", "BSpace", "BSpace", "BSpace", "BSpace", "BSpace", "6", "0", "0", "0", "0", "Enter",
     ]);
     t.wait_for("edit", 5);
-    let skipped = t.find_conflict("duplicate");
+    let skipped = find_conflict(&t, "duplicate");
     t.keys(&["s", "A"]);
     t.wait_for("Accept all remaining proposals?", 5);
     t.keys(&["y", "4", "Enter"]);

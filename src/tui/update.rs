@@ -542,26 +542,12 @@ fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> 
     match modal {
         Modal::Help | Modal::Message(_) => vec![],
         Modal::Search { mut input } => {
-            match key.code {
-                KeyCode::Esc => {}
-                KeyCode::Enter => {}
-                KeyCode::Backspace => {
-                    input.pop();
-                    model.modal = Some(Modal::Search {
-                        input: input.clone(),
-                    });
-                }
-                KeyCode::Char(c) => {
-                    input.push(c);
-                    model.modal = Some(Modal::Search {
-                        input: input.clone(),
-                    });
-                }
-                _ => {
-                    model.modal = Some(Modal::Search {
-                        input: input.clone(),
-                    })
-                }
+            // Enter keeps the search and closes the popup; Esc clears it.
+            if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
+                type_into(&mut input, &key, |_| true);
+                model.modal = Some(Modal::Search {
+                    input: input.clone(),
+                });
             }
             // Filter as the operator types; Esc clears.
             model.search = if key.code == KeyCode::Esc {
@@ -602,17 +588,8 @@ fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> 
                     }
                 }
             }
-            KeyCode::Backspace => {
-                input.pop();
-                model.modal = Some(Modal::EditTarget { input, error: None });
-                vec![]
-            }
-            KeyCode::Char(c) if c.is_ascii_digit() => {
-                input.push(c);
-                model.modal = Some(Modal::EditTarget { input, error: None });
-                vec![]
-            }
             _ => {
+                type_into(&mut input, &key, |c| c.is_ascii_digit());
                 model.modal = Some(Modal::EditTarget { input, error: None });
                 vec![]
             }
@@ -646,17 +623,8 @@ fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> 
                 });
                 vec![]
             }
-            KeyCode::Backspace => {
-                typed.pop();
-                model.modal = Some(Modal::ConfirmCommit { typed });
-                vec![]
-            }
-            KeyCode::Char(c) => {
-                typed.push(c);
-                model.modal = Some(Modal::ConfirmCommit { typed });
-                vec![]
-            }
             _ => {
+                type_into(&mut typed, &key, |_| true);
                 model.modal = Some(Modal::ConfirmCommit { typed });
                 vec![]
             }
@@ -667,21 +635,23 @@ fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> 
                 path: input.trim().into(),
                 items: model.items.clone(),
             })],
-            KeyCode::Backspace => {
-                input.pop();
-                model.modal = Some(Modal::Export { input });
-                vec![]
-            }
-            KeyCode::Char(c) => {
-                input.push(c);
-                model.modal = Some(Modal::Export { input });
-                vec![]
-            }
             _ => {
+                type_into(&mut input, &key, |_| true);
                 model.modal = Some(Modal::Export { input });
                 vec![]
             }
         },
+    }
+}
+
+/// Applies a typing key (a character `accept` allows, or Backspace) to a popup's text field.
+fn type_into(text: &mut String, key: &KeyEvent, accept: impl Fn(char) -> bool) {
+    match key.code {
+        KeyCode::Backspace => {
+            text.pop();
+        }
+        KeyCode::Char(c) if accept(c) => text.push(c),
+        _ => {}
     }
 }
 

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use cilium_idmig::generator::{self, GenConfig};
 use cilium_idmig::labels::{SecurityLabels, parse_label_key, to_security_labels};
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
@@ -315,15 +314,7 @@ async fn creates_the_crd_when_missing() {
 }
 
 async fn load_dataset(w: &World, n: usize, seed: u64) {
-    let data = generator::generate(&GenConfig {
-        identities: n,
-        seed,
-        nodes: 3,
-        ..Default::default()
-    })
-    .unwrap();
-    let mut c = w.etcd.client().await.unwrap();
-    generator::load_etcd(&mut c, P, &data).await.unwrap();
+    let data = crate::harness::load_dataset(&w.etcd, n, seed, 3).await;
     for (id, labels) in &data.k8s {
         w.sb.seed_identity(*id, labels);
     }

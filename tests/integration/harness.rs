@@ -170,3 +170,25 @@ impl Drop for Tmux {
         self.cmd(&["kill-server"]);
     }
 }
+
+/// Generates a dataset and writes its kvstore side into `etcd` under Cilium's prefix.
+pub async fn load_dataset(
+    etcd: &Etcd,
+    identities: usize,
+    seed: u64,
+    nodes: u32,
+) -> cilium_idmig::generator::Generated {
+    use cilium_idmig::generator::{self, GenConfig};
+    let data = generator::generate(&GenConfig {
+        identities,
+        seed,
+        nodes,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut c = etcd.client().await.unwrap();
+    generator::load_etcd(&mut c, cilium_idmig::kvstore::DEFAULT_PREFIX, &data)
+        .await
+        .unwrap();
+    data
+}

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use cilium_idmig::generator::{self, GenConfig};
+use cilium_idmig::generator;
 use cilium_idmig::labels::SecurityLabels;
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
-use crate::harness::{Etcd, Tmux, bin, free_port, run};
+use crate::harness::{Etcd, Tmux, bin, free_port, load_dataset, run};
 
 const P: &str = "cilium/state/identities/v1";
 
@@ -38,16 +38,7 @@ async fn fresh_sandbox(data: &generator::Generated, dir: &std::path::Path) -> Sa
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_anywhere_then_rerun_converges_to_the_uninterrupted_state() {
     let etcd = Etcd::start().await;
-    let data = generator::generate(&GenConfig {
-        identities: 300,
-        seed: 3,
-        nodes: 2,
-        ..Default::default()
-    })
-    .unwrap();
-    generator::load_etcd(&mut etcd.client().await.unwrap(), P, &data)
-        .await
-        .unwrap();
+    let data = load_dataset(&etcd, 300, 3, 2).await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let kc = d.join("kubeconfig").display().to_string();
@@ -151,16 +142,7 @@ async fn sigkill_anywhere_then_rerun_converges_to_the_uninterrupted_state() {
 #[tokio::test(flavor = "multi_thread")]
 async fn etcd_stopped_during_the_snapshot_read_writes_nothing() {
     let mut etcd = Etcd::start().await;
-    let data = generator::generate(&GenConfig {
-        identities: 4000,
-        seed: 4,
-        nodes: 0,
-        ..Default::default()
-    })
-    .unwrap();
-    generator::load_etcd(&mut etcd.client().await.unwrap(), P, &data)
-        .await
-        .unwrap();
+    let data = load_dataset(&etcd, 4000, 4, 0).await;
     let dir = tempfile::tempdir().unwrap();
     let sb = fresh_sandbox(&data, dir.path()).await;
     let kc = dir.path().join("kubeconfig").display().to_string();

@@ -9,7 +9,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cilium_idmig::engine::{self, ApplyOptions, StopFlag};
+use cilium_idmig::engine::{self, ApplyOptions, StopFlag, Watchers};
 use cilium_idmig::etcd_source::{EtcdConnection, EtcdOptions};
 use cilium_idmig::generator::{self, GenConfig};
 use cilium_idmig::k8s_target::K8sTarget;
@@ -217,10 +217,17 @@ async fn main() {
                     ..Default::default()
                 };
                 let t = Instant::now();
-                let report =
-                    engine::apply(&target, ops, false, &opts, None, None, StopFlag::default())
-                        .await
-                        .expect("apply");
+                let report = engine::apply(
+                    &target,
+                    ops,
+                    false,
+                    &opts,
+                    None,
+                    Watchers::default(),
+                    StopFlag::default(),
+                )
+                .await
+                .expect("apply");
                 let took = t.elapsed();
                 assert_eq!(report.count("created"), writes);
                 (took, sb)

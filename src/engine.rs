@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::decision_log::{DecisionLog, Record};
 use crate::error::Result;
@@ -119,10 +119,30 @@ pub enum EngineEvent {
         error: String,
         wait: Duration,
     },
-    Done(OpResult),
+    /// An item that failed or met a conflict, as it happens (progress goes to the watch).
+    Problem(OpResult),
     Stopping {
         reason: String,
     },
+}
+
+/// Who watches an apply: discrete events on a bounded channel, running totals on a watch.
+#[derive(Clone, Copy, Default)]
+pub struct Watchers<'a> {
+    pub events: Option<&'a mpsc::Sender<EngineEvent>>,
+    pub progress: Option<&'a watch::Sender<Progress>>,
+}
+
+/// Running totals of an apply, published on a `watch` channel: a watcher sees the latest
+/// figures without a message per identity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub total: usize,
+    pub writes: usize,
+    pub done: usize,
+    pub created: usize,
+    pub failed: usize,
+    pub retries: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -168,12 +188,19 @@ struct Ctx<'a> {
     opts: &'a ApplyOptions,
     limiter: RateLimiter,
     events: Option<&'a mpsc::Sender<EngineEvent>>,
+    progress: Option<&'a watch::Sender<Progress>>,
     stop: StopFlag,
     retries: AtomicU64,
     stop_reason: std::sync::Mutex<Option<String>>,
 }
 
 impl Ctx<'_> {
+    fn update(&self, f: impl FnOnce(&mut Progress)) {
+        if let Some(p) = self.progress {
+            p.send_modify(f);
+        }
+    }
+
     async fn emit(&self, e: EngineEvent) {
         if let Some(tx) = self.events {
             // A watcher that went away must not stop the apply.
@@ -206,7 +233,7 @@ pub async fn apply(
     create_crd: bool,
     opts: &ApplyOptions,
     log: Option<&DecisionLog>,
-    events: Option<&mpsc::Sender<EngineEvent>>,
+    watchers: Watchers<'_>,
     stop: StopFlag,
 ) -> Result<ApplyReport> {
     let started = Instant::now();
@@ -214,7 +241,8 @@ pub async fn apply(
         target,
         opts,
         limiter: RateLimiter::new(opts.qps, opts.burst),
-        events,
+        events: watchers.events,
+        progress: watchers.progress,
         stop,
         retries: AtomicU64::new(0),
         stop_reason: std::sync::Mutex::new(None),
@@ -228,11 +256,15 @@ pub async fn apply(
         report.crd_created = true;
         ctx.emit(EngineEvent::CrdEstablished).await;
     }
-    ctx.emit(EngineEvent::Started {
-        writes,
-        total: ops.len(),
-    })
-    .await;
+    let total = ops.len();
+    ctx.update(|p| {
+        *p = Progress {
+            total,
+            writes,
+            ..Progress::default()
+        }
+    });
+    ctx.emit(EngineEvent::Started { writes, total }).await;
 
     let ctx_ref = &ctx;
     let mut stream = futures::stream::iter(ops)
@@ -241,7 +273,20 @@ pub async fn apply(
             if let Some(log) = log {
                 log_outcome(log, &op, &result)?;
             }
-            ctx_ref.emit(EngineEvent::Done(result.clone())).await;
+            ctx_ref.update(|p| {
+                p.done += 1;
+                match result.outcome {
+                    Outcome::Created | Outcome::AlreadyExisted => p.created += 1,
+                    Outcome::Failed { .. } | Outcome::Conflict { .. } => p.failed += 1,
+                    _ => {}
+                }
+            });
+            if matches!(
+                result.outcome,
+                Outcome::Failed { .. } | Outcome::Conflict { .. }
+            ) {
+                ctx_ref.emit(EngineEvent::Problem(result.clone())).await;
+            }
             Ok::<_, crate::Error>(result)
         })
         .buffer_unordered(opts.concurrency.max(1));
@@ -420,6 +465,7 @@ async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, attempts: &mut u
 
 async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestError) {
     ctx.retries.fetch_add(1, Ordering::SeqCst);
+    ctx.update(|p| p.retries += 1);
     let wait = e
         .retry_after()
         .map(|d| d.min(ctx.opts.max_backoff))

@@ -10,7 +10,9 @@ use clap::{Args, Parser, Subcommand};
 use tokio::sync::mpsc;
 
 use cilium_idmig::decision_log::{self, DecisionLog};
-use cilium_idmig::engine::{ApplyOptions, ApplyReport, EngineEvent, StopFlag};
+use cilium_idmig::engine::{
+    ApplyOptions, ApplyReport, EngineEvent, Outcome, Progress, StopFlag, Watchers,
+};
 use cilium_idmig::etcd_source::EtcdOptions;
 use cilium_idmig::generator::{self, GenConfig};
 use cilium_idmig::k8s_target::{K8sOptions, K8sTarget};
@@ -488,37 +490,35 @@ async fn apply(
     let log = DecisionLog::open(&log_path)?;
     let stop = StopFlag::default();
     let (tx, mut rx) = mpsc::channel::<EngineEvent>(1024);
-    let progress = tokio::spawn(async move {
-        let mut done = 0usize;
-        let mut writes = 0usize;
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                EngineEvent::CrdCreating => {
-                    eprintln!("creating CRD ciliumidentities.cilium.io ...")
-                }
-                EngineEvent::CrdEstablished => eprintln!("CRD established"),
-                EngineEvent::Started { writes: w, total } => {
-                    writes = w;
-                    eprintln!("applying {total} items ({w} creates)");
-                }
-                EngineEvent::Stopping { reason } => eprintln!("stopping: {reason}"),
-                EngineEvent::Done(r) => {
-                    if let cilium_idmig::engine::Outcome::Failed { error }
-                    | cilium_idmig::engine::Outcome::Conflict { existing: error } = &r.outcome
-                    {
-                        eprintln!(
-                            "  {} -> {:?}: {}: {error}",
-                            r.id,
-                            r.target_id,
-                            r.outcome.as_str()
-                        );
+    let (progress_tx, mut progress_rx) = tokio::sync::watch::channel(Progress::default());
+    let printer = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(EngineEvent::CrdCreating) => eprintln!("creating CRD ciliumidentities.cilium.io ..."),
+                    Some(EngineEvent::CrdEstablished) => eprintln!("CRD established"),
+                    Some(EngineEvent::Started { writes, total }) => eprintln!("applying {total} items ({writes} creates)"),
+                    Some(EngineEvent::Stopping { reason }) => eprintln!("stopping: {reason}"),
+                    Some(EngineEvent::Problem(r)) => eprintln!(
+                        "  {} -> {}: {}: {}",
+                        r.id,
+                        r.target_id.map_or("-".to_string(), |t| t.to_string()),
+                        r.outcome.as_str(),
+                        match &r.outcome {
+                            Outcome::Failed { error } => error.as_str(),
+                            Outcome::Conflict { existing } => existing.as_str(),
+                            _ => "",
+                        }
+                    ),
+                    Some(EngineEvent::Retrying { .. }) => {}
+                    None => break,
+                },
+                Ok(()) = progress_rx.changed() => {
+                    let p = *progress_rx.borrow_and_update();
+                    if p.writes > 0 && p.done > 0 && p.done.is_multiple_of(5000) {
+                        eprintln!("  {} of {} done", p.done, p.total);
                     }
-                    done += 1;
-                    if writes > 0 && done.is_multiple_of(5000) {
-                        eprintln!("  {done} done");
-                    }
                 }
-                EngineEvent::Retrying { .. } => {}
             }
         }
     });
@@ -529,9 +529,13 @@ async fn apply(
             ctrlc_stop.stop();
         }
     });
-    let run = session::apply(kv, target, range, req, &log, Some(&tx), stop).await;
+    let watchers = Watchers {
+        events: Some(&tx),
+        progress: Some(&progress_tx),
+    };
+    let run = session::apply(kv, target, range, req, &log, watchers, stop).await;
     drop(tx);
-    let _ = progress.await;
+    let _ = printer.await;
     ctrlc.abort();
     let run = run?;
     print_report(&run.report, json)?;
@@ -661,7 +665,7 @@ async fn interactive(
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = std::sync::Arc::new(DecisionLog::open(&log_path)?);
-    let (requests, events) = cilium_idmig::service::spawn(cilium_idmig::service::ServiceConfig {
+    let handle = cilium_idmig::service::spawn(cilium_idmig::service::ServiceConfig {
         kv,
         target,
         cluster_id,
@@ -670,7 +674,7 @@ async fn interactive(
         apply,
     });
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    cilium_idmig::tui::run(range, no_color, requests, events).await?;
+    cilium_idmig::tui::run(range, no_color, handle).await?;
     println!("decision log: {}", log_path.display());
     Ok(Exit::Ok)
 }

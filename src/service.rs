@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::decision_log::{DecisionLog, Record};
-use crate::engine::{ApplyOptions, ApplyReport, EngineEvent, StopFlag};
+use crate::engine::{ApplyOptions, ApplyReport, EngineEvent, Progress, StopFlag, Watchers};
 use crate::error::{Error, Result};
 use crate::etcd_source::{Drift, EtcdConnection};
 use crate::identity::{CRD_NAME, GROUP, PLURAL};
@@ -136,15 +136,33 @@ impl Event {
 }
 
 /// Starts the service; it ends when the request sender is dropped.
-pub fn spawn(cfg: ServiceConfig) -> (mpsc::Sender<Request>, mpsc::Receiver<Event>) {
-    let (req_tx, req_rx) = mpsc::channel(64);
-    let (ev_tx, ev_rx) = mpsc::channel(1024);
-    tokio::spawn(run(Arc::new(cfg), req_rx, ev_tx));
-    (req_tx, ev_rx)
+/// The service's channels: requests in, events out (both bounded), commit progress on a watch.
+pub struct Handle {
+    pub requests: mpsc::Sender<Request>,
+    pub events: mpsc::Receiver<Event>,
+    pub progress: watch::Receiver<Progress>,
 }
 
-async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc::Sender<Event>) {
-    let stop = StopFlag::default();
+pub fn spawn(cfg: ServiceConfig) -> Handle {
+    let (req_tx, req_rx) = mpsc::channel(64);
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let (progress_tx, progress_rx) = watch::channel(Progress::default());
+    tokio::spawn(run(Arc::new(cfg), req_rx, ev_tx, Arc::new(progress_tx)));
+    Handle {
+        requests: req_tx,
+        events: ev_rx,
+        progress: progress_rx,
+    }
+}
+
+async fn run(
+    cfg: Arc<ServiceConfig>,
+    mut rx: mpsc::Receiver<Request>,
+    tx: mpsc::Sender<Event>,
+    progress: Arc<watch::Sender<Progress>>,
+) {
+    // A fresh stop switch per commit, so a retry after a stop can write again.
+    let mut stop = StopFlag::default();
     let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
     while let Some(req) = rx.recv().await {
         match req {
@@ -205,10 +223,11 @@ async fn run(cfg: Arc<ServiceConfig>, mut rx: mpsc::Receiver<Request>, tx: mpsc:
                 }
             }
             Request::Commit { generation, items } => {
-                let (cfg, tx) = (cfg.clone(), tx.clone());
+                let (cfg, tx, progress) = (cfg.clone(), tx.clone(), progress.clone());
+                stop = StopFlag::default();
                 let stop = stop.clone();
                 tokio::spawn(async move {
-                    let ev = match commit(&cfg, items, &tx, stop).await {
+                    let ev = match commit(&cfg, items, &tx, &progress, stop).await {
                         Ok((report, verify)) => Event::Committed {
                             generation,
                             report,
@@ -238,6 +257,7 @@ async fn commit(
     cfg: &ServiceConfig,
     items: Vec<PlanItem>,
     tx: &mpsc::Sender<Event>,
+    progress: &watch::Sender<Progress>,
     stop: StopFlag,
 ) -> Result<(ApplyReport, Option<VerifyReport>)> {
     let (apply_tx, mut apply_rx) = mpsc::channel(1024);
@@ -274,7 +294,10 @@ async fn commit(
         cfg.range,
         &req,
         &cfg.log,
-        Some(&apply_tx),
+        Watchers {
+            events: Some(&apply_tx),
+            progress: Some(progress),
+        },
         stop,
     )
     .await;

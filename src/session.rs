@@ -4,10 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use tokio::sync::mpsc;
-
 use crate::decision_log::DecisionLog;
-use crate::engine::{self, ApplyOptions, ApplyReport, EngineEvent, StopFlag};
+use crate::engine::{self, ApplyOptions, ApplyReport, StopFlag, Watchers};
 use crate::error::{Error, Result};
 use crate::etcd_source::{self, EtcdOptions};
 use crate::k8s_target::{K8sSnapshot, K8sTarget};
@@ -141,7 +139,7 @@ pub async fn apply(
     range: IdRange,
     req: &ApplyRequest,
     log: &DecisionLog,
-    events: Option<&mpsc::Sender<EngineEvent>>,
+    watchers: Watchers<'_>,
     stop: StopFlag,
 ) -> Result<ApplyRun> {
     if let Some(plan) = &req.plan {
@@ -199,7 +197,7 @@ pub async fn apply(
         !scan.k8s.crd_present,
         &req.options,
         Some(log),
-        events,
+        watchers,
         stop,
     )
     .await?;

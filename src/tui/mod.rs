@@ -22,11 +22,10 @@ use futures::StreamExt;
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::range::IdRange;
-use crate::service::{Event, Request};
+use crate::service::Handle;
 use model::Model;
 use update::{Command, Msg};
 
@@ -69,13 +68,13 @@ impl Drop for TerminalGuard {
     }
 }
 
-/// Runs the TUI until the operator quits. `requests`/`events` are the engine service's channels.
-pub async fn run(
-    range: IdRange,
-    no_color: bool,
-    requests: mpsc::Sender<Request>,
-    mut events: mpsc::Receiver<Event>,
-) -> Result<()> {
+/// Runs the TUI until the operator quits, over the engine service's channels.
+pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
+    let Handle {
+        requests,
+        mut events,
+        mut progress,
+    } = handle;
     let mut sigterm = signal(SignalKind::terminate()).map_err(term_err)?;
     let mut sighup = signal(SignalKind::hangup()).map_err(term_err)?;
     let (_guard, mut terminal) = TerminalGuard::enter()?;
@@ -112,6 +111,7 @@ pub async fn run(
                 None => return Ok(()),
             },
             Some(ev) = events.recv() => Msg::Engine(ev),
+            Ok(()) = progress.changed() => Msg::Progress(*progress.borrow_and_update()),
             _ = tick.tick() => Msg::Tick { now: Instant::now() },
             _ = sigterm.recv() => Msg::Signal,
             _ = sighup.recv() => Msg::Signal,

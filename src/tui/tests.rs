@@ -10,7 +10,7 @@ use ratatui::backend::TestBackend;
 
 use super::model::{CommitPhase, Modal, Model, Screen};
 use super::update::{Command, Msg, init, merge_decisions, update};
-use crate::engine::{ApplyReport, EngineEvent, OpResult, Outcome};
+use crate::engine::{ApplyReport, EngineEvent, OpResult, Outcome, Progress};
 use crate::kvstore::{MasterEntry, SourceInfo};
 use crate::labels::parse_label_key;
 use crate::planner::{Action, Kind, plan};
@@ -287,16 +287,18 @@ fn progress_signal_and_stale_commit_results() {
     );
     update(
         &mut m,
-        Msg::Engine(Event::Apply(EngineEvent::Done(OpResult {
-            id: "301".into(),
-            target_id: Some(301),
-            outcome: Outcome::Created,
-            attempts: 1,
-        }))),
+        Msg::Progress(Progress {
+            total: 7,
+            writes: 4,
+            done: 2,
+            created: 1,
+            failed: 1,
+            retries: 3,
+        }),
     );
     update(
         &mut m,
-        Msg::Engine(Event::Apply(EngineEvent::Done(OpResult {
+        Msg::Engine(Event::Apply(EngineEvent::Problem(OpResult {
             id: "304".into(),
             target_id: Some(304),
             outcome: Outcome::Failed {
@@ -305,6 +307,7 @@ fn progress_signal_and_stale_commit_results() {
             attempts: 8,
         }))),
     );
+    assert_eq!(m.commit.retries, 3);
     assert_eq!(
         (m.commit.done, m.commit.created, m.commit.failures.len()),
         (2, 1, 1)
@@ -336,6 +339,28 @@ fn progress_signal_and_stale_commit_results() {
     );
     assert!(m.quit);
     assert_eq!(m.commit.phase, CommitPhase::Done);
+}
+
+#[test]
+fn drift_is_shown_and_a_compaction_rescans() {
+    let mut m = scanned_model();
+    update(
+        &mut m,
+        Msg::Engine(Event::Drift {
+            added: 2,
+            removed: 1,
+        }),
+    );
+    assert_eq!(m.drift, (2, 1));
+    assert!(render(&m).contains("drift since scan: +2 -1"));
+    let cmds = update(&mut m, Msg::Engine(Event::DriftCompacted { generation: 0 }));
+    assert!(matches!(
+        cmds[..],
+        [Command::Send(Request::Scan { generation: 2 })]
+    ));
+    assert!(m.scanning);
+    update(&mut m, Msg::Engine(scan_event(2)));
+    assert_eq!(m.drift, (0, 0), "a fresh snapshot clears the drift");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEventKind};
 use super::keys::{Action, action_for};
 use super::model::{CommitPhase, CommitState, Modal, Model, Screen};
 use crate::decision_log::Record;
-use crate::engine::{EngineEvent, Outcome};
+use crate::engine::{EngineEvent, Outcome, Progress};
 use crate::planner::{Action as PlanAction, Kind, PlanItem, validate_new_target};
 use crate::service::{Event, Request};
 
@@ -26,6 +26,8 @@ pub enum Msg {
         now: Instant,
     },
     Engine(Event),
+    /// The running commit's totals (from the engine's watch channel).
+    Progress(Progress),
     /// SIGTERM or SIGHUP (a dropped SSH session): behave like Ctrl-C.
     Signal,
 }
@@ -70,6 +72,14 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
             vec![]
         }
         Msg::Engine(ev) => on_engine(model, ev),
+        Msg::Progress(p) => {
+            let c = &mut model.commit;
+            if matches!(c.phase, CommitPhase::Running | CommitPhase::Stopping) {
+                (c.total, c.writes, c.done, c.created, c.retries) =
+                    (p.total, p.writes, p.done, p.created, p.retries);
+            }
+            vec![]
+        }
         Msg::Signal => stop_or_quit(model),
     }
 }
@@ -209,19 +219,16 @@ fn on_apply(c: &mut CommitState, ev: EngineEvent) {
             c.writes = writes;
             c.total = total;
         }
-        EngineEvent::Retrying { .. } => c.retries += 1,
+        // Totals arrive on the progress watch; events carry what needs a line of its own.
+        EngineEvent::Retrying { .. } => {}
         EngineEvent::Stopping { reason } => c.stop_reason = Some(reason),
-        EngineEvent::Done(r) => {
-            c.done += 1;
-            match &r.outcome {
-                Outcome::Created | Outcome::AlreadyExisted => c.created += 1,
-                Outcome::Failed { error } => c.failures.push((r.id.clone(), error.clone())),
-                Outcome::Conflict { existing } => c
-                    .failures
-                    .push((r.id.clone(), format!("conflict: {existing}"))),
-                _ => {}
-            }
-        }
+        EngineEvent::Problem(r) => match &r.outcome {
+            Outcome::Failed { error } => c.failures.push((r.id.clone(), error.clone())),
+            Outcome::Conflict { existing } => c
+                .failures
+                .push((r.id.clone(), format!("conflict: {existing}"))),
+            _ => {}
+        },
     }
 }
 

@@ -53,7 +53,11 @@ async fn preflight_scan_drift_commit_and_export() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(DecisionLog::open(&dir.path().join("log.jsonl")).unwrap());
-    let (tx, mut rx) = service::spawn(ServiceConfig {
+    let service::Handle {
+        requests: tx,
+        events: mut rx,
+        progress,
+    } = service::spawn(ServiceConfig {
         kv: KvSource::Etcd(opts(&etcd)),
         target: K8sTarget::from_url(&sb.url()).unwrap(),
         cluster_id: 0,
@@ -139,6 +143,8 @@ async fn preflight_scan_drift_commit_and_export() {
 
     // Commit what was scanned; the CRD is created first. 300 is gone from the kvstore now
     // and is left alone; 302 appeared after the scan and is not in the decisions.
+    // A stop left over from an earlier commit does not stop the next one.
+    tx.send(Request::Stop).await.unwrap();
     tx.send(Request::Commit {
         generation: 1,
         items: scan.items.clone(),
@@ -158,6 +164,9 @@ async fn preflight_scan_drift_commit_and_export() {
         panic!("{ev:?}")
     };
     assert!(report.crd_created);
+    // The progress watch holds the final totals.
+    let p = *progress.borrow();
+    assert_eq!((p.total, p.writes, p.done, p.created), (1, 1, 1, 1));
     assert_eq!(report.count("created"), 1);
     let verify = verify.unwrap();
     assert_eq!(

@@ -2,7 +2,8 @@
 //! read (real etcd), Kubernetes list (sandbox), plan, apply against 1 ms of injected latency
 //! (defaults versus one request at a time), TUI frame and filter, peak RSS of `plan`, and a
 //! rerun after a finished migration. `cargo bench` runs it; `IDMIG_BENCH_SIZES=1000,10000`
-//! picks sizes, `IDMIG_BENCH_NODES` the nodes per identity, `IDMIG_BENCH_SEQ_MAX` the largest
+//! picks sizes, `IDMIG_BENCH_NODES` the nodes per identity (`IDMIG_BENCH_ALL_NODES=1`: every identity on
+//! every node), `IDMIG_BENCH_SEQ_MAX` the largest
 //! size that runs the sequential baseline, and `IDMIG_BENCH_HOLD=1` keeps each size's etcd and
 //! API server up for profiling `plan` by hand. Prints a Markdown report.
 
@@ -133,6 +134,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let every_node = std::env::var_os("IDMIG_BENCH_ALL_NODES").is_some();
     let skip_seq_above: usize = std::env::var("IDMIG_BENCH_SEQ_MAX")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -148,6 +150,7 @@ async fn main() {
             identities: n,
             nodes,
             seed: n as u64,
+            every_node,
             ..Default::default()
         })
         .expect("generate");

@@ -23,6 +23,8 @@ pub struct GenConfig {
     pub reuse: f64,
     pub duplicate: f64,
     pub invalid: f64,
+    /// Every valid identity is used by exactly `nodes` nodes (otherwise 0 to `nodes`).
+    pub every_node: bool,
 }
 
 impl Default for GenConfig {
@@ -37,6 +39,7 @@ impl Default for GenConfig {
             reuse: 0.05,
             duplicate: 0.05,
             invalid: 0.05,
+            every_node: false,
         }
     }
 }
@@ -215,7 +218,9 @@ pub fn generate(cfg: &GenConfig) -> Result<Generated> {
             create_anchor = Some(labels.clone());
         }
         let key = encode_label_key(&labels);
-        let nodes = if cfg.nodes == 0 {
+        let nodes = if cfg.every_node {
+            cfg.nodes
+        } else if cfg.nodes == 0 {
             0
         } else {
             rng.below(u64::from(cfg.nodes) + 1) as u32

@@ -12,7 +12,7 @@ use crate::decision_log::{DecisionLog, Record};
 use crate::engine::{ApplyOptions, ApplyReport, EngineEvent, Progress, StopFlag, Watchers};
 use crate::error::{Error, Result};
 use crate::etcd_source::{Drift, EtcdConnection};
-use crate::identity::{CRD_NAME, GROUP, PLURAL};
+use crate::identity::CRD_NAME;
 use crate::k8s_target::K8sTarget;
 use crate::kvstore::SourceInfo;
 use crate::labels::LabelKey;
@@ -363,6 +363,36 @@ async fn watch_drift(
     }
 }
 
+/// `(verb, group, resource)` for every rule of `assets/clusterrole.yaml`.
+pub fn required_rules() -> Vec<(String, String, String)> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Rule {
+        api_groups: Vec<String>,
+        resources: Vec<String>,
+        verbs: Vec<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Role {
+        rules: Vec<Rule>,
+    }
+    let role: Role = match serde_yaml::from_str(crate::identity::CLUSTER_ROLE_YAML) {
+        Ok(r) => r,
+        Err(_) => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for rule in role.rules {
+        for group in &rule.api_groups {
+            for resource in &rule.resources {
+                for verb in &rule.verbs {
+                    out.push((verb.clone(), group.clone(), resource.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
 async fn preflight(cfg: &ServiceConfig) -> PreflightReport {
     let mut r = PreflightReport {
         server: cfg.target.server.clone(),
@@ -430,21 +460,15 @@ async fn preflight(cfg: &ServiceConfig) -> PreflightReport {
             fix: None,
         }),
     }
-    let mut wanted: Vec<(&str, &str, &str)> = vec![
-        ("list", GROUP, PLURAL),
-        ("get", GROUP, PLURAL),
-        ("create", GROUP, PLURAL),
-    ];
-    if !r.crd_present {
-        wanted.push((
-            "create",
-            "apiextensions.k8s.io",
-            "customresourcedefinitions",
-        ));
-    }
+    // Exactly the rules of the ClusterRole we ship; the CRD rule only while the CRD is missing.
+    let wanted: Vec<(String, String, String)> = required_rules()
+        .into_iter()
+        .filter(|(_, _, resource)| resource != "selfsubjectaccessreviews")
+        .filter(|(_, _, resource)| !(r.crd_present && resource == "customresourcedefinitions"))
+        .collect();
     for (verb, group, resource) in wanted {
         let name = format!("RBAC: {verb} {resource}.{group}");
-        match cfg.target.can_i(verb, group, resource).await {
+        match cfg.target.can_i(&verb, &group, &resource).await {
             Ok(true) => r.checks.push(Check { name, ok: true, detail: "allowed".into(), fix: None }),
             Ok(false) => r.checks.push(Check {
                 name,
@@ -521,4 +545,46 @@ pub fn summary_markdown(cfg: &ServiceConfig, items: &[PlanItem]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_cluster_role_grants_exactly_what_the_tool_uses() {
+        let rules = super::required_rules();
+        let has =
+            |v: &str, g: &str, r: &str| rules.iter().any(|x| x == &(v.into(), g.into(), r.into()));
+        for verb in ["list", "get", "create"] {
+            assert!(has(verb, "cilium.io", "ciliumidentities"), "{verb}");
+        }
+        assert!(has(
+            "create",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions"
+        ));
+        assert!(has(
+            "get",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions"
+        ));
+        assert!(has(
+            "create",
+            "authorization.k8s.io",
+            "selfsubjectaccessreviews"
+        ));
+        for never in [
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+            "watch",
+            "*",
+        ] {
+            assert!(
+                !rules.iter().any(|(v, _, _)| v == never),
+                "the role must not grant {never}"
+            );
+        }
+        assert_eq!(rules.len(), 6);
+    }
 }

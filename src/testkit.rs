@@ -70,6 +70,8 @@ impl Etcd {
             .arg(format!("--listen-peer-urls={peer_url}"))
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=test={peer_url}"))
+            // Room for the millions of value/ keys of the largest benchmark.
+            .arg("--quota-backend-bytes=8589934592")
             .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap());

@@ -315,6 +315,12 @@ pub async fn apply(
         report.stopped = Some("stopped by the operator".into());
     }
     report.elapsed_ms = started.elapsed().as_millis();
+    tracing::info!(
+        items = report.results.len(),
+        retries = report.retries,
+        elapsed_ms = report.elapsed_ms as u64,
+        "apply finished"
+    );
     Ok(report)
 }
 

@@ -156,7 +156,9 @@ pub async fn apply(
             )));
         }
     }
-    let scan = scan(kv, target, range).await?;
+    // Node counts inform the operator, not the writes: apply skips that pass.
+    let scan = scan_without_counts(kv, target, range).await?;
+    tracing::info!(identities = scan.items.len(), "scanned both sides");
     if let Some(plan) = &req.plan
         && plan.source.prefix != scan.kv.source.prefix
     {
@@ -190,6 +192,7 @@ pub async fn apply(
             shown.join("\n")
         ))
     })?;
+    tracing::info!(ops = reconciled.ops.len(), "decisions re-validated");
     engine::log_decisions(log, &reconciled.ops)?;
     let report = engine::apply(
         target,
@@ -211,7 +214,7 @@ pub async fn verify(
     range: IdRange,
     mappings: &BTreeMap<String, Option<u32>>,
 ) -> Result<VerifyReport> {
-    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(LIST_PAGE))?;
+    let (kv, k8s) = tokio::try_join!(kv.read_masters(), target.list_identities(LIST_PAGE))?;
     Ok(verify::verify(
         &kv.masters,
         &k8s.identities,

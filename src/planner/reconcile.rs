@@ -30,7 +30,6 @@ pub struct Op {
     pub kind: Kind,
     pub op: OpKind,
     pub target_id: Option<u32>,
-    pub nodes: u32,
     /// How the decision was reached: `proposal`, `accept-proposals`, `operator`, `rule`.
     pub decided_by: &'static str,
 }
@@ -164,7 +163,6 @@ fn decide(
         kind: l.kind,
         op: OpKind::Skip,
         target_id: None,
-        nodes: l.nodes,
         decided_by: "rule",
     };
     if l.kind == Kind::Invalid {

@@ -211,6 +211,20 @@ impl K8sTarget {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(StatusCode, Value), RequestError> {
+        let (status, bytes) = self.send_raw(method, path, body).await?;
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// Sends one request; a success body comes back unparsed (a create does not need it).
+    async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, bytes::Bytes), RequestError> {
         let mut builder = Request::builder()
             .method(method)
             .uri(path)
@@ -243,10 +257,10 @@ impl K8sTarget {
             .await
             .map_err(|e| RequestError::Transport(format!("reading response: {e}")))?
             .to_bytes();
-        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if status.is_success() {
-            return Ok((status, value));
+            return Ok((status, body));
         }
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         // A Status body when there is one; the plain text otherwise (e.g. "404 page not found"
         // while a new CRD is not yet established).
         let plain = value.get("kind").and_then(Value::as_str) != Some("Status");
@@ -459,7 +473,7 @@ impl K8sTarget {
         id: u32,
         labels: &SecurityLabels,
     ) -> Result<(), RequestError> {
-        self.send(
+        self.send_raw(
             Method::POST,
             &collection_path(),
             Some(&identity_object(id, labels)),

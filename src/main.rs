@@ -18,8 +18,8 @@ use cilium_idmig::generator::{self, GenConfig};
 use cilium_idmig::k8s_target::{K8sOptions, K8sTarget};
 use cilium_idmig::kvstore::{DEFAULT_PREFIX, KvSnapshot, SourceInfo};
 use cilium_idmig::plan_file::PlanFile;
-use cilium_idmig::planner::Kind;
 use cilium_idmig::range::IdRange;
+use cilium_idmig::report;
 use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
 use cilium_idmig::session::{self, ApplyRequest, KvSource};
 use cilium_idmig::verify::VerifyReport;
@@ -437,45 +437,7 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
 }
 
 fn print_plan_summary(plan: &PlanFile) {
-    println!(
-        "kvstore: {} (prefix {}, revision {})",
-        plan.source.endpoints.join(","),
-        plan.source.prefix,
-        plan.source.revision
-    );
-    println!(
-        "kubernetes: {} (context {})",
-        plan.target.server,
-        plan.target.context.as_deref().unwrap_or("-")
-    );
-    println!("cluster id {}, range {}", plan.cluster_id, plan.range);
-    if plan.crd.create {
-        println!(
-            "CRD ciliumidentities.cilium.io is missing: apply creates it first and waits until it is Established"
-        );
-    }
-    for kind in Kind::ALL {
-        let n = plan.summary.get(kind.as_str()).copied().unwrap_or(0);
-        let note = match kind {
-            Kind::AlreadyMigrated => "nothing to do",
-            Kind::Create => "create with the same id",
-            Kind::Remap => "create at a new id (needs a decision)",
-            Kind::Reuse => "map to the id that already has the labels",
-            Kind::Duplicate => "create anyway (needs a decision)",
-            Kind::Invalid => "never written",
-        };
-        println!("  {:<17} {n:>6}   {note}", kind.as_str());
-    }
-    let unused = plan
-        .items
-        .iter()
-        .filter(|i| i.kind != Kind::Invalid && i.nodes == 0)
-        .count();
-    if unused > 0 {
-        println!(
-            "  {unused} valid identities are used by no node (no value/ keys): candidates for Cilium's garbage collection"
-        );
-    }
+    print!("{}", report::plan_summary(plan));
 }
 
 async fn apply(
@@ -556,62 +518,18 @@ async fn apply(
 }
 
 fn print_report(r: &ApplyReport, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-        return Ok(());
-    }
-    println!(
-        "created {}, already existed {}, already migrated {}, mapped {}, skipped {}, conflicts {}, failed {}, not attempted {}; {} retries; {} ms",
-        r.count("created"),
-        r.count("already-existed"),
-        r.count("already-migrated"),
-        r.count("mapped"),
-        r.count("skipped"),
-        r.count("conflict"),
-        r.count("failed"),
-        r.count("not-attempted"),
-        r.retries,
-        r.elapsed_ms
-    );
-    if r.crd_created {
-        println!("created CRD ciliumidentities.cilium.io");
-    }
-    if let Some(s) = &r.stopped {
-        println!("stopped: {s}; rerun the same command to finish");
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(r)?),
+        false => print!("{}", report::apply_summary(r)),
     }
     Ok(())
 }
 
 fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-        return Ok(());
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(r)?),
+        false => print!("{}", report::verify_summary(r)),
     }
-    for p in &r.problems {
-        let at = p.expected_at.map_or("-".to_string(), |t| t.to_string());
-        match &p.found_labels {
-            Some(found) => println!(
-                "{:<10} id {} expected at {at}: {}  (found {found})",
-                format!("{:?}", p.problem).to_lowercase(),
-                p.id,
-                p.labels
-            ),
-            None => println!(
-                "{:<10} id {} expected at {at}: {}",
-                format!("{:?}", p.problem).to_lowercase(),
-                p.id,
-                p.labels
-            ),
-        }
-    }
-    println!(
-        "verified {} identities: {} ok ({} via a recorded mapping), {} problems; {} invalid kvstore entries not checked",
-        r.checked,
-        r.ok,
-        r.mapped,
-        r.problems.len(),
-        r.invalid_ignored
-    );
     Ok(())
 }
 

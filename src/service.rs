@@ -12,7 +12,6 @@ use crate::decision_log::{DecisionLog, Record};
 use crate::engine::{ApplyOptions, ApplyReport, EngineEvent, Progress, StopFlag, Watchers};
 use crate::error::{Error, Result};
 use crate::etcd_source::{Drift, EtcdConnection};
-use crate::identity::CRD_NAME;
 use crate::k8s_target::K8sTarget;
 use crate::kvstore::SourceInfo;
 use crate::labels::LabelKey;
@@ -21,6 +20,8 @@ use crate::planner::{Kind, PlanItem};
 use crate::range::IdRange;
 use crate::session::{self, ApplyRequest, KvSource};
 use crate::verify::VerifyReport;
+
+pub use crate::preflight::{Check, PreflightReport};
 
 /// What the service needs to run.
 pub struct ServiceConfig {
@@ -53,28 +54,6 @@ pub enum Request {
         path: PathBuf,
         items: Vec<PlanItem>,
     },
-}
-
-/// One preflight check, worded for the operator.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-    /// How to fix it, when it failed.
-    pub fix: Option<String>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct PreflightReport {
-    pub etcd: String,
-    pub server: String,
-    pub context: String,
-    pub version: String,
-    pub crd_present: bool,
-    pub cluster_id: u32,
-    pub range: Option<IdRange>,
-    pub checks: Vec<Check>,
 }
 
 /// A finished scan: everything the front end shows, as plain data.
@@ -169,7 +148,12 @@ async fn run(
             Request::Preflight => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let _ = tx.send(Event::Preflight(preflight(&cfg).await)).await;
+                    let _ = tx
+                        .send(Event::Preflight(
+                            crate::preflight::run(&cfg.kv, &cfg.target, cfg.cluster_id, cfg.range)
+                                .await,
+                        ))
+                        .await;
                 });
             }
             Request::Scan { generation } => {
@@ -363,125 +347,6 @@ async fn watch_drift(
     }
 }
 
-/// `(verb, group, resource)` for every rule of `assets/clusterrole.yaml`.
-pub fn required_rules() -> Vec<(String, String, String)> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Rule {
-        api_groups: Vec<String>,
-        resources: Vec<String>,
-        verbs: Vec<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Role {
-        rules: Vec<Rule>,
-    }
-    let role: Role = match serde_yaml::from_str(crate::identity::CLUSTER_ROLE_YAML) {
-        Ok(r) => r,
-        Err(_) => return Vec::new(),
-    };
-    let mut out = Vec::new();
-    for rule in role.rules {
-        for group in &rule.api_groups {
-            for resource in &rule.resources {
-                for verb in &rule.verbs {
-                    out.push((verb.clone(), group.clone(), resource.clone()));
-                }
-            }
-        }
-    }
-    out
-}
-
-async fn preflight(cfg: &ServiceConfig) -> PreflightReport {
-    let mut r = PreflightReport {
-        server: cfg.target.server.clone(),
-        context: cfg.target.context.clone().unwrap_or_else(|| "-".into()),
-        cluster_id: cfg.cluster_id,
-        range: Some(cfg.range),
-        ..Default::default()
-    };
-    r.etcd = match &cfg.kv {
-        KvSource::Etcd(o) => o.endpoints.join(","),
-        KvSource::Memory(s) => s.source.endpoints.join(","),
-    };
-    match cfg.kv.read().await {
-        Ok(s) => r.checks.push(Check {
-            name: "kvstore readable".into(),
-            ok: true,
-            detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
-            fix: None,
-        }),
-        Err(e) => r.checks.push(Check {
-            name: "kvstore readable".into(),
-            ok: false,
-            detail: e.to_string(),
-            fix: Some("check --etcd-endpoints / --etcd-config, the CA and client certificate, and that etcd is up".into()),
-        }),
-    }
-    match cfg.target.server_version().await {
-        Ok(v) => {
-            r.version = v.clone();
-            r.checks.push(Check {
-                name: "API server reachable".into(),
-                ok: true,
-                detail: v,
-                fix: None,
-            });
-        }
-        Err(e) => {
-            r.checks.push(Check {
-                name: "API server reachable".into(),
-                ok: false,
-                detail: e.to_string(),
-                fix: Some("check --kubeconfig / --context and that the API server is up".into()),
-            });
-            return r;
-        }
-    }
-    match cfg.target.crd_state().await {
-        Ok(state) => {
-            r.crd_present = state != crate::k8s_target::CrdState::Missing;
-            r.checks.push(Check {
-                name: format!("CRD {CRD_NAME}"),
-                ok: true,
-                detail: if r.crd_present {
-                    "installed".into()
-                } else {
-                    "missing: commit creates it first".into()
-                },
-                fix: None,
-            });
-        }
-        Err(e) => r.checks.push(Check {
-            name: format!("CRD {CRD_NAME}"),
-            ok: false,
-            detail: e.to_string(),
-            fix: None,
-        }),
-    }
-    // Exactly the rules of the ClusterRole we ship; the CRD rule only while the CRD is missing.
-    let wanted: Vec<(String, String, String)> = required_rules()
-        .into_iter()
-        .filter(|(_, _, resource)| resource != "selfsubjectaccessreviews")
-        .filter(|(_, _, resource)| !(r.crd_present && resource == "customresourcedefinitions"))
-        .collect();
-    for (verb, group, resource) in wanted {
-        let name = format!("RBAC: {verb} {resource}.{group}");
-        match cfg.target.can_i(&verb, &group, &resource).await {
-            Ok(true) => r.checks.push(Check { name, ok: true, detail: "allowed".into(), fix: None }),
-            Ok(false) => r.checks.push(Check {
-                name,
-                ok: false,
-                detail: "denied".into(),
-                fix: Some(format!("bind the ClusterRole in assets/clusterrole.yaml (it grants {verb} on {resource}.{group})")),
-            }),
-            Err(e) => r.checks.push(Check { name, ok: false, detail: e.to_string(), fix: None }),
-        }
-    }
-    r
-}
-
 fn export(cfg: &ServiceConfig, path: &std::path::Path, items: &[PlanItem]) -> Result<Vec<PathBuf>> {
     let log_out = path.with_extension("jsonl");
     let md_out = path.with_extension("md");
@@ -545,46 +410,4 @@ pub fn summary_markdown(cfg: &ServiceConfig, items: &[PlanItem]) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_shipped_cluster_role_grants_exactly_what_the_tool_uses() {
-        let rules = super::required_rules();
-        let has =
-            |v: &str, g: &str, r: &str| rules.iter().any(|x| x == &(v.into(), g.into(), r.into()));
-        for verb in ["list", "get", "create"] {
-            assert!(has(verb, "cilium.io", "ciliumidentities"), "{verb}");
-        }
-        assert!(has(
-            "create",
-            "apiextensions.k8s.io",
-            "customresourcedefinitions"
-        ));
-        assert!(has(
-            "get",
-            "apiextensions.k8s.io",
-            "customresourcedefinitions"
-        ));
-        assert!(has(
-            "create",
-            "authorization.k8s.io",
-            "selfsubjectaccessreviews"
-        ));
-        for never in [
-            "update",
-            "patch",
-            "delete",
-            "deletecollection",
-            "watch",
-            "*",
-        ] {
-            assert!(
-                !rules.iter().any(|(v, _, _)| v == never),
-                "the role must not grant {never}"
-            );
-        }
-        assert_eq!(rules.len(), 6);
-    }
 }

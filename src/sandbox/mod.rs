@@ -4,6 +4,7 @@
 //! Tests and `cilium-idmig demo` run against it exactly as against a real cluster.
 
 mod faults;
+mod list_watch;
 mod selector;
 mod server;
 mod store;

@@ -501,12 +501,12 @@ async fn apply(
     ctrlc.abort();
     let run = run?;
     print_report(&run.report, json)?;
-    for id in &run.reconciled.not_in_plan {
+    for id in &run.not_in_plan {
         println!(
             "note: kvstore identity {id} appeared after the plan was made; left alone (make a new plan)"
         );
     }
-    for id in &run.reconciled.gone_from_kvstore {
+    for id in &run.gone_from_kvstore {
         println!("note: plan item {id} is no longer in the kvstore; left alone");
     }
     println!("decision log: {}", log.path().display());

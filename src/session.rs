@@ -127,7 +127,10 @@ pub struct ApplyRequest {
 }
 
 pub struct ApplyRun {
-    pub reconciled: planner::Reconciled,
+    /// Kvstore identities that appeared after the plan was made: left alone.
+    pub not_in_plan: Vec<String>,
+    /// Plan items no longer in the kvstore: left alone.
+    pub gone_from_kvstore: Vec<String>,
     pub report: ApplyReport,
 }
 
@@ -192,11 +195,16 @@ pub async fn apply(
             shown.join("\n")
         ))
     })?;
-    tracing::info!(ops = reconciled.ops.len(), "decisions re-validated");
-    engine::log_decisions(log, &reconciled.ops)?;
+    let planner::Reconciled {
+        ops,
+        not_in_plan,
+        gone_from_kvstore,
+    } = reconciled;
+    tracing::info!(ops = ops.len(), "decisions re-validated");
+    engine::log_decisions(log, &ops)?;
     let report = engine::apply(
         target,
-        reconciled.ops.clone(),
+        ops,
         !scan.k8s.crd_present,
         &req.options,
         Some(log),
@@ -204,7 +212,11 @@ pub async fn apply(
         stop,
     )
     .await?;
-    Ok(ApplyRun { reconciled, report })
+    Ok(ApplyRun {
+        not_in_plan,
+        gone_from_kvstore,
+        report,
+    })
 }
 
 /// Verifies the migration; `mappings` come from a decision log (empty: every identity at its own id).

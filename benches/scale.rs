@@ -115,6 +115,7 @@ struct Row {
     plan_rss_kib: i64,
     plan_wall: Duration,
     rerun_wall: Duration,
+    reads_after: Duration,
     rerun_posts: u64,
 }
 
@@ -310,6 +311,10 @@ async fn main() {
         );
         assert!(ok, "plan failed");
         migrated.set_faults(FaultConfig::default());
+        // The two reads a rerun makes, now that Kubernetes holds every identity.
+        let migrated_target = K8sTarget::from_url(&migrated.url()).expect("target");
+        let (list_after, _) = time_async(3, || migrated_target.list_identities(500)).await;
+        let reads_after = etcd_read + list_after;
         migrated.write_kubeconfig(&kc).expect("kubeconfig");
         migrated.reset_counts();
         let (rerun_wall, _, ok) = run_measured(
@@ -343,6 +348,7 @@ async fn main() {
             plan_rss_kib,
             plan_wall,
             rerun_wall,
+            reads_after,
             rerun_posts,
         });
     }
@@ -352,12 +358,12 @@ async fn main() {
         "Up to {nodes} nodes per identity; 5% of each conflict kind and 5% malformed entries; apply against 1 ms of injected latency per request.\n"
     );
     println!(
-        "| N | value/ keys | etcd read (identities) | node-count pass | k8s list | plan (pure) | `plan` process | `plan` peak RSS | rerun after migration (POSTs) |"
+        "| N | value/ keys | etcd read (identities) | node-count pass | k8s list | plan (pure) | `plan` process | `plan` peak RSS | rerun after migration (POSTs) | the two reads after migration |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {} ({}) |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {} ({}) | {} |",
             r.n,
             r.value_keys,
             ms(r.etcd_read),
@@ -367,7 +373,8 @@ async fn main() {
             ms(r.plan_wall),
             r.plan_rss_kib as f64 / 1024.0,
             ms(r.rerun_wall),
-            r.rerun_posts
+            r.rerun_posts,
+            ms(r.reads_after)
         );
     }
     println!();

@@ -2,8 +2,10 @@
 //! input, engine events and a frame tick; state changes only in `update`; `view` draws.
 //! It talks to the engine service only through owned messages, and never touches kube or etcd.
 
+mod decisions;
 pub mod keys;
 pub mod model;
+mod popups;
 pub mod update;
 pub mod view;
 

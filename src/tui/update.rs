@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEventKind};
 
+use super::decisions::{decide, undo};
 use super::keys::{Action, action_for};
 use super::model::{CommitPhase, CommitState, Modal, Model, Screen};
-use crate::decision_log::Record;
+use super::popups::on_modal_key;
 use crate::engine::{EngineEvent, Outcome, Progress};
-use crate::planner::{Action as PlanAction, Kind, PlanItem, validate_new_target};
+use crate::planner::{Action as PlanAction, Kind, PlanItem};
 use crate::service::{Event, Request};
 
 /// Inputs to `update`.
@@ -84,7 +85,7 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
     }
 }
 
-fn stop_or_quit(model: &mut Model) -> Vec<Command> {
+pub(super) fn stop_or_quit(model: &mut Model) -> Vec<Command> {
     if model.commit.phase == CommitPhase::Running {
         model.commit.phase = CommitPhase::Stopping;
         model.quit_after_commit = true;
@@ -463,69 +464,7 @@ fn step_conflict(model: &mut Model, forward: bool) -> Vec<Command> {
     vec![]
 }
 
-fn decision_record(item: &PlanItem, decision: &str) -> Record {
-    Record {
-        ts: String::new(),
-        operator: String::new(),
-        id: item.id.clone(),
-        labels: item.labels.clone(),
-        kind: item.kind.as_str().to_string(),
-        decision: format!(
-            "{decision} ({} {})",
-            item.action.as_str(),
-            item.target_id.map_or("-".into(), |t| t.to_string())
-        ),
-        target_id: item.target_id,
-        outcome: None,
-        error: None,
-    }
-}
-
-/// Applies one decision to the conflict under review, records it for undo, logs it at once,
-/// and moves on to the next undecided conflict.
-fn decide(
-    model: &mut Model,
-    name: &str,
-    f: impl FnOnce(&mut PlanItem) -> Result<(), String>,
-) -> Vec<Command> {
-    let Some(i) = model.conflict else {
-        return vec![];
-    };
-    let before = model.items[i].clone();
-    let mut item = before.clone();
-    if let Err(e) = f(&mut item) {
-        model.modal = Some(Modal::Message(e));
-        return vec![];
-    }
-    model.items[i] = item;
-    model.undo.push((i, before));
-    let record = decision_record(&model.items[i], name);
-    model.status = format!("{} {}: {}", name, model.items[i].id, record.decision);
-    let next = model
-        .conflicts()
-        .find(|&c| c > i && !model.items[c].decided);
-    if let Some(next) = next {
-        model.conflict = Some(next);
-    }
-    vec![Command::Send(Request::Log(record))]
-}
-
-fn undo(model: &mut Model) -> Vec<Command> {
-    let Some((i, before)) = model.undo.pop() else {
-        model.status = "nothing to undo".into();
-        return vec![];
-    };
-    model.items[i] = before;
-    model.conflict = Some(i);
-    let record = decision_record(&model.items[i], "undo");
-    model.status = format!(
-        "undone: {} is back to {}",
-        model.items[i].id, record.decision
-    );
-    vec![Command::Send(Request::Log(record))]
-}
-
-fn start_commit(model: &mut Model) -> Vec<Command> {
+pub(super) fn start_commit(model: &mut Model) -> Vec<Command> {
     let generation = model.commit.generation + 1;
     model.commit = CommitState {
         phase: CommitPhase::Running,
@@ -539,127 +478,6 @@ fn start_commit(model: &mut Model) -> Vec<Command> {
         generation,
         items: model.items.clone(),
     })]
-}
-
-fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> {
-    let ctrl_c = key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
-    if ctrl_c {
-        return stop_or_quit(model);
-    }
-    match modal {
-        Modal::Help | Modal::Message(_) => vec![],
-        Modal::Search { mut input } => {
-            // Enter keeps the search and closes the popup; Esc clears it.
-            if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
-                type_into(&mut input, &key, |_| true);
-                model.modal = Some(Modal::Search {
-                    input: input.clone(),
-                });
-            }
-            // Filter as the operator types; Esc clears.
-            model.search = if key.code == KeyCode::Esc {
-                String::new()
-            } else {
-                input
-            };
-            model.selected = 0;
-            model.rebuild_view();
-            vec![]
-        }
-        Modal::EditTarget { mut input, .. } => match key.code {
-            KeyCode::Esc => vec![],
-            KeyCode::Enter => {
-                let Some(i) = model.conflict else {
-                    return vec![];
-                };
-                let parsed = input
-                    .trim()
-                    .parse::<u32>()
-                    .map_err(|_| format!("{:?} is not an id", input.trim()));
-                let checked = parsed.and_then(|t| {
-                    validate_new_target(&model.items, i, t, &model.k8s, model.range).map(|_| t)
-                });
-                match checked {
-                    Ok(t) => decide(model, "edit", |item| {
-                        item.action = PlanAction::Create;
-                        item.target_id = Some(t);
-                        item.decided = true;
-                        Ok(())
-                    }),
-                    Err(e) => {
-                        model.modal = Some(Modal::EditTarget {
-                            input,
-                            error: Some(e),
-                        });
-                        vec![]
-                    }
-                }
-            }
-            _ => {
-                type_into(&mut input, &key, |c| c.is_ascii_digit());
-                model.modal = Some(Modal::EditTarget { input, error: None });
-                vec![]
-            }
-        },
-        Modal::ConfirmAcceptAll { count } => match key.code {
-            KeyCode::Char('y') | KeyCode::Enter => {
-                let pending: Vec<usize> = model
-                    .conflicts()
-                    .filter(|&i| !model.items[i].decided)
-                    .collect();
-                let mut cmds = Vec::new();
-                for i in pending {
-                    model.items[i].decided = true;
-                    cmds.push(Command::Send(Request::Log(decision_record(
-                        &model.items[i],
-                        "accept-all",
-                    ))));
-                }
-                model.undo.clear();
-                model.status = format!("accepted {count} proposals");
-                cmds
-            }
-            _ => vec![],
-        },
-        Modal::ConfirmCommit { mut typed } => match key.code {
-            KeyCode::Esc => vec![],
-            KeyCode::Enter if typed == "yes" => start_commit(model),
-            KeyCode::Enter => {
-                model.modal = Some(Modal::ConfirmCommit {
-                    typed: String::new(),
-                });
-                vec![]
-            }
-            _ => {
-                type_into(&mut typed, &key, |_| true);
-                model.modal = Some(Modal::ConfirmCommit { typed });
-                vec![]
-            }
-        },
-        Modal::Export { mut input } => match key.code {
-            KeyCode::Esc => vec![],
-            KeyCode::Enter if !input.trim().is_empty() => vec![Command::Send(Request::Export {
-                path: input.trim().into(),
-                items: model.items.clone(),
-            })],
-            _ => {
-                type_into(&mut input, &key, |_| true);
-                model.modal = Some(Modal::Export { input });
-                vec![]
-            }
-        },
-    }
-}
-
-/// Applies a typing key (a character `accept` allows, or Backspace) to a popup's text field.
-fn type_into(text: &mut String, key: &KeyEvent, accept: impl Fn(char) -> bool) {
-    match key.code {
-        KeyCode::Backspace => {
-            text.pop();
-        }
-        KeyCode::Char(c) if accept(c) => text.push(c),
-        _ => {}
-    }
 }
 
 /// Mouse wheel events become scroll messages.

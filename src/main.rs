@@ -37,28 +37,28 @@ struct Cli {
     /// Log filter, e.g. info or cilium_idmig=debug.
     #[arg(long, global = true, default_value = "info")]
     log_level: String,
-    /// Without a command, opens the interactive migrator with these connection flags.
+    /// Without a command, opens the interactive migrator with these flags.
+    #[command(flatten)]
+    tui: TuiArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// The interactive migrator's flags, both as `tui` and as the default with no command.
+#[derive(Args, Clone, Default)]
+struct TuiArgs {
     #[command(flatten)]
     conn: Conn,
     #[command(flatten)]
     tuning: Tuning,
     #[arg(long)]
     decision_log: Option<PathBuf>,
-    #[command(subcommand)]
-    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// The interactive migrator (the default when no command is given).
-    Tui {
-        #[command(flatten)]
-        conn: Conn,
-        #[command(flatten)]
-        tuning: Tuning,
-        #[arg(long)]
-        decision_log: Option<PathBuf>,
-    },
+    Tui(TuiArgs),
     /// Read both sides and write the plan; changes nothing.
     Plan {
         #[command(flatten)]
@@ -234,7 +234,7 @@ impl Tuning {
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     let interactive = match &cli.command {
-        None | Some(Command::Tui { .. }) => true,
+        None | Some(Command::Tui(_)) => true,
         Some(Command::Demo { headless, .. }) => !headless,
         _ => false,
     };
@@ -252,11 +252,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let command = cli.command.take().unwrap_or(Command::Tui {
-        conn: cli.conn.clone(),
-        tuning: cli.tuning.clone(),
-        decision_log: cli.decision_log.clone(),
-    });
+    let command = cli.command.take().unwrap_or(Command::Tui(cli.tui.clone()));
     match rt.block_on(run(command)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
@@ -379,11 +375,11 @@ async fn run(cmd: Command) -> anyhow::Result<Exit> {
             let range = IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?;
             interactive(kv, target, 0, range, decision_log, ApplyOptions::default()).await
         }
-        Command::Tui {
+        Command::Tui(TuiArgs {
             conn,
             tuning,
             decision_log,
-        } => {
+        }) => {
             let range = conn.range()?;
             let target = conn.target().await?;
             interactive(

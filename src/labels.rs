@@ -126,6 +126,13 @@ pub fn parse_label_key_bytes(raw: &[u8]) -> Result<Vec<Label>, LabelKeyError> {
     parse_label_key(s)
 }
 
+/// Checks raw kvstore bytes and returns them as text when they are a valid label key. Such a
+/// key is canonical, so it can be compared as text with `canonical_key` of another label set.
+pub fn valid_label_key(raw: &[u8]) -> Result<&str, LabelKeyError> {
+    let s = std::str::from_utf8(raw).map_err(|_| LabelKeyError::NotUtf8)?;
+    parse_label_key(s).map(|_| s)
+}
+
 /// Encodes labels the way Cilium's `GetKey` does: sorted by key, `source:key=value;` each.
 pub fn encode_label_key(labels: &[Label]) -> String {
     let mut sorted: Vec<&Label> = labels.iter().collect();

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::kvstore::{MasterEntry, parse_id};
-use crate::labels::{LabelKey, parse_label_key_bytes};
+use crate::labels::{LabelKey, valid_label_key};
 use crate::range::IdRange;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,13 +55,8 @@ pub fn verify(
     let mut report = VerifyReport::default();
     let mut entries: Vec<(u32, &str)> = Vec::with_capacity(masters.len());
     for m in masters {
-        // A label key that parses is valid UTF-8 and canonical: comparable as text.
-        match (
-            parse_id(&m.id),
-            parse_label_key_bytes(&m.value),
-            std::str::from_utf8(&m.value),
-        ) {
-            (Ok(id), Ok(_), Ok(labels)) if range.contains(id) => entries.push((id, labels)),
+        match (parse_id(&m.id), valid_label_key(&m.value)) {
+            (Ok(id), Ok(labels)) if range.contains(id) => entries.push((id, labels)),
             _ => report.invalid_ignored += 1,
         }
     }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::kvstore::{MasterEntry, parse_id};
-use crate::labels::{LabelKey, parse_label_key_bytes};
+use crate::labels::{LabelKey, valid_label_key};
 use crate::range::IdRange;
 
 /// How a kvstore identity relates to what Kubernetes already holds.
@@ -150,14 +150,18 @@ pub fn plan(
 ) -> Vec<PlanItem> {
     let mut parsed: Vec<Parsed<'_>> = masters
         .iter()
-        .map(|entry| Parsed {
-            raw_id: String::from_utf8_lossy(&entry.id),
-            raw_labels: String::from_utf8_lossy(&entry.value),
-            entry,
-            id: parse_id(&entry.id),
-            labels: parse_label_key_bytes(&entry.value)
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+        .map(|entry| {
+            let checked = valid_label_key(&entry.value);
+            Parsed {
+                raw_id: String::from_utf8_lossy(&entry.id),
+                raw_labels: match checked {
+                    Ok(text) => std::borrow::Cow::Borrowed(text),
+                    Err(_) => String::from_utf8_lossy(&entry.value),
+                },
+                entry,
+                id: parse_id(&entry.id),
+                labels: checked.map(|_| ()).map_err(|e| e.to_string()),
+            }
         })
         .collect();
     // Numeric order first, then the raw text, so invalid ids sort deterministically at the end.

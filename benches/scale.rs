@@ -10,15 +10,20 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cilium_idmig::engine::{self, ApplyOptions, StopFlag, Watchers};
-use cilium_idmig::etcd_source::{EtcdConnection, EtcdOptions};
-use cilium_idmig::generator::{self, GenConfig};
-use cilium_idmig::k8s_target::K8sTarget;
-use cilium_idmig::planner::{self, reconcile};
-use cilium_idmig::range::IdRange;
+use cilium_idmig::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
+use cilium_idmig::core::planner::{self, reconcile};
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::io::etcd::{EtcdConnection, EtcdOptions};
+use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::sandbox::generator::{self, GenConfig};
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
-use cilium_idmig::testkit::Etcd;
+
 use cilium_idmig::tui::model::Model;
+
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+use support::{Etcd, load_etcd};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -157,9 +162,7 @@ async fn main() {
         .expect("generate");
         let mut client = etcd.client().await.expect("etcd client");
         let t = Instant::now();
-        generator::load_etcd(&mut client, &prefix, &data)
-            .await
-            .expect("load etcd");
+        load_etcd(&mut client, &prefix, &data).await;
         eprintln!("   loaded etcd in {:.1}s", t.elapsed().as_secs_f64());
         let eopts = EtcdOptions {
             endpoints: vec![etcd.endpoint.clone()],
@@ -221,7 +224,7 @@ async fn main() {
                     ..Default::default()
                 };
                 let t = Instant::now();
-                let report = engine::apply(
+                let report = executor::apply(
                     &target,
                     ops,
                     false,
@@ -233,7 +236,10 @@ async fn main() {
                 .await
                 .expect("apply");
                 let took = t.elapsed();
-                assert_eq!(report.count("created"), writes);
+                assert_eq!(
+                    report.count(cilium_idmig::core::outcome::Outcome::Created),
+                    writes
+                );
                 (took, sb)
             }
         };
@@ -249,10 +255,10 @@ async fn main() {
 
         // TUI: one frame of the identities screen, and a `/` filter, at N rows.
         let mut model = Model::new(range, false);
-        model.page = 45;
+        model.table.page = 45;
         model.set_items(items.clone());
         model.screen = cilium_idmig::tui::model::Screen::Identities;
-        model.selected = n / 2;
+        model.table.selected = n / 2;
         model.clamp_offset();
         let mut term =
             ratatui::Terminal::new(ratatui::backend::TestBackend::new(200, 50)).expect("terminal");
@@ -277,7 +283,7 @@ async fn main() {
             "backend",
             "cache",
         ] {
-            model.search = q.into();
+            model.table.search = q.into();
             let t = Instant::now();
             model.rebuild_view();
             filters.push(t.elapsed());

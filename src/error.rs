@@ -1,23 +1,48 @@
-//! The library's error type: every variant names the thing that failed and what to do about it.
+//! The library's error type: every variant names the thing that failed and what to do about it,
+//! and keeps the underlying error as its `source` so the chain survives for logs and callers.
 
 use std::path::PathBuf;
 
 /// Result alias used across the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Any underlying error kept as a source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Each message already reads as one operator-facing line (it quotes its cause), so front
+/// ends print the `Display` alone; `source()` holds the cause itself.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("etcd at {endpoints}: {message}")]
-    Etcd { endpoints: String, message: String },
+    Etcd {
+        endpoints: String,
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
     #[error("Kubernetes API server {server}: {message}")]
-    Kube { server: String, message: String },
+    Kube {
+        server: String,
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
+    #[error("kubeconfig: {message}")]
+    Kubeconfig {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
     #[error("{path}: {message}")]
-    File { path: PathBuf, message: String },
+    File {
+        path: PathBuf,
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
     #[error("plan file {path}: {message}")]
     PlanFile { path: PathBuf, message: String },
@@ -31,19 +56,105 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
 
-    #[error("sandbox API server: {0}")]
-    Sandbox(String),
+    #[error("sandbox API server: {message}")]
+    Sandbox {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
 
-    #[error("terminal: {0}")]
-    Terminal(String),
+    #[error("terminal: {message}")]
+    Terminal {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+/// `"{what}: {cause}"`, and the cause kept as the source.
+fn with_cause(what: &str, cause: impl Into<BoxError>) -> (String, Option<BoxError>) {
+    let cause = cause.into();
+    (format!("{what}: {cause}"), Some(cause))
 }
 
 impl Error {
-    /// An IO error on a named file, worded for the operator.
-    pub fn file(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+    /// A problem with a named file that has no underlying error (a refusal, a bad format).
+    pub fn file(path: impl Into<PathBuf>, message: impl std::fmt::Display) -> Self {
         Error::File {
             path: path.into(),
-            message: err.to_string(),
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
+    /// An IO (or parse) error on a named file: `what` says what the tool was doing.
+    pub fn file_io(path: impl Into<PathBuf>, what: &str, cause: impl Into<BoxError>) -> Self {
+        let (message, source) = with_cause(what, cause);
+        Error::File {
+            path: path.into(),
+            message,
+            source,
+        }
+    }
+
+    /// An IO error on a named file, worded by the cause alone.
+    pub fn file_cause(path: impl Into<PathBuf>, cause: impl Into<BoxError>) -> Self {
+        let cause = cause.into();
+        Error::File {
+            path: path.into(),
+            message: cause.to_string(),
+            source: Some(cause),
+        }
+    }
+
+    pub fn etcd(endpoints: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
+        let (message, source) = with_cause(what, cause);
+        Error::Etcd {
+            endpoints: endpoints.into(),
+            message,
+            source,
+        }
+    }
+
+    pub fn kube(server: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
+        let (message, source) = with_cause(what, cause);
+        Error::Kube {
+            server: server.into(),
+            message,
+            source,
+        }
+    }
+
+    /// A kubeconfig problem; `hint` (may be empty) follows the cause, e.g. what to pass instead.
+    pub fn kubeconfig(context: Option<&str>, cause: impl Into<BoxError>, hint: &str) -> Self {
+        let cause = cause.into();
+        let message = match context {
+            Some(c) => format!("{c}: {cause}{hint}"),
+            None => format!("{cause}{hint}"),
+        };
+        Error::Kubeconfig {
+            message,
+            source: Some(cause),
+        }
+    }
+
+    pub fn sandbox(what: &str, cause: impl Into<BoxError>) -> Self {
+        let cause = cause.into();
+        let message = match what {
+            "" => cause.to_string(),
+            w => format!("{w}: {cause}"),
+        };
+        Error::Sandbox {
+            message,
+            source: Some(cause),
+        }
+    }
+
+    pub fn terminal(cause: impl Into<BoxError>) -> Self {
+        let cause = cause.into();
+        Error::Terminal {
+            message: cause.to_string(),
+            source: Some(cause),
         }
     }
 
@@ -51,7 +162,7 @@ impl Error {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            Error::Kubeconfig(_)
+            Error::Kubeconfig { .. }
                 | Error::PlanFile { .. }
                 | Error::PlanItem { .. }
                 | Error::Config(_)
@@ -60,5 +171,30 @@ impl Error {
                 | Error::Etcd { .. }
                 | Error::Kube { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn messages_stay_one_line_and_keep_their_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = Error::file_io("/x/log.jsonl", "cannot open decision log", io);
+        assert_eq!(
+            e.to_string(),
+            "/x/log.jsonl: cannot open decision log: denied"
+        );
+        let src = e.source().expect("the io error is kept");
+        assert_eq!(src.to_string(), "denied");
+        let e = Error::etcd("http://127.0.0.1:1", "cannot connect", "refused");
+        assert_eq!(
+            e.to_string(),
+            "etcd at http://127.0.0.1:1: cannot connect: refused"
+        );
+        assert!(e.source().is_some());
+        assert!(Error::file("/p", "already exists").source().is_none());
     }
 }

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 
-use crate::decision_log;
-use crate::kvstore::{MasterEntry, classify_key, parse_id};
-use crate::labels::{encode_label_key, parse_label_key, parse_label_key_bytes};
-use crate::plan_file::PlanFile;
-use crate::planner::{Action, Kind, plan, reconcile};
-use crate::range::IdRange;
+use crate::core::kvstore::{MasterEntry, classify_key, parse_id};
+use crate::core::labels::{encode_label_key, parse_label_key, parse_label_key_bytes};
+use crate::core::planner::{Action, Kind, plan, reconcile};
+use crate::core::range::IdRange;
+use crate::io::decision_log;
+use crate::io::plan_file::PlanFile;
 
 fn cases() -> u32 {
     std::env::var("IDMIG_FUZZ_CASES")
@@ -88,7 +88,7 @@ proptest! {
             prop_assert_eq!(items[0].kind, Kind::Invalid);
             prop_assert_eq!(items[0].action, Action::Skip);
             let ops = reconcile(&items, &items, &BTreeMap::new(), IdRange::for_cluster(0).unwrap(), true).unwrap().ops;
-            prop_assert!(ops.iter().all(|o| o.op == crate::planner::OpKind::Skip));
+            prop_assert!(ops.iter().all(|o| o.op == crate::core::planner::OpKind::Skip));
         }
     }
 

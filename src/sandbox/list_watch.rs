@@ -11,10 +11,10 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use serde_json::{Value, json};
 
-use super::Shared;
+use super::http::{Body, json_response, status};
 use super::selector::Selector;
-use super::server::{Body, json_response, lock, status};
-use crate::identity::{GROUP, KIND, VERSION};
+use super::state::Shared;
+use crate::core::identity::{GROUP, KIND, VERSION};
 
 fn param<'a>(params: &'a [(String, String)], key: &str) -> Option<&'a str> {
     params
@@ -74,7 +74,7 @@ pub(super) fn list(shared: &Shared, params: &[(String, String)]) -> Response<Bod
     let limit = param(params, "limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let store = lock(shared);
+    let store = shared.store();
     let (rv, after) = match param(params, "continue").filter(|c| !c.is_empty()) {
         Some(c) => match decode_continue(c) {
             Some((rv, last)) if rv >= store.history_floor => (rv, Some(last)),
@@ -137,7 +137,7 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
     let from: Option<u64> = param(params, "resourceVersion")
         .and_then(|r| r.parse().ok())
         .filter(|r| *r > 0);
-    let store = lock(shared);
+    let store = shared.store();
     let mut initial: Vec<String> = Vec::new();
     match from {
         Some(rv) if rv < store.history_floor => {

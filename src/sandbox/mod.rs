@@ -3,62 +3,31 @@
 //! creationTimestamp, list limit/continue, label selectors, watch) and can inject faults.
 //! Tests and `cilium-idmig demo` run against it exactly as against a real cluster.
 
+pub mod demo;
 mod faults;
+pub mod generator;
+mod http;
 mod list_watch;
 mod selector;
 mod server;
+mod state;
 mod store;
 
 pub use faults::{Fault, FaultConfig, Rng};
 pub use selector::Selector;
+pub use state::SandboxConfig;
+use state::Shared;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::core::identity::{CRD_YAML, identity_object};
+use crate::core::labels::SecurityLabels;
 use crate::error::{Error, Result};
-use crate::identity::{CRD_YAML, identity_object};
-use crate::labels::SecurityLabels;
-
-/// How the sandbox starts.
-#[derive(Debug, Clone)]
-pub struct SandboxConfig {
-    /// How long a new CRD stays un-Established (its resource answers a plain 404 meanwhile).
-    pub crd_establish_delay: Duration,
-    /// Install the CiliumIdentity CRD at start.
-    pub with_crd: bool,
-    /// Require this bearer token on every request (401 otherwise).
-    pub token: Option<String>,
-    /// `(verb, resource)` pairs that SelfSubjectAccessReview denies.
-    pub denied: Vec<(String, String)>,
-    pub seed: u64,
-    /// Port on 127.0.0.1; 0 picks a free one.
-    pub port: u16,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            crd_establish_delay: Duration::from_millis(300),
-            with_crd: true,
-            token: None,
-            denied: Vec::new(),
-            seed: 1,
-            port: 0,
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    pub store: Mutex<store::Store>,
-    pub faults: Mutex<(FaultConfig, Rng)>,
-    pub counts: Mutex<HashMap<String, u64>>,
-    pub config: SandboxConfig,
-}
 
 /// A running sandbox. Dropping it stops the server and closes every connection.
 pub struct Sandbox {
@@ -71,8 +40,7 @@ impl Sandbox {
     pub async fn start(config: SandboxConfig) -> Result<Self> {
         let mut store = store::Store::new(config.crd_establish_delay);
         if config.with_crd {
-            let crd: Value =
-                serde_yaml::from_str(CRD_YAML).map_err(|e| Error::Sandbox(e.to_string()))?;
+            let crd: Value = serde_yaml::from_str(CRD_YAML).map_err(|e| Error::sandbox("", e))?;
             store.install_crd(crd);
             // Installed at start means established from the start.
             if let Some((_, at)) = store.crd.as_mut() {
@@ -88,11 +56,9 @@ impl Sandbox {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
             .await
             .map_err(|e| {
-                Error::Sandbox(format!("cannot listen on 127.0.0.1:{}: {e}", config.port))
+                Error::sandbox(&format!("cannot listen on 127.0.0.1:{}", config.port), e)
             })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::Sandbox(e.to_string()))?;
+        let addr = listener.local_addr().map_err(|e| Error::sandbox("", e))?;
         let task = tokio::spawn(server::serve(listener, shared.clone()));
         Ok(Sandbox { addr, shared, task })
     }
@@ -120,11 +86,11 @@ impl Sandbox {
             .mode(0o600)
             .open(path)
             .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(|e| Error::file(path, e))
+            .map_err(|e| Error::file_cause(path, e))
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {
-        self.shared.store.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.store()
     }
 
     /// Adds an identity directly, as if another writer had created it.

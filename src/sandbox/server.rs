@@ -1,11 +1,9 @@
 //! HTTP handling of the sandbox API server: routing, validation and Status bodies.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -13,12 +11,11 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use super::faults::Fault;
+use super::http::{Body, full, json_response, page_not_found, query_params, status};
 use super::list_watch::{list, watch};
-use super::{Shared, store::Store};
-use crate::identity::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
-use crate::labels::{is_dns1123_subdomain, is_valid_label_key, is_valid_label_value};
-
-pub(super) type Body = BoxBody<Bytes, Infallible>;
+use super::state::Shared;
+use crate::core::identity::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
+use crate::core::labels::{is_dns1123_subdomain, is_valid_label_key, is_valid_label_value};
 
 /// Returned by the service to make hyper close the connection without an answer.
 #[derive(Debug)]
@@ -49,93 +46,6 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
-}
-
-pub(super) fn full(status: StatusCode, body: Vec<u8>, content_type: &str) -> Response<Body> {
-    let mut res = Response::new(Full::new(Bytes::from(body)).boxed());
-    *res.status_mut() = status;
-    if let Ok(v) = http::HeaderValue::from_str(content_type) {
-        res.headers_mut().insert(http::header::CONTENT_TYPE, v);
-    }
-    res
-}
-
-pub(super) fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
-    full(status, v.to_string().into_bytes(), "application/json")
-}
-
-/// A `metav1.Status` failure body, as the API server sends it.
-pub(super) fn status(
-    code: u16,
-    reason: &str,
-    message: &str,
-    details: Option<Value>,
-) -> Response<Body> {
-    let mut body = json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    });
-    if let Some(d) = details {
-        body["details"] = d;
-    }
-    json_response(
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        &body,
-    )
-}
-
-/// What an unknown path gets: plain text, not a Status (as for a CRD that is not established).
-fn page_not_found() -> Response<Body> {
-    full(
-        StatusCode::NOT_FOUND,
-        b"404 page not found\n".to_vec(),
-        "text/plain; charset=utf-8",
-    )
-}
-
-fn query_params(q: Option<&str>) -> Vec<(String, String)> {
-    q.unwrap_or("")
-        .split('&')
-        .filter(|s| !s.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-pub(super) fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Store> {
-    shared.store.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn handle(
@@ -220,7 +130,8 @@ async fn handle(
             full(StatusCode::OK, b"ok".to_vec(), "text/plain")
         }
         (Method::POST, p) if p == crd_path => create_crd(&shared, &body),
-        (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match lock(&shared)
+        (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match shared
+            .store()
             .crd_object()
         {
             Some(crd) => json_response(StatusCode::OK, &crd),
@@ -237,7 +148,7 @@ async fn handle(
             access_review(&shared, &body)
         }
         (m, _) if is_identity => {
-            if !lock(&shared).crd_established() {
+            if !shared.store().crd_established() {
                 return Ok(page_not_found());
             }
             let name = path
@@ -255,11 +166,11 @@ async fn handle(
                 }
                 (Method::GET, true) => list(&shared, &params),
                 (Method::POST, true) => create_identity(&shared, &body),
-                (Method::GET, false) => match lock(&shared).objects.get(&name) {
+                (Method::GET, false) => match shared.store().objects.get(&name) {
                     Some(o) => json_response(StatusCode::OK, o),
                     None => not_found(&name),
                 },
-                (Method::DELETE, false) => match lock(&shared).delete(&name) {
+                (Method::DELETE, false) => match shared.store().delete(&name) {
                     Some(o) => json_response(StatusCode::OK, &o),
                     None => not_found(&name),
                 },
@@ -297,7 +208,7 @@ fn create_crd(shared: &Shared, body: &[u8]) -> Response<Body> {
             None,
         );
     }
-    let mut store = lock(shared);
+    let mut store = shared.store();
     if store.crd.is_some() {
         return status(
             409,
@@ -414,7 +325,7 @@ fn create_identity(shared: &Shared, body: &[u8]) -> Response<Body> {
     if !causes.is_empty() {
         return invalid(&name, causes);
     }
-    let mut store = lock(shared);
+    let mut store = shared.store();
     if store.objects.contains_key(&name) {
         return status(
             409,
@@ -435,16 +346,5 @@ fn json_type(v: &Value) -> &'static str {
         Value::String(_) => "string",
         Value::Array(_) => "array",
         Value::Object(_) => "object",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn params_decode() {
-        assert_eq!(percent_decode("app%3Dweb%2Ctier+in"), "app=web,tier in");
-        assert_eq!(percent_decode("100%"), "100%");
     }
 }

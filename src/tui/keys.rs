@@ -6,7 +6,7 @@ use super::model::Screen;
 
 /// What a key does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub enum KeyAction {
     Quit,
     Help,
     NextScreen,
@@ -50,7 +50,7 @@ pub struct Binding {
     pub keys: &'static [(KeyCode, KeyModifiers)],
     /// How the footer and help show the keys.
     pub label: &'static str,
-    pub action: Action,
+    pub action: KeyAction,
     pub help: &'static str,
 }
 
@@ -68,224 +68,224 @@ pub const BINDINGS: &[Binding] = &[
         scope: Scope::Global,
         keys: &[(Char('?'), N), (Char('?'), S)],
         label: "?",
-        action: Action::Help,
+        action: KeyAction::Help,
         help: "help (this screen)",
     },
     Binding {
         scope: COMMIT,
         keys: &[(Char('c'), C)],
         label: "Ctrl-C",
-        action: Action::Stop,
+        action: KeyAction::Stop,
         help: "stop: no new writes, in-flight ones finish",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('q'), N), (Esc, N), (Char('c'), C)],
         label: "q",
-        action: Action::Quit,
+        action: KeyAction::Quit,
         help: "quit (Esc closes a popup first)",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Tab, N)],
         label: "Tab",
-        action: Action::NextScreen,
+        action: KeyAction::NextScreen,
         help: "next screen",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('1'), N)],
         label: "1",
-        action: Action::Go(Screen::Preflight),
+        action: KeyAction::Go(Screen::Preflight),
         help: "preflight",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('2'), N)],
         label: "2",
-        action: Action::Go(Screen::Identities),
+        action: KeyAction::Go(Screen::Identities),
         help: "identities",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('3'), N)],
         label: "3",
-        action: Action::Go(Screen::Conflicts),
+        action: KeyAction::Go(Screen::Conflicts),
         help: "conflict review",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('4'), N)],
         label: "4",
-        action: Action::Go(Screen::Commit),
+        action: KeyAction::Go(Screen::Commit),
         help: "commit",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('R'), S), (Char('R'), N)],
         label: "R",
-        action: Action::Rescan,
+        action: KeyAction::Rescan,
         help: "rescan both sides (keeps decisions of unchanged items)",
     },
     Binding {
         scope: Scope::Global,
         keys: &[(Char('x'), N)],
         label: "x",
-        action: Action::Export,
+        action: KeyAction::Export,
         help: "export the decision log and a Markdown summary",
     },
     Binding {
         scope: LIST,
         keys: &[(Up, N), (Char('k'), N)],
         label: "↑/k",
-        action: Action::Up,
+        action: KeyAction::Up,
         help: "up",
     },
     Binding {
         scope: LIST,
         keys: &[(Down, N), (Char('j'), N)],
         label: "↓/j",
-        action: Action::Down,
+        action: KeyAction::Down,
         help: "down",
     },
     Binding {
         scope: LIST,
         keys: &[(PageUp, N), (Char('b'), C)],
         label: "PgUp",
-        action: Action::PageUp,
+        action: KeyAction::PageUp,
         help: "page up",
     },
     Binding {
         scope: LIST,
         keys: &[(PageDown, N), (Char('f'), C)],
         label: "PgDn",
-        action: Action::PageDown,
+        action: KeyAction::PageDown,
         help: "page down",
     },
     Binding {
         scope: LIST,
         keys: &[(Home, N), (Char('g'), N)],
         label: "g",
-        action: Action::Home,
+        action: KeyAction::Home,
         help: "first row",
     },
     Binding {
         scope: LIST,
         keys: &[(End, N), (Char('G'), S), (Char('G'), N)],
         label: "G",
-        action: Action::End,
+        action: KeyAction::End,
         help: "last row",
     },
     Binding {
         scope: LIST,
         keys: &[(Char('f'), N)],
         label: "f",
-        action: Action::CycleFilter,
+        action: KeyAction::CycleFilter,
         help: "filter by kind: all, conflicts, create, already migrated, invalid",
     },
     Binding {
         scope: LIST,
         keys: &[(Char('/'), N)],
         label: "/",
-        action: Action::Search,
+        action: KeyAction::Search,
         help: "search labels and ids",
     },
     Binding {
         scope: LIST,
         keys: &[(Char('s'), N)],
         label: "s",
-        action: Action::CycleSort,
+        action: KeyAction::CycleSort,
         help: "sort by the next column",
     },
     Binding {
         scope: LIST,
         keys: &[(Char('S'), S), (Char('S'), N)],
         label: "S",
-        action: Action::ReverseSort,
+        action: KeyAction::ReverseSort,
         help: "reverse the sort",
     },
     Binding {
         scope: LIST,
         keys: &[(Enter, N)],
         label: "Enter",
-        action: Action::Open,
+        action: KeyAction::Open,
         help: "review this conflict",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('n'), N), (Down, N), (Char('j'), N)],
         label: "n",
-        action: Action::NextConflict,
+        action: KeyAction::NextConflict,
         help: "next conflict",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('N'), S), (Char('N'), N), (Up, N), (Char('k'), N)],
         label: "N",
-        action: Action::PrevConflict,
+        action: KeyAction::PrevConflict,
         help: "previous conflict",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('a'), N)],
         label: "a",
-        action: Action::Accept,
+        action: KeyAction::Accept,
         help: "accept the proposal",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('e'), N)],
         label: "e",
-        action: Action::EditTarget,
+        action: KeyAction::EditTarget,
         help: "edit the target id (checked: in range and free)",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('u'), N)],
         label: "u",
-        action: Action::Reuse,
+        action: KeyAction::Reuse,
         help: "reuse the id that already has these labels",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('s'), N)],
         label: "s",
-        action: Action::Skip,
+        action: KeyAction::Skip,
         help: "skip: write nothing for it",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('c'), N)],
         label: "c",
-        action: Action::CreateAnyway,
+        action: KeyAction::CreateAnyway,
         help: "create anyway at its own id (duplicate)",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('z'), N)],
         label: "z",
-        action: Action::Undo,
+        action: KeyAction::Undo,
         help: "undo the last decision",
     },
     Binding {
         scope: CONF,
         keys: &[(Char('A'), S), (Char('A'), N)],
         label: "A",
-        action: Action::AcceptAll,
+        action: KeyAction::AcceptAll,
         help: "accept all remaining proposals (asks first)",
     },
     Binding {
         scope: COMMIT,
         keys: &[(Enter, N), (Char('c'), N)],
         label: "Enter",
-        action: Action::Commit,
+        action: KeyAction::Commit,
         help: "commit: asks you to type yes",
     },
     Binding {
         scope: COMMIT,
         keys: &[(Char('r'), N)],
         label: "r",
-        action: Action::Retry,
+        action: KeyAction::Retry,
         help: "retry failed items",
     },
 ];
@@ -298,7 +298,7 @@ fn scope_matches(scope: Scope, screen: Screen) -> bool {
 }
 
 /// The action bound to a key on a screen; screen bindings win over global ones.
-pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<Action> {
+pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<KeyAction> {
     let hit = |b: &&Binding| {
         b.keys.iter().any(|(code, mods)| {
             *code == key.code
@@ -335,36 +335,36 @@ mod tests {
         let k = |c| KeyEvent::new(c, KeyModifiers::NONE);
         assert_eq!(
             action_for(Screen::Conflicts, &k(Char('s'))),
-            Some(Action::Skip)
+            Some(KeyAction::Skip)
         );
         assert_eq!(
             action_for(Screen::Identities, &k(Char('s'))),
-            Some(Action::CycleSort)
+            Some(KeyAction::CycleSort)
         );
         assert_eq!(
             action_for(Screen::Identities, &k(Char('q'))),
-            Some(Action::Quit)
+            Some(KeyAction::Quit)
         );
         assert_eq!(
             action_for(
                 Screen::Commit,
                 &KeyEvent::new(Char('c'), KeyModifiers::CONTROL)
             ),
-            Some(Action::Stop)
+            Some(KeyAction::Stop)
         );
         assert_eq!(
             action_for(
                 Screen::Identities,
                 &KeyEvent::new(Char('c'), KeyModifiers::CONTROL)
             ),
-            Some(Action::Quit)
+            Some(KeyAction::Quit)
         );
         assert_eq!(
             action_for(
                 Screen::Identities,
                 &KeyEvent::new(Char('G'), KeyModifiers::SHIFT)
             ),
-            Some(Action::End)
+            Some(KeyAction::End)
         );
         assert!(
             BINDINGS

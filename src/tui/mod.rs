@@ -2,10 +2,9 @@
 //! input, engine events and a frame tick; state changes only in `update`; `view` draws.
 //! It talks to the engine service only through owned messages, and never touches kube or etcd.
 
-mod decisions;
 pub mod keys;
 pub mod model;
-mod popups;
+pub mod msg;
 pub mod update;
 pub mod view;
 
@@ -15,24 +14,23 @@ mod tests;
 use std::io::Stdout;
 use std::time::{Duration, Instant};
 
+use crate::app::service::Handle;
+use crate::app::signals::StopSignals;
+use crate::core::range::IdRange;
+use crate::error::{Error, Result};
 use crossterm::event::{DisableMouseCapture, EnableMouseCapture, Event as TermEvent, EventStream};
 use crossterm::execute;
 use crossterm::terminal::{
     EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
 };
 use futures::StreamExt;
+use model::Model;
+use msg::{Command, Msg};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use tokio::signal::unix::{SignalKind, signal};
 
-use crate::error::{Error, Result};
-use crate::range::IdRange;
-use crate::service::Handle;
-use model::Model;
-use update::{Command, Msg};
-
-fn term_err(e: impl std::fmt::Display) -> Error {
-    Error::Terminal(e.to_string())
+fn term_err(e: impl Into<crate::error::BoxError>) -> Error {
+    Error::terminal(e)
 }
 
 /// Puts the terminal back however the TUI ends: normal quit, error, or panic.
@@ -77,8 +75,7 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
         mut events,
         mut progress,
     } = handle;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(term_err)?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(term_err)?;
+    let mut signals = StopSignals::new()?;
     let (_guard, mut terminal) = TerminalGuard::enter()?;
     let mut model = Model::new(range, no_color);
     let size = terminal.size().map_err(term_err)?;
@@ -91,7 +88,7 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
             match cmd {
                 Command::Send(req) => {
                     if requests.send(req).await.is_err() {
-                        return Err(Error::Terminal("the engine stopped".into()));
+                        return Err(Error::terminal("the engine stopped"));
                     }
                 }
             }
@@ -115,8 +112,7 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
             Some(ev) = events.recv() => Msg::Engine(ev),
             Ok(()) = progress.changed() => Msg::Progress(*progress.borrow_and_update()),
             _ = tick.tick() => Msg::Tick { now: Instant::now() },
-            _ = sigterm.recv() => Msg::Signal,
-            _ = sighup.recv() => Msg::Signal,
+            _ = signals.recv() => Msg::Signal,
         };
         pending = update::update(&mut model, msg);
     }

@@ -9,13 +9,17 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
 use super::model::{CommitPhase, Modal, Model, Screen};
-use super::update::{Command, Msg, init, merge_decisions, update};
-use crate::engine::{ApplyReport, EngineEvent, OpResult, Outcome, Progress};
-use crate::kvstore::{MasterEntry, SourceInfo};
-use crate::labels::parse_label_key;
-use crate::planner::{Action, Kind, plan};
-use crate::range::IdRange;
-use crate::service::{Check, Event, PreflightReport, Request, ScanResult};
+use super::msg::{Command, Msg};
+use super::update::{init, merge_decisions, update};
+use crate::app::flows::ApplyRun;
+use crate::app::service::{
+    Check, PreflightReport, ScanResult, ServiceEvent as Event, ServiceRequest as Request,
+};
+use crate::apply::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
+use crate::core::kvstore::{MasterEntry, SourceInfo};
+use crate::core::labels::parse_label_key;
+use crate::core::planner::{Action, Kind, plan};
+use crate::core::range::IdRange;
 
 fn sl(k: &str) -> String {
     assert!(parse_label_key(k).is_ok(), "{k}");
@@ -80,9 +84,9 @@ fn scanned_model() -> Model {
         Command::Send(Request::Scan { generation: 1 })
     ));
     update(&mut m, Msg::Engine(scan_event(1)));
-    assert!(m.counting);
+    assert!(m.scan.counting);
     update(&mut m, Msg::Engine(counts_event(1)));
-    assert!(!m.counting);
+    assert!(!m.scan.counting);
     m
 }
 
@@ -104,12 +108,12 @@ fn node_counts_arrive_after_the_table_and_stale_ones_are_dropped() {
         }
     }
     update(&mut m, Msg::Engine(ev));
-    assert!(m.counting, "the table shows before the counts");
+    assert!(m.scan.counting, "the table shows before the counts");
     assert_eq!(item(&m, "301").nodes, 0);
     update(&mut m, Msg::Engine(counts_event(0)));
-    assert!(m.counting, "counts of another scan are dropped");
+    assert!(m.scan.counting, "counts of another scan are dropped");
     update(&mut m, Msg::Engine(counts_event(1)));
-    assert!(!m.counting);
+    assert!(!m.scan.counting);
     assert_eq!(item(&m, "301").nodes, 4);
     assert_eq!(item(&m, "300").nodes, 0);
 }
@@ -125,32 +129,36 @@ fn code(c: KeyCode) -> Msg {
 fn logged(cmds: &[Command]) -> Vec<String> {
     cmds.iter()
         .filter_map(|c| match c {
-            Command::Send(Request::Log(r)) => Some(format!("{} {}", r.id, r.decision)),
+            Command::Send(Request::Decided { name, item }) => Some(format!(
+                "{} {}",
+                item.id,
+                crate::core::planner::describe(name, item)
+            )),
             _ => None,
         })
         .collect()
 }
 
-fn item<'a>(m: &'a Model, id: &str) -> &'a crate::planner::PlanItem {
-    m.items.iter().find(|i| i.id == id).unwrap()
+fn item<'a>(m: &'a Model, id: &str) -> &'a crate::core::planner::PlanItem {
+    m.cluster.items.iter().find(|i| i.id == id).unwrap()
 }
 
 #[test]
 fn stale_scans_are_dropped() {
     let mut m = scanned_model();
-    assert_eq!(m.items.len(), 7);
+    assert_eq!(m.cluster.items.len(), 7);
     update(&mut m, key('R'));
-    assert_eq!(m.generation, 2);
+    assert_eq!(m.scan.generation, 2);
     // A result for generation 1 arriving late changes nothing.
     let mut stale = scan_event(1);
     if let Event::Scanned { scan, .. } = &mut stale {
         scan.items.truncate(1);
     }
     update(&mut m, Msg::Engine(stale));
-    assert_eq!(m.items.len(), 7);
-    assert!(m.scanning);
+    assert_eq!(m.cluster.items.len(), 7);
+    assert!(m.scan.scanning);
     update(&mut m, Msg::Engine(scan_event(2)));
-    assert!(!m.scanning);
+    assert!(!m.scan.scanning);
 }
 
 #[test]
@@ -159,7 +167,7 @@ fn decisions_are_logged_at_once_and_undo_restores() {
     update(&mut m, key('3'));
     assert_eq!(m.screen, Screen::Conflicts);
     assert_eq!(
-        m.items[m.conflict.unwrap()].id,
+        m.cluster.items[m.review.conflict.unwrap()].id,
         "302",
         "first conflict is the remap"
     );
@@ -167,7 +175,7 @@ fn decisions_are_logged_at_once_and_undo_restores() {
     assert_eq!(logged(&cmds), vec!["302 accept (create 256)".to_string()]);
     assert!(item(&m, "302").decided);
     assert_eq!(
-        m.items[m.conflict.unwrap()].id,
+        m.cluster.items[m.review.conflict.unwrap()].id,
         "303",
         "moves to the next undecided conflict"
     );
@@ -178,7 +186,7 @@ fn decisions_are_logged_at_once_and_undo_restores() {
     assert_eq!(logged(&cmds), vec!["303 undo (none 900)".to_string()]);
     assert_eq!(item(&m, "303").action, Action::None);
     assert!(!item(&m, "303").decided);
-    assert_eq!(m.items[m.conflict.unwrap()].id, "303");
+    assert_eq!(m.cluster.items[m.review.conflict.unwrap()].id, "303");
 }
 
 #[test]
@@ -280,7 +288,7 @@ fn progress_signal_and_stale_commit_results() {
     update(&mut m, code(KeyCode::Enter));
     update(
         &mut m,
-        Msg::Engine(Event::Apply(EngineEvent::Started {
+        Msg::Engine(Event::Apply(ApplyEvent::Started {
             writes: 4,
             total: 7,
         })),
@@ -298,13 +306,10 @@ fn progress_signal_and_stale_commit_results() {
     );
     update(
         &mut m,
-        Msg::Engine(Event::Apply(EngineEvent::Problem(OpResult {
-            id: "304".into(),
-            target_id: Some(304),
-            outcome: Outcome::Failed {
-                error: "HTTP 500".into(),
-            },
+        Msg::Engine(Event::Apply(ApplyEvent::Problem(OpResult {
+            error: Some("HTTP 500".into()),
             attempts: 8,
+            ..OpResult::new("304", Some(304), Outcome::Failed)
         }))),
     );
     assert_eq!(m.commit.retries, 3);
@@ -324,7 +329,10 @@ fn progress_signal_and_stale_commit_results() {
         &mut m,
         Msg::Engine(Event::Committed {
             generation: 99,
-            report: report.clone(),
+            run: Box::new(ApplyRun {
+                report: report.clone(),
+                ..Default::default()
+            }),
             verify: None,
         }),
     );
@@ -333,7 +341,10 @@ fn progress_signal_and_stale_commit_results() {
         &mut m,
         Msg::Engine(Event::Committed {
             generation: 1,
-            report,
+            run: Box::new(ApplyRun {
+                report,
+                ..Default::default()
+            }),
             verify: None,
         }),
     );
@@ -351,16 +362,16 @@ fn drift_is_shown_and_a_compaction_rescans() {
             removed: 1,
         }),
     );
-    assert_eq!(m.drift, (2, 1));
+    assert_eq!(m.scan.drift, (2, 1));
     assert!(render(&m).contains("drift since scan: +2 -1"));
-    let cmds = update(&mut m, Msg::Engine(Event::DriftCompacted { generation: 0 }));
+    let cmds = update(&mut m, Msg::Engine(Event::DriftCompacted));
     assert!(matches!(
         cmds[..],
         [Command::Send(Request::Scan { generation: 2 })]
     ));
-    assert!(m.scanning);
+    assert!(m.scan.scanning);
     update(&mut m, Msg::Engine(scan_event(2)));
-    assert_eq!(m.drift, (0, 0), "a fresh snapshot clears the drift");
+    assert_eq!(m.scan.drift, (0, 0), "a fresh snapshot clears the drift");
 }
 
 #[test]
@@ -378,7 +389,7 @@ fn rescan_keeps_decisions_only_for_unchanged_items() {
             i.labels = "k8s:app=changed;".into();
         }
     }
-    let merged = merge_decisions(&m.items, fresh);
+    let merged = merge_decisions(&m.cluster.items, fresh);
     let get = |id: &str| merged.iter().find(|i| i.id == id).unwrap().clone();
     assert!(get("302").decided);
     assert!(
@@ -393,29 +404,33 @@ fn filter_search_sort_and_scrolling() {
     let mut m = scanned_model();
     update(&mut m, key('2'));
     update(&mut m, key('f'));
-    assert_eq!(m.view.len(), 3, "conflicts");
+    assert_eq!(m.table.view.len(), 3, "conflicts");
     update(&mut m, key('f'));
     update(&mut m, key('f'));
     update(&mut m, key('f'));
-    assert_eq!(m.view.len(), 1, "invalid");
+    assert_eq!(m.table.view.len(), 1, "invalid");
     update(&mut m, key('f'));
     update(&mut m, key('/'));
     for c in "QUEUE".chars() {
         update(&mut m, key(c));
     }
-    assert_eq!(m.view.len(), 1, "case-insensitive search while typing");
+    assert_eq!(
+        m.table.view.len(),
+        1,
+        "case-insensitive search while typing"
+    );
     update(&mut m, code(KeyCode::Esc));
-    assert_eq!(m.view.len(), 7);
+    assert_eq!(m.table.view.len(), 7);
     update(&mut m, key('s')); // kind
-    assert_eq!(m.items[m.view[0]].kind, Kind::AlreadyMigrated);
+    assert_eq!(m.cluster.items[m.table.view[0]].kind, Kind::AlreadyMigrated);
     update(&mut m, key('S'));
-    assert_eq!(m.items[m.view[0]].kind, Kind::Invalid);
+    assert_eq!(m.cluster.items[m.table.view[0]].kind, Kind::Invalid);
     update(&mut m, key('G'));
-    assert_eq!(m.selected, 6);
+    assert_eq!(m.table.selected, 6);
     update(&mut m, Msg::Scroll(-3));
-    assert_eq!(m.selected, 3);
+    assert_eq!(m.table.selected, 3);
     update(&mut m, key('g'));
-    assert_eq!(m.selected, 0);
+    assert_eq!(m.table.selected, 0);
 }
 
 #[test]

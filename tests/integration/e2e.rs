@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use cilium_idmig::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use cilium_idmig::core::labels::{SecurityLabels, parse_label_key, to_security_labels};
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
 use crate::harness::{Etcd, Run, run};
@@ -80,7 +80,9 @@ impl World {
             .map(|(k, v)| {
                 (
                     k,
-                    cilium_idmig::identity::parse_identity(&v).unwrap().labels,
+                    cilium_idmig::core::identity::parse_identity(&v)
+                        .unwrap()
+                        .labels,
                 )
             })
             .collect()

@@ -1,7 +1,7 @@
 //! The etcd source against a real etcd: paging, pinned revision, slave-key counting, TLS.
 
 use cilium_idmig::Error;
-use cilium_idmig::etcd_source::{EtcdOptions, read_snapshot};
+use cilium_idmig::io::etcd::{EtcdOptions, read_snapshot};
 
 use crate::harness::Etcd;
 

@@ -1,9 +1,9 @@
-//! Test harness: the real etcd from the library's testkit, a raw HTTP/1.1 client, and
+//! Test harness: the real etcd from the shared test support, a raw HTTP/1.1 client, and
 //! helpers to run the real binary.
 
 use std::path::Path;
 
-pub use cilium_idmig::testkit::{Etcd, free_port};
+pub use crate::support::{Etcd, free_port, load_etcd};
 
 /// A raw HTTP/1.1 exchange (`Connection: close`), independent of the product's client.
 pub async fn http(
@@ -177,8 +177,8 @@ pub async fn load_dataset(
     identities: usize,
     seed: u64,
     nodes: u32,
-) -> cilium_idmig::generator::Generated {
-    use cilium_idmig::generator::{self, GenConfig};
+) -> cilium_idmig::sandbox::generator::Generated {
+    use cilium_idmig::sandbox::generator::{self, GenConfig};
     let data = generator::generate(&GenConfig {
         identities,
         seed,
@@ -187,8 +187,6 @@ pub async fn load_dataset(
     })
     .unwrap();
     let mut c = etcd.client().await.unwrap();
-    generator::load_etcd(&mut c, cilium_idmig::kvstore::DEFAULT_PREFIX, &data)
-        .await
-        .unwrap();
+    load_etcd(&mut c, cilium_idmig::core::kvstore::DEFAULT_PREFIX, &data).await;
     data
 }

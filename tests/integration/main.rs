@@ -6,4 +6,6 @@ mod harness;
 mod reliability;
 mod sandbox;
 mod service;
+#[path = "../support/mod.rs"]
+mod support;
 mod tui;

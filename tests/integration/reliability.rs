@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use cilium_idmig::generator;
-use cilium_idmig::labels::SecurityLabels;
+use cilium_idmig::core::labels::SecurityLabels;
+use cilium_idmig::sandbox::generator;
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
 use crate::harness::{Etcd, Tmux, bin, free_port, load_dataset, run};
@@ -20,7 +20,9 @@ fn state(sb: &Sandbox) -> BTreeMap<String, SecurityLabels> {
         .map(|(k, v)| {
             (
                 k,
-                cilium_idmig::identity::parse_identity(&v).unwrap().labels,
+                cilium_idmig::core::identity::parse_identity(&v)
+                    .unwrap()
+                    .labels,
             )
         })
         .collect()
@@ -104,7 +106,7 @@ async fn sigkill_anywhere_then_rerun_converges_to_the_uninterrupted_state() {
             );
         }
         if d.join(&log).exists() {
-            let c = cilium_idmig::decision_log::read(&d.join(&log)).unwrap();
+            let c = cilium_idmig::io::decision_log::read(&d.join(&log)).unwrap();
             assert!(
                 c.bad_lines.is_empty(),
                 "run {i}: only the last line may be torn"

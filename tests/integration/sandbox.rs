@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use cilium_idmig::identity::identity_object;
-use cilium_idmig::k8s_target::{CrdState, K8sTarget, RequestError};
-use cilium_idmig::labels::SecurityLabels;
+use cilium_idmig::core::identity::identity_object;
+use cilium_idmig::core::labels::SecurityLabels;
+use cilium_idmig::io::k8s::{CrdState, K8sTarget, RequestError};
 use cilium_idmig::sandbox::{Fault, FaultConfig, Sandbox, SandboxConfig};
 
 use crate::harness::http;
@@ -157,7 +157,7 @@ async fn list_pages_with_limit_and_continue_and_selects_by_label() {
     assert_eq!(snap.other_names, vec!["not-a-number".to_string()]);
     assert_eq!(
         snap.identities[&1000],
-        cilium_idmig::labels::canonical_key(&labels("web"))
+        cilium_idmig::core::labels::canonical_key(&labels("web"))
     );
     assert_eq!(snap.identities[&1000], "k8s:app=web;reserved:host=;");
 }

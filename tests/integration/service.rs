@@ -6,14 +6,16 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use cilium_idmig::decision_log::DecisionLog;
-use cilium_idmig::engine::ApplyOptions;
-use cilium_idmig::etcd_source::{Drift, EtcdConnection, EtcdOptions};
-use cilium_idmig::k8s_target::K8sTarget;
-use cilium_idmig::range::IdRange;
+use cilium_idmig::app::service::{
+    self, ServiceConfig, ServiceEvent as Event, ServiceRequest as Request,
+};
+use cilium_idmig::apply::executor::ApplyOptions;
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::io::decision_log::DecisionLog;
+use cilium_idmig::io::etcd::{Drift, EtcdConnection, EtcdOptions};
+use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::io::kv_source::KvSource;
 use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
-use cilium_idmig::service::{self, Event, Request, ServiceConfig};
-use cilium_idmig::session::KvSource;
 
 use crate::harness::Etcd;
 
@@ -157,17 +159,21 @@ async fn preflight_scan_drift_commit_and_export() {
     .await;
     let Event::Committed {
         generation: 1,
-        report,
+        run,
         verify,
     } = ev
     else {
         panic!("{ev:?}")
     };
+    let report = run.report;
     assert!(report.crd_created);
     // The progress watch holds the final totals.
     let p = *progress.borrow();
     assert_eq!((p.total, p.writes, p.done, p.created), (1, 1, 1, 1));
-    assert_eq!(report.count("created"), 1);
+    assert_eq!(
+        report.count(cilium_idmig::core::outcome::Outcome::Created),
+        1
+    );
     let verify = verify.unwrap();
     assert_eq!(
         verify.problems.len(),

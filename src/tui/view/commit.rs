@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Gauge, Paragraph};
 
 use super::Theme;
-use crate::planner::{Action, Kind};
+use crate::core::planner::WriteSummary;
 use crate::tui::model::{CommitPhase, Model};
 
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
@@ -19,36 +19,31 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
 
 fn summary(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
-    let own = |i: &crate::planner::PlanItem| i.target_id == i.numeric_id();
-    let count =
-        |f: &dyn Fn(&crate::planner::PlanItem) -> bool| model.items.iter().filter(|i| f(i)).count();
-    let creates_same =
-        count(&|i| i.action == Action::Create && own(i) && i.kind != Kind::Duplicate);
-    let remaps = count(&|i| i.action == Action::Create && !own(i));
-    let dups = count(&|i| i.action == Action::Create && own(i) && i.kind == Kind::Duplicate);
-    let maps = count(&|i| i.action == Action::None && !own(i));
-    let skipped = count(&|i| i.action == Action::Skip && i.kind != Kind::Invalid);
+    let w = WriteSummary::of(&model.cluster.items);
     let mut lines = vec![Line::styled(
         "Writes on commit",
         Style::default().add_modifier(Modifier::BOLD),
     )];
-    if !model.crd_present {
+    if !model.cluster.crd_present {
         lines.push(Line::raw(
             "  create CRD ciliumidentities.cilium.io and wait until it is Established",
         ));
     }
     lines.push(Line::raw(format!(
-        "  {creates_same:>6}  create at the same id"
+        "  {:>6}  create at the same id",
+        w.same_id
     )));
     lines.push(Line::raw(format!(
-        "  {remaps:>6}  create at a new id (remap)"
+        "  {:>6}  create at a new id (remap)",
+        w.remaps
     )));
     lines.push(Line::raw(format!(
-        "  {dups:>6}  create a duplicate at its own id"
+        "  {:>6}  create a duplicate at its own id",
+        w.duplicates
     )));
     lines.push(Line::raw(format!(
         "  {:>6}  CiliumIdentity objects in all",
-        creates_same + remaps + dups
+        w.creates()
     )));
     lines.push(Line::raw(""));
     lines.push(Line::styled(
@@ -57,15 +52,19 @@ fn summary(model: &Model, frame: &mut Frame, area: Rect) {
     ));
     lines.push(Line::raw(format!(
         "  {:>6}  already migrated",
-        model.count(Kind::AlreadyMigrated)
+        w.already_migrated
     )));
     lines.push(Line::raw(format!(
-        "  {maps:>6}  mapped to an id that holds the labels (reuse)"
+        "  {:>6}  mapped to an id that holds the labels (reuse)",
+        w.mapped
     )));
-    lines.push(Line::raw(format!("  {skipped:>6}  skipped by decision")));
+    lines.push(Line::raw(format!(
+        "  {:>6}  skipped by decision",
+        w.skipped
+    )));
     lines.push(Line::raw(format!(
         "  {:>6}  invalid kvstore entries",
-        model.count(Kind::Invalid)
+        w.invalid
     )));
     lines.push(Line::raw(""));
     let undecided = model.undecided();

@@ -10,8 +10,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::{Theme, symbol};
-use crate::labels::{SecurityLabels, parse_label_key, to_security_labels};
-use crate::planner::{Action, Kind};
+use crate::core::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use crate::core::planner::{Action, Kind};
 use crate::tui::model::Model;
 
 fn as_map(key: &str) -> SecurityLabels {
@@ -23,8 +23,8 @@ fn as_map(key: &str) -> SecurityLabels {
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let all: Vec<usize> = model.conflicts().collect();
-    let Some(i) = model.conflict.filter(|i| all.contains(i)) else {
-        let msg = if model.scanning {
+    let Some(i) = model.review.conflict.filter(|i| all.contains(i)) else {
+        let msg = if model.scan.scanning {
             "scanning…"
         } else {
             "no conflicts: every identity is a plain create, already migrated, or invalid"
@@ -35,7 +35,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         );
         return;
     };
-    let item = &model.items[i];
+    let item = &model.cluster.items[i];
     let pos = all.iter().position(|&c| c == i).map_or(0, |p| p + 1);
     let state = if item.kind.needs_decision() && !item.decided {
         Span::styled("needs a decision", t.bad())
@@ -59,7 +59,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             " conflict {pos} of {} · kvstore id {} · used by {} node(s) · ",
             all.len(),
             item.id,
-            if model.counting {
+            if model.scan.counting {
                 "…".to_string()
             } else {
                 item.nodes.to_string()
@@ -82,7 +82,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             ),
             (None, Some(x)) => (
                 format!(" Kubernetes at id {x} (same labels) "),
-                model.k8s.get(&x).map(|k| as_map(k)),
+                model.cluster.k8s.get(&x).map(|k| as_map(k)),
             ),
             _ => (" Kubernetes ".into(), None),
         };

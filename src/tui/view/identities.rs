@@ -11,9 +11,9 @@ use crate::tui::model::{Model, SortColumn};
 
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
-    let arrow = if model.descending { "↓" } else { "↑" };
+    let arrow = if model.table.descending { "↓" } else { "↑" };
     let head = |name: &str, col: SortColumn| {
-        let label = if model.sort == col {
+        let label = if model.table.sort == col {
             format!("{name}{arrow}")
         } else {
             name.to_string()
@@ -31,52 +31,55 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     .style(Style::default().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
     // Rows only for the visible slice of the view.
     let height = usize::from(area.height.saturating_sub(3));
-    let start = model.offset.min(model.view.len());
-    let end = (start + height).min(model.view.len());
-    let rows = model.view[start..end].iter().enumerate().map(|(n, &i)| {
-        let item = &model.items[i];
-        let target = match item.target_id {
-            Some(tid) if Some(tid) != item.numeric_id() => format!("→{tid}"),
-            Some(tid) => tid.to_string(),
-            None => "-".into(),
-        };
-        let decided = if item.kind.needs_decision() && !item.decided {
-            "?"
-        } else {
-            ""
-        };
-        let mut style = t.kind(item.kind);
-        if start + n == model.selected {
-            style = style.patch(t.selected());
-        }
-        Row::new(vec![
-            Cell::from(format!("{}{decided}", symbol(item.kind))),
-            Cell::from(item.id.clone()),
-            Cell::from(item.kind.as_str()),
-            Cell::from(format!("{target} {}", item.action.as_str())),
-            Cell::from(if model.counting {
-                "…".to_string()
+    let start = model.table.offset.min(model.table.view.len());
+    let end = (start + height).min(model.table.view.len());
+    let rows = model.table.view[start..end]
+        .iter()
+        .enumerate()
+        .map(|(n, &i)| {
+            let item = &model.cluster.items[i];
+            let target = match item.target_id {
+                Some(tid) if Some(tid) != item.numeric_id() => format!("→{tid}"),
+                Some(tid) => tid.to_string(),
+                None => "-".into(),
+            };
+            let decided = if item.kind.needs_decision() && !item.decided {
+                "?"
             } else {
-                item.nodes.to_string()
-            }),
-            Cell::from(item.labels.clone()),
-        ])
-        .style(style)
-    });
+                ""
+            };
+            let mut style = t.kind(item.kind);
+            if start + n == model.table.selected {
+                style = style.patch(t.selected());
+            }
+            Row::new(vec![
+                Cell::from(format!("{}{decided}", symbol(item.kind))),
+                Cell::from(item.id.clone()),
+                Cell::from(item.kind.as_str()),
+                Cell::from(format!("{target} {}", item.action.as_str())),
+                Cell::from(if model.scan.counting {
+                    "…".to_string()
+                } else {
+                    item.nodes.to_string()
+                }),
+                Cell::from(item.labels.clone()),
+            ])
+            .style(style)
+        });
     let title = format!(
         " Identities: {} of {} shown · filter {} · search {} · row {} ",
-        model.view.len(),
-        model.items.len(),
-        model.filter.label(),
-        if model.search.is_empty() {
+        model.table.view.len(),
+        model.cluster.items.len(),
+        model.table.filter.label(),
+        if model.table.search.is_empty() {
             "-".to_string()
         } else {
-            format!("{:?}", model.search)
+            format!("{:?}", model.table.search)
         },
-        if model.view.is_empty() {
+        if model.table.view.is_empty() {
             0
         } else {
-            model.selected + 1
+            model.table.selected + 1
         },
     );
     let table = Table::new(

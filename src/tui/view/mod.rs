@@ -15,7 +15,7 @@ use ratatui::widgets::Paragraph;
 
 use super::keys::bindings_for;
 use super::model::{Model, Screen};
-use crate::planner::Kind;
+use crate::core::planner::Kind;
 
 /// Styles that still read without colour (`NO_COLOR`): colour is only ever a second cue.
 pub struct Theme {
@@ -93,16 +93,16 @@ pub fn view(model: &Model, frame: &mut Frame) {
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];
-    if model.scanning {
+    if model.scan.scanning {
         status_spans.insert(0, Span::styled("scanning… ", t.fg(Color::Yellow)));
-    } else if model.counting {
+    } else if model.scan.counting {
         status_spans.insert(0, Span::styled("counting nodes… ", t.fg(Color::Yellow)));
     }
-    if model.drift != (0, 0) {
+    if model.scan.drift != (0, 0) {
         status_spans.push(Span::styled(
             format!(
                 "  drift since scan: +{} -{} identities (R rescans)",
-                model.drift.0, model.drift.1
+                model.scan.drift.0, model.scan.drift.1
             ),
             t.fg(Color::Yellow).add_modifier(Modifier::BOLD),
         ));
@@ -128,7 +128,10 @@ fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
             Span::raw(label)
         });
     }
-    let mut counts = vec![Span::raw(format!(" {} identities: ", model.items.len()))];
+    let mut counts = vec![Span::raw(format!(
+        " {} identities: ",
+        model.cluster.items.len()
+    ))];
     for kind in Kind::ALL {
         counts.push(Span::styled(
             format!(

@@ -27,7 +27,10 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
         ),
         Modal::EditTarget { input, error } => {
             let mut lines = vec![
-                Line::raw(format!("New target id in {}: {input}█", model.range)),
+                Line::raw(format!(
+                    "New target id in {}: {input}█",
+                    model.cluster.range
+                )),
                 Line::raw(
                     "Enter checks it: in range, free in Kubernetes and in the kvstore, not taken by another proposal.",
                 ),
@@ -48,17 +51,14 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             4,
         ),
         Modal::ConfirmCommit { typed } => {
-            let writes = model
-                .items
-                .iter()
-                .filter(|i| i.action == crate::planner::Action::Create)
-                .count();
+            let writes = crate::core::planner::WriteSummary::of(&model.cluster.items).creates();
             (
                 " Commit ",
                 vec![
                     Line::raw(format!(
                         "This writes up to {writes} CiliumIdentity objects to {}.",
                         model
+                            .cluster
                             .preflight
                             .as_ref()
                             .map_or("the cluster", |p| p.server.as_str())

@@ -14,7 +14,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let block = Block::default()
         .borders(Borders::ALL)
         .title(" Preflight (nothing is written from here) ");
-    let Some(p) = &model.preflight else {
+    let Some(p) = &model.cluster.preflight else {
         frame.render_widget(
             Paragraph::new("checking etcd, the API server, the CRD and RBAC…").block(block),
             area,
@@ -43,14 +43,14 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             )),
         ]),
     ];
-    if let Some(s) = &model.source {
+    if let Some(s) = &model.cluster.source {
         lines.push(Line::from(vec![
             Span::styled("snapshot    ", bold),
             Span::raw(format!(
                 "revision {} under {}, {} identities",
                 s.revision,
                 s.prefix,
-                model.items.len()
+                model.cluster.items.len()
             )),
         ]));
     }

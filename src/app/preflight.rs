@@ -1,0 +1,196 @@
+//! Preflight: can this tool read the kvstore, reach the API server, find (or create) the
+//! CRD, and do what the shipped ClusterRole grants? Each failure says how to fix it.
+
+use crate::core::identity::CRD_NAME;
+use crate::core::range::IdRange;
+use crate::io::k8s::K8sTarget;
+use crate::io::kv_source::KvSource;
+
+/// One preflight check, worded for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+    /// How to fix it, when it failed.
+    pub fix: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PreflightReport {
+    pub etcd: String,
+    pub server: String,
+    pub context: String,
+    pub version: String,
+    pub crd_present: bool,
+    pub cluster_id: u32,
+    pub range: Option<IdRange>,
+    pub checks: Vec<Check>,
+}
+
+/// `(verb, group, resource)` for every rule of `assets/clusterrole.yaml`.
+pub fn required_rules() -> Vec<(String, String, String)> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Rule {
+        api_groups: Vec<String>,
+        resources: Vec<String>,
+        verbs: Vec<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Role {
+        rules: Vec<Rule>,
+    }
+    let role: Role = match serde_yaml::from_str(crate::core::identity::CLUSTER_ROLE_YAML) {
+        Ok(r) => r,
+        Err(_) => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for rule in role.rules {
+        for group in &rule.api_groups {
+            for resource in &rule.resources {
+                for verb in &rule.verbs {
+                    out.push((verb.clone(), group.clone(), resource.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks both ends, the CRD and RBAC. Reads only.
+pub async fn run(
+    kv: &KvSource,
+    target: &K8sTarget,
+    cluster_id: u32,
+    range: IdRange,
+) -> PreflightReport {
+    let mut r = PreflightReport {
+        server: target.server.clone(),
+        context: target.context.clone().unwrap_or_else(|| "-".into()),
+        cluster_id,
+        range: Some(range),
+        ..Default::default()
+    };
+    r.etcd = match kv {
+        KvSource::Etcd(o) => o.endpoints.join(","),
+        KvSource::Memory(s) => s.source.endpoints.join(","),
+    };
+    match kv.read_masters().await {
+        Ok(s) => r.checks.push(Check {
+            name: "kvstore readable".into(),
+            ok: true,
+            detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
+            fix: None,
+        }),
+        Err(e) => r.checks.push(Check {
+            name: "kvstore readable".into(),
+            ok: false,
+            detail: e.to_string(),
+            fix: Some("check --etcd-endpoints / --etcd-config, the CA and client certificate, and that etcd is up".into()),
+        }),
+    }
+    match target.server_version().await {
+        Ok(v) => {
+            r.version = v.clone();
+            r.checks.push(Check {
+                name: "API server reachable".into(),
+                ok: true,
+                detail: v,
+                fix: None,
+            });
+        }
+        Err(e) => {
+            r.checks.push(Check {
+                name: "API server reachable".into(),
+                ok: false,
+                detail: e.to_string(),
+                fix: Some("check --kubeconfig / --context and that the API server is up".into()),
+            });
+            return r;
+        }
+    }
+    match target.crd_state().await {
+        Ok(state) => {
+            r.crd_present = state != crate::io::k8s::CrdState::Missing;
+            r.checks.push(Check {
+                name: format!("CRD {CRD_NAME}"),
+                ok: true,
+                detail: if r.crd_present {
+                    "installed".into()
+                } else {
+                    "missing: commit creates it first".into()
+                },
+                fix: None,
+            });
+        }
+        Err(e) => r.checks.push(Check {
+            name: format!("CRD {CRD_NAME}"),
+            ok: false,
+            detail: e.to_string(),
+            fix: None,
+        }),
+    }
+    // Exactly the rules of the ClusterRole we ship; the CRD rule only while the CRD is missing.
+    let wanted: Vec<(String, String, String)> = required_rules()
+        .into_iter()
+        .filter(|(_, _, resource)| resource != "selfsubjectaccessreviews")
+        .filter(|(_, _, resource)| !(r.crd_present && resource == "customresourcedefinitions"))
+        .collect();
+    for (verb, group, resource) in wanted {
+        let name = format!("RBAC: {verb} {resource}.{group}");
+        match target.can_i(&verb, &group, &resource).await {
+            Ok(true) => r.checks.push(Check { name, ok: true, detail: "allowed".into(), fix: None }),
+            Ok(false) => r.checks.push(Check {
+                name,
+                ok: false,
+                detail: "denied".into(),
+                fix: Some(format!("bind the ClusterRole in assets/clusterrole.yaml (it grants {verb} on {resource}.{group})")),
+            }),
+            Err(e) => r.checks.push(Check { name, ok: false, detail: e.to_string(), fix: None }),
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_shipped_cluster_role_grants_exactly_what_the_tool_uses() {
+        let rules = super::required_rules();
+        let has =
+            |v: &str, g: &str, r: &str| rules.iter().any(|x| x == &(v.into(), g.into(), r.into()));
+        for verb in ["list", "get", "create"] {
+            assert!(has(verb, "cilium.io", "ciliumidentities"), "{verb}");
+        }
+        assert!(has(
+            "create",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions"
+        ));
+        assert!(has(
+            "get",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions"
+        ));
+        assert!(has(
+            "create",
+            "authorization.k8s.io",
+            "selfsubjectaccessreviews"
+        ));
+        for never in [
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+            "watch",
+            "*",
+        ] {
+            assert!(
+                !rules.iter().any(|(v, _, _)| v == never),
+                "the role must not grant {never}"
+            );
+        }
+        assert_eq!(rules.len(), 6);
+    }
+}

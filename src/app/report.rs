@@ -1,0 +1,146 @@
+//! Plain-text summaries of a plan, an apply and a verification, as the headless commands
+//! print them. Pure formatting: callers decide where the text goes.
+
+use std::fmt::Write;
+
+use crate::apply::outcome::{ApplyReport, Outcome};
+use crate::core::planner::Kind;
+use crate::core::verify::VerifyReport;
+use crate::io::plan_file::PlanFile;
+
+/// What `plan` prints: both ends, the range, the CRD step, and a count per kind.
+pub fn plan_summary(plan: &PlanFile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "kvstore: {} (prefix {}, revision {})",
+        plan.source.endpoints.join(","),
+        plan.source.prefix,
+        plan.source.revision
+    );
+    let _ = writeln!(
+        out,
+        "kubernetes: {} (context {})",
+        plan.target.server,
+        plan.target.context.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(out, "cluster id {}, range {}", plan.cluster_id, plan.range);
+    if plan.crd.create {
+        let _ = writeln!(
+            out,
+            "CRD ciliumidentities.cilium.io is missing: apply creates it first and waits until it is Established"
+        );
+    }
+    for kind in Kind::ALL {
+        let n = plan.summary.get(kind.as_str()).copied().unwrap_or(0);
+        let note = match kind {
+            Kind::AlreadyMigrated => "nothing to do",
+            Kind::Create => "create with the same id",
+            Kind::Remap => "create at a new id (needs a decision)",
+            Kind::Reuse => "map to the id that already has the labels",
+            Kind::Duplicate => "create anyway (needs a decision)",
+            Kind::Invalid => "never written",
+        };
+        let _ = writeln!(out, "  {:<17} {n:>6}   {note}", kind.as_str());
+    }
+    let unused = plan
+        .items
+        .iter()
+        .filter(|i| i.kind != Kind::Invalid && i.nodes == 0)
+        .count();
+    if unused > 0 {
+        let _ = writeln!(
+            out,
+            "  {unused} valid identities are used by no node (no value/ keys): candidates for Cilium's garbage collection"
+        );
+    }
+    out
+}
+
+/// What `apply` prints when it is done.
+pub fn apply_summary(r: &ApplyReport) -> String {
+    let mut out = format!(
+        "created {}, already existed {}, already migrated {}, mapped {}, skipped {}, conflicts {}, failed {}, not attempted {}; {} retries; {} ms\n",
+        r.count(Outcome::Created),
+        r.count(Outcome::AlreadyExisted),
+        r.count(Outcome::AlreadyMigrated),
+        r.count(Outcome::Mapped),
+        r.count(Outcome::Skipped),
+        r.count(Outcome::Conflict),
+        r.count(Outcome::Failed),
+        r.count(Outcome::NotAttempted),
+        r.retries,
+        r.elapsed_ms
+    );
+    if r.crd_created {
+        out.push_str("created CRD ciliumidentities.cilium.io\n");
+    }
+    if let Some(s) = &r.stopped {
+        let _ = writeln!(out, "stopped: {s}; rerun the same command to finish");
+    }
+    out
+}
+
+/// What `verify` prints: one line per problem, then the totals.
+pub fn verify_summary(r: &VerifyReport) -> String {
+    let mut out = String::new();
+    for p in &r.problems {
+        let at = p.expected_at.map_or("-".to_string(), |t| t.to_string());
+        let what = format!("{:?}", p.problem).to_lowercase();
+        let _ = write!(out, "{what:<10} id {} expected at {at}: {}", p.id, p.labels);
+        if let Some(found) = &p.found_labels {
+            let _ = write!(out, "  (found {found})");
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "verified {} identities: {} ok ({} via a recorded mapping), {} problems; {} invalid kvstore entries not checked",
+        r.checked,
+        r.ok,
+        r.mapped,
+        r.problems.len(),
+        r.invalid_ignored
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::verify::{Problem, ProblemKind};
+
+    #[test]
+    fn summaries_name_what_happened() {
+        let r = ApplyReport {
+            stopped: Some("the API server kept failing".into()),
+            crd_created: true,
+            ..Default::default()
+        };
+        let text = apply_summary(&r);
+        assert!(
+            text.contains("created 0,")
+                && text.contains("created CRD")
+                && text.contains("rerun the same command"),
+            "{text}"
+        );
+        let v = VerifyReport {
+            checked: 2,
+            ok: 1,
+            problems: vec![Problem {
+                id: 301,
+                labels: "k8s:a=b;".into(),
+                expected_at: Some(301),
+                problem: ProblemKind::Different,
+                found_labels: Some("k8s:x=y;".into()),
+            }],
+            ..Default::default()
+        };
+        let text = verify_summary(&v);
+        assert!(
+            text.starts_with("different  id 301 expected at 301: k8s:a=b;  (found k8s:x=y;)"),
+            "{text}"
+        );
+        assert!(text.contains("verified 2 identities: 1 ok"), "{text}");
+    }
+}

@@ -1,0 +1,436 @@
+//! The engine service: one task that owns every piece of IO (etcd, Kubernetes, the decision
+//! log, files) and talks to a front end only through owned requests and events over bounded
+//! channels. Results carry the generation of the request so a front end can drop stale ones.
+//! It only relays: the work itself is in `flows`, the executor and `export`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use super::flows::{self, ApplyRun, ApplySpec};
+pub use super::preflight::{Check, PreflightReport};
+use crate::apply::executor::{ApplyOptions, StopFlag, Watchers};
+use crate::apply::outcome::{ApplyEvent, Progress};
+use crate::core::kvstore::SourceInfo;
+use crate::core::labels::LabelKey;
+use crate::core::planner::{PlanItem, describe};
+use crate::core::range::IdRange;
+use crate::core::verify::VerifyReport;
+use crate::error::{Error, Result};
+use crate::io::decision_log::{DecisionLog, Record};
+use crate::io::etcd::{Drift, EtcdConnection};
+use crate::io::k8s::K8sTarget;
+use crate::io::kv_source::KvSource;
+
+/// What the service needs to run.
+pub struct ServiceConfig {
+    pub kv: KvSource,
+    pub target: K8sTarget,
+    pub cluster_id: u32,
+    pub range: IdRange,
+    pub log: Arc<DecisionLog>,
+    pub apply: ApplyOptions,
+}
+
+/// The service's jobs, named in failures so a front end can tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Scan,
+    NodeCount,
+    Apply,
+    DecisionLog,
+    DriftWatch,
+    Export,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Scan => "scan",
+            Task::NodeCount => "node count",
+            Task::Apply => "commit",
+            Task::DecisionLog => "decision log",
+            Task::DriftWatch => "drift watch",
+            Task::Export => "export",
+        }
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Requests from a front end.
+#[derive(Debug, Clone)]
+pub enum ServiceRequest {
+    Preflight,
+    Scan {
+        generation: u64,
+    },
+    /// The operator decided on `item` (already changed by the decision): log it now.
+    /// `name` is the decision's word (`accept`, `edit`, `undo`, ...).
+    Decided {
+        name: &'static str,
+        item: Box<PlanItem>,
+    },
+    /// Write what the operator confirmed in the TUI. `items` carry their decisions.
+    Commit {
+        generation: u64,
+        items: Vec<PlanItem>,
+    },
+    /// A headless apply: a saved plan, or plan and apply in one go.
+    Apply {
+        generation: u64,
+        spec: Box<ApplySpec>,
+    },
+    /// Stop starting new writes.
+    Stop,
+    /// Write the decision log and a Markdown summary next to `path`.
+    Export {
+        path: PathBuf,
+        items: Vec<PlanItem>,
+    },
+}
+
+/// A finished scan: everything the front end shows, as plain data.
+#[derive(Debug, Clone)]
+pub struct ScanResult {
+    pub items: Vec<PlanItem>,
+    pub k8s: BTreeMap<u32, LabelKey>,
+    pub source: SourceInfo,
+    pub crd_present: bool,
+    pub other_names: usize,
+}
+
+/// Events to a front end.
+#[derive(Debug, Clone)]
+pub enum ServiceEvent {
+    Preflight(PreflightReport),
+    /// The table's data; node counts follow in `NodeCounts`.
+    Scanned {
+        generation: u64,
+        scan: Box<ScanResult>,
+    },
+    /// Nodes using each label key (keyed by the label key as text).
+    NodeCounts {
+        generation: u64,
+        counts: HashMap<String, u32>,
+    },
+    Apply(ApplyEvent),
+    /// An apply finished; `verify` is there when the commit asked for it and was not stopped.
+    Committed {
+        generation: u64,
+        run: Box<ApplyRun>,
+        verify: Option<VerifyReport>,
+    },
+    Drift {
+        added: u64,
+        removed: u64,
+    },
+    /// The kvstore was compacted past the watched revision; a rescan is due.
+    DriftCompacted,
+    Exported {
+        paths: Vec<PathBuf>,
+    },
+    /// A task failed; the error is shared so events stay cheap to clone.
+    Failed {
+        generation: u64,
+        task: Task,
+        error: Arc<Error>,
+    },
+}
+
+impl ServiceEvent {
+    fn failed(generation: u64, task: Task, error: Error) -> Self {
+        ServiceEvent::Failed {
+            generation,
+            task,
+            error: Arc::new(error),
+        }
+    }
+}
+
+/// The service's channels: requests in, events out (both bounded), apply progress on a watch.
+pub struct Handle {
+    pub requests: mpsc::Sender<ServiceRequest>,
+    pub events: mpsc::Receiver<ServiceEvent>,
+    pub progress: watch::Receiver<Progress>,
+}
+
+/// Starts the service; it ends when the request sender is dropped.
+pub fn spawn(cfg: ServiceConfig) -> Handle {
+    let (req_tx, req_rx) = mpsc::channel(64);
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let (progress_tx, progress_rx) = watch::channel(Progress::default());
+    tokio::spawn(run(Arc::new(cfg), req_rx, ev_tx, Arc::new(progress_tx)));
+    Handle {
+        requests: req_tx,
+        events: ev_rx,
+        progress: progress_rx,
+    }
+}
+
+async fn run(
+    cfg: Arc<ServiceConfig>,
+    mut rx: mpsc::Receiver<ServiceRequest>,
+    tx: mpsc::Sender<ServiceEvent>,
+    progress: Arc<watch::Sender<Progress>>,
+) {
+    // A fresh stop switch per apply, so a retry after a stop can write again.
+    let mut stop = StopFlag::default();
+    let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
+    while let Some(req) = rx.recv().await {
+        match req {
+            ServiceRequest::Preflight => {
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let report =
+                        super::preflight::run(&cfg.kv, &cfg.target, cfg.cluster_id, cfg.range)
+                            .await;
+                    let _ = tx.send(ServiceEvent::Preflight(report)).await;
+                });
+            }
+            ServiceRequest::Scan { generation } => {
+                if let Some(t) = drift_task.take() {
+                    t.abort();
+                }
+                let (drift_tx, drift_rx) = mpsc::channel(16);
+                drift_task = Some(tokio::spawn(watch_drift(cfg.clone(), drift_rx, tx.clone())));
+                tokio::spawn(scan(cfg.clone(), generation, drift_tx, tx.clone()));
+            }
+            ServiceRequest::Decided { name, item } => {
+                if let Err(e) = cfg.log.append(decision_record(name, &item)) {
+                    let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
+                }
+            }
+            ServiceRequest::Commit { generation, items } => {
+                let plan =
+                    flows::plan_of_items(&cfg.kv, &cfg.target, cfg.cluster_id, cfg.range, items);
+                let spec = ApplySpec {
+                    plan: Some(plan),
+                    accept_proposals: false,
+                    options: cfg.apply.clone(),
+                };
+                stop = StopFlag::default();
+                tokio::spawn(apply(
+                    cfg.clone(),
+                    generation,
+                    spec,
+                    true,
+                    tx.clone(),
+                    progress.clone(),
+                    stop.clone(),
+                ));
+            }
+            ServiceRequest::Apply { generation, spec } => {
+                stop = StopFlag::default();
+                tokio::spawn(apply(
+                    cfg.clone(),
+                    generation,
+                    *spec,
+                    false,
+                    tx.clone(),
+                    progress.clone(),
+                    stop.clone(),
+                ));
+            }
+            ServiceRequest::Stop => stop.stop(),
+            ServiceRequest::Export { path, items } => {
+                let ev = match super::export::export(
+                    &cfg.log,
+                    &cfg.target.server,
+                    cfg.range,
+                    &path,
+                    &items,
+                ) {
+                    Ok(paths) => ServiceEvent::Exported { paths },
+                    Err(e) => ServiceEvent::failed(0, Task::Export, e),
+                };
+                let _ = tx.send(ev).await;
+            }
+        }
+    }
+    if let Some(t) = drift_task {
+        t.abort();
+    }
+}
+
+/// The decision log line for an operator's decision in a front end.
+fn decision_record(name: &str, item: &PlanItem) -> Record {
+    Record {
+        ts: String::new(),
+        operator: String::new(),
+        id: item.id.clone(),
+        labels: item.labels.clone(),
+        kind: item.kind,
+        decision: describe(name, item),
+        target_id: item.target_id,
+        outcome: None,
+        error: None,
+    }
+}
+
+/// Reads both sides and sends the table, then the slower node counts.
+async fn scan(
+    cfg: Arc<ServiceConfig>,
+    generation: u64,
+    drift_tx: mpsc::Sender<i64>,
+    tx: mpsc::Sender<ServiceEvent>,
+) {
+    let scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, cfg.range).await {
+        Ok(scan) => scan,
+        Err(e) => {
+            let _ = tx
+                .send(ServiceEvent::failed(generation, Task::Scan, e))
+                .await;
+            return;
+        }
+    };
+    let _ = drift_tx.send(scan.kv.source.revision).await;
+    let kv = scan.kv;
+    let ev = ServiceEvent::Scanned {
+        generation,
+        scan: Box::new(ScanResult {
+            items: scan.items,
+            k8s: scan.k8s.identities,
+            source: kv.source.clone(),
+            crd_present: scan.k8s.crd_present,
+            other_names: scan.k8s.other_names.len(),
+        }),
+    };
+    if tx.send(ev).await.is_err() {
+        return;
+    }
+    // The table is on screen; now the slow count of node references.
+    let ev = match cfg.kv.count_nodes(&kv).await {
+        Ok(counts) => ServiceEvent::NodeCounts {
+            generation,
+            counts: counts
+                .into_iter()
+                .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
+                .collect(),
+        },
+        Err(e) => ServiceEvent::failed(generation, Task::NodeCount, e),
+    };
+    let _ = tx.send(ev).await;
+}
+
+/// One apply, relayed: executor events become service events, the report ends it.
+async fn apply(
+    cfg: Arc<ServiceConfig>,
+    generation: u64,
+    spec: ApplySpec,
+    verify_after: bool,
+    tx: mpsc::Sender<ServiceEvent>,
+    progress: Arc<watch::Sender<Progress>>,
+    stop: StopFlag,
+) {
+    let ev = match apply_and_verify(&cfg, &spec, verify_after, &tx, &progress, stop).await {
+        Ok((run, verify)) => ServiceEvent::Committed {
+            generation,
+            run: Box::new(run),
+            verify,
+        },
+        Err(e) => ServiceEvent::failed(generation, Task::Apply, e),
+    };
+    let _ = tx.send(ev).await;
+}
+
+async fn apply_and_verify(
+    cfg: &ServiceConfig,
+    spec: &ApplySpec,
+    verify_after: bool,
+    tx: &mpsc::Sender<ServiceEvent>,
+    progress: &watch::Sender<Progress>,
+    stop: StopFlag,
+) -> Result<(ApplyRun, Option<VerifyReport>)> {
+    let (apply_tx, mut apply_rx) = mpsc::channel(1024);
+    let forward = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = apply_rx.recv().await {
+                if tx.send(ServiceEvent::Apply(ev)).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let watchers = Watchers {
+        events: Some(&apply_tx),
+        progress: Some(progress),
+    };
+    let run = flows::apply(
+        &cfg.kv,
+        &cfg.target,
+        cfg.range,
+        spec,
+        &cfg.log,
+        watchers,
+        stop,
+    )
+    .await;
+    drop(apply_tx);
+    let _ = forward.await;
+    let run = run?;
+    let verify = if verify_after && run.report.stopped.is_none() {
+        let mappings = flows::mappings_from_logs(&[cfg.log.path().to_path_buf()])?;
+        Some(flows::verify(&cfg.kv, &cfg.target, cfg.range, &mappings).await?)
+    } else {
+        None
+    };
+    Ok((run, verify))
+}
+
+async fn watch_drift(
+    cfg: Arc<ServiceConfig>,
+    mut revision_rx: mpsc::Receiver<i64>,
+    tx: mpsc::Sender<ServiceEvent>,
+) {
+    let KvSource::Etcd(opts) = &cfg.kv else {
+        return;
+    };
+    let Some(revision) = revision_rx.recv().await else {
+        return;
+    };
+    let conn = match EtcdConnection::connect(opts).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = tx.send(ServiceEvent::failed(0, Task::DriftWatch, e)).await;
+            return;
+        }
+    };
+    let (dtx, mut drx) = mpsc::channel(64);
+    let prefix = opts.prefix.clone();
+    let watcher = tokio::spawn(async move { conn.watch_drift(&prefix, revision, dtx).await });
+    let (mut added, mut removed) = (0, 0);
+    while let Some(d) = drx.recv().await {
+        let ev = match d {
+            Drift::Changed {
+                added: a,
+                removed: r,
+                ..
+            } => {
+                added += a;
+                removed += r;
+                ServiceEvent::Drift { added, removed }
+            }
+            Drift::Compacted { compact_revision } => {
+                tracing::warn!(
+                    compact_revision,
+                    "kvstore compacted past the watched revision; rescanning"
+                );
+                ServiceEvent::DriftCompacted
+            }
+        };
+        if tx.send(ev).await.is_err() {
+            break;
+        }
+    }
+    if let Ok(Err(e)) = watcher.await {
+        let _ = tx.send(ServiceEvent::failed(0, Task::DriftWatch, e)).await;
+    }
+}

@@ -1,0 +1,364 @@
+//! The executor: carries out reconciled operations against the API server with bounded
+//! concurrency, a client rate limit, per-operation timeouts and retries, and reports every
+//! step as an owned event. It knows nothing about terminals.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+
+use super::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
+use super::ratelimit::RateLimiter;
+use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
+use crate::core::planner::{Op, OpKind};
+use crate::error::Result;
+use crate::io::decision_log::{DecisionLog, Record};
+use crate::io::k8s::{K8sTarget, RequestError};
+
+/// Knobs of an apply.
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    pub concurrency: usize,
+    pub op_timeout: Duration,
+    pub max_attempts: u32,
+    pub qps: f64,
+    pub burst: u32,
+    pub crd_timeout: Duration,
+    /// Longest wait between two attempts; a server's `Retry-After` is honoured up to this.
+    pub max_backoff: Duration,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        ApplyOptions {
+            concurrency: 32,
+            op_timeout: Duration::from_secs(30),
+            max_attempts: 8,
+            qps: 0.0,
+            burst: 0,
+            crd_timeout: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Who watches an apply: discrete events on a bounded channel, running totals on a watch.
+#[derive(Clone, Copy, Default)]
+pub struct Watchers<'a> {
+    pub events: Option<&'a mpsc::Sender<ApplyEvent>>,
+    pub progress: Option<&'a watch::Sender<Progress>>,
+}
+
+/// Shared stop switch: set it and no new write starts; writes in flight finish.
+#[derive(Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct Ctx<'a> {
+    target: &'a K8sTarget,
+    opts: &'a ApplyOptions,
+    limiter: RateLimiter,
+    events: Option<&'a mpsc::Sender<ApplyEvent>>,
+    progress: Option<&'a watch::Sender<Progress>>,
+    stop: StopFlag,
+    retries: AtomicU64,
+    stop_reason: std::sync::Mutex<Option<String>>,
+}
+
+impl Ctx<'_> {
+    fn update(&self, f: impl FnOnce(&mut Progress)) {
+        if let Some(p) = self.progress {
+            p.send_modify(f);
+        }
+    }
+
+    async fn emit(&self, e: ApplyEvent) {
+        if let Some(tx) = self.events {
+            // A watcher that went away must not stop the apply.
+            let _ = tx.send(e).await;
+        }
+    }
+
+    async fn halt(&self, reason: String) {
+        self.stop.stop();
+        let first = {
+            let mut r = self.stop_reason.lock().unwrap_or_else(|p| p.into_inner());
+            if r.is_none() {
+                *r = Some(reason.clone());
+                true
+            } else {
+                false
+            }
+        };
+        if first {
+            self.emit(ApplyEvent::Stopping { reason }).await;
+        }
+    }
+}
+
+/// Applies the operations. Writes happen only for `OpKind::Create`; everything else is
+/// recorded. Every decision and outcome goes to the decision log as it happens.
+pub async fn apply(
+    target: &K8sTarget,
+    ops: Vec<Op>,
+    create_crd: bool,
+    opts: &ApplyOptions,
+    log: Option<&DecisionLog>,
+    watchers: Watchers<'_>,
+    stop: StopFlag,
+) -> Result<ApplyReport> {
+    let started = Instant::now();
+    let ctx = Ctx {
+        target,
+        opts,
+        limiter: RateLimiter::new(opts.qps, opts.burst),
+        events: watchers.events,
+        progress: watchers.progress,
+        stop,
+        retries: AtomicU64::new(0),
+        stop_reason: std::sync::Mutex::new(None),
+    };
+    let mut report = ApplyReport::default();
+    let writes = ops.iter().filter(|o| o.op == OpKind::Create).count();
+    if create_crd && writes > 0 {
+        ctx.emit(ApplyEvent::CrdCreating).await;
+        target.create_crd().await?;
+        target.wait_crd_established(opts.crd_timeout).await?;
+        report.crd_created = true;
+        ctx.emit(ApplyEvent::CrdEstablished).await;
+    }
+    let total = ops.len();
+    ctx.update(|p| {
+        *p = Progress {
+            total,
+            writes,
+            ..Progress::default()
+        }
+    });
+    ctx.emit(ApplyEvent::Started { writes, total }).await;
+
+    let ctx_ref = &ctx;
+    let mut stream = futures::stream::iter(ops)
+        .map(|op| async move {
+            let result = run_op(ctx_ref, &op).await;
+            if let Some(log) = log {
+                log_outcome(log, &op, &result)?;
+            }
+            ctx_ref.update(|p| {
+                p.done += 1;
+                match result.outcome {
+                    Outcome::Created | Outcome::AlreadyExisted => p.created += 1,
+                    o if o.is_problem() => p.failed += 1,
+                    _ => {}
+                }
+            });
+            if result.outcome.is_problem() {
+                ctx_ref.emit(ApplyEvent::Problem(result.clone())).await;
+            }
+            Ok::<_, crate::Error>(result)
+        })
+        .buffer_unordered(opts.concurrency.max(1));
+    let mut first_err = None;
+    while let Some(r) = stream.next().await {
+        match r {
+            Ok(res) => report.results.push(res),
+            Err(e) => {
+                // The log could not be written: stop writing to the cluster too.
+                ctx.halt(format!("decision log: {e}")).await;
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    drop(stream);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    report.retries = ctx.retries.load(Ordering::SeqCst);
+    report.stopped = ctx
+        .stop_reason
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if report.stopped.is_none() && ctx.stop.is_stopped() {
+        report.stopped = Some("stopped by the operator".into());
+    }
+    report.elapsed_ms = started.elapsed().as_millis();
+    tracing::info!(
+        items = report.results.len(),
+        retries = report.retries,
+        elapsed_ms = report.elapsed_ms as u64,
+        "apply finished"
+    );
+    Ok(report)
+}
+
+fn decision_name(op: &Op) -> &'static str {
+    match op.op {
+        OpKind::Create => "create",
+        OpKind::AlreadyDone => "none",
+        OpKind::Map => "map",
+        OpKind::Skip => "skip",
+    }
+}
+
+/// The log line for an operation: its decision, and its outcome once there is one.
+fn record(op: &Op, result: Option<&OpResult>) -> Record {
+    Record {
+        ts: String::new(),
+        operator: String::new(),
+        id: op.id.clone(),
+        labels: op.label_key.clone(),
+        kind: op.kind,
+        decision: format!("{} ({})", decision_name(op), op.decided_by),
+        target_id: op.target_id,
+        outcome: result.map(|r| r.outcome),
+        error: result.and_then(OpResult::problem),
+    }
+}
+
+fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
+    log.append(record(op, None))
+}
+
+fn log_outcome(log: &DecisionLog, op: &Op, r: &OpResult) -> Result<()> {
+    log.append(record(op, Some(r)))
+}
+
+async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
+    let mut result = OpResult::new(&op.id, op.target_id, Outcome::NotAttempted);
+    match (op.op, op.target_id) {
+        (OpKind::Skip, _) => result.outcome = Outcome::Skipped,
+        (OpKind::Map, _) => result.outcome = Outcome::Mapped,
+        (OpKind::AlreadyDone, _) => result.outcome = Outcome::AlreadyMigrated,
+        (OpKind::Create, None) => fail(&mut result, "create without a target id".into()),
+        (OpKind::Create, Some(_)) if ctx.stop.is_stopped() => {}
+        (OpKind::Create, Some(t)) => create_with_retries(ctx, op, t, &mut result).await,
+    }
+    result
+}
+
+fn fail(result: &mut OpResult, error: String) {
+    result.outcome = Outcome::Failed;
+    result.error = Some(error);
+}
+
+fn backoff(attempt: u32, id: &str, max: Duration) -> Duration {
+    // Exponential from 100 ms with a little per-item jitter so retries do not march in step.
+    let base = 100u64.saturating_mul(1 << attempt.min(10).saturating_sub(1));
+    let jitter = id.bytes().fold(u64::from(attempt), |h, b| {
+        h.wrapping_mul(31).wrapping_add(u64::from(b))
+    }) % 50;
+    Duration::from_millis(base + jitter).min(max)
+}
+
+async fn attempt<T>(
+    ctx: &Ctx<'_>,
+    fut: impl Future<Output = Result<T, RequestError>>,
+) -> Result<T, RequestError> {
+    ctx.limiter.acquire().await;
+    tokio::time::timeout(ctx.opts.op_timeout, fut)
+        .await
+        .unwrap_or(Err(RequestError::Timeout))
+}
+
+async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
+    // The map is built per create, not held for every identity of the plan.
+    let labels = match parse_label_key(&op.label_key) {
+        Ok(l) => to_security_labels(&l),
+        Err(e) => return fail(result, format!("labels do not parse: {e}")),
+    };
+    loop {
+        result.attempts += 1;
+        match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
+            Ok(()) => {
+                result.outcome = Outcome::Created;
+                return;
+            }
+            Err(e) if e.is_already_exists() => {
+                return check_existing(ctx, op, target_id, result).await;
+            }
+            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
+                wait_before_retry(ctx, op, result.attempts, &e).await;
+            }
+            Err(e) => {
+                if e.is_retryable() {
+                    ctx.halt(format!(
+                        "the API server {} kept failing ({e}); stopped starting new writes",
+                        ctx.target.server
+                    ))
+                    .await;
+                }
+                let attempts = result.attempts;
+                return fail(result, format!("{e} after {attempts} attempt(s)"));
+            }
+        }
+    }
+}
+
+/// A 409 on create: read what is there. Identical labels count as migrated; anything else is
+/// a conflict to report, never to overwrite.
+async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
+    loop {
+        result.attempts += 1;
+        match attempt(ctx, ctx.target.get_identity(target_id)).await {
+            Ok(Some(existing)) if canonical_key(&existing) == op.label_key => {
+                result.outcome = Outcome::AlreadyExisted;
+                return;
+            }
+            Ok(Some(existing)) => {
+                result.outcome = Outcome::Conflict;
+                result.existing = Some(canonical_key(&existing));
+                return;
+            }
+            Ok(None) => {
+                return fail(
+                    result,
+                    format!(
+                        "create of {target_id} said it exists, but a read finds nothing; rerun to retry"
+                    ),
+                );
+            }
+            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
+                wait_before_retry(ctx, op, result.attempts, &e).await;
+            }
+            Err(e) => return fail(result, format!("reading existing {target_id}: {e}")),
+        }
+    }
+}
+
+async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestError) {
+    ctx.retries.fetch_add(1, Ordering::SeqCst);
+    ctx.update(|p| p.retries += 1);
+    let wait = e
+        .retry_after()
+        .map(|d| d.min(ctx.opts.max_backoff))
+        .unwrap_or_else(|| backoff(attempt_no, &op.id, ctx.opts.max_backoff));
+    tracing::debug!(id = %op.id, attempt = attempt_no, error = %e, ?wait, "retrying");
+    ctx.emit(ApplyEvent::Retrying {
+        id: op.id.clone(),
+        attempt: attempt_no,
+        error: e.to_string(),
+        wait,
+    })
+    .await;
+    tokio::time::sleep(wait).await;
+}
+
+/// Logs the decision behind every write before any write starts, so the log shows what was
+/// decided even if the process dies before the outcome. Operations that write nothing get a
+/// single line with their decision and outcome together, from `apply`.
+pub fn log_decisions(log: &DecisionLog, ops: &[Op]) -> Result<()> {
+    ops.iter()
+        .filter(|op| op.op == OpKind::Create)
+        .try_for_each(|op| log_decision(log, op))
+}

@@ -1,0 +1,214 @@
+//! The command line's shape: every flag and subcommand, declared once with clap, and how
+//! the shared flag groups turn into the library's options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use cilium_idmig::apply::executor::ApplyOptions;
+use cilium_idmig::core::kvstore::DEFAULT_PREFIX;
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::io::etcd::EtcdOptions;
+use cilium_idmig::io::k8s::{K8sOptions, K8sTarget};
+
+#[derive(Parser)]
+#[command(
+    name = "cilium-idmig",
+    version,
+    about = "Migrate Cilium security identities from the etcd kvstore to CiliumIdentity resources"
+)]
+pub struct Cli {
+    /// Write logs to this file (tracing-appender); otherwise warnings go to stderr.
+    #[arg(long, global = true)]
+    pub log_file: Option<PathBuf>,
+    /// Log filter, e.g. info or cilium_idmig=debug.
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+    /// Without a command, opens the interactive migrator with these flags.
+    #[command(flatten)]
+    pub tui: TuiArgs,
+    #[command(subcommand)]
+    pub command: Option<CliCommand>,
+}
+
+/// The interactive migrator's flags, both as `tui` and as the default with no command.
+#[derive(Args, Clone, Default)]
+pub struct TuiArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    #[command(flatten)]
+    pub tuning: Tuning,
+    #[arg(long)]
+    pub decision_log: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum CliCommand {
+    /// The interactive migrator (the default when no command is given).
+    Tui(TuiArgs),
+    /// Read both sides and write the plan; changes nothing.
+    Plan {
+        #[command(flatten)]
+        conn: Conn,
+        /// Where to write the plan (a new file, mode 0600).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Apply a saved plan, or plan and apply in one go.
+    Apply {
+        #[command(flatten)]
+        conn: Conn,
+        /// A plan written by `plan` (possibly edited); re-checked against the live cluster.
+        #[arg(long)]
+        plan: Option<PathBuf>,
+        /// Required: apply writes to the cluster.
+        #[arg(long)]
+        yes: bool,
+        /// Accept every remap and duplicate proposal that has no decision.
+        #[arg(long)]
+        accept_proposals: bool,
+        #[arg(long)]
+        decision_log: Option<PathBuf>,
+        #[command(flatten)]
+        tuning: Tuning,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that every valid kvstore identity has its CiliumIdentity.
+    Verify {
+        #[command(flatten)]
+        conn: Conn,
+        /// Decision log(s) whose recorded mappings count as the expected ids.
+        #[arg(long)]
+        decision_log: Vec<PathBuf>,
+        /// `text` or `json`.
+        #[arg(long, default_value = "text")]
+        output: String,
+    },
+    /// The interactive migrator on the embedded sandbox: an in-memory kvstore and the
+    /// in-process API server, seeded with generated identities of every kind. Needs no etcd,
+    /// no Kubernetes, no network.
+    Demo {
+        #[arg(long, default_value_t = 2000)]
+        identities: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Where the demo's decision log goes.
+        #[arg(long)]
+        decision_log: Option<PathBuf>,
+        /// Serve the sandbox API server on this port (0 picks one), e.g. to inspect it with kubectl.
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Run plan, apply (accepting every proposal) and verify without the TUI.
+        #[arg(long)]
+        headless: bool,
+        /// Latency the sandbox adds to every identity request, to feel a slow API server (e.g. 20ms).
+        #[arg(long, value_parser = parse_duration)]
+        sandbox_latency: Option<Duration>,
+    },
+    /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
+    Sandbox {
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Write a kubeconfig pointing at it here.
+        #[arg(long)]
+        kubeconfig_out: Option<PathBuf>,
+        /// Start without the CiliumIdentity CRD.
+        #[arg(long)]
+        no_crd: bool,
+    },
+}
+
+#[derive(Args, Clone, Default)]
+pub struct Conn {
+    /// etcd endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', env = "CILIUM_IDMIG_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Vec<String>,
+    /// Cilium's etcd config file (endpoints, trusted-ca-file, cert-file, key-file, username, password).
+    #[arg(long)]
+    pub etcd_config: Option<PathBuf>,
+    #[arg(long, default_value = DEFAULT_PREFIX)]
+    pub kvstore_prefix: String,
+    #[arg(long, default_value_t = 2000)]
+    pub etcd_page_size: i64,
+    /// kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Cilium cluster ID (0..=255); sets the identity range.
+    #[arg(long, default_value_t = 0)]
+    pub cluster_id: u32,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct Tuning {
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Client-side request rate limit; 0 leaves pacing to the API server (429 + Retry-After).
+    #[arg(long, default_value_t = 0.0)]
+    k8s_qps: f64,
+    #[arg(long, default_value_t = 100)]
+    k8s_burst: u32,
+    /// Deadline of one request, e.g. 30s, 500ms, 2m.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub op_timeout: Duration,
+    /// Attempts per identity before it is reported failed.
+    #[arg(long, default_value_t = 8)]
+    pub max_attempts: u32,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 500ms or 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl Conn {
+    pub fn etcd(&self) -> EtcdOptions {
+        EtcdOptions {
+            endpoints: self.etcd_endpoints.clone(),
+            config_file: self.etcd_config.clone(),
+            prefix: self.kvstore_prefix.clone(),
+            page_size: self.etcd_page_size,
+            ..Default::default()
+        }
+    }
+    pub fn range(&self) -> cilium_idmig::Result<IdRange> {
+        IdRange::for_cluster(self.cluster_id).map_err(cilium_idmig::Error::Config)
+    }
+    pub async fn target(&self) -> cilium_idmig::Result<K8sTarget> {
+        K8sTarget::connect(&K8sOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        })
+        .await
+    }
+}
+
+impl Tuning {
+    pub fn options(&self) -> ApplyOptions {
+        ApplyOptions {
+            concurrency: self.concurrency.max(1),
+            op_timeout: self.op_timeout,
+            max_attempts: self.max_attempts.max(1),
+            qps: self.k8s_qps,
+            burst: self.k8s_burst,
+            ..Default::default()
+        }
+    }
+}

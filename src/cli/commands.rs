@@ -1,0 +1,266 @@
+//! What each command does: builds the library's inputs from the flags, runs the flow,
+//! prints the result. Returns whether the work succeeded (exit 0 or 1); errors are exit 2
+//! when they are the operator's to fix.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::args::{CliCommand, Conn, TuiArgs};
+use super::printer;
+use cilium_idmig::app::flows::{self, ApplySpec};
+use cilium_idmig::app::report;
+use cilium_idmig::app::service::{self, ServiceConfig};
+use cilium_idmig::apply::executor::ApplyOptions;
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::core::verify::VerifyReport;
+use cilium_idmig::io::decision_log::{self, DecisionLog};
+use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::io::kv_source::KvSource;
+use cilium_idmig::io::plan_file::PlanFile;
+use cilium_idmig::sandbox::demo::{self, DemoConfig};
+use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
+
+/// Outcome of a command: exit code 0 or 1 (errors are 1 or 2, see `main`).
+pub enum Exit {
+    Ok,
+    Failed,
+}
+
+pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
+    match cmd {
+        CliCommand::Plan { conn, output } => plan(conn, output).await,
+        CliCommand::Apply {
+            conn,
+            plan,
+            yes,
+            accept_proposals,
+            decision_log,
+            tuning,
+            json,
+        } => {
+            if !yes {
+                return Err(cilium_idmig::Error::Config(
+                    "apply writes CiliumIdentity objects: review the plan, then pass --yes".into(),
+                )
+                .into());
+            }
+            let plan = plan.map(|p| PlanFile::load(&p)).transpose()?;
+            let (cluster_id, range) = match &plan {
+                Some(p) => (p.cluster_id, p.range),
+                None => (conn.cluster_id, conn.range()?),
+            };
+            let world = World {
+                kv: KvSource::Etcd(conn.etcd()),
+                target: conn.target().await?,
+                cluster_id,
+                range,
+            };
+            let spec = ApplySpec {
+                plan,
+                accept_proposals,
+                options: tuning.options(),
+            };
+            apply(world, spec, decision_log, json).await
+        }
+        CliCommand::Verify {
+            conn,
+            decision_log,
+            output,
+        } => {
+            let range = conn.range()?;
+            let mappings = flows::mappings_from_logs(&decision_log)?;
+            let target = conn.target().await?;
+            let report =
+                flows::verify(&KvSource::Etcd(conn.etcd()), &target, range, &mappings).await?;
+            print_verify(&report, output == "json")?;
+            Ok(if report.passed() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
+        }
+        CliCommand::Demo {
+            identities,
+            seed,
+            decision_log,
+            port,
+            headless,
+            sandbox_latency,
+        } => {
+            let cfg = DemoConfig {
+                identities,
+                seed,
+                port,
+                latency: sandbox_latency,
+            };
+            let (sandbox, kv) = demo::world(cfg).await?;
+            let world = World {
+                kv,
+                target: K8sTarget::from_url(&sandbox.url())?,
+                cluster_id: 0,
+                range: IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?,
+            };
+            if headless {
+                println!(
+                    "demo: {identities} generated identities (seed {seed}) against the sandbox API server at {}\n",
+                    sandbox.url()
+                );
+                demo_headless(world, decision_log).await
+            } else {
+                interactive(world, decision_log, ApplyOptions::default()).await
+            }
+        }
+        CliCommand::Tui(TuiArgs {
+            conn,
+            tuning,
+            decision_log,
+        }) => {
+            let world = World {
+                range: conn.range()?,
+                target: conn.target().await?,
+                kv: KvSource::Etcd(conn.etcd()),
+                cluster_id: conn.cluster_id,
+            };
+            interactive(world, decision_log, tuning.options()).await
+        }
+        CliCommand::Sandbox {
+            port,
+            kubeconfig_out,
+            no_crd,
+        } => {
+            let sb = Sandbox::start(SandboxConfig {
+                port,
+                with_crd: !no_crd,
+                ..Default::default()
+            })
+            .await?;
+            if let Some(p) = &kubeconfig_out {
+                sb.write_kubeconfig(p)?;
+                println!("kubeconfig written to {}", p.display());
+            }
+            println!(
+                "sandbox API server listening on {} (Ctrl-C to stop)",
+                sb.url()
+            );
+            tokio::signal::ctrl_c()
+                .await
+                .context("waiting for Ctrl-C")?;
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+/// Both ends and the range a command works on.
+struct World {
+    kv: KvSource,
+    target: K8sTarget,
+    cluster_id: u32,
+    range: IdRange,
+}
+
+impl World {
+    fn service(self, log: Arc<DecisionLog>, apply: ApplyOptions) -> service::Handle {
+        service::spawn(ServiceConfig {
+            kv: self.kv,
+            target: self.target,
+            cluster_id: self.cluster_id,
+            range: self.range,
+            log,
+            apply,
+        })
+    }
+}
+
+async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
+    let range = conn.range()?;
+    let target = conn.target().await?;
+    let scan = flows::scan(&KvSource::Etcd(conn.etcd()), &target, range).await?;
+    let plan = flows::plan_file(&scan, &target, conn.cluster_id, range);
+    print!("{}", report::plan_summary(&plan));
+    if let Some(path) = output {
+        plan.save(&path)?;
+        println!("plan written to {}", path.display());
+    }
+    Ok(Exit::Ok)
+}
+
+/// A headless apply: the same service and event stream as the TUI's commit, printed.
+async fn apply(
+    world: World,
+    spec: ApplySpec,
+    log_path: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let mut handle = world.service(log, spec.options.clone());
+    let run = printer::apply(&mut handle, spec).await?;
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&run.report)?),
+        false => print!("{}", report::apply_summary(&run.report)),
+    }
+    for id in &run.not_in_plan {
+        println!(
+            "note: kvstore identity {id} appeared after the plan was made; left alone (make a new plan)"
+        );
+    }
+    for id in &run.gone_from_kvstore {
+        println!("note: plan item {id} is no longer in the kvstore; left alone");
+    }
+    println!("decision log: {}", log_path.display());
+    Ok(if run.report.succeeded() && run.report.stopped.is_none() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(r)?),
+        false => print!("{}", report::verify_summary(r)),
+    }
+    Ok(())
+}
+
+/// Opens the TUI over the engine service.
+async fn interactive(
+    world: World,
+    log_path: Option<PathBuf>,
+    apply: ApplyOptions,
+) -> anyhow::Result<Exit> {
+    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let range = world.range;
+    let handle = world.service(log, apply);
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    cilium_idmig::tui::run(range, no_color, handle).await?;
+    println!("decision log: {}", log_path.display());
+    Ok(Exit::Ok)
+}
+
+/// `demo --headless`: plan, apply with every proposal accepted, verify.
+async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Result<Exit> {
+    let scan = flows::scan(&world.kv, &world.target, world.range).await?;
+    print!(
+        "{}",
+        report::plan_summary(&flows::plan_file(&scan, &world.target, 0, world.range))
+    );
+    println!("\napplying with --accept-proposals ...");
+    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    // Kept for the verification after the apply, which consumes the world.
+    let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.range);
+    let spec = ApplySpec {
+        plan: None,
+        accept_proposals: true,
+        options: ApplyOptions::default(),
+    };
+    let exit = apply(world, spec, Some(log_path.clone()), false).await?;
+    let mappings = flows::mappings_from_logs(std::slice::from_ref(&log_path))?;
+    let report = flows::verify(&kv, &target, range, &mappings).await?;
+    println!();
+    print_verify(&report, false)?;
+    Ok(if report.passed() { exit } else { Exit::Failed })
+}

@@ -1,0 +1,120 @@
+//! The `CiliumIdentity` resource: names, the object we create, and reading objects back.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::core::labels::{SecurityLabels, metadata_labels};
+
+pub const GROUP: &str = "cilium.io";
+pub const VERSION: &str = "v2";
+pub const KIND: &str = "CiliumIdentity";
+pub const PLURAL: &str = "ciliumidentities";
+pub const CRD_NAME: &str = "ciliumidentities.cilium.io";
+/// The CRD we install when the cluster has none (apiextensions v1, schema compatible with Cilium's).
+pub const CRD_YAML: &str = include_str!("../../assets/ciliumidentities.cilium.io.yaml");
+/// The least-privilege ClusterRole the tool needs.
+pub const CLUSTER_ROLE_YAML: &str = include_str!("../../assets/clusterrole.yaml");
+
+/// The collection path of CiliumIdentity objects.
+pub fn collection_path() -> String {
+    format!("/apis/{GROUP}/{VERSION}/{PLURAL}")
+}
+
+/// The object Cilium's CRD backend would write for this identity. Empty values travel as
+/// `""`, never `null` (Cilium's own migrator fails its v1 schema with null).
+pub fn identity_object(id: u32, labels: &SecurityLabels) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": KIND,
+        "metadata": {
+            "name": id.to_string(),
+            "labels": metadata_labels(labels),
+        },
+        "security-labels": labels,
+    })
+}
+
+/// An identity as read from the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedIdentity {
+    pub name: String,
+    pub labels: SecurityLabels,
+}
+
+/// Reads `metadata.name` and `security-labels` from an object. A `null` value reads as `""`,
+/// which is what an agent unmarshalling into a Go string sees.
+pub fn parse_identity(obj: &Value) -> Result<ObservedIdentity, String> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or("object has no metadata.name")?
+        .to_string();
+    let mut labels = BTreeMap::new();
+    match obj.get("security-labels") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (k, v) in map {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => {
+                        return Err(format!(
+                            "{name}: security-labels[{k}] is {other}, not a string"
+                        ));
+                    }
+                };
+                labels.insert(k.clone(), v);
+            }
+        }
+        Some(other) => return Err(format!("{name}: security-labels is {other}, not a map")),
+    }
+    Ok(ObservedIdentity { name, labels })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_round_trips_and_sanitizes() {
+        let mut l = SecurityLabels::new();
+        l.insert("k8s:app".into(), "web".into());
+        l.insert("reserved:host".into(), "".into());
+        l.insert("k8s:odd".into(), "not valid!".into());
+        let obj = identity_object(300, &l);
+        assert_eq!(obj["metadata"]["name"], "300");
+        assert_eq!(obj["metadata"]["labels"], json!({"app": "web"}));
+        assert_eq!(obj["security-labels"]["reserved:host"], "");
+        let back = parse_identity(&obj).unwrap();
+        assert_eq!(back.labels, l);
+        let with_null =
+            json!({"metadata": {"name": "5"}, "security-labels": {"reserved:host": null}});
+        assert_eq!(
+            parse_identity(&with_null).unwrap().labels["reserved:host"],
+            ""
+        );
+        assert!(parse_identity(&json!({"metadata": {}})).is_err());
+        assert!(
+            parse_identity(&json!({"metadata": {"name": "1"}, "security-labels": {"a": 1}}))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn crd_asset_is_cilium_compatible() {
+        let crd: Value = serde_yaml::from_str(CRD_YAML).unwrap();
+        assert_eq!(crd["apiVersion"], "apiextensions.k8s.io/v1");
+        assert_eq!(crd["metadata"]["name"], CRD_NAME);
+        assert_eq!(crd["spec"]["scope"], "Cluster");
+        assert_eq!(crd["spec"]["names"]["plural"], PLURAL);
+        let v = &crd["spec"]["versions"][0];
+        assert_eq!(v["name"], VERSION);
+        assert_eq!(v["storage"], true);
+        assert_eq!(
+            v["schema"]["openAPIV3Schema"]["properties"]["security-labels"]["additionalProperties"]
+                ["type"],
+            "string"
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! The pure core: no IO, no clock, no terminal. Every rule about identities lives here.
+
+pub mod identity;
+pub mod kvstore;
+pub mod labels;
+pub mod outcome;
+pub mod planner;
+pub mod range;
+pub mod verify;

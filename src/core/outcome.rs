@@ -1,0 +1,85 @@
+//! The final state of one identity after an apply: one name per outcome, spelled in the
+//! decision log, the JSON report and the summaries exactly as serde writes it here.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Created,
+    /// The object was already there with identical labels (a rerun, or a create whose answer was lost).
+    AlreadyExisted,
+    AlreadyMigrated,
+    Mapped,
+    Skipped,
+    /// The id turned out to be taken by other labels at apply time; left alone.
+    Conflict,
+    Failed,
+    /// Not tried because the run was stopped.
+    NotAttempted,
+}
+
+impl Outcome {
+    /// In the order the reports list them.
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Created,
+        Outcome::AlreadyExisted,
+        Outcome::AlreadyMigrated,
+        Outcome::Mapped,
+        Outcome::Skipped,
+        Outcome::Conflict,
+        Outcome::Failed,
+        Outcome::NotAttempted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::AlreadyExisted => "already-existed",
+            Outcome::AlreadyMigrated => "already-migrated",
+            Outcome::Mapped => "mapped",
+            Outcome::Skipped => "skipped",
+            Outcome::Conflict => "conflict",
+            Outcome::Failed => "failed",
+            Outcome::NotAttempted => "not-attempted",
+        }
+    }
+
+    /// Outcomes that still need work on a rerun.
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::NotAttempted)
+    }
+
+    /// Outcomes reported as they happen: the item did not reach its intended state.
+    pub fn is_problem(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::Conflict)
+    }
+
+    /// Outcomes after which the identity is served at its target id.
+    pub fn is_serving(self) -> bool {
+        matches!(
+            self,
+            Outcome::Created | Outcome::AlreadyExisted | Outcome::Mapped | Outcome::AlreadyMigrated
+        )
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_spelling_is_the_log_spelling() {
+        for o in Outcome::ALL {
+            let text = serde_json::to_string(&o).unwrap();
+            assert_eq!(text, format!("\"{}\"", o.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&text).unwrap(), o);
+        }
+    }
+}

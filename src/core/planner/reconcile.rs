@@ -1,0 +1,274 @@
+//! Re-validates a plan's decisions (possibly edited by hand) against the live state and turns
+//! them into the operations apply will carry out. Pure: no IO.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::decision::DecidedBy;
+use super::{Action, Kind, PlanItem};
+use crate::core::labels::{LabelKey, parse_label_key};
+use crate::core::range::IdRange;
+
+/// What apply does for one identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpKind {
+    /// POST a new `CiliumIdentity` at the target id.
+    Create,
+    /// The target already holds exactly these labels: nothing to write.
+    AlreadyDone,
+    /// Served by another id that holds (or will hold) these labels: nothing to write.
+    Map,
+    /// The operator (or the rules) chose not to migrate it.
+    Skip,
+}
+
+/// One operation of an apply, with everything the decision log needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub id: String,
+    /// The canonical label key: what is compared, and what the create sends as `security-labels`.
+    pub label_key: LabelKey,
+    pub kind: Kind,
+    pub op: OpKind,
+    pub target_id: Option<u32>,
+    /// How the decision was reached.
+    pub decided_by: DecidedBy,
+}
+
+/// Why one item of a plan cannot be applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileError {
+    pub id: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ReconcileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "item {}: {}", self.id, self.reason)
+    }
+}
+
+/// The outcome of reconciling: operations, plus what changed in the kvstore since the plan.
+#[derive(Debug, Clone, Default)]
+pub struct Reconciled {
+    pub ops: Vec<Op>,
+    /// Kvstore identities that appeared after the plan was made: left alone.
+    pub not_in_plan: Vec<String>,
+    /// Plan items whose identity is no longer in the kvstore: left alone.
+    pub gone_from_kvstore: Vec<String>,
+}
+
+/// Checks every decision against the live plan and Kubernetes, and returns the operations,
+/// or every reason an item is refused (nothing is applied unless all items pass).
+pub fn reconcile(
+    decisions: &[PlanItem],
+    live: &[PlanItem],
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    accept_proposals: bool,
+) -> Result<Reconciled, Vec<ReconcileError>> {
+    let live_by_id: HashMap<&str, &PlanItem> = live.iter().map(|i| (i.id.as_str(), i)).collect();
+    let kv_ids: HashSet<u32> = live.iter().filter_map(|i| i.numeric_id()).collect();
+    let decided_ids: HashSet<&str> = decisions.iter().map(|d| d.id.as_str()).collect();
+    let mut out = Reconciled::default();
+    let mut errors = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+
+    for d in decisions {
+        if !seen.insert(d.id.as_str()) {
+            errors.push(err(&d.id, "appears twice in the plan"));
+            continue;
+        }
+        let Some(l) = live_by_id.get(d.id.as_str()) else {
+            out.gone_from_kvstore.push(d.id.clone());
+            continue;
+        };
+        match decide(d, l, k8s, range, &kv_ids, accept_proposals) {
+            Ok(op) => out.ops.push(op),
+            Err(reason) => errors.push(err(&d.id, &reason)),
+        }
+    }
+    out.not_in_plan = live
+        .iter()
+        .filter(|l| !decided_ids.contains(l.id.as_str()))
+        .map(|l| l.id.clone())
+        .collect();
+
+    // No two creates may claim one id.
+    let mut creates: HashMap<u32, Vec<&Op>> = HashMap::new();
+    for op in out.ops.iter().filter(|o| o.op == OpKind::Create) {
+        if let Some(t) = op.target_id {
+            creates.entry(t).or_default().push(op);
+        }
+    }
+    for (t, ops) in &creates {
+        if ops.len() > 1 {
+            let ids: Vec<&str> = ops.iter().map(|o| o.id.as_str()).collect();
+            for op in ops {
+                errors.push(err(
+                    &op.id,
+                    &format!(
+                        "id {t} is the target of more than one create ({})",
+                        ids.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    // A mapping must land on labels that exist in Kubernetes or that this plan creates.
+    for op in out.ops.iter().filter(|o| o.op == OpKind::Map) {
+        let Some(t) = op.target_id else { continue };
+        let served = k8s.get(&t) == Some(&op.label_key)
+            || creates
+                .get(&t)
+                .is_some_and(|c| c.iter().any(|c| c.label_key == op.label_key));
+        if !served {
+            errors.push(err(
+                &op.id,
+                &format!("maps to id {t}, but id {t} does not hold these labels in Kubernetes and the plan creates nothing with them there"),
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        errors.sort_by(|a, b| a.id.cmp(&b.id).then(a.reason.cmp(&b.reason)));
+        Err(errors)
+    }
+}
+
+fn err(id: &str, reason: &str) -> ReconcileError {
+    ReconcileError {
+        id: id.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn decide(
+    d: &PlanItem,
+    l: &PlanItem,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    kv_ids: &HashSet<u32>,
+    accept_proposals: bool,
+) -> Result<Op, String> {
+    if d.labels != l.labels {
+        return Err(format!(
+            "labels in the plan ({:?}) differ from the kvstore now ({:?}); make a new plan",
+            d.labels, l.labels
+        ));
+    }
+    let mut op = Op {
+        id: l.id.clone(),
+        label_key: l.labels.clone(),
+        kind: l.kind,
+        op: OpKind::Skip,
+        target_id: None,
+        decided_by: DecidedBy::of(d, l, accept_proposals),
+    };
+    if l.kind == Kind::Invalid {
+        if d.action != Action::Skip {
+            return Err(format!("is invalid and is never written ({})", l.reason));
+        }
+        return Ok(op);
+    }
+    let own = l
+        .numeric_id()
+        .ok_or_else(|| "has no numeric id".to_string())?;
+    parse_label_key(&l.labels).map_err(|e| format!("labels do not parse: {e}"))?;
+    match d.action {
+        Action::Skip => Ok(op),
+        Action::None => {
+            let t = d.target_id.unwrap_or(own);
+            op.target_id = Some(t);
+            if t == own {
+                if k8s.get(&own) == Some(&op.label_key) {
+                    op.op = OpKind::AlreadyDone;
+                    return Ok(op);
+                }
+                return Err(format!(
+                    "action none at its own id {own}, but Kubernetes does not hold these labels there; use create or skip"
+                ));
+            }
+            // Whether t really serves these labels is checked once all creates are known.
+            op.op = OpKind::Map;
+            Ok(op)
+        }
+        Action::Create => {
+            let t = d.target_id.unwrap_or(own);
+            op.target_id = Some(t);
+            if check_create_target(own, t, &op.label_key, range, kv_ids, k8s.get(&t))? {
+                op.op = OpKind::AlreadyDone;
+                return Ok(op);
+            }
+            if l.kind.needs_decision() && !d.decided && !accept_proposals {
+                return Err(format!(
+                    "is a {} and needs a decision: set \"decided\": true in the plan, or pass --accept-proposals",
+                    l.kind
+                ));
+            }
+            op.op = OpKind::Create;
+            Ok(op)
+        }
+    }
+}
+
+/// Checks that kvstore identity `own` may be created at `t`: in range, not another kvstore
+/// identity's id, and not taken in Kubernetes by other labels. `Ok(true)` when `t` already
+/// holds exactly these labels (nothing to write).
+pub fn check_create_target(
+    own: u32,
+    t: u32,
+    labels: &str,
+    range: IdRange,
+    kv_ids: &HashSet<u32>,
+    k8s_at_t: Option<&LabelKey>,
+) -> Result<bool, String> {
+    if !range.contains(t) {
+        return Err(format!(
+            "target id {t} is outside the allocation range {range}"
+        ));
+    }
+    if t != own && kv_ids.contains(&t) {
+        return Err(format!(
+            "target id {t} belongs to another kvstore identity that kvstore-mode nodes still use"
+        ));
+    }
+    match k8s_at_t {
+        Some(existing) if existing.as_str() == labels => Ok(true),
+        Some(_) => Err(format!(
+            "target id {t} is taken in Kubernetes by other labels; it is never overwritten"
+        )),
+        None => Ok(false),
+    }
+}
+
+/// Validates an operator's new target id for `items[index]` against the plan and Kubernetes:
+/// the rules of `check_create_target`, and no other create in the plan may claim it.
+pub fn validate_new_target(
+    items: &[PlanItem],
+    index: usize,
+    t: u32,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+) -> Result<(), String> {
+    let item = items.get(index).ok_or("no such item")?;
+    let own = item
+        .numeric_id()
+        .ok_or("an invalid item cannot be created")?;
+    parse_label_key(&item.labels).map_err(|e| format!("labels do not parse: {e}"))?;
+    let labels = item.labels.as_str();
+    let kv_ids: HashSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
+    check_create_target(own, t, labels, range, &kv_ids, k8s.get(&t))?;
+    if let Some((_, other)) = items
+        .iter()
+        .enumerate()
+        .find(|(j, i)| *j != index && i.action == Action::Create && i.target_id == Some(t))
+    {
+        return Err(format!(
+            "id {t} is already the target of identity {}",
+            other.id
+        ));
+    }
+    Ok(())
+}

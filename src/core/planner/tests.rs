@@ -1,0 +1,358 @@
+//! Unit and property tests of the planner and of decision reconciliation.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::core::labels::parse_label_key;
+
+/// A Kubernetes-side label set, as the planner sees it: a canonical label key.
+fn sl(key: &str) -> String {
+    assert!(parse_label_key(key).is_ok(), "{key}");
+    key.to_string()
+}
+
+fn range0() -> IdRange {
+    IdRange::for_cluster(0).unwrap()
+}
+
+fn by_id<'a>(items: &'a [PlanItem], id: &str) -> &'a PlanItem {
+    items.iter().find(|i| i.id == id).unwrap()
+}
+
+const A: &str = "k8s:app=a;k8s:io.kubernetes.pod.namespace=ns;";
+const B: &str = "k8s:app=b;k8s:io.kubernetes.pod.namespace=ns;";
+const C: &str = "k8s:app=c;k8s:io.kubernetes.pod.namespace=ns;";
+
+#[test]
+fn every_kind_is_classified() {
+    let masters = vec![
+        MasterEntry::new("300", A),            // already migrated
+        MasterEntry::new("301", B),            // create
+        MasterEntry::new("302", C),            // remap: 302 taken by other labels
+        MasterEntry::new("303", A),            // reuse: 303 taken, A present at 300
+        MasterEntry::new("304", "k8s:app=d;"), // duplicate: d present at 500 in k8s
+        MasterEntry::new("abc", A),            // invalid id
+        MasterEntry::new("5", A),              // reserved id
+        MasterEntry::new("305", "garbage"),    // invalid labels
+        MasterEntry::new("306", ""),           // empty labels
+    ];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(300, sl(A));
+    k8s.insert(302, sl("k8s:app=other;"));
+    k8s.insert(303, sl("k8s:app=other2;"));
+    k8s.insert(500, sl("k8s:app=d;"));
+    let mut nodes = HashMap::new();
+    nodes.insert(B.as_bytes().to_vec(), 7);
+    let items = plan(&masters, &nodes, &k8s, range0());
+    assert_eq!(items.len(), masters.len());
+    assert_eq!(by_id(&items, "300").kind, Kind::AlreadyMigrated);
+    assert_eq!(by_id(&items, "300").action, Action::None);
+    let b = by_id(&items, "301");
+    assert_eq!(
+        (b.kind, b.action, b.target_id, b.nodes),
+        (Kind::Create, Action::Create, Some(301), 7)
+    );
+    let c = by_id(&items, "302");
+    assert_eq!((c.kind, c.action), (Kind::Remap, Action::Create));
+    assert_eq!(c.target_id, Some(256), "lowest id free on both sides");
+    assert_eq!(c.existing_labels.as_deref(), Some("k8s:app=other;"));
+    assert!(
+        c.reason.contains("CRD mode"),
+        "remap explains the transition risk"
+    );
+    let r = by_id(&items, "303");
+    assert_eq!(
+        (r.kind, r.action, r.target_id),
+        (Kind::Reuse, Action::None, Some(300))
+    );
+    assert!(r.reason.contains("CRD mode"));
+    let d = by_id(&items, "304");
+    assert_eq!(
+        (d.kind, d.action, d.target_id, d.labels_present_at),
+        (Kind::Duplicate, Action::Create, Some(304), Some(500))
+    );
+    for bad in ["abc", "5", "305", "306"] {
+        let i = by_id(&items, bad);
+        assert_eq!(
+            (i.kind, i.action, i.target_id),
+            (Kind::Invalid, Action::Skip, None),
+            "{bad}"
+        );
+        assert!(!i.reason.is_empty());
+    }
+    let s = summarize(&items);
+    assert_eq!(s[&Kind::Invalid], 4);
+    assert_eq!(s[&Kind::Create], 1);
+}
+
+#[test]
+fn same_labels_under_two_kvstore_ids_is_a_duplicate_of_the_lowest() {
+    let masters = vec![MasterEntry::new("400", A), MasterEntry::new("401", A)];
+    let items = plan(&masters, &HashMap::new(), &BTreeMap::new(), range0());
+    assert_eq!(by_id(&items, "400").kind, Kind::Create);
+    let d = by_id(&items, "401");
+    assert_eq!((d.kind, d.labels_present_at), (Kind::Duplicate, Some(400)));
+}
+
+#[test]
+fn remap_avoids_kvstore_ids_and_earlier_proposals() {
+    // 256 is a kvstore id, 257 is used in Kubernetes: two remaps get 258 and 259.
+    let masters = vec![
+        MasterEntry::new("256", "k8s:app=x;"),
+        MasterEntry::new("600", A),
+        MasterEntry::new("601", B),
+    ];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(257, sl("k8s:app=y;"));
+    k8s.insert(600, sl("k8s:app=o1;"));
+    k8s.insert(601, sl("k8s:app=o2;"));
+    let items = plan(&masters, &HashMap::new(), &k8s, range0());
+    assert_eq!(by_id(&items, "600").target_id, Some(258));
+    assert_eq!(by_id(&items, "601").target_id, Some(259));
+}
+
+#[test]
+fn second_remap_of_same_labels_reuses_the_first() {
+    let masters = vec![MasterEntry::new("600", A), MasterEntry::new("601", A)];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(600, sl("k8s:app=o1;"));
+    k8s.insert(601, sl("k8s:app=o2;"));
+    let items = plan(&masters, &HashMap::new(), &k8s, range0());
+    assert_eq!(by_id(&items, "600").kind, Kind::Remap);
+    let r = by_id(&items, "601");
+    assert_eq!((r.kind, r.target_id), (Kind::Reuse, Some(256)));
+    // And that mapping is accepted by reconcile because the plan creates it.
+    let ok = reconcile(&items, &items, &k8s, range0(), true).unwrap();
+    assert_eq!(ok.ops.iter().filter(|o| o.op == OpKind::Create).count(), 1);
+    assert_eq!(ok.ops.iter().filter(|o| o.op == OpKind::Map).count(), 1);
+}
+
+#[test]
+fn full_range_leaves_remap_invalid() {
+    let range = IdRange { min: 256, max: 257 };
+    let masters = vec![MasterEntry::new("256", A)];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(256, sl(B));
+    k8s.insert(257, sl(C));
+    let items = plan(&masters, &HashMap::new(), &k8s, range);
+    assert_eq!(items[0].kind, Kind::Invalid);
+    assert!(items[0].reason.contains("no id"));
+}
+
+#[test]
+fn cluster_range_applies() {
+    let range = IdRange::for_cluster(1).unwrap();
+    let masters = vec![MasterEntry::new("300", A), MasterEntry::new("65536", B)];
+    let items = plan(&masters, &HashMap::new(), &BTreeMap::new(), range);
+    assert_eq!(by_id(&items, "300").kind, Kind::Invalid);
+    assert_eq!(by_id(&items, "65536").kind, Kind::Create);
+}
+
+fn sample() -> (Vec<MasterEntry>, BTreeMap<u32, String>) {
+    let masters = vec![
+        MasterEntry::new("300", A),
+        MasterEntry::new("301", B),
+        MasterEntry::new("302", C),
+        MasterEntry::new("303", "k8s:app=d;"),
+        MasterEntry::new("x", A),
+    ];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(300, sl(A));
+    k8s.insert(302, sl("k8s:app=other;"));
+    k8s.insert(900, sl("k8s:app=d;"));
+    (masters, k8s)
+}
+
+#[test]
+fn reconcile_requires_decisions_for_remap_and_duplicate() {
+    let (m, k8s) = sample();
+    let items = plan(&m, &HashMap::new(), &k8s, range0());
+    let errs = reconcile(&items, &items, &k8s, range0(), false).unwrap_err();
+    let ids: BTreeSet<&str> = errs.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, BTreeSet::from(["302", "303"]));
+    assert!(errs[0].reason.contains("--accept-proposals"));
+    let ok = reconcile(&items, &items, &k8s, range0(), true).unwrap();
+    let kinds: Vec<OpKind> = ok.ops.iter().map(|o| o.op).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            OpKind::AlreadyDone,
+            OpKind::Create,
+            OpKind::Create,
+            OpKind::Create,
+            OpKind::Skip
+        ]
+    );
+    assert_eq!(ok.ops[2].decided_by, super::DecidedBy::AcceptProposals);
+    // Marking them decided in the plan file works too.
+    let mut decided = items.clone();
+    for d in &mut decided {
+        d.decided = true;
+    }
+    assert!(reconcile(&decided, &items, &k8s, range0(), false).is_ok());
+}
+
+#[test]
+fn reconcile_refuses_bad_edits_naming_the_item() {
+    let (m, k8s) = sample();
+    let live = plan(&m, &HashMap::new(), &k8s, range0());
+    type Edit = Box<dyn Fn(&mut PlanItem)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        ("301", Box::new(|i| i.target_id = Some(70000)), "outside"),
+        (
+            "301",
+            Box::new(|i| i.target_id = Some(300)),
+            "another kvstore identity",
+        ),
+        (
+            "301",
+            Box::new(|i| i.target_id = Some(900)),
+            "taken in Kubernetes",
+        ),
+        (
+            "301",
+            Box::new(|i| i.labels = "k8s:app=zz;".into()),
+            "differ",
+        ),
+        (
+            "x",
+            Box::new(|i| i.action = Action::Create),
+            "never written",
+        ),
+        (
+            "301",
+            Box::new(|i| i.action = Action::None),
+            "does not hold",
+        ),
+        (
+            "301",
+            Box::new(|i| {
+                i.action = Action::None;
+                i.target_id = Some(900)
+            }),
+            "does not hold these labels",
+        ),
+    ];
+    for (id, edit, expect) in cases {
+        let mut saved = live.clone();
+        for s in &mut saved {
+            s.decided = true;
+        }
+        edit(saved.iter_mut().find(|i| i.id == id).unwrap());
+        let errs = reconcile(&saved, &live, &k8s, range0(), false).unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.id == id && e.reason.contains(expect)),
+            "{id}: expected {expect:?} in {errs:?}"
+        );
+    }
+    // Two creates on one id.
+    let mut saved = live.clone();
+    for s in &mut saved {
+        s.decided = true;
+    }
+    saved.iter_mut().find(|i| i.id == "302").unwrap().target_id = Some(5000);
+    saved.iter_mut().find(|i| i.id == "303").unwrap().target_id = Some(5000);
+    let errs = reconcile(&saved, &live, &k8s, range0(), false).unwrap_err();
+    assert!(
+        errs.iter()
+            .filter(|e| e.reason.contains("more than one create"))
+            .count()
+            == 2
+    );
+}
+
+#[test]
+fn reconcile_treats_already_written_creates_as_done_and_tracks_drift() {
+    let (m, mut k8s) = sample();
+    let saved = plan(&m, &HashMap::new(), &k8s, range0());
+    k8s.insert(301, sl(B)); // written by an earlier, interrupted apply
+    let mut live_masters = m.clone();
+    live_masters.push(MasterEntry::new("777", "k8s:app=new;"));
+    live_masters.retain(|e| e.id != b"x");
+    let live = plan(&live_masters, &HashMap::new(), &k8s, range0());
+    let ok = reconcile(&saved, &live, &k8s, range0(), true).unwrap();
+    let op = ok.ops.iter().find(|o| o.id == "301").unwrap();
+    assert_eq!(op.op, OpKind::AlreadyDone);
+    assert_eq!(ok.not_in_plan, vec!["777".to_string()]);
+    assert_eq!(ok.gone_from_kvstore, vec!["x".to_string()]);
+}
+
+// ---- property tests -------------------------------------------------------------------
+
+fn label_strategy() -> impl Strategy<Value = String> {
+    (0u8..6).prop_map(|n| format!("k8s:app=l{n};k8s:io.kubernetes.pod.namespace=ns;"))
+}
+
+prop_compose! {
+    fn world()(
+        kv in proptest::collection::btree_map(250u32..330, label_strategy(), 0..40),
+        bad in proptest::collection::vec(("[a-z0-9+-]{0,4}", "[a-z:=;]{0,6}"), 0..4),
+        k8s in proptest::collection::btree_map(250u32..330, label_strategy(), 0..40),
+    ) -> (Vec<MasterEntry>, BTreeMap<u32, String>) {
+        let mut masters: Vec<MasterEntry> = kv.iter().map(|(id, l)| MasterEntry::new(id.to_string(), l.as_str())).collect();
+        for (id, l) in bad {
+            if !masters.iter().any(|m| m.id == id.as_bytes()) {
+                masters.push(MasterEntry::new(id, l));
+            }
+        }
+        let k8s = k8s.into_iter().map(|(id, l)| (id, sl(&l))).collect();
+        (masters, k8s)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn plan_invariants((masters, k8s) in world()) {
+        let range = IdRange { min: 256, max: 400 };
+        let items = plan(&masters, &HashMap::new(), &k8s, range);
+        // Every kvstore identity appears exactly once.
+        prop_assert_eq!(items.len(), masters.len());
+        let ids: BTreeSet<&str> = items.iter().map(|i| i.id.as_str()).collect();
+        prop_assert_eq!(ids.len(), masters.len());
+        let kv_ids: BTreeSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
+        let mut create_targets = BTreeSet::new();
+        for i in &items {
+            if i.action == Action::Create {
+                let t = i.target_id.unwrap();
+                // No two creates share an id.
+                prop_assert!(create_targets.insert(t), "two creates at {}", t);
+                // No create targets an id Kubernetes already uses.
+                prop_assert!(!k8s.contains_key(&t));
+                // Every target is in range.
+                prop_assert!(range.contains(t));
+                if i.kind == Kind::Remap {
+                    // A new id is free on both sides.
+                    prop_assert!(!kv_ids.contains(&t));
+                }
+            }
+            if i.kind == Kind::Invalid {
+                prop_assert_eq!(i.action, Action::Skip);
+            }
+            if i.kind == Kind::AlreadyMigrated {
+                let id = i.numeric_id().unwrap();
+                prop_assert_eq!(k8s.get(&id), Some(&sl(&i.labels)));
+            }
+        }
+        // Remaps take the lowest free ids, in order.
+        let remaps: Vec<u32> = items.iter().filter(|i| i.kind == Kind::Remap).map(|i| i.target_id.unwrap()).collect();
+        let mut expected = Vec::new();
+        let mut n = range.min;
+        while expected.len() < remaps.len() {
+            if !k8s.contains_key(&n) && !kv_ids.contains(&n) {
+                expected.push(n);
+            }
+            n += 1;
+        }
+        prop_assert_eq!(remaps, expected);
+        // Deterministic, whatever the input order.
+        let mut rev = masters.clone();
+        rev.reverse();
+        prop_assert_eq!(plan(&rev, &HashMap::new(), &k8s, range), items.clone());
+        // Accepting every proposal always reconciles.
+        prop_assert!(reconcile(&items, &items, &k8s, range, true).is_ok());
+    }
+}

@@ -1,0 +1,150 @@
+//! Verification: every valid kvstore identity must have a `CiliumIdentity` with identical
+//! security labels at its own id, or at the id a recorded decision maps it to. Pure.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::core::kvstore::{MasterEntry, parse_id};
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::range::IdRange;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProblemKind {
+    /// No object at the expected id.
+    Missing,
+    /// An object with other labels at the expected id.
+    Different,
+    /// The decision log records that the operator skipped it.
+    Skipped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub id: u32,
+    pub labels: String,
+    pub expected_at: Option<u32>,
+    pub problem: ProblemKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found_labels: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    pub checked: usize,
+    pub ok: usize,
+    pub mapped: usize,
+    pub invalid_ignored: usize,
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// `mappings`: kvstore id (text) -> the id it is served at (`None` = skipped), from the decision log.
+pub fn verify(
+    masters: &[MasterEntry],
+    k8s: &BTreeMap<u32, LabelKey>,
+    mappings: &BTreeMap<String, Option<u32>>,
+    range: IdRange,
+) -> VerifyReport {
+    let mut report = VerifyReport::default();
+    let mut entries: Vec<(u32, &str)> = Vec::with_capacity(masters.len());
+    for m in masters {
+        match (parse_id(&m.id), valid_label_key(&m.value)) {
+            (Ok(id), Ok(labels)) if range.contains(id) => entries.push((id, labels)),
+            _ => report.invalid_ignored += 1,
+        }
+    }
+    entries.sort_by_key(|(id, _)| *id);
+    for (id, labels) in entries {
+        report.checked += 1;
+        let expected_at = match mappings.get(&id.to_string()) {
+            Some(Some(t)) => Some(*t),
+            Some(None) => None,
+            None => Some(id),
+        };
+        let Some(target) = expected_at else {
+            report.problems.push(Problem {
+                id,
+                labels: labels.to_string(),
+                expected_at: None,
+                problem: ProblemKind::Skipped,
+                found_labels: None,
+            });
+            continue;
+        };
+        match k8s.get(&target) {
+            Some(found) if found.as_str() == labels => {
+                report.ok += 1;
+                if target != id {
+                    report.mapped += 1;
+                }
+            }
+            found => report.problems.push(Problem {
+                id,
+                labels: labels.to_string(),
+                expected_at: Some(target),
+                problem: if found.is_some() {
+                    ProblemKind::Different
+                } else {
+                    ProblemKind::Missing
+                },
+                found_labels: found.cloned(),
+            }),
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::labels::parse_label_key;
+
+    fn sl(s: &str) -> String {
+        crate::core::labels::canonical_key(&crate::core::labels::to_security_labels(
+            &parse_label_key(s).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn verifies_own_ids_mappings_and_reports_each_problem() {
+        let masters = vec![
+            MasterEntry::new("300", "k8s:a=1;"),
+            MasterEntry::new("301", "k8s:a=2;"),
+            MasterEntry::new("302", "k8s:a=3;"),
+            MasterEntry::new("303", "k8s:a=4;"),
+            MasterEntry::new("304", "k8s:a=5;"),
+            MasterEntry::new("bad", "k8s:a=6;"),
+        ];
+        let mut k8s = BTreeMap::new();
+        k8s.insert(300, sl("k8s:a=1;"));
+        k8s.insert(301, sl("k8s:other=x;"));
+        k8s.insert(900, sl("k8s:a=2;"));
+        k8s.insert(303, sl("k8s:a=wrong;"));
+        let mut maps = BTreeMap::new();
+        maps.insert("301".to_string(), Some(900));
+        maps.insert("304".to_string(), None);
+        let r = verify(&masters, &k8s, &maps, IdRange::for_cluster(0).unwrap());
+        assert_eq!((r.checked, r.ok, r.mapped, r.invalid_ignored), (5, 2, 1, 1));
+        let kinds: Vec<(u32, ProblemKind)> = r
+            .problems
+            .iter()
+            .map(|p| (p.id, p.problem.clone()))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (302, ProblemKind::Missing),
+                (303, ProblemKind::Different),
+                (304, ProblemKind::Skipped)
+            ]
+        );
+        assert!(!r.passed());
+    }
+}

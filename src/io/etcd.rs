@@ -1,0 +1,417 @@
+//! The etcd side: connect (plain, TLS with client certificates, user/password), and read a
+//! consistent snapshot of the identities in pages at one pinned revision. Read-only: this
+//! module issues range requests and nothing else.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+use serde::Deserialize;
+
+use crate::core::kvstore::{
+    KeyKind, KvSnapshot, MasterEntry, SourceInfo, classify_key, normalize_prefix,
+};
+use crate::error::{Error, Result};
+
+/// How to reach etcd and what to read.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub config_file: Option<PathBuf>,
+    pub prefix: String,
+    /// Keys per range request; halved automatically when a page is too large for one response.
+    pub page_size: i64,
+    pub timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            endpoints: Vec::new(),
+            config_file: None,
+            prefix: crate::core::kvstore::DEFAULT_PREFIX.to_string(),
+            page_size: 2000,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Cilium's etcd config file (the one passed as `--kvstore-opt etcd.config=`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EtcdConfigFile {
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    pub trusted_ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl EtcdConfigFile {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file_cause(path, e))?;
+        serde_yaml::from_str(&text).map_err(|e| Error::file_io(path, "not a valid etcd config", e))
+    }
+}
+
+/// The resolved connection: endpoints plus the options built from the config file.
+pub struct EtcdConnection {
+    client: Client,
+    endpoints: Vec<String>,
+    timeout: Duration,
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::file_io(path, &format!("cannot read {what}"), e))
+}
+
+impl EtcdConnection {
+    pub async fn connect(opts: &EtcdOptions) -> Result<Self> {
+        let file = match &opts.config_file {
+            Some(p) => EtcdConfigFile::load(p)?,
+            None => EtcdConfigFile::default(),
+        };
+        let mut endpoints = opts.endpoints.clone();
+        if endpoints.is_empty() {
+            endpoints = file.endpoints.clone();
+        }
+        if endpoints.is_empty() {
+            return Err(Error::Config(
+                "no etcd endpoints: pass --etcd-endpoints URL[,URL] or --etcd-config FILE".into(),
+            ));
+        }
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(opts.timeout);
+        let uses_tls = file.trusted_ca_file.is_some()
+            || file.cert_file.is_some()
+            || endpoints.iter().any(|e| e.starts_with("https://"));
+        if uses_tls {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &file.trusted_ca_file {
+                tls = tls.ca_certificate(Certificate::from_pem(read_file(ca, "trusted-ca-file")?));
+            }
+            match (&file.cert_file, &file.key_file) {
+                (Some(c), Some(k)) => {
+                    tls = tls.identity(Identity::from_pem(
+                        read_file(c, "cert-file")?,
+                        read_file(k, "key-file")?,
+                    ));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(Error::Config(
+                        "etcd config: cert-file and key-file must be given together".into(),
+                    ));
+                }
+            }
+            co = co.with_tls(tls);
+        }
+        if let (Some(u), Some(p)) = (&file.username, &file.password) {
+            co = co.with_user(u.clone(), p.clone());
+        }
+        let joined = endpoints.join(",");
+        let client = Client::connect(endpoints.clone(), Some(co))
+            .await
+            .map_err(|e| Error::etcd(joined.clone(), "cannot connect", e))?;
+        Ok(EtcdConnection {
+            client,
+            endpoints,
+            timeout: opts.timeout,
+        })
+    }
+
+    fn err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {
+        Error::etcd(self.endpoints.join(","), what, e)
+    }
+
+    /// Reads `id/` with values and `value/` keys only, both at one revision, in pages.
+    pub async fn read_snapshot(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
+        let mut snap = self.read_masters(prefix, page_size).await?;
+        snap.node_counts = self.count_nodes(&snap, page_size).await?;
+        Ok(snap)
+    }
+
+    /// Reads the `id/` keys and their label keys at one pinned revision; no node counts yet.
+    pub async fn read_masters(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
+        let prefix = normalize_prefix(prefix);
+        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
+        let mut snap = KvSnapshot {
+            source: SourceInfo {
+                endpoints: self.endpoints.clone(),
+                revision: 0,
+                prefix: prefix.trim_end_matches('/').to_string(),
+            },
+            ..Default::default()
+        };
+        let id_prefix = format!("{prefix}id/").into_bytes();
+        let id_end = prefix_end(&id_prefix);
+        // A cheap first request pins the revision every page is read at.
+        let head = self
+            .range(
+                &mut kv,
+                id_prefix.clone(),
+                GetOptions::new()
+                    .with_range(id_end.clone())
+                    .with_count_only(),
+            )
+            .await?;
+        let revision = head.header().map(|h| h.revision()).unwrap_or(0);
+        snap.source.revision = revision;
+        self.page_range(
+            &mut kv,
+            id_prefix,
+            &id_end,
+            revision,
+            false,
+            page_size,
+            &mut |item| {
+                if let KeyKind::Master { id } = classify_key(&prefix, item.key()) {
+                    snap.masters.push(MasterEntry::new(id, item.value()));
+                }
+            },
+        )
+        .await?;
+        tracing::info!(
+            revision,
+            identities = snap.masters.len(),
+            "read kvstore snapshot"
+        );
+        Ok(snap)
+    }
+
+    /// Counts the `value/` keys per label key at the snapshot's revision: how many nodes use
+    /// each identity. They number one per identity per node, millions on a large cluster, so
+    /// they are read keys-only and only counted: memory does not grow with them. etcd 3.4
+    /// walks every key from a request's start to its range end before applying the limit, so
+    /// one wide range paged costs O(n²/page); the snapshot's label keys split the `value/`
+    /// space into ranges of about a page each, which keeps the pass linear.
+    pub async fn count_nodes(
+        &self,
+        snap: &KvSnapshot,
+        page_size: i64,
+    ) -> Result<HashMap<Vec<u8>, u32>> {
+        let prefix = normalize_prefix(&snap.source.prefix);
+        let revision = snap.source.revision;
+        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
+        let value_prefix = format!("{prefix}value/").into_bytes();
+        let value_end = prefix_end(&value_prefix);
+        let mut bounds: Vec<&[u8]> = snap
+            .masters
+            .iter()
+            .map(|m| m.value.as_slice())
+            .filter(|v| !v.is_empty())
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut counts: HashMap<Vec<u8>, u32> = HashMap::with_capacity(snap.masters.len());
+        let mut count_into = |item: &etcd_client::KeyValue| {
+            if let KeyKind::Slave { label_key, .. } = classify_key(&prefix, item.key()) {
+                match counts.get_mut(label_key) {
+                    Some(n) => *n += 1,
+                    None => {
+                        counts.insert(label_key.to_vec(), 1);
+                    }
+                }
+            }
+        };
+        let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
+        loop {
+            next = (next + group).min(bounds.len());
+            let hi = bounds
+                .get(next)
+                .map(|b| [value_prefix.as_slice(), *b].concat())
+                .unwrap_or_else(|| value_end.clone());
+            let keys = self
+                .page_range(&mut kv, lo, &hi, revision, true, page_size, &mut count_into)
+                .await?;
+            if hi == value_end {
+                break;
+            }
+            // Aim the next range at about one page of keys.
+            let per_label = (keys / group.max(1)).max(1);
+            group = (page_size as usize / per_label).clamp(1, 8192);
+            lo = hi;
+        }
+        tracing::info!(
+            revision,
+            label_keys = counts.len(),
+            "counted node references"
+        );
+        Ok(counts)
+    }
+
+    async fn range(
+        &self,
+        kv: &mut etcd_client::KvClient,
+        key: Vec<u8>,
+        opts: GetOptions,
+    ) -> Result<etcd_client::GetResponse> {
+        match tokio::time::timeout(self.timeout, kv.get(key, Some(opts))).await {
+            Err(_) => Err(self.err(
+                "range request",
+                format!("timed out after {}s", self.timeout.as_secs()),
+            )),
+            Ok(r) => r.map_err(|e| self.err("range request", e)),
+        }
+    }
+
+    /// Pages through `[lo, hi)` at `revision`, visiting every key; returns how many there were.
+    #[allow(clippy::too_many_arguments)]
+    async fn page_range(
+        &self,
+        kv: &mut etcd_client::KvClient,
+        lo: Vec<u8>,
+        hi: &[u8],
+        revision: i64,
+        keys_only: bool,
+        page_size: i64,
+        visit: &mut impl FnMut(&etcd_client::KeyValue),
+    ) -> Result<usize> {
+        let mut page = page_size.max(1);
+        let mut start = lo;
+        let mut seen = 0;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(hi.to_vec())
+                .with_limit(page)
+                .with_revision(revision);
+            if keys_only {
+                opts = opts.with_keys_only();
+            }
+            let resp =
+                match tokio::time::timeout(self.timeout, kv.get(start.clone(), Some(opts))).await {
+                    Err(_) => {
+                        return Err(self.err(
+                            "range request",
+                            format!("timed out after {}s", self.timeout.as_secs()),
+                        ));
+                    }
+                    Ok(Err(e)) if page > 1 && is_too_large(&e) => {
+                        page /= 2;
+                        continue;
+                    }
+                    Ok(Err(e)) => return Err(self.err("range request", e)),
+                    Ok(Ok(r)) => r,
+                };
+            let kvs = resp.kvs();
+            tracing::trace!(keys = kvs.len(), more = resp.more(), "range page");
+            seen += kvs.len();
+            kvs.iter().for_each(&mut *visit);
+            match kvs.last() {
+                Some(last) if resp.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(seen),
+            }
+        }
+    }
+}
+
+fn is_too_large(e: &etcd_client::Error) -> bool {
+    let s = e.to_string();
+    s.contains("larger than max") || s.contains("ResourceExhausted") || s.contains("too large")
+}
+
+/// The smallest key greater than every key with this prefix.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Connects and reads in one go.
+pub async fn read_snapshot(opts: &EtcdOptions) -> Result<KvSnapshot> {
+    EtcdConnection::connect(opts)
+        .await?
+        .read_snapshot(&opts.prefix, opts.page_size)
+        .await
+}
+
+/// A change to the identities since the snapshot revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drift {
+    /// An `id/` key was created (`added`) or deleted (`removed`) at `revision`.
+    Changed {
+        added: u64,
+        removed: u64,
+        revision: i64,
+    },
+    /// etcd compacted past the watched revision: the snapshot must be taken again.
+    Compacted { compact_revision: i64 },
+}
+
+impl EtcdConnection {
+    /// Watches `id/` keys from `revision + 1` and reports drift until the receiver goes away.
+    /// Read-only, like everything here.
+    pub async fn watch_drift(
+        &self,
+        prefix: &str,
+        revision: i64,
+        tx: tokio::sync::mpsc::Sender<Drift>,
+    ) -> Result<()> {
+        let key = format!("{}id/", normalize_prefix(prefix));
+        let mut client = self.client.clone();
+        let mut stream = client
+            .watch(
+                key,
+                Some(
+                    etcd_client::WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision + 1),
+                ),
+            )
+            .await
+            .map_err(|e| self.err("watch", e))?;
+        while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
+            if resp.compact_revision() > 0 {
+                let _ = tx
+                    .send(Drift::Compacted {
+                        compact_revision: resp.compact_revision(),
+                    })
+                    .await;
+                return Ok(());
+            }
+            if resp.canceled() {
+                return Err(self.err(
+                    "watch",
+                    format!("cancelled by the server: {}", resp.cancel_reason()),
+                ));
+            }
+            let (mut added, mut removed, mut rev) = (0, 0, revision);
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                rev = rev.max(kv.mod_revision());
+                match ev.event_type() {
+                    etcd_client::EventType::Put if kv.create_revision() == kv.mod_revision() => {
+                        added += 1
+                    }
+                    etcd_client::EventType::Put => {}
+                    etcd_client::EventType::Delete => removed += 1,
+                }
+            }
+            if (added > 0 || removed > 0)
+                && tx
+                    .send(Drift::Changed {
+                        added,
+                        removed,
+                        revision: rev,
+                    })
+                    .await
+                    .is_err()
+            {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,528 @@
+//! The Kubernetes side: connect like kubectl, list CiliumIdentity objects in pages, get,
+//! create (never update), and install the CRD. Raw requests, so that status codes,
+//! `Retry-After` and non-Status bodies are seen exactly as the API server sent them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+
+use crate::core::identity::{
+    self, CRD_NAME, ObservedIdentity, collection_path, identity_object, parse_identity,
+};
+use crate::core::labels::{LabelKey, SecurityLabels, canonical_key};
+use crate::error::{Error, Result};
+
+/// Deadline of one read during a scan (a list page of 500 objects is well under a second).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of one read before the scan gives up.
+const READ_ATTEMPTS: u32 = 8;
+
+/// How to reach the API server, as kubectl would.
+#[derive(Debug, Clone, Default)]
+pub struct K8sOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+}
+
+/// A failed request, classified for retry decisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestError {
+    /// The server answered with an error status.
+    Status {
+        code: u16,
+        /// The body was not a `Status` object (e.g. a plain-text `404 page not found`
+        /// for a resource path that is not served).
+        plain: bool,
+        reason: String,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The connection failed or was dropped before a response.
+    Transport(String),
+    /// No answer within the per-operation timeout.
+    Timeout,
+}
+
+impl RequestError {
+    /// 429, 5xx, dropped connections and timeouts are worth another try; 4xx are not.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RequestError::Status { code, .. } => *code == 429 || *code >= 500,
+            RequestError::Transport(_) | RequestError::Timeout => true,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RequestError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// AlreadyExists, recognised by code as well as reason.
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, RequestError::Status { code: 409, .. })
+            || matches!(self, RequestError::Status { reason, .. } if reason == "AlreadyExists")
+    }
+
+    /// NotFound for an object: a 404 Status, by code or by reason. A plain-text 404 means the
+    /// resource itself is not served (yet), which is not the same thing.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            RequestError::Status {
+                code: 404,
+                plain: false,
+                ..
+            }
+        ) || matches!(self, RequestError::Status { reason, .. } if reason == "NotFound")
+    }
+
+    /// Any 404, including a plain-text one for a path that is not served.
+    pub fn is_404(&self) -> bool {
+        matches!(self, RequestError::Status { code: 404, .. })
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Status {
+                code,
+                reason,
+                message,
+                ..
+            } => {
+                write!(f, "HTTP {code}")?;
+                if !reason.is_empty() {
+                    write!(f, " {reason}")?;
+                }
+                if !message.is_empty() {
+                    write!(f, ": {message}")?;
+                }
+                Ok(())
+            }
+            RequestError::Transport(e) => write!(f, "connection failed: {e}"),
+            RequestError::Timeout => write!(f, "timed out"),
+        }
+    }
+}
+
+/// The CRD's state in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrdState {
+    Missing,
+    Present { established: bool },
+}
+
+/// What Kubernetes holds, read in pages.
+#[derive(Debug, Clone, Default)]
+pub struct K8sSnapshot {
+    pub crd_present: bool,
+    /// Identities whose name is a decimal id, with their labels as a canonical label key.
+    pub identities: BTreeMap<u32, LabelKey>,
+    /// Names that are not decimal ids (left alone, shown to the operator).
+    pub other_names: Vec<String>,
+    pub resource_version: String,
+}
+
+/// A connected API server.
+#[derive(Clone)]
+pub struct K8sTarget {
+    client: kube::Client,
+    pub server: String,
+    pub context: Option<String>,
+}
+
+impl K8sTarget {
+    /// Connects with an explicit kubeconfig, `KUBECONFIG`, `~/.kube/config`, or in-cluster config.
+    pub async fn connect(opts: &K8sOptions) -> Result<Self> {
+        let kopts = KubeConfigOptions {
+            context: opts.context.clone(),
+            ..Default::default()
+        };
+        let config = match &opts.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path)
+                    .map_err(|e| Error::kubeconfig(Some(&path.display().to_string()), e, ""))?;
+                kube::Config::from_custom_kubeconfig(kc, &kopts)
+                    .await
+                    .map_err(|e| Error::kubeconfig(Some(&path.display().to_string()), e, ""))?
+            }
+            None if opts.context.is_some() => kube::Config::from_kubeconfig(&kopts)
+                .await
+                .map_err(|e| Error::kubeconfig(None, e, ""))?,
+            None => kube::Config::infer().await.map_err(|e| {
+                Error::kubeconfig(None, e, "; pass --kubeconfig FILE or set KUBECONFIG")
+            })?,
+        };
+        let context = opts.context.clone().or_else(|| current_context(opts));
+        Self::from_config(config, context)
+    }
+
+    /// Connects to a plain-HTTP server such as the sandbox.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let uri = url
+            .parse::<http::Uri>()
+            .map_err(|e| Error::Config(format!("server URL {url}: {e}")))?;
+        Self::from_config(kube::Config::new(uri), Some("sandbox".into()))
+    }
+
+    fn from_config(mut config: kube::Config, context: Option<String>) -> Result<Self> {
+        let server = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
+        // Per-operation deadlines are ours (`--op-timeout`); kube's own read timeout would
+        // cut long list pages and watches short.
+        config.read_timeout = None;
+        // Retries are the engine's, counted and reported, honouring Retry-After; a second,
+        // hidden retry layer would double them.
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).map_err(|e| {
+            let cause: crate::error::BoxError = e.into();
+            Error::Kube {
+                server: server.clone(),
+                message: cause.to_string(),
+                source: Some(cause),
+            }
+        })?;
+        Ok(K8sTarget {
+            client,
+            server,
+            context,
+        })
+    }
+
+    fn kube_err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {
+        Error::kube(self.server.clone(), what, e)
+    }
+
+    /// Sends one request and returns the status and body.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, Value), RequestError> {
+        let (status, bytes) = self.send_raw(method, path, body).await?;
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// Sends one request; a success body comes back unparsed (a create does not need it).
+    async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(StatusCode, bytes::Bytes), RequestError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::ACCEPT, "application/json");
+        let bytes = match body {
+            Some(v) => {
+                builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+                serde_json::to_vec(v).map_err(|e| RequestError::Transport(e.to_string()))?
+            }
+            None => Vec::new(),
+        };
+        let req = builder
+            .body(Body::from(bytes))
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        let res = self
+            .client
+            .send(req)
+            .await
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        let status = res.status();
+        let retry_after = res
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| RequestError::Transport(format!("reading response: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            return Ok((status, body));
+        }
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        // A Status body when there is one; the plain text otherwise (e.g. "404 page not found"
+        // while a new CRD is not yet established).
+        let plain = value.get("kind").and_then(Value::as_str) != Some("Status");
+        let (reason, message) = if !plain {
+            (
+                value
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                value
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        } else {
+            (
+                String::new(),
+                String::from_utf8_lossy(&body)
+                    .trim()
+                    .chars()
+                    .take(200)
+                    .collect(),
+            )
+        };
+        Err(RequestError::Status {
+            code: status.as_u16(),
+            plain,
+            reason,
+            message,
+            retry_after,
+        })
+    }
+
+    /// A read that is safe to repeat: retried on 429 (honouring Retry-After), 5xx, dropped
+    /// connections and timeouts, so a flaky server does not fail a whole scan.
+    async fn get_retrying(&self, path: &str) -> Result<Value, RequestError> {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let res = tokio::time::timeout(READ_TIMEOUT, self.send(Method::GET, path, None))
+                .await
+                .unwrap_or(Err(RequestError::Timeout));
+            match res {
+                Ok((_, v)) => return Ok(v),
+                Err(e) if e.is_retryable() && attempt < READ_ATTEMPTS => {
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or(Duration::from_millis(100 << attempt.min(6)))
+                        .min(Duration::from_secs(30));
+                    tracing::debug!(path, attempt, error = %e, "retrying read");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The server's version string, e.g. `v1.33.0`.
+    pub async fn server_version(&self) -> Result<String> {
+        let (_, v) = self
+            .send(Method::GET, "/version", None)
+            .await
+            .map_err(|e| self.kube_err("reading /version", e))?;
+        Ok(v.get("gitVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string())
+    }
+
+    pub async fn crd_state(&self) -> Result<CrdState> {
+        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}");
+        match self.get_retrying(&path).await {
+            Ok(v) => {
+                let established = v
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Established" && c["status"] == "True")
+                    });
+                Ok(CrdState::Present { established })
+            }
+            Err(e) if e.is_404() => Ok(CrdState::Missing),
+            Err(e) => Err(self.kube_err(&format!("reading CRD {CRD_NAME}"), e)),
+        }
+    }
+
+    /// Creates the CRD from `assets/` (an existing one is left as it is).
+    pub async fn create_crd(&self) -> Result<()> {
+        let crd: Value = serde_yaml::from_str(identity::CRD_YAML)
+            .map_err(|e| Error::Config(format!("embedded CRD: {e}")))?;
+        match self
+            .send(
+                Method::POST,
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                Some(&crd),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_already_exists() => Ok(()),
+            Err(e) => Err(self.kube_err(&format!("creating CRD {CRD_NAME}"), e)),
+        }
+    }
+
+    /// Waits until the CRD is Established and its resource answers (right after creation the
+    /// resource path is a plain-text 404 for a while).
+    pub async fn wait_crd_established(&self, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.crd_state().await? == (CrdState::Present { established: true }) {
+                match self
+                    .send(Method::GET, &format!("{}?limit=1", collection_path()), None)
+                    .await
+                {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.is_404() => {}
+                    Err(e) => return Err(self.kube_err("probing ciliumidentities", e)),
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.kube_err(
+                    &format!("CRD {CRD_NAME}"),
+                    format!("not Established after {}s", timeout.as_secs()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Lists every CiliumIdentity in pages of `page_size`, restarting if the continue token expires.
+    pub async fn list_identities(&self, page_size: u32) -> Result<K8sSnapshot> {
+        let crd_present = self.crd_state().await? != CrdState::Missing;
+        let mut snap = K8sSnapshot {
+            crd_present,
+            ..Default::default()
+        };
+        if !crd_present {
+            return Ok(snap);
+        }
+        let mut restarts = 0;
+        let mut cont: Option<String> = None;
+        loop {
+            let mut path = format!("{}?limit={page_size}", collection_path());
+            if let Some(c) = &cont {
+                path.push_str("&continue=");
+                path.push_str(&urlencode(c));
+            }
+            let page = match self.get_retrying(&path).await {
+                Ok(p) => p,
+                Err(RequestError::Status { code: 410, .. }) if restarts < 3 => {
+                    restarts += 1;
+                    snap.identities.clear();
+                    snap.other_names.clear();
+                    cont = None;
+                    continue;
+                }
+                Err(e) => return Err(self.kube_err("listing ciliumidentities", e)),
+            };
+            for obj in page
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let ObservedIdentity { name, labels } = parse_identity(obj)
+                    .map_err(|e| self.kube_err("listing ciliumidentities", e))?;
+                match crate::core::kvstore::parse_id(name.as_bytes()) {
+                    Ok(id) => {
+                        snap.identities.insert(id, canonical_key(&labels));
+                    }
+                    Err(_) => snap.other_names.push(name),
+                }
+            }
+            snap.resource_version = page
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            cont = page
+                .pointer("/metadata/continue")
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string);
+            if cont.is_none() {
+                return Ok(snap);
+            }
+        }
+    }
+
+    /// Reads one identity; `Ok(None)` when it does not exist.
+    pub async fn get_identity(&self, id: u32) -> Result<Option<SecurityLabels>, RequestError> {
+        match self
+            .send(Method::GET, &format!("{}/{id}", collection_path()), None)
+            .await
+        {
+            Ok((_, v)) => parse_identity(&v)
+                .map(|o| Some(o.labels))
+                .map_err(RequestError::Transport),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates one identity. Never updates: an existing object yields an AlreadyExists error.
+    pub async fn create_identity(
+        &self,
+        id: u32,
+        labels: &SecurityLabels,
+    ) -> Result<(), RequestError> {
+        self.send_raw(
+            Method::POST,
+            &collection_path(),
+            Some(&identity_object(id, labels)),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Asks the API server whether the current user may do `verb` on a resource.
+    pub async fn can_i(&self, verb: &str, group: &str, resource: &str) -> Result<bool> {
+        let review = json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}},
+        });
+        let (_, v) = self
+            .send(
+                Method::POST,
+                "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                Some(&review),
+            )
+            .await
+            .map_err(|e| self.kube_err("SelfSubjectAccessReview", e))?;
+        Ok(v.pointer("/status/allowed")
+            .and_then(Value::as_bool)
+            .unwrap_or(false))
+    }
+}
+
+fn current_context(opts: &K8sOptions) -> Option<String> {
+    let kc = match &opts.kubeconfig {
+        Some(p) => Kubeconfig::read_from(p).ok(),
+        None => Kubeconfig::read().ok(),
+    }?;
+    kc.current_context
+}
+
+/// Percent-encodes a query value (continue tokens are opaque and may hold `=`, `+`, `/`).
+pub fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

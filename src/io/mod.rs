@@ -1,0 +1,9 @@
+//! The only code that talks to the outside: etcd (read only), the Kubernetes API server,
+//! and the files the tool writes (plan, decision log, exports).
+
+pub mod decision_log;
+pub mod etcd;
+pub mod k8s;
+pub mod kv_source;
+pub mod plan_file;
+pub mod private_file;

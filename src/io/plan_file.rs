@@ -1,0 +1,207 @@
+//! The plan file: the stable JSON contract between `plan`, the operator's editor and `apply`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::kvstore::SourceInfo;
+use crate::core::planner::{PlanItem, summarize};
+use crate::core::range::IdRange;
+use crate::error::{Error, Result};
+
+pub const PLAN_VERSION: u32 = 1;
+
+/// Which API server the plan was made against.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TargetInfo {
+    pub server: String,
+    pub context: Option<String>,
+}
+
+/// Whether apply must install the CRD first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct CrdStep {
+    pub present: bool,
+    pub create: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanFile {
+    pub version: u32,
+    pub created_at: String,
+    pub source: SourceInfo,
+    pub target: TargetInfo,
+    pub cluster_id: u32,
+    pub range: IdRange,
+    pub crd: CrdStep,
+    pub summary: BTreeMap<String, usize>,
+    pub items: Vec<PlanItem>,
+}
+
+impl PlanFile {
+    pub fn new(
+        source: SourceInfo,
+        target: TargetInfo,
+        cluster_id: u32,
+        range: IdRange,
+        crd_present: bool,
+        items: Vec<PlanItem>,
+    ) -> Self {
+        let summary = summarize(&items)
+            .into_iter()
+            .map(|(k, v)| (k.as_str().to_string(), v))
+            .collect();
+        PlanFile {
+            version: PLAN_VERSION,
+            created_at: crate::io::decision_log::now(),
+            source,
+            target,
+            cluster_id,
+            range,
+            crd: CrdStep {
+                present: crd_present,
+                create: !crd_present,
+            },
+            summary,
+            items,
+        }
+    }
+
+    /// Writes the plan to a new file (mode 0600). An existing file is never overwritten.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut f = super::private_file::create_new(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::file(
+                path,
+                "already exists; plans are never overwritten: choose another --output or remove it",
+            ),
+            _ => Error::file_io(path, "cannot create plan file", e),
+        })?;
+        let mut text = serde_json::to_vec_pretty(self).map_err(|e| Error::file_cause(path, e))?;
+        text.push(b'\n');
+        f.write_all(&text)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::file_io(path, "cannot write plan file", e))
+    }
+
+    /// Loads and checks a plan file; every problem names the file and, where it has one, the item.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read(path).map_err(|e| Error::PlanFile {
+            path: path.to_path_buf(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::from_slice(&text).map_err(|message| Error::PlanFile {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    pub fn from_slice(text: &[u8]) -> Result<Self, String> {
+        let raw: serde_json::Value =
+            serde_json::from_slice(text).map_err(|e| format!("not valid JSON: {e}"))?;
+        match raw.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(PLAN_VERSION) => {}
+            Some(v) => {
+                return Err(format!(
+                    "plan version {v} is not supported (this tool reads version {PLAN_VERSION})"
+                ));
+            }
+            None => return Err("no \"version\": not a cilium-idmig plan".into()),
+        }
+        let plan: PlanFile =
+            serde_json::from_value(raw).map_err(|e| format!("not a valid plan: {e}"))?;
+        let expected = IdRange::for_cluster(plan.cluster_id)?;
+        if plan.range != expected {
+            return Err(format!(
+                "range {} does not match cluster_id {} (expected {expected})",
+                plan.range, plan.cluster_id
+            ));
+        }
+        let mut seen = HashSet::new();
+        for item in &plan.items {
+            if !seen.insert(item.id.as_str()) {
+                return Err(format!("item {} appears twice", item.id));
+            }
+        }
+        Ok(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn sample() -> PlanFile {
+        let items = crate::core::planner::plan(
+            &[crate::core::kvstore::MasterEntry::new("300", "k8s:a=b;")],
+            &Default::default(),
+            &Default::default(),
+            IdRange::for_cluster(0).unwrap(),
+        );
+        PlanFile::new(
+            SourceInfo::default(),
+            TargetInfo::default(),
+            0,
+            IdRange::for_cluster(0).unwrap(),
+            false,
+            items,
+        )
+    }
+
+    #[test]
+    fn saves_0600_never_overwrites_and_loads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("plan.json");
+        let plan = sample();
+        plan.save(&p).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let e = plan.save(&p).unwrap_err().to_string();
+        assert!(e.contains("never overwritten"), "{e}");
+        assert_eq!(PlanFile::load(&p).unwrap(), plan);
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["items"][0]["kind"], "create");
+        assert_eq!(v["items"][0]["action"], "create");
+        assert_eq!(v["summary"]["create"], 1);
+    }
+
+    #[test]
+    fn refuses_bad_files_with_a_reason() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["version"] = 2.into();
+        assert!(
+            PlanFile::from_slice(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("version 2")
+        );
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["cluster_id"] = 3.into();
+        assert!(
+            PlanFile::from_slice(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("does not match")
+        );
+        let mut v = serde_json::to_value(sample()).unwrap();
+        let item = v["items"][0].clone();
+        v["items"].as_array_mut().unwrap().push(item);
+        assert!(
+            PlanFile::from_slice(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(PlanFile::from_slice(b"{").unwrap_err().contains("JSON"));
+        assert!(PlanFile::from_slice(b"{}").unwrap_err().contains("version"));
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["items"][0]["action"] = "explode".into();
+        assert!(
+            PlanFile::from_slice(v.to_string().as_bytes())
+                .unwrap_err()
+                .contains("explode")
+        );
+    }
+}

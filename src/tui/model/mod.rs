@@ -1,0 +1,215 @@
+//! The TUI's state: plain data, owned by the terminal task, changed only by `update`. Split
+//! by concern: what the scan found, the table, the conflict review, the commit.
+
+mod commit;
+mod table;
+
+pub use commit::{CommitPhase, CommitState};
+pub use table::{KindFilter, SortColumn, TableState};
+
+use std::collections::BTreeMap;
+
+use crate::app::service::PreflightReport;
+use crate::core::kvstore::SourceInfo;
+use crate::core::labels::LabelKey;
+use crate::core::planner::{Action as PlanAction, Kind, PlanItem};
+use crate::core::range::IdRange;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Screen {
+    Preflight,
+    Identities,
+    Conflicts,
+    Commit,
+}
+
+impl Screen {
+    pub const ALL: [Screen; 4] = [
+        Screen::Preflight,
+        Screen::Identities,
+        Screen::Conflicts,
+        Screen::Commit,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Screen::Preflight => "Preflight",
+            Screen::Identities => "Identities",
+            Screen::Conflicts => "Conflicts",
+            Screen::Commit => "Commit",
+        }
+    }
+}
+
+/// A popup that owns the keyboard while open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Modal {
+    Help,
+    Search {
+        input: String,
+    },
+    EditTarget {
+        input: String,
+        error: Option<String>,
+    },
+    ConfirmAcceptAll {
+        count: usize,
+    },
+    /// The commit only starts when the operator has typed `yes`.
+    ConfirmCommit {
+        typed: String,
+    },
+    Export {
+        input: String,
+    },
+    Message(String),
+}
+
+/// Where the scans stand.
+#[derive(Debug, Clone, Default)]
+pub struct ScanState {
+    /// Generation of the latest scan request; results of older ones are dropped.
+    pub generation: u64,
+    pub scanning: bool,
+    /// Node counts are still being read (the table shows `…` meanwhile).
+    pub counting: bool,
+    /// Identities added and removed in the kvstore since the scan.
+    pub drift: (u64, u64),
+}
+
+/// What the preflight and the latest scan found, with the operator's decisions in the items.
+#[derive(Debug, Clone)]
+pub struct ClusterState {
+    pub preflight: Option<PreflightReport>,
+    pub items: Vec<PlanItem>,
+    pub k8s: BTreeMap<u32, LabelKey>,
+    pub source: Option<SourceInfo>,
+    pub crd_present: bool,
+    pub range: IdRange,
+}
+
+/// The conflict under review and the decisions that can be undone.
+#[derive(Debug, Clone, Default)]
+pub struct ReviewState {
+    /// The item under review on the conflicts screen.
+    pub conflict: Option<usize>,
+    pub undo: Vec<(usize, PlanItem)>,
+}
+
+/// Everything the screens show.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub screen: Screen,
+    pub modal: Option<Modal>,
+    pub scan: ScanState,
+    pub cluster: ClusterState,
+    pub table: TableState,
+    pub review: ReviewState,
+    pub commit: CommitState,
+    pub status: String,
+    pub no_color: bool,
+    pub quit: bool,
+    pub quit_after_commit: bool,
+}
+
+impl Model {
+    pub fn new(range: IdRange, no_color: bool) -> Self {
+        Model {
+            screen: Screen::Preflight,
+            modal: None,
+            scan: ScanState::default(),
+            cluster: ClusterState {
+                preflight: None,
+                items: Vec::new(),
+                k8s: BTreeMap::new(),
+                source: None,
+                crd_present: true,
+                range,
+            },
+            table: TableState::default(),
+            review: ReviewState::default(),
+            commit: CommitState::default(),
+            status: String::new(),
+            no_color,
+            quit: false,
+            quit_after_commit: false,
+        }
+    }
+
+    /// Replaces the items (after a scan) and rebuilds the search index and the view.
+    pub fn set_items(&mut self, items: Vec<PlanItem>) {
+        self.table.haystack = items
+            .iter()
+            .map(|i| format!("{} {}", i.id, i.labels).to_lowercase())
+            .collect();
+        self.cluster.items = items;
+        self.rebuild_view();
+    }
+
+    /// Recomputes the visible rows from filter, search and sort.
+    pub fn rebuild_view(&mut self) {
+        let needle = self.table.search.to_lowercase();
+        let mut view: Vec<usize> = (0..self.cluster.items.len())
+            .filter(|&i| self.table.filter.admits(self.cluster.items[i].kind))
+            .filter(|&i| needle.is_empty() || self.table.haystack[i].contains(&needle))
+            .collect();
+        let items = &self.cluster.items;
+        let numeric = |i: usize| items[i].numeric_id().unwrap_or(u32::MAX);
+        match self.table.sort {
+            // Items arrive in id order already.
+            SortColumn::Id => {}
+            SortColumn::Kind => view.sort_by_key(|&i| (items[i].kind, numeric(i))),
+            SortColumn::Target => {
+                view.sort_by_key(|&i| (items[i].target_id.unwrap_or(u32::MAX), numeric(i)))
+            }
+            SortColumn::Nodes => view.sort_by_key(|&i| (items[i].nodes, numeric(i))),
+            SortColumn::Labels => view.sort_by(|&a, &b| items[a].labels.cmp(&items[b].labels)),
+        }
+        if self.table.descending {
+            view.reverse();
+        }
+        self.table.view = view;
+        self.table.selected = self
+            .table
+            .selected
+            .min(self.table.view.len().saturating_sub(1));
+        self.clamp_offset();
+    }
+
+    /// Keeps the selected row on screen.
+    pub fn clamp_offset(&mut self) {
+        let page = self.table.page.max(1);
+        if self.table.selected < self.table.offset {
+            self.table.offset = self.table.selected;
+        } else if self.table.selected >= self.table.offset + page {
+            self.table.offset = self.table.selected + 1 - page;
+        }
+        self.table.offset = self
+            .table
+            .offset
+            .min(self.table.view.len().saturating_sub(page));
+    }
+
+    pub fn count(&self, kind: Kind) -> usize {
+        self.cluster.items.iter().filter(|i| i.kind == kind).count()
+    }
+
+    /// Indices of conflicts, in id order.
+    pub fn conflicts(&self) -> impl Iterator<Item = usize> + '_ {
+        self.cluster
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.kind.is_conflict())
+            .map(|(n, _)| n)
+    }
+
+    /// Remap and duplicate items still waiting for the operator.
+    pub fn undecided(&self) -> usize {
+        self.cluster
+            .items
+            .iter()
+            .filter(|i| i.kind.needs_decision() && i.action == PlanAction::Create && !i.decided)
+            .count()
+    }
+}

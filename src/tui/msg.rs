@@ -1,0 +1,34 @@
+//! The TUI's messages: what `update` takes (`Msg`) and what it asks the runtime to do
+//! (`Command`). A leaf: every other TUI module may use it.
+
+use std::time::Instant;
+
+use crossterm::event::KeyEvent;
+
+use crate::app::service::{ServiceEvent, ServiceRequest};
+use crate::apply::outcome::Progress;
+
+/// Inputs to `update`.
+#[derive(Debug, Clone)]
+pub enum Msg {
+    Key(KeyEvent),
+    Scroll(i32),
+    Resize {
+        rows: u16,
+    },
+    /// A frame tick; `elapsed` is time since the commit started, when one runs.
+    Tick {
+        now: Instant,
+    },
+    Engine(ServiceEvent),
+    /// The running commit's totals (from the engine's watch channel).
+    Progress(Progress),
+    /// SIGTERM or SIGHUP (a dropped SSH session): behave like Ctrl-C.
+    Signal,
+}
+
+/// What `update` asks the runtime to do.
+#[derive(Debug, Clone)]
+pub enum Command {
+    Send(ServiceRequest),
+}

@@ -1,0 +1,76 @@
+//! Starting, stopping and following a commit: the only place the commit's phase changes
+//! in answer to the operator (the engine's answers are folded in by `update`).
+
+use std::time::{Duration, Instant};
+
+use crate::app::service::ServiceRequest;
+use crate::apply::outcome::{ApplyEvent, Outcome};
+use crate::tui::model::{CommitPhase, CommitState, Model, Screen};
+use crate::tui::msg::Command;
+
+/// Ctrl-C, SIGTERM, SIGHUP: a running commit stops starting writes and the TUI quits once
+/// those in flight finish; with no commit running, quit now.
+pub(super) fn stop_or_quit(model: &mut Model) -> Vec<Command> {
+    match model.commit.phase {
+        CommitPhase::Running => {
+            model.commit.phase = CommitPhase::Stopping;
+            model.quit_after_commit = true;
+            model.status = "stopping: no new writes; waiting for those in flight".into();
+            vec![Command::Send(ServiceRequest::Stop)]
+        }
+        CommitPhase::Stopping => {
+            model.quit_after_commit = true;
+            vec![]
+        }
+        CommitPhase::Idle | CommitPhase::Done => {
+            model.quit = true;
+            vec![]
+        }
+    }
+}
+
+/// Folds one executor event into the commit's state.
+pub(super) fn on_apply(c: &mut CommitState, ev: ApplyEvent) {
+    match ev {
+        ApplyEvent::CrdCreating => {
+            c.crd_note = Some("creating CRD ciliumidentities.cilium.io ...".into())
+        }
+        ApplyEvent::CrdEstablished => {
+            c.crd_note = Some("CRD ciliumidentities.cilium.io created and Established".into())
+        }
+        ApplyEvent::Started { writes, total } => {
+            c.writes = writes;
+            c.total = total;
+        }
+        // Totals arrive on the progress watch; events carry what needs a line of its own.
+        ApplyEvent::Retrying { .. } => {}
+        ApplyEvent::Stopping { reason } => c.stop_reason = Some(reason),
+        ApplyEvent::Problem(r) => match r.outcome {
+            Outcome::Failed => c
+                .failures
+                .push((r.id.clone(), r.error.clone().unwrap_or_default())),
+            Outcome::Conflict => c.failures.push((
+                r.id.clone(),
+                format!("conflict: {}", r.existing.as_deref().unwrap_or("")),
+            )),
+            _ => {}
+        },
+    }
+}
+
+/// Sends the items, with their decisions, to be written; only the confirm popup calls this.
+pub(super) fn start_commit(model: &mut Model) -> Vec<Command> {
+    let generation = model.commit.generation + 1;
+    model.commit = CommitState {
+        phase: CommitPhase::Running,
+        generation,
+        started: Some(Instant::now()),
+        elapsed: Duration::ZERO,
+        ..Default::default()
+    };
+    model.screen = Screen::Commit;
+    vec![Command::Send(ServiceRequest::Commit {
+        generation,
+        items: model.cluster.items.clone(),
+    })]
+}

@@ -1,0 +1,389 @@
+//! `update(&mut Model, Msg) -> Vec<Command>`: every change to the TUI's state happens here,
+//! synchronously; IO is only ever requested, as commands for the engine service.
+
+use std::collections::HashMap;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEventKind};
+
+mod commit;
+mod decisions;
+mod popups;
+
+use super::keys::{KeyAction, action_for};
+use super::model::{CommitPhase, Modal, Model, Screen};
+use super::msg::{Command, Msg};
+use crate::app::service::{ServiceEvent, ServiceRequest, Task};
+use crate::core::planner::{Decision, PlanItem};
+use commit::{on_apply, start_commit, stop_or_quit};
+use decisions::{decide, undo};
+use popups::on_modal_key;
+
+/// Commands to run at start.
+pub fn init(model: &mut Model) -> Vec<Command> {
+    model.scan.generation += 1;
+    model.scan.scanning = true;
+    vec![
+        Command::Send(ServiceRequest::Preflight),
+        Command::Send(ServiceRequest::Scan {
+            generation: model.scan.generation,
+        }),
+    ]
+}
+
+pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
+    match msg {
+        Msg::Key(key) => on_key(model, key),
+        Msg::Scroll(n) => {
+            if model.screen == Screen::Identities && model.modal.is_none() {
+                move_selection(model, n as isize);
+            }
+            vec![]
+        }
+        Msg::Resize { rows } => {
+            // Header, tabs, table header, footer and borders take 8 rows.
+            model.table.page = usize::from(rows).saturating_sub(8).max(1);
+            model.clamp_offset();
+            vec![]
+        }
+        Msg::Tick { now } => {
+            if let Some(start) = model.commit.started {
+                model.commit.elapsed = now.saturating_duration_since(start);
+            }
+            vec![]
+        }
+        Msg::Engine(ev) => on_engine(model, ev),
+        Msg::Progress(p) => {
+            let c = &mut model.commit;
+            if matches!(c.phase, CommitPhase::Running | CommitPhase::Stopping) {
+                (c.total, c.writes, c.done, c.created, c.retries) =
+                    (p.total, p.writes, p.done, p.created, p.retries);
+            }
+            vec![]
+        }
+        Msg::Signal => stop_or_quit(model),
+    }
+}
+
+fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
+    match ev {
+        ServiceEvent::Preflight(p) => {
+            model.cluster.preflight = Some(p);
+            vec![]
+        }
+        ServiceEvent::Scanned { generation, scan } => {
+            if generation != model.scan.generation {
+                return vec![]; // a stale scan
+            }
+            model.scan.scanning = false;
+            model.scan.counting = true;
+            model.scan.drift = (0, 0);
+            let kept = merge_decisions(&model.cluster.items, scan.items);
+            model.cluster.k8s = scan.k8s;
+            model.cluster.crd_present = scan.crd_present;
+            model.status = format!(
+                "scanned {} identities at revision {}{}",
+                kept.len(),
+                scan.source.revision,
+                if scan.other_names > 0 {
+                    format!("; {} CiliumIdentity names are not ids", scan.other_names)
+                } else {
+                    String::new()
+                }
+            );
+            model.cluster.source = Some(scan.source);
+            model.set_items(kept);
+            model.review.undo.clear();
+            let first = model.conflicts().next();
+            model.review.conflict = first;
+            vec![]
+        }
+        ServiceEvent::NodeCounts { generation, counts } => {
+            if generation != model.scan.generation {
+                return vec![];
+            }
+            model.scan.counting = false;
+            for item in &mut model.cluster.items {
+                item.nodes = counts.get(&item.labels).copied().unwrap_or(0);
+            }
+            model.rebuild_view();
+            vec![]
+        }
+        ServiceEvent::Failed {
+            generation,
+            task,
+            error,
+        } => {
+            match task {
+                Task::Scan if generation != model.scan.generation => return vec![],
+                Task::Scan => model.scan.scanning = false,
+                Task::NodeCount => model.scan.counting = false,
+                Task::Apply => {
+                    model.commit.phase = CommitPhase::Done;
+                    model.commit.started = None;
+                    if model.quit_after_commit {
+                        model.quit = true;
+                    }
+                }
+                Task::DecisionLog | Task::DriftWatch | Task::Export => {}
+            }
+            model.modal = Some(Modal::Message(format!("{task} failed: {error}")));
+            vec![]
+        }
+        ServiceEvent::Apply(ev) => {
+            on_apply(&mut model.commit, ev);
+            vec![]
+        }
+        ServiceEvent::Committed {
+            generation,
+            run,
+            verify,
+        } => {
+            let report = run.report;
+            if generation != model.commit.generation {
+                return vec![];
+            }
+            model.commit.phase = CommitPhase::Done;
+            model.commit.started = None;
+            model.commit.stop_reason = report.stopped.clone();
+            model.commit.retries = report.retries;
+            model.commit.report = Some(report);
+            model.commit.verify = verify;
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+            // The cluster changed: read it again so the table shows what is there now.
+            rescan(model)
+        }
+        ServiceEvent::Drift { added, removed } => {
+            model.scan.drift = (added, removed);
+            vec![]
+        }
+        ServiceEvent::DriftCompacted => {
+            model.status = "the kvstore was compacted past the watched revision: rescanning".into();
+            rescan(model)
+        }
+        ServiceEvent::Exported { paths } => {
+            let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
+            vec![]
+        }
+    }
+}
+
+/// Keeps the operator's decisions for items whose id and labels did not change.
+pub fn merge_decisions(old: &[PlanItem], mut new: Vec<PlanItem>) -> Vec<PlanItem> {
+    let by_id: HashMap<&str, &PlanItem> = old
+        .iter()
+        .filter(|i| i.decided)
+        .map(|i| (i.id.as_str(), i))
+        .collect();
+    for item in &mut new {
+        if let Some(o) = by_id.get(item.id.as_str())
+            && o.labels == item.labels
+            && o.kind == item.kind
+        {
+            item.action = o.action;
+            item.target_id = o.target_id;
+            item.decided = true;
+        }
+    }
+    new
+}
+
+fn rescan(model: &mut Model) -> Vec<Command> {
+    model.scan.generation += 1;
+    model.scan.scanning = true;
+    vec![Command::Send(ServiceRequest::Scan {
+        generation: model.scan.generation,
+    })]
+}
+
+fn move_selection(model: &mut Model, delta: isize) {
+    if model.table.view.is_empty() {
+        return;
+    }
+    let max = model.table.view.len() as isize - 1;
+    model.table.selected = (model.table.selected as isize + delta).clamp(0, max) as usize;
+    model.clamp_offset();
+}
+
+fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
+    if let Some(modal) = model.modal.take() {
+        return on_modal_key(model, modal, key);
+    }
+    let Some(action) = action_for(model.screen, &key) else {
+        return vec![];
+    };
+    match action {
+        KeyAction::Quit => {
+            if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
+                return stop_or_quit(model);
+            }
+            if matches!(
+                model.commit.phase,
+                CommitPhase::Running | CommitPhase::Stopping
+            ) {
+                model.modal = Some(Modal::Message(
+                    "a commit is running: Ctrl-C stops it first".into(),
+                ));
+                return vec![];
+            }
+            model.quit = true;
+            vec![]
+        }
+        KeyAction::Stop => stop_or_quit(model),
+        KeyAction::Help => {
+            model.modal = Some(Modal::Help);
+            vec![]
+        }
+        KeyAction::NextScreen => {
+            let i = Screen::ALL
+                .iter()
+                .position(|s| *s == model.screen)
+                .unwrap_or(0);
+            model.screen = Screen::ALL[(i + 1) % Screen::ALL.len()];
+            vec![]
+        }
+        KeyAction::Go(s) => {
+            model.screen = s;
+            vec![]
+        }
+        KeyAction::Up => nav(model, -1),
+        KeyAction::Down => nav(model, 1),
+        KeyAction::PageUp => nav(model, -(model.table.page as isize)),
+        KeyAction::PageDown => nav(model, model.table.page as isize),
+        KeyAction::Home => nav(model, isize::MIN / 2),
+        KeyAction::End => nav(model, isize::MAX / 2),
+        KeyAction::CycleFilter => {
+            model.table.filter = model.table.filter.next();
+            model.table.selected = 0;
+            model.rebuild_view();
+            vec![]
+        }
+        KeyAction::Search => {
+            model.modal = Some(Modal::Search {
+                input: model.table.search.clone(),
+            });
+            vec![]
+        }
+        KeyAction::CycleSort => {
+            model.table.sort = model.table.sort.next();
+            model.rebuild_view();
+            vec![]
+        }
+        KeyAction::ReverseSort => {
+            model.table.descending = !model.table.descending;
+            model.rebuild_view();
+            vec![]
+        }
+        KeyAction::Open => {
+            if let Some(&i) = model.table.view.get(model.table.selected)
+                && model.cluster.items[i].kind.is_conflict()
+            {
+                model.review.conflict = Some(i);
+                model.screen = Screen::Conflicts;
+            }
+            vec![]
+        }
+        KeyAction::NextConflict => step_conflict(model, true),
+        KeyAction::PrevConflict => step_conflict(model, false),
+        KeyAction::Accept => decide(model, Decision::Accept),
+        KeyAction::EditTarget => {
+            if let Some(i) = model.review.conflict {
+                let current = model.cluster.items[i]
+                    .target_id
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                model.modal = Some(Modal::EditTarget {
+                    input: current,
+                    error: None,
+                });
+            }
+            vec![]
+        }
+        KeyAction::Reuse => decide(model, Decision::Reuse),
+        KeyAction::Skip => decide(model, Decision::Skip),
+        KeyAction::CreateAnyway => decide(model, Decision::CreateAnyway),
+        KeyAction::Undo => undo(model),
+        KeyAction::AcceptAll => {
+            let count = model
+                .conflicts()
+                .filter(|&i| !model.cluster.items[i].decided)
+                .count();
+            model.modal = Some(if count == 0 {
+                Modal::Message("no undecided conflicts left".into())
+            } else {
+                Modal::ConfirmAcceptAll { count }
+            });
+            vec![]
+        }
+        KeyAction::Commit => {
+            if matches!(
+                model.commit.phase,
+                CommitPhase::Running | CommitPhase::Stopping
+            ) || model.scan.scanning
+            {
+                return vec![];
+            }
+            let undecided = model.undecided();
+            model.modal = Some(if undecided > 0 {
+                Modal::Message(format!(
+                    "{undecided} remap/duplicate conflicts still need a decision (screen 3; A accepts all)"
+                ))
+            } else {
+                Modal::ConfirmCommit {
+                    typed: String::new(),
+                }
+            });
+            vec![]
+        }
+        KeyAction::Retry => {
+            if model.commit.phase == CommitPhase::Done
+                && !model.commit.failures.is_empty()
+                && !model.scan.scanning
+            {
+                return start_commit(model);
+            }
+            vec![]
+        }
+        KeyAction::Rescan => rescan(model),
+        KeyAction::Export => {
+            model.modal = Some(Modal::Export {
+                input: "cilium-idmig-export".into(),
+            });
+            vec![]
+        }
+    }
+}
+
+fn nav(model: &mut Model, delta: isize) -> Vec<Command> {
+    move_selection(model, delta);
+    vec![]
+}
+
+fn step_conflict(model: &mut Model, forward: bool) -> Vec<Command> {
+    let all: Vec<usize> = model.conflicts().collect();
+    if all.is_empty() {
+        return vec![];
+    }
+    let pos = model
+        .review
+        .conflict
+        .and_then(|c| all.iter().position(|&i| i == c));
+    let next = match (pos, forward) {
+        (None, _) => 0,
+        (Some(p), true) => (p + 1) % all.len(),
+        (Some(p), false) => (p + all.len() - 1) % all.len(),
+    };
+    model.review.conflict = Some(all[next]);
+    vec![]
+}
+
+/// Mouse wheel events become scroll messages.
+pub fn scroll_of(kind: MouseEventKind) -> Option<i32> {
+    match kind {
+        MouseEventKind::ScrollUp => Some(-3),
+        MouseEventKind::ScrollDown => Some(3),
+        _ => None,
+    }
+}

@@ -1,0 +1,134 @@
+//! Keys while a popup is open: search, target edit, confirmations (commit needs the typed
+//! word `yes`), export, help and notes.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+use super::commit::{start_commit, stop_or_quit};
+use super::decisions::{decide, log_decision};
+use crate::app::service::ServiceRequest;
+use crate::core::planner::{Decision, validate_new_target};
+use crate::tui::model::{Modal, Model};
+use crate::tui::msg::Command;
+
+pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> {
+    let ctrl_c = key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+    if ctrl_c {
+        return stop_or_quit(model);
+    }
+    match modal {
+        Modal::Help | Modal::Message(_) => vec![],
+        Modal::Search { mut input } => {
+            // Enter keeps the search and closes the popup; Esc clears it.
+            if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
+                type_into(&mut input, &key, |_| true);
+                model.modal = Some(Modal::Search {
+                    input: input.clone(),
+                });
+            }
+            // Filter as the operator types; Esc clears.
+            model.table.search = if key.code == KeyCode::Esc {
+                String::new()
+            } else {
+                input
+            };
+            model.table.selected = 0;
+            model.rebuild_view();
+            vec![]
+        }
+        Modal::EditTarget { mut input, .. } => match key.code {
+            KeyCode::Esc => vec![],
+            KeyCode::Enter => {
+                let Some(i) = model.review.conflict else {
+                    return vec![];
+                };
+                let parsed = input
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{:?} is not an id", input.trim()));
+                let checked = parsed.and_then(|t| {
+                    validate_new_target(
+                        &model.cluster.items,
+                        i,
+                        t,
+                        &model.cluster.k8s,
+                        model.cluster.range,
+                    )
+                    .map(|_| t)
+                });
+                match checked {
+                    Ok(t) => decide(model, Decision::EditTarget(t)),
+                    Err(e) => {
+                        model.modal = Some(Modal::EditTarget {
+                            input,
+                            error: Some(e),
+                        });
+                        vec![]
+                    }
+                }
+            }
+            _ => {
+                type_into(&mut input, &key, |c| c.is_ascii_digit());
+                model.modal = Some(Modal::EditTarget { input, error: None });
+                vec![]
+            }
+        },
+        Modal::ConfirmAcceptAll { count } => match key.code {
+            KeyCode::Char('y') | KeyCode::Enter => {
+                let pending: Vec<usize> = model
+                    .conflicts()
+                    .filter(|&i| !model.cluster.items[i].decided)
+                    .collect();
+                let mut cmds = Vec::new();
+                for i in pending {
+                    // Accepting a proposal cannot be refused.
+                    let _ = Decision::Accept.apply_to(&mut model.cluster.items[i]);
+                    cmds.push(log_decision("accept-all", &model.cluster.items[i]));
+                }
+                model.review.undo.clear();
+                model.status = format!("accepted {count} proposals");
+                cmds
+            }
+            _ => vec![],
+        },
+        Modal::ConfirmCommit { mut typed } => match key.code {
+            KeyCode::Esc => vec![],
+            KeyCode::Enter if typed == "yes" => start_commit(model),
+            KeyCode::Enter => {
+                model.modal = Some(Modal::ConfirmCommit {
+                    typed: String::new(),
+                });
+                vec![]
+            }
+            _ => {
+                type_into(&mut typed, &key, |_| true);
+                model.modal = Some(Modal::ConfirmCommit { typed });
+                vec![]
+            }
+        },
+        Modal::Export { mut input } => match key.code {
+            KeyCode::Esc => vec![],
+            KeyCode::Enter if !input.trim().is_empty() => {
+                vec![Command::Send(ServiceRequest::Export {
+                    path: input.trim().into(),
+                    items: model.cluster.items.clone(),
+                })]
+            }
+            _ => {
+                type_into(&mut input, &key, |_| true);
+                model.modal = Some(Modal::Export { input });
+                vec![]
+            }
+        },
+    }
+}
+
+/// Applies a typing key (a character `accept` allows, or Backspace) to a popup's text field.
+fn type_into(text: &mut String, key: &KeyEvent, accept: impl Fn(char) -> bool) {
+    match key.code {
+        KeyCode::Backspace => {
+            text.pop();
+        }
+        KeyCode::Char(c) if accept(c) => text.push(c),
+        _ => {}
+    }
+}

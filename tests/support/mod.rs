@@ -1,0 +1,327 @@
+//! Test and benchmark support: a real etcd (Debian's `etcd-server`) on free loopback ports
+//! with a temp data dir, plain or with TLS and client certificates. Never port 2379. Like test
+//! code, it panics on failure: it is for the test suite and the benchmarks only.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use cilium_idmig::core::kvstore::normalize_prefix;
+use cilium_idmig::sandbox::generator::Generated;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn etcd_bin() -> String {
+    let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+    let ok = Command::new(&bin)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        ok,
+        "etcd not found ({bin}): install Debian's etcd-server (`apt-get install etcd-server`) or set ETCD_BIN"
+    );
+    bin
+}
+
+/// Client TLS material for an etcd started with `Etcd::start_tls`.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+pub struct Etcd {
+    child: Child,
+    pub dir: TempDir,
+    pub endpoint: String,
+    pub tls: Option<TlsFiles>,
+}
+
+impl Etcd {
+    pub async fn start() -> Etcd {
+        Self::spawn(false, &[]).await
+    }
+
+    pub async fn start_tls() -> Etcd {
+        Self::spawn(true, &[]).await
+    }
+
+    async fn spawn(tls: bool, extra: &[&str]) -> Etcd {
+        let bin = etcd_bin();
+        let dir = tempfile::tempdir().unwrap();
+        let (cport, pport) = (free_port(), free_port());
+        let scheme = if tls { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{cport}");
+        let peer_url = format!("http://127.0.0.1:{pport}");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--name=test")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=test={peer_url}"))
+            // Room for the millions of value/ keys of the largest benchmark.
+            .arg("--quota-backend-bytes=8589934592")
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap());
+        let tls_files = if tls {
+            let t = make_certs(dir.path());
+            cmd.arg(format!(
+                "--cert-file={}",
+                dir.path().join("server.crt").display()
+            ))
+            .arg(format!(
+                "--key-file={}",
+                dir.path().join("server.key").display()
+            ))
+            .arg(format!("--trusted-ca-file={}", t.ca.display()))
+            .arg("--client-cert-auth");
+            Some(t)
+        } else {
+            None
+        };
+        let child = cmd.spawn().expect("start etcd");
+        let etcd = Etcd {
+            child,
+            dir,
+            endpoint: client_url,
+            tls: tls_files,
+        };
+        etcd.wait_ready().await;
+        etcd
+    }
+
+    async fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            if let Ok(mut c) = self.client().await
+                && c.status().await.is_ok()
+            {
+                return;
+            }
+            let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "etcd did not become ready:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A client for seeding test data (the tool itself never writes to etcd).
+    pub async fn client(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        self.client_as(None).await
+    }
+
+    /// A client that logs in as `(user, password)` once etcd auth is on.
+    pub async fn client_as(
+        &self,
+        user: Option<(&str, &str)>,
+    ) -> Result<etcd_client::Client, etcd_client::Error> {
+        let mut opts =
+            etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        if let Some((name, password)) = user {
+            opts = opts.with_user(name, password);
+        }
+        if let Some(t) = &self.tls {
+            let tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(
+                    std::fs::read(&t.ca).unwrap(),
+                ))
+                .identity(etcd_client::Identity::from_pem(
+                    std::fs::read(&t.cert).unwrap(),
+                    std::fs::read(&t.key).unwrap(),
+                ));
+            opts = opts.with_tls(tls);
+        }
+        etcd_client::Client::connect([self.endpoint.clone()], Some(opts)).await
+    }
+
+    pub async fn put(&self, key: &str, value: &[u8]) {
+        self.client()
+            .await
+            .unwrap()
+            .put(key, value, None)
+            .await
+            .unwrap();
+    }
+
+    /// Writes an etcd config file in Cilium's format for this server.
+    pub fn config_file(&self) -> PathBuf {
+        let path = self.dir.path().join("etcd-config.yaml");
+        let mut text = format!("endpoints:\n- {}\n", self.endpoint);
+        if let Some(t) = &self.tls {
+            text.push_str(&format!(
+                "trusted-ca-file: {}\ncert-file: {}\nkey-file: {}\n",
+                t.ca.display(),
+                t.cert.display(),
+                t.key.display()
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Stops etcd (e.g. to test a source that goes away).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, all EC P-256.
+fn make_certs(dir: &Path) -> TlsFiles {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=idmig-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(dir, &ca);
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n",
+        ),
+        (
+            "client",
+            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+        ),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        let mut req = vec!["req"];
+        req.extend(ec);
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let crt = format!("{name}.crt");
+        let extf = format!("{name}.ext");
+        // The client certificate names the read-only user, so that whichever way etcd
+        // authenticates (certificate CN or password) it is that user.
+        let subject = if name == "client" {
+            "/CN=idmig"
+        } else {
+            "/CN=etcd"
+        };
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", subject]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &extf,
+            ],
+        );
+    }
+    TlsFiles {
+        ca: dir.join("ca.crt"),
+        cert: dir.join("client.crt"),
+        key: dir.join("client.key"),
+    }
+}
+
+/// Writes the dataset into etcd under `prefix` (master keys and one `value/` key per node
+/// using each identity), in transactions of at most 128 operations. For tests and benchmarks:
+/// the product never writes to etcd, which is why this lives here and not in the library.
+pub async fn load_etcd(client: &mut etcd_client::Client, prefix: &str, data: &Generated) {
+    let prefix = normalize_prefix(prefix);
+    let mut ops: Vec<etcd_client::TxnOp> = Vec::new();
+    let mut puts = Vec::new();
+    // Identities that share a label key (duplicates) share its value/ keys too: a node's key
+    // for a label key names one id.
+    let mut seen_label_keys = std::collections::HashSet::new();
+    for m in &data.masters {
+        let mut key = format!("{prefix}id/").into_bytes();
+        key.extend_from_slice(&m.id);
+        puts.push((key, m.value.clone()));
+        let nodes = if seen_label_keys.insert(m.value.as_slice()) {
+            data.node_counts.get(&m.value).copied().unwrap_or(0)
+        } else {
+            0
+        };
+        for node in 0..nodes {
+            let mut vkey = format!("{prefix}value/").into_bytes();
+            vkey.extend_from_slice(&m.value);
+            vkey.extend_from_slice(format!("/10.0.{}.{}", node / 250, node % 250 + 1).as_bytes());
+            puts.push((vkey, m.id.clone()));
+        }
+    }
+    for (k, v) in puts {
+        ops.push(etcd_client::TxnOp::put(k, v, None));
+        if ops.len() == 128 {
+            commit(client, std::mem::take(&mut ops)).await;
+        }
+    }
+    if !ops.is_empty() {
+        commit(client, ops).await;
+    }
+}
+
+async fn commit(client: &mut etcd_client::Client, ops: Vec<etcd_client::TxnOp>) {
+    client
+        .txn(etcd_client::Txn::new().and_then(ops))
+        .await
+        .expect("loading the dataset into the test etcd");
+}

@@ -14,6 +14,8 @@ pub mod error;
 #[cfg(test)]
 mod hostile_input;
 pub mod io;
+#[cfg(test)]
+mod layers;
 pub mod sandbox;
 pub mod tui;
 

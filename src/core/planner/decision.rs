@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Action, Kind, PlanItem};
+use super::item::{Action, Kind, PlanItem};
 
 /// Who (or what) settled an item's action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

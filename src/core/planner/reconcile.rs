@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::decision::DecidedBy;
-use super::{Action, Kind, PlanItem};
+use super::item::{Action, Kind, PlanItem};
 use crate::core::labels::{LabelKey, parse_label_key};
 use crate::core::range::IdRange;
 

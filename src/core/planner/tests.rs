@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use proptest::prelude::*;
 
 use super::*;
+use crate::core::kvstore::MasterEntry;
 use crate::core::labels::parse_label_key;
+use crate::core::range::IdRange;
 
 /// A Kubernetes-side label set, as the planner sees it: a canonical label key.
 fn sl(key: &str) -> String {

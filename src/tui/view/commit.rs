@@ -6,7 +6,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Gauge, Paragraph};
 
-use super::Theme;
+use super::theme::Theme;
 use crate::core::planner::WriteSummary;
 use crate::tui::model::{CommitPhase, Model};
 

@@ -9,7 +9,7 @@ use ratatui::style::{Color, Modifier};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
-use super::{Theme, symbol};
+use super::theme::{Theme, symbol};
 use crate::core::labels::{SecurityLabels, parse_label_key, to_security_labels};
 use crate::core::planner::{Action, Kind};
 use crate::tui::model::Model;

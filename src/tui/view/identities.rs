@@ -6,7 +6,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Span;
 use ratatui::widgets::{Block, Borders, Cell, Row, Table};
 
-use super::{Theme, symbol};
+use super::theme::{Theme, symbol};
 use crate::tui::model::{Model, SortColumn};
 
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {

@@ -6,6 +6,9 @@ mod conflicts;
 mod identities;
 mod modal;
 mod preflight;
+mod theme;
+
+pub use theme::{Theme, symbol};
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -16,64 +19,6 @@ use ratatui::widgets::Paragraph;
 use super::keys::bindings_for;
 use super::model::{Model, Screen};
 use crate::core::planner::Kind;
-
-/// Styles that still read without colour (`NO_COLOR`): colour is only ever a second cue.
-pub struct Theme {
-    no_color: bool,
-}
-
-impl Theme {
-    pub fn of(model: &Model) -> Self {
-        Theme {
-            no_color: model.no_color,
-        }
-    }
-    pub fn fg(&self, c: Color) -> Style {
-        if self.no_color {
-            Style::default()
-        } else {
-            Style::default().fg(c)
-        }
-    }
-    pub fn kind(&self, kind: Kind) -> Style {
-        match kind {
-            Kind::AlreadyMigrated => self.fg(Color::DarkGray),
-            Kind::Create => Style::default(),
-            Kind::Remap => self.fg(Color::Yellow).add_modifier(Modifier::BOLD),
-            Kind::Reuse => self.fg(Color::Cyan).add_modifier(Modifier::BOLD),
-            Kind::Duplicate => self.fg(Color::Magenta).add_modifier(Modifier::BOLD),
-            Kind::Invalid => self.fg(Color::Red),
-        }
-    }
-    pub fn selected(&self) -> Style {
-        Style::default().add_modifier(Modifier::REVERSED)
-    }
-    pub fn bad(&self) -> Style {
-        self.fg(Color::Red).add_modifier(Modifier::BOLD)
-    }
-    pub fn good(&self) -> Style {
-        self.fg(Color::Green)
-    }
-    pub fn dim(&self) -> Style {
-        if self.no_color {
-            Style::default()
-        } else {
-            Style::default().fg(Color::DarkGray)
-        }
-    }
-}
-
-/// A symbol per kind, so conflicts stand out without colour too.
-pub fn symbol(kind: Kind) -> &'static str {
-    match kind {
-        Kind::AlreadyMigrated => "=",
-        Kind::Create => "+",
-        Kind::Remap => "~",
-        Kind::Reuse => ">",
-        Kind::Duplicate => "!",
-        Kind::Invalid => "x",
-    }
-}
 
 pub fn view(model: &Model, frame: &mut Frame) {
     let area = frame.area();
@@ -181,16 +126,4 @@ fn short_kind(kind: Kind) -> &'static str {
 /// The first words of a help text, for the footer.
 fn short(help: &str) -> &str {
     help.split([':', '(', ',']).next().unwrap_or(help).trim()
-}
-
-/// A rectangle of at most `w` x `h` centred in `area`.
-pub fn centered(area: Rect, w: u16, h: u16) -> Rect {
-    let w = w.min(area.width);
-    let h = h.min(area.height);
-    Rect {
-        x: area.x + (area.width - w) / 2,
-        y: area.y + (area.height - h) / 2,
-        width: w,
-        height: h,
-    }
 }

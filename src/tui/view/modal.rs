@@ -6,7 +6,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
-use super::{Theme, centered};
+use super::theme::{Theme, centered};
 use crate::tui::keys::bindings_for;
 use crate::tui::model::{Modal, Model};
 

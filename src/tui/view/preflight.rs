@@ -6,7 +6,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
-use super::Theme;
+use super::theme::Theme;
 use crate::tui::model::Model;
 
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {

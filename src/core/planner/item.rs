@@ -1,0 +1,123 @@
+//! The plan's vocabulary: an item per kvstore identity, its kind (how it relates to what
+//! Kubernetes holds) and its action (what apply does with it). Plain data.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::kvstore::parse_id;
+
+/// How a kvstore identity relates to what Kubernetes already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    AlreadyMigrated,
+    Create,
+    Remap,
+    Reuse,
+    Duplicate,
+    Invalid,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::AlreadyMigrated,
+        Kind::Create,
+        Kind::Remap,
+        Kind::Reuse,
+        Kind::Duplicate,
+        Kind::Invalid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::AlreadyMigrated => "already-migrated",
+            Kind::Create => "create",
+            Kind::Remap => "remap",
+            Kind::Reuse => "reuse",
+            Kind::Duplicate => "duplicate",
+            Kind::Invalid => "invalid",
+        }
+    }
+
+    /// Kinds an operator must look at: the default action is not a plain copy.
+    pub fn is_conflict(self) -> bool {
+        matches!(self, Kind::Remap | Kind::Reuse | Kind::Duplicate)
+    }
+
+    /// Kinds whose proposed write needs the operator's explicit decision.
+    pub fn needs_decision(self) -> bool {
+        matches!(self, Kind::Remap | Kind::Duplicate)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What apply does with an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Create a `CiliumIdentity` at `target_id`.
+    Create,
+    /// Write nothing; the identity is (or will be) served by `target_id`.
+    None,
+    /// Write nothing and map nothing.
+    Skip,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::None => "none",
+            Action::Skip => "skip",
+        }
+    }
+}
+
+/// One kvstore identity and what the plan proposes for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanItem {
+    /// The id as written in the kvstore key (text, since an invalid one may not be a number).
+    pub id: String,
+    /// The label key as stored (lossily decoded when it is not UTF-8).
+    pub labels: String,
+    pub kind: Kind,
+    pub action: Action,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_id: Option<u32>,
+    /// Labels Kubernetes holds at this id, when they differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub existing_labels: Option<String>,
+    /// The other id that already carries these labels (reuse, duplicate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels_present_at: Option<u32>,
+    /// Number of nodes whose `value/` key references these labels.
+    pub nodes: u32,
+    pub reason: String,
+    /// Set by the operator (or `--accept-proposals`) for remap and duplicate items.
+    #[serde(default)]
+    pub decided: bool,
+}
+
+impl PlanItem {
+    /// The numeric id, when the kvstore id is a valid number.
+    pub fn numeric_id(&self) -> Option<u32> {
+        parse_id(self.id.as_bytes()).ok()
+    }
+}
+
+/// Count of items per kind.
+pub type Summary = BTreeMap<Kind, usize>;
+
+pub fn summarize(items: &[PlanItem]) -> Summary {
+    let mut s: Summary = Kind::ALL.iter().map(|k| (*k, 0)).collect();
+    for item in items {
+        *s.entry(item.kind).or_default() += 1;
+    }
+    s
+}

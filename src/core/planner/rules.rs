@@ -1,0 +1,193 @@
+//! The rules: classifies every kvstore identity against the Kubernetes snapshot and proposes
+//! a safe resolution, with the lowest free id for a remap. Pure and deterministic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::item::{Action, Kind, PlanItem};
+use crate::core::kvstore::{MasterEntry, parse_id};
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::range::IdRange;
+
+/// A kvstore identity after parsing, before classification.
+struct Parsed<'a> {
+    raw_id: std::borrow::Cow<'a, str>,
+    /// The label key as text; `labels` says whether it is a valid (hence canonical) one.
+    raw_labels: std::borrow::Cow<'a, str>,
+    entry: &'a MasterEntry,
+    id: Result<u32, String>,
+    labels: Result<(), String>,
+}
+
+const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a kvstore-mode node tags with the old id is read by CRD-mode nodes as the other labels, so policy between old and new nodes can allow or drop the wrong traffic; finish the rollout quickly.";
+
+/// Plans every kvstore identity against the Kubernetes identities (`id -> security-labels`).
+pub fn plan(
+    masters: &[MasterEntry],
+    node_counts: &HashMap<Vec<u8>, u32>,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+) -> Vec<PlanItem> {
+    let mut parsed: Vec<Parsed<'_>> = masters
+        .iter()
+        .map(|entry| {
+            let checked = valid_label_key(&entry.value);
+            Parsed {
+                raw_id: String::from_utf8_lossy(&entry.id),
+                raw_labels: match checked {
+                    Ok(text) => std::borrow::Cow::Borrowed(text),
+                    Err(_) => String::from_utf8_lossy(&entry.value),
+                },
+                entry,
+                id: parse_id(&entry.id),
+                labels: checked.map(|_| ()).map_err(|e| e.to_string()),
+            }
+        })
+        .collect();
+    // Numeric order first, then the raw text, so invalid ids sort deterministically at the end.
+    parsed.sort_by(|a, b| {
+        let ka = a.id.as_ref().ok().copied().unwrap_or(u32::MAX);
+        let kb = b.id.as_ref().ok().copied().unwrap_or(u32::MAX);
+        (ka, a.id.is_err(), &a.raw_id).cmp(&(kb, b.id.is_err(), &b.raw_id))
+    });
+
+    // Every numeric id a kvstore-mode node could be using is off limits for a new id.
+    let mut used: BTreeSet<u32> = k8s.keys().copied().collect();
+    used.extend(parsed.iter().filter_map(|p| p.id.as_ref().ok().copied()));
+
+    // The lowest Kubernetes id per label set: the one a CRD-mode agent would settle on.
+    let mut k8s_by_labels: HashMap<&str, u32> = HashMap::with_capacity(k8s.len());
+    for (id, labels) in k8s {
+        k8s_by_labels.entry(labels.as_str()).or_insert(*id);
+    }
+
+    // Kvstore ids that will be created at their own (free) id, lowest first per label set.
+    let mut kv_anchor: HashMap<&str, u32> = HashMap::new();
+    let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
+    for p in &parsed {
+        if let (Ok(id), Ok(())) = (&p.id, &p.labels)
+            && range.contains(*id)
+            && !k8s.contains_key(id)
+            && seen_ids.insert(*id)
+        {
+            kv_anchor.entry(p.raw_labels.as_ref()).or_insert(*id);
+        }
+    }
+
+    let mut next_free = range.min;
+    let mut remapped: HashMap<&str, u32> = HashMap::new();
+    let mut claimed: BTreeSet<u32> = BTreeSet::new();
+    let mut items = Vec::with_capacity(parsed.len());
+    for p in &parsed {
+        let nodes = node_counts.get(&p.entry.value).copied().unwrap_or(0);
+        let mut item = PlanItem {
+            id: p.raw_id.to_string(),
+            labels: p.raw_labels.to_string(),
+            kind: Kind::Invalid,
+            action: Action::Skip,
+            target_id: None,
+            existing_labels: None,
+            labels_present_at: None,
+            nodes,
+            reason: String::new(),
+            decided: false,
+        };
+        let (id, labels) = match (&p.id, &p.labels) {
+            (Err(e), _) => {
+                item.reason = format!("invalid id: {e}; never written");
+                items.push(item);
+                continue;
+            }
+            (_, Err(e)) => {
+                item.reason = format!("invalid labels: {e}; never written");
+                items.push(item);
+                continue;
+            }
+            (Ok(id), Ok(())) => (*id, p.raw_labels.as_ref()),
+        };
+        if !range.contains(id) {
+            item.reason = format!(
+                "id {id} is outside the allocation range {range} (reserved or another cluster's); never written"
+            );
+            items.push(item);
+            continue;
+        }
+        if !claimed.insert(id) {
+            item.reason = format!("id {id} appears twice in the kvstore; the first entry is used");
+            items.push(item);
+            continue;
+        }
+        match k8s.get(&id) {
+            Some(existing) if existing.as_str() == labels => {
+                item.kind = Kind::AlreadyMigrated;
+                item.action = Action::None;
+                item.target_id = Some(id);
+                item.reason = "a CiliumIdentity with these labels already exists at this id".into();
+            }
+            Some(existing) => {
+                item.existing_labels = Some(existing.clone());
+                let elsewhere = k8s_by_labels
+                    .get(labels)
+                    .copied()
+                    .or_else(|| kv_anchor.get(labels).copied())
+                    .or_else(|| remapped.get(labels).copied());
+                if let Some(x) = elsewhere {
+                    item.kind = Kind::Reuse;
+                    item.action = Action::None;
+                    item.target_id = Some(x);
+                    item.labels_present_at = Some(x);
+                    item.reason = format!(
+                        "id {id} is taken in Kubernetes by other labels, and these labels are already at id {x}: map to {x}, create nothing. {TRANSITION_RISK}"
+                    );
+                } else {
+                    while used.contains(&next_free) && next_free < range.max {
+                        next_free += 1;
+                    }
+                    if used.contains(&next_free) {
+                        item.reason = format!(
+                            "id {id} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
+                        );
+                        items.push(item);
+                        continue;
+                    }
+                    let new_id = next_free;
+                    used.insert(new_id);
+                    remapped.insert(labels, new_id);
+                    item.kind = Kind::Remap;
+                    item.action = Action::Create;
+                    item.target_id = Some(new_id);
+                    item.reason = format!(
+                        "id {id} is taken in Kubernetes by other labels: create these labels at {new_id}, the lowest id free on both sides. {TRANSITION_RISK}"
+                    );
+                }
+            }
+            None => {
+                let other = k8s_by_labels
+                    .get(labels)
+                    .copied()
+                    .map(|x| (x, "in Kubernetes"))
+                    .or_else(|| {
+                        kv_anchor
+                            .get(labels)
+                            .copied()
+                            .filter(|x| *x != id)
+                            .map(|x| (x, "under another kvstore id"))
+                    });
+                item.action = Action::Create;
+                item.target_id = Some(id);
+                if let Some((x, where_)) = other {
+                    item.kind = Kind::Duplicate;
+                    item.labels_present_at = Some(x);
+                    item.reason = format!(
+                        "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}, and Cilium settles on the oldest object. Confirm to create anyway, or skip"
+                    );
+                } else {
+                    item.kind = Kind::Create;
+                    item.reason =
+                        "id free and labels new to Kubernetes: create with the same id".into();
+                }
+            }
+        }
+        items.push(item);
+    }
+    items
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Each layer (a folder of `src/`) and the crate modules it may import.
 const RULES: &[(&str, &[&str])] = &[
-    ("core", &["core", "error"]),
+    ("core", &["core"]),
     ("io", &["core", "io", "error"]),
     ("apply", &["core", "io", "apply", "error"]),
     ("app", &["core", "io", "apply", "app", "error"]),

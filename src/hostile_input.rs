@@ -46,8 +46,7 @@ fn sample_plan_json() -> String {
     let p = PlanFile::new(
         Default::default(),
         Default::default(),
-        0,
-        IdRange::for_cluster(0).unwrap(),
+        crate::core::range::ClusterScope::new(0, Default::default()).unwrap(),
         true,
         items,
     );
@@ -151,8 +150,10 @@ fn every_malformation_named_in_the_issue_is_invalid() {
     );
     for i in &items {
         if i.id == "308" {
-            // A huge but well-formed value is a real identity: kept, not truncated.
-            assert_eq!(i.kind, Kind::Create);
+            // Well-formed but larger than anything Cilium writes: invalid, the reason names
+            // the size, and the labels are kept whole for the record.
+            assert_eq!(i.kind, Kind::Invalid);
+            assert!(i.reason.contains(&huge.len().to_string()), "{}", i.reason);
             assert_eq!(i.labels.len(), huge.len());
             continue;
         }

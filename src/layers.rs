@@ -91,7 +91,8 @@ fn expand(tree: &str) -> Vec<String> {
         return vec![path.trim_end_matches("::*").to_string()];
     };
     let prefix = tree[..open].trim_end_matches("::");
-    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let close = tree.rfind('}').filter(|&c| c > open).unwrap_or(tree.len());
+    let inner = &tree[open + 1..close];
     let mut parts = Vec::new();
     let (mut depth, mut start) = (0, 0);
     for (i, c) in inner.char_indices() {
@@ -139,15 +140,27 @@ fn paths_in(code: &str) -> Vec<String> {
             rest = &rest[i + needle.len()..];
         }
     }
-    let mut rest = code;
-    while let Some(i) = rest.find("use ") {
-        let before = rest[..i].chars().last();
-        let after = &rest[i + 4..];
-        let end = after.find(';').unwrap_or(after.len());
-        if before.is_none_or(|c| c.is_whitespace()) {
-            out.extend(expand(&after[..end]));
+    // `use` items start a line (after `pub`, `pub(crate)`, `pub(super)`).
+    let mut lines = code.lines();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        let t = t
+            .strip_prefix("pub(crate) ")
+            .or_else(|| t.strip_prefix("pub(super) "))
+            .or_else(|| t.strip_prefix("pub "))
+            .unwrap_or(t);
+        let Some(tree) = t.strip_prefix("use ") else {
+            continue;
+        };
+        let mut tree = tree.to_string();
+        while !tree.contains(';') {
+            match lines.next() {
+                Some(more) => tree.push_str(more),
+                None => break,
+            }
         }
-        rest = &after[end.min(after.len())..];
+        let end = tree.find(';').unwrap_or(tree.len());
+        out.extend(expand(&tree[..end]));
     }
     for start in ["crate::", "super::"] {
         let mut rest = code;

@@ -6,13 +6,37 @@ mod cli;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use cli::args::{Cli, CliCommand};
 use cli::commands::{self, Exit};
 
+/// Installed as `kubectl-cilium_idmig` on the PATH, the binary is a kubectl plugin
+/// (`kubectl cilium-idmig ...`); its help and errors then say so.
+fn invoked_name() -> &'static str {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let file = std::path::Path::new(&argv0)
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    if file.starts_with("kubectl-") {
+        "kubectl cilium-idmig"
+    } else {
+        "cilium-idmig"
+    }
+}
+
 fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    let name = invoked_name();
+    let matches = Cli::command().bin_name(name).get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if let Some(op) = &cli.operator {
+        cilium_idmig::io::operator::set_explicit(op);
+    }
     let interactive = match &cli.command {
         None | Some(CliCommand::Tui(_)) => true,
         Some(CliCommand::Demo { headless, .. }) => !headless,
@@ -36,7 +60,7 @@ fn main() -> ExitCode {
         .command
         .take()
         .unwrap_or(CliCommand::Tui(cli.tui.clone()));
-    match rt.block_on(commands::run(command)) {
+    match rt.block_on(commands::run(command, name)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
         Err(e) => match e.downcast_ref::<cilium_idmig::Error>() {

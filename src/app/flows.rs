@@ -8,7 +8,7 @@ use crate::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::ApplyReport;
 use crate::core::kvstore::{KvSnapshot, SourceInfo};
 use crate::core::planner::{self, PlanItem, reconcile};
-use crate::core::range::IdRange;
+use crate::core::range::{ClusterScope, IdRange};
 use crate::core::verify::{self, VerifyReport};
 use crate::error::{Error, Result};
 use crate::io::decision_log::DecisionLog;
@@ -51,12 +51,11 @@ pub fn target_info(target: &K8sTarget) -> TargetInfo {
     }
 }
 
-pub fn plan_file(scan: &Scan, target: &K8sTarget, cluster_id: u32, range: IdRange) -> PlanFile {
+pub fn plan_file(scan: &Scan, target: &K8sTarget, scope: ClusterScope) -> PlanFile {
     PlanFile::new(
         scan.kv.source.clone(),
         target_info(target),
-        cluster_id,
-        range,
+        scope,
         scan.k8s.crd_present,
         scan.items.clone(),
     )
@@ -67,15 +66,14 @@ pub fn plan_file(scan: &Scan, target: &K8sTarget, cluster_id: u32, range: IdRang
 pub fn plan_of_items(
     kv: &KvSource,
     target: &K8sTarget,
-    cluster_id: u32,
-    range: IdRange,
+    scope: ClusterScope,
     items: Vec<PlanItem>,
 ) -> PlanFile {
     let source = SourceInfo {
         prefix: kv.prefix(),
         ..Default::default()
     };
-    PlanFile::new(source, target_info(target), cluster_id, range, true, items)
+    PlanFile::new(source, target_info(target), scope, true, items)
 }
 
 /// What an apply starts from and how it runs.
@@ -101,7 +99,7 @@ pub struct ApplyRun {
 pub async fn apply(
     kv: &KvSource,
     target: &K8sTarget,
-    range: IdRange,
+    scope: ClusterScope,
     req: &ApplySpec,
     log: &DecisionLog,
     watchers: Watchers<'_>,
@@ -114,13 +112,17 @@ pub async fn apply(
                 plan.target.server, target.server
             )));
         }
-        if plan.range != range {
+        if plan.cluster_id != scope.cluster_id
+            || plan.max_connected_clusters != scope.max_connected_clusters
+            || plan.range != scope.range
+        {
             return Err(Error::Refused(format!(
-                "the plan is for range {}, but this run uses {range}",
-                plan.range
+                "the plan is for cluster id {} (max-connected-clusters {}, range {}), but this run uses {scope}; pass the same --cluster-id and --max-connected-clusters, or make a new plan",
+                plan.cluster_id, plan.max_connected_clusters, plan.range
             )));
         }
     }
+    let range = scope.range;
     // Node counts inform the operator, not the writes: apply skips that pass.
     let scan = scan_without_counts(kv, target, range).await?;
     tracing::info!(identities = scan.items.len(), "scanned both sides");

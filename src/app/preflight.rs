@@ -2,7 +2,7 @@
 //! CRD, and do what the shipped ClusterRole grants? Each failure says how to fix it.
 
 use crate::core::identity::CRD_NAME;
-use crate::core::range::IdRange;
+use crate::core::range::{ClusterScope, IdRange, MaxConnectedClusters};
 use crate::io::k8s::K8sTarget;
 use crate::io::kv_source::KvSource;
 
@@ -24,6 +24,7 @@ pub struct PreflightReport {
     pub version: String,
     pub crd_present: bool,
     pub cluster_id: u32,
+    pub max_connected_clusters: MaxConnectedClusters,
     pub range: Option<IdRange>,
     pub checks: Vec<Check>,
 }
@@ -58,17 +59,36 @@ pub fn required_rules() -> Vec<(String, String, String)> {
     out
 }
 
+/// Whether the kvstore's ids fit this cluster's range: ids outside it usually mean a wrong
+/// `--cluster-id` or `--max-connected-clusters` (they are never written either way).
+fn range_check(masters: &[crate::core::kvstore::MasterEntry], scope: ClusterScope) -> Check {
+    let ids: Vec<u32> = masters
+        .iter()
+        .filter_map(|m| crate::core::kvstore::parse_id(&m.id).ok())
+        .collect();
+    let outside = ids.iter().filter(|&&id| !scope.range.contains(id)).count();
+    Check {
+        name: "identities in range".into(),
+        ok: outside == 0,
+        detail: format!(
+            "{} of {} kvstore ids outside {scope}",
+            outside,
+            ids.len()
+        ),
+        fix: (outside > 0).then(|| {
+            "they are planned as invalid and never written; if this cluster has another ID, or the mesh was installed with max-connected-clusters 511, pass --cluster-id and --max-connected-clusters to match the agents' settings".into()
+        }),
+    }
+}
+
 /// Checks both ends, the CRD and RBAC. Reads only.
-pub async fn run(
-    kv: &KvSource,
-    target: &K8sTarget,
-    cluster_id: u32,
-    range: IdRange,
-) -> PreflightReport {
+pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> PreflightReport {
+    let range = scope.range;
     let mut r = PreflightReport {
         server: target.server.clone(),
         context: target.context.clone().unwrap_or_else(|| "-".into()),
-        cluster_id,
+        cluster_id: scope.cluster_id,
+        max_connected_clusters: scope.max_connected_clusters,
         range: Some(range),
         ..Default::default()
     };
@@ -77,12 +97,15 @@ pub async fn run(
         KvSource::Memory(s) => s.source.endpoints.join(","),
     };
     match kv.read_masters().await {
-        Ok(s) => r.checks.push(Check {
-            name: "kvstore readable".into(),
-            ok: true,
-            detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
-            fix: None,
-        }),
+        Ok(s) => {
+            r.checks.push(Check {
+                name: "kvstore readable".into(),
+                ok: true,
+                detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
+                fix: None,
+            });
+            r.checks.push(range_check(&s.masters, scope));
+        }
         Err(e) => r.checks.push(Check {
             name: "kvstore readable".into(),
             ok: false,

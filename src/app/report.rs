@@ -24,7 +24,11 @@ pub fn plan_summary(plan: &PlanFile) -> String {
         plan.target.server,
         plan.target.context.as_deref().unwrap_or("-")
     );
-    let _ = writeln!(out, "cluster id {}, range {}", plan.cluster_id, plan.range);
+    let _ = writeln!(
+        out,
+        "cluster id {} (max-connected-clusters {}), range {}",
+        plan.cluster_id, plan.max_connected_clusters, plan.range
+    );
     if plan.crd.create {
         let _ = writeln!(
             out,

@@ -16,7 +16,7 @@ use crate::apply::outcome::{ApplyEvent, Progress};
 use crate::core::kvstore::SourceInfo;
 use crate::core::labels::LabelKey;
 use crate::core::planner::{PlanItem, describe};
-use crate::core::range::IdRange;
+use crate::core::range::ClusterScope;
 use crate::core::verify::VerifyReport;
 use crate::error::{Error, Result};
 use crate::io::decision_log::{DecisionLog, Record};
@@ -28,8 +28,7 @@ use crate::io::kv_source::KvSource;
 pub struct ServiceConfig {
     pub kv: KvSource,
     pub target: K8sTarget,
-    pub cluster_id: u32,
-    pub range: IdRange,
+    pub scope: ClusterScope,
     pub log: Arc<DecisionLog>,
     pub apply: ApplyOptions,
 }
@@ -188,9 +187,7 @@ async fn run(
             ServiceRequest::Preflight => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let report =
-                        super::preflight::run(&cfg.kv, &cfg.target, cfg.cluster_id, cfg.range)
-                            .await;
+                    let report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
                     let _ = tx.send(ServiceEvent::Preflight(report)).await;
                 });
             }
@@ -208,8 +205,7 @@ async fn run(
                 }
             }
             ServiceRequest::Commit { generation, items } => {
-                let plan =
-                    flows::plan_of_items(&cfg.kv, &cfg.target, cfg.cluster_id, cfg.range, items);
+                let plan = flows::plan_of_items(&cfg.kv, &cfg.target, cfg.scope, items);
                 let spec = ApplySpec {
                     plan: Some(plan),
                     accept_proposals: false,
@@ -243,7 +239,7 @@ async fn run(
                 let ev = match super::export::export(
                     &cfg.log,
                     &cfg.target.server,
-                    cfg.range,
+                    cfg.scope.range,
                     &path,
                     &items,
                 ) {
@@ -281,7 +277,7 @@ async fn scan(
     drift_tx: mpsc::Sender<i64>,
     tx: mpsc::Sender<ServiceEvent>,
 ) {
-    let scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, cfg.range).await {
+    let scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, cfg.scope.range).await {
         Ok(scan) => scan,
         Err(e) => {
             let _ = tx
@@ -366,7 +362,7 @@ async fn apply_and_verify(
     let run = flows::apply(
         &cfg.kv,
         &cfg.target,
-        cfg.range,
+        cfg.scope,
         spec,
         &cfg.log,
         watchers,
@@ -378,7 +374,7 @@ async fn apply_and_verify(
     let run = run?;
     let verify = if verify_after && run.report.stopped.is_none() {
         let mappings = flows::mappings_from_logs(&[cfg.log.path().to_path_buf()])?;
-        Some(flows::verify(&cfg.kv, &cfg.target, cfg.range, &mappings).await?)
+        Some(flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &mappings).await?)
     } else {
         None
     };

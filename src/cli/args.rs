@@ -8,17 +8,30 @@ use clap::{Args, Parser, Subcommand};
 
 use cilium_idmig::apply::executor::ApplyOptions;
 use cilium_idmig::core::kvstore::DEFAULT_PREFIX;
-use cilium_idmig::core::range::IdRange;
+use cilium_idmig::core::range::{ClusterScope, MaxConnectedClusters};
 use cilium_idmig::io::etcd::EtcdOptions;
 use cilium_idmig::io::k8s::{K8sOptions, K8sTarget};
+
+/// What `--version` says: the tool's version and what it works with.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\nCilium: 1.6 and later in kvstore identity mode (identities under cilium/state/identities/v1;",
+    "\n        --max-connected-clusters 511 for meshes installed so on Cilium 1.15 and later)",
+    "\nKubernetes: 1.16 and later (CiliumIdentity cilium.io/v2, CRD apiextensions.k8s.io/v1)"
+);
 
 #[derive(Parser)]
 #[command(
     name = "cilium-idmig",
     version,
+    long_version = LONG_VERSION,
     about = "Migrate Cilium security identities from the etcd kvstore to CiliumIdentity resources"
 )]
 pub struct Cli {
+    /// Who is running the migration, for the decision log and the plan (a shared account's
+    /// person); by default the user behind sudo, else the account.
+    #[arg(long, global = true, env = "CILIUM_IDMIG_OPERATOR")]
+    pub operator: Option<String>,
     /// Write logs to this file (tracing-appender); otherwise warnings go to stderr.
     #[arg(long, global = true)]
     pub log_file: Option<PathBuf>,
@@ -108,6 +121,10 @@ pub enum CliCommand {
         #[arg(long, value_parser = parse_duration)]
         sandbox_latency: Option<Duration>,
     },
+    /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), e.g. `cilium-idmig man > cilium-idmig.1`.
+    Man,
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
     Sandbox {
         #[arg(long, default_value_t = 0)]
@@ -138,9 +155,13 @@ pub struct Conn {
     pub kubeconfig: Option<PathBuf>,
     #[arg(long)]
     pub context: Option<String>,
-    /// Cilium cluster ID (0..=255); sets the identity range.
+    /// Cilium cluster ID (0..=255, or 0..=511 with --max-connected-clusters 511); sets the identity range.
     #[arg(long, default_value_t = 0)]
     pub cluster_id: u32,
+    /// Cilium's max-connected-clusters (1.15+): 255 (the default) or 511, as the mesh was
+    /// installed; 511 gives the cluster ID 9 bits, so cluster 0 allocates 256..=32767.
+    #[arg(long, default_value = "255")]
+    pub max_connected_clusters: MaxConnectedClusters,
 }
 
 #[derive(Args, Clone, Default)]
@@ -188,8 +209,9 @@ impl Conn {
             ..Default::default()
         }
     }
-    pub fn range(&self) -> cilium_idmig::Result<IdRange> {
-        IdRange::for_cluster(self.cluster_id).map_err(cilium_idmig::Error::Config)
+    pub fn scope(&self) -> cilium_idmig::Result<ClusterScope> {
+        ClusterScope::new(self.cluster_id, self.max_connected_clusters)
+            .map_err(cilium_idmig::Error::Config)
     }
     pub async fn target(&self) -> cilium_idmig::Result<K8sTarget> {
         K8sTarget::connect(&K8sOptions {

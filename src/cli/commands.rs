@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use clap::CommandFactory;
 
 use super::args::{CliCommand, Conn, TuiArgs};
 use super::printer;
@@ -13,7 +14,7 @@ use cilium_idmig::app::flows::{self, ApplySpec};
 use cilium_idmig::app::report;
 use cilium_idmig::app::service::{self, ServiceConfig};
 use cilium_idmig::apply::executor::ApplyOptions;
-use cilium_idmig::core::range::IdRange;
+use cilium_idmig::core::range::{ClusterScope, MaxConnectedClusters};
 use cilium_idmig::core::verify::VerifyReport;
 use cilium_idmig::io::decision_log::{self, DecisionLog};
 use cilium_idmig::io::k8s::K8sTarget;
@@ -28,8 +29,31 @@ pub enum Exit {
     Failed,
 }
 
-pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
+/// Runs one command; `bin_name` is how the operator invoked the tool (it may be a kubectl
+/// plugin), for completions and the commands it suggests.
+pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
     match cmd {
+        CliCommand::Completions { shell } => {
+            // Completions are for the file the shell runs: `cilium-idmig`, or the plugin's
+            // `kubectl-cilium_idmig`.
+            let file = std::env::args_os()
+                .next()
+                .and_then(|a| {
+                    std::path::Path::new(&a)
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                })
+                .unwrap_or_else(|| "cilium-idmig".into());
+            let mut cmd = super::args::Cli::command();
+            clap_complete::generate(shell, &mut cmd, file, &mut std::io::stdout());
+            Ok(Exit::Ok)
+        }
+        CliCommand::Man => {
+            clap_mangen::Man::new(super::args::Cli::command())
+                .render(&mut std::io::stdout())
+                .context("writing the manual page")?;
+            Ok(Exit::Ok)
+        }
         CliCommand::Plan { conn, output } => plan(conn, output).await,
         CliCommand::Apply {
             conn,
@@ -47,15 +71,10 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
                 .into());
             }
             let plan = plan.map(|p| PlanFile::load(&p)).transpose()?;
-            let (cluster_id, range) = match &plan {
-                Some(p) => (p.cluster_id, p.range),
-                None => (conn.cluster_id, conn.range()?),
-            };
             let world = World {
                 kv: KvSource::Etcd(conn.etcd()),
                 target: conn.target().await?,
-                cluster_id,
-                range,
+                scope: conn.scope()?,
             };
             let spec = ApplySpec {
                 plan,
@@ -69,7 +88,7 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
             decision_log,
             output,
         } => {
-            let range = conn.range()?;
+            let range = conn.scope()?.range;
             let mappings = flows::mappings_from_logs(&decision_log)?;
             let target = conn.target().await?;
             let report =
@@ -99,8 +118,8 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
             let world = World {
                 kv,
                 target: K8sTarget::from_url(&sandbox.url())?,
-                cluster_id: 0,
-                range: IdRange::for_cluster(0).map_err(cilium_idmig::Error::Config)?,
+                scope: ClusterScope::new(0, MaxConnectedClusters::default())
+                    .map_err(cilium_idmig::Error::Config)?,
             };
             if headless {
                 println!(
@@ -109,7 +128,7 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
                 );
                 demo_headless(world, decision_log).await
             } else {
-                interactive(world, decision_log, ApplyOptions::default()).await
+                interactive(world, decision_log, ApplyOptions::default(), Finish::Demo).await
             }
         }
         CliCommand::Tui(TuiArgs {
@@ -118,12 +137,14 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
             decision_log,
         }) => {
             let world = World {
-                range: conn.range()?,
+                scope: conn.scope()?,
                 target: conn.target().await?,
                 kv: KvSource::Etcd(conn.etcd()),
-                cluster_id: conn.cluster_id,
             };
-            interactive(world, decision_log, tuning.options()).await
+            let finish = Finish::Apply {
+                bin_name: bin_name.to_string(),
+            };
+            interactive(world, decision_log, tuning.options(), finish).await
         }
         CliCommand::Sandbox {
             port,
@@ -156,8 +177,7 @@ pub async fn run(cmd: CliCommand) -> anyhow::Result<Exit> {
 struct World {
     kv: KvSource,
     target: K8sTarget,
-    cluster_id: u32,
-    range: IdRange,
+    scope: ClusterScope,
 }
 
 impl World {
@@ -165,8 +185,7 @@ impl World {
         service::spawn(ServiceConfig {
             kv: self.kv,
             target: self.target,
-            cluster_id: self.cluster_id,
-            range: self.range,
+            scope: self.scope,
             log,
             apply,
         })
@@ -174,10 +193,10 @@ impl World {
 }
 
 async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
-    let range = conn.range()?;
+    let scope = conn.scope()?;
     let target = conn.target().await?;
-    let scan = flows::scan(&KvSource::Etcd(conn.etcd()), &target, range).await?;
-    let plan = flows::plan_file(&scan, &target, conn.cluster_id, range);
+    let scan = flows::scan(&KvSource::Etcd(conn.etcd()), &target, scope.range).await?;
+    let plan = flows::plan_file(&scan, &target, scope);
     print!("{}", report::plan_summary(&plan));
     if let Some(path) = output {
         plan.save(&path)?;
@@ -226,32 +245,99 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
 }
 
 /// Opens the TUI over the engine service.
+/// How a commit left unfinished in the TUI is finished afterwards.
+enum Finish {
+    /// `apply` with the same flags, resuming the decision log.
+    Apply { bin_name: String },
+    /// The demo's world ends with it.
+    Demo,
+}
+
 async fn interactive(
     world: World,
     log_path: Option<PathBuf>,
     apply: ApplyOptions,
+    finish: Finish,
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
-    let range = world.range;
+    let range = world.scope.range;
     let handle = world.service(log, apply);
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    cilium_idmig::tui::run(range, no_color, handle).await?;
+    let summary = cilium_idmig::tui::run(range, no_color, handle).await?;
+    // What stays on the terminal: what the last commit did, and how to finish it.
+    if let Some(s) = summary {
+        println!("{s}");
+        if s.unfinished() {
+            match &finish {
+                Finish::Apply { bin_name } => println!(
+                    "to finish: {}",
+                    finishing_command(bin_name, &log_path, std::env::args().skip(1))
+                ),
+                Finish::Demo => println!(
+                    "to finish: the demo's kvstore and API server end with it; run the demo again to try once more"
+                ),
+            }
+        }
+    }
     println!("decision log: {}", log_path.display());
     Ok(Exit::Ok)
 }
 
+/// `apply --yes --resume LOG` with this run's flags: the same cluster, the decisions made
+/// in the TUI, and their outcomes appended to the same log.
+fn finishing_command(
+    bin_name: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    let mut kept = Vec::new();
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        if a == "tui" {
+            continue;
+        }
+        if a == "--decision-log" {
+            args.next();
+            continue;
+        }
+        if a.starts_with("--decision-log=") {
+            continue;
+        }
+        kept.push(shell_quote(&a));
+    }
+    let log = shell_quote(&log.display().to_string());
+    let mut cmd = format!("{bin_name} apply --yes --resume {log} --decision-log {log}");
+    for a in kept {
+        cmd.push(' ');
+        cmd.push_str(&a);
+    }
+    cmd
+}
+
+/// Quotes an argument for a POSIX shell when it needs it.
+fn shell_quote(a: &str) -> String {
+    let plain = !a.is_empty()
+        && a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+    if plain {
+        a.to_string()
+    } else {
+        format!("'{}'", a.replace('\'', "'\\''"))
+    }
+}
+
 /// `demo --headless`: plan, apply with every proposal accepted, verify.
 async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Result<Exit> {
-    let scan = flows::scan(&world.kv, &world.target, world.range).await?;
+    let scan = flows::scan(&world.kv, &world.target, world.scope.range).await?;
     print!(
         "{}",
-        report::plan_summary(&flows::plan_file(&scan, &world.target, 0, world.range))
+        report::plan_summary(&flows::plan_file(&scan, &world.target, world.scope))
     );
     println!("\napplying with --accept-proposals ...");
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     // Kept for the verification after the apply, which consumes the world.
-    let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.range);
+    let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.scope.range);
     let spec = ApplySpec {
         plan: None,
         accept_proposals: true,
@@ -263,4 +349,31 @@ async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Resul
     println!();
     print_verify(&report, false)?;
     Ok(if report.passed() { exit } else { Exit::Failed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_finishing_command_keeps_the_flags_and_resumes_the_log() {
+        let args = [
+            "tui",
+            "--etcd-config",
+            "/etc/cilium/etcd config.yaml",
+            "--decision-log",
+            "old.jsonl",
+            "--cluster-id=3",
+        ]
+        .map(String::from);
+        assert_eq!(
+            finishing_command(
+                "kubectl cilium-idmig",
+                std::path::Path::new("d.jsonl"),
+                args.into_iter()
+            ),
+            "kubectl cilium-idmig apply --yes --resume d.jsonl --decision-log d.jsonl --etcd-config '/etc/cilium/etcd config.yaml' --cluster-id=3"
+        );
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
 }

@@ -1,9 +1,13 @@
 //! The headless front end of an apply: sends it to the engine service, prints the service's
-//! events on stderr (one line per problem, a progress line every few seconds), and turns the
-//! stop signals into the service's stop request, like the TUI does.
+//! events on stderr (one line per problem; on a terminal a progress bar, otherwise a progress
+//! line every few seconds), and turns the stop signals into the service's stop request, like
+//! the TUI does.
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use cilium_idmig::app::flows::{ApplyRun, ApplySpec};
 use cilium_idmig::app::service::{Handle, ServiceEvent, ServiceRequest};
@@ -13,6 +17,79 @@ use cilium_idmig::error::Error;
 
 /// How often a running apply prints its totals.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Where progress goes: a bar on a terminal, plain lines for logs and CI.
+enum Progressor {
+    Bar(ProgressBar),
+    Lines { shown: Progress },
+}
+
+impl Progressor {
+    fn new() -> Self {
+        if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new_spinner();
+            bar.set_message("reading the kvstore and Kubernetes");
+            bar.enable_steady_tick(Duration::from_millis(120));
+            Progressor::Bar(bar)
+        } else {
+            Progressor::Lines {
+                shown: Progress::default(),
+            }
+        }
+    }
+
+    /// A line of its own, above the bar when there is one.
+    fn println(&self, line: &str) {
+        match self {
+            Progressor::Bar(bar) => bar.println(line),
+            Progressor::Lines { .. } => eprintln!("{line}"),
+        }
+    }
+
+    fn started(&self, total: usize) {
+        if let Progressor::Bar(bar) = self {
+            bar.set_length(total as u64);
+            bar.set_position(0);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} items · {per_sec} · ETA {eta} · {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+        }
+    }
+
+    fn update(&mut self, p: Progress, started: Instant) {
+        match self {
+            Progressor::Bar(bar) => {
+                if p.total > 0 {
+                    bar.set_position(p.done as u64);
+                    bar.set_message(format!(
+                        "{} created · {} failed · {} retries",
+                        p.created, p.failed, p.retries
+                    ));
+                }
+            }
+            Progressor::Lines { shown } => {
+                if p.writes > 0 && p != *shown {
+                    eprintln!("{}", progress_line(&p, started.elapsed()));
+                    *shown = p;
+                } else if p.total == 0 {
+                    eprintln!(
+                        "  reading the kvstore and Kubernetes ({:.0}s)",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Progressor::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
 
 /// Runs one apply through the service and prints it as it goes; returns the finished run.
 pub async fn apply(handle: &mut Handle, spec: ApplySpec) -> Result<ApplyRun, Error> {
@@ -28,50 +105,54 @@ pub async fn apply(handle: &mut Handle, spec: ApplySpec) -> Result<ApplyRun, Err
     let started = Instant::now();
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.tick().await;
-    let mut shown = Progress::default();
+    let mut out = Progressor::new();
     let mut stopping = false;
-    loop {
+    let result = loop {
         tokio::select! {
             ev = handle.events.recv() => match ev {
-                Some(ServiceEvent::Apply(ev)) => print_event(&ev),
-                Some(ServiceEvent::Committed { run, .. }) => return Ok(*run),
-                Some(ServiceEvent::Failed { error, .. }) => return Err(unshare(error)),
-                Some(_) => {}
-                None => return Err(Error::Config("the engine service stopped".into())),
-            },
-            _ = tick.tick() => {
-                let p = *handle.progress.borrow();
-                if p.writes > 0 && p != shown {
-                    eprintln!("{}", progress_line(&p, started.elapsed()));
-                    shown = p;
+                Some(ServiceEvent::Apply(ev)) => {
+                    if let ApplyEvent::Started { total, .. } = &ev {
+                        out.started(*total);
+                    }
+                    if let Some(line) = event_line(&ev) {
+                        out.println(&line);
+                    }
                 }
-            }
+                Some(ServiceEvent::Committed { run, .. }) => break Ok(*run),
+                Some(ServiceEvent::Failed { error, .. }) => break Err(unshare(error)),
+                Some(_) => {}
+                None => break Err(Error::Config("the engine service stopped".into())),
+            },
+            _ = tick.tick() => out.update(*handle.progress.borrow(), started),
             sig = signals.recv(), if !stopping => {
-                eprintln!("{}: no new writes; waiting for those in flight", sig.name());
+                out.println(&format!("{}: no new writes; waiting for those in flight", sig.name()));
                 stopping = true;
                 let _ = handle.requests.send(ServiceRequest::Stop).await;
             }
         }
-    }
+    };
+    out.finish();
+    result
 }
 
-fn print_event(ev: &ApplyEvent) {
-    match ev {
-        ApplyEvent::CrdCreating => eprintln!("creating CRD ciliumidentities.cilium.io ..."),
-        ApplyEvent::CrdEstablished => eprintln!("CRD established"),
+/// The line an event gets, if any (totals go to the progress display).
+fn event_line(ev: &ApplyEvent) -> Option<String> {
+    Some(match ev {
+        ApplyEvent::CrdCreating => "creating CRD ciliumidentities.cilium.io ...".into(),
+        ApplyEvent::CrdEstablished => "CRD established".into(),
         ApplyEvent::Started { writes, total } => {
-            eprintln!("applying {total} items ({writes} creates)")
+            format!("applying {total} items ({writes} creates)")
         }
-        ApplyEvent::Stopping { reason } => eprintln!("stopping: {reason}"),
-        ApplyEvent::Problem(r) => eprintln!(
+        ApplyEvent::Stopping { reason } => format!("stopping: {reason}"),
+        ApplyEvent::Problem(r) => format!(
             "  {} -> {}: {}: {}",
             r.id,
             r.target_id.map_or("-".to_string(), |t| t.to_string()),
             r.outcome,
             r.existing.as_deref().or(r.error.as_deref()).unwrap_or("")
         ),
-        ApplyEvent::Retrying { .. } => {}
-    }
+        ApplyEvent::Retrying { .. } => return None,
+    })
 }
 
 /// `  12000 of 55662 items done · 11890 created · 0 failed · 3 retries · 1500/s · ETA 29s`

@@ -19,20 +19,50 @@ pub struct Label {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LabelKeyError {
     Empty,
+    /// The whole label key is larger than any Cilium writes.
+    TooLarge {
+        bytes: usize,
+    },
+    /// One `source:key=value` item is larger than any Cilium writes; `key` is its start.
+    LabelTooLarge {
+        key: String,
+        bytes: usize,
+    },
     NotUtf8,
     MissingTrailingSemicolon,
-    EmptyItem { index: usize },
-    MissingSource { item: String },
-    MissingEquals { item: String },
-    EmptyKey { item: String },
-    DuplicateKey { key: String },
-    NotCanonicalOrder { before: String, after: String },
+    EmptyItem {
+        index: usize,
+    },
+    MissingSource {
+        item: String,
+    },
+    MissingEquals {
+        item: String,
+    },
+    EmptyKey {
+        item: String,
+    },
+    DuplicateKey {
+        key: String,
+    },
+    NotCanonicalOrder {
+        before: String,
+        after: String,
+    },
 }
 
 impl fmt::Display for LabelKeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LabelKeyError::Empty => write!(f, "empty label key (no labels)"),
+            LabelKeyError::TooLarge { bytes } => write!(
+                f,
+                "label key is {bytes} bytes, over the {MAX_LABEL_KEY_BYTES}-byte bound: no Cilium writes one this large"
+            ),
+            LabelKeyError::LabelTooLarge { key, bytes } => write!(
+                f,
+                "label {key:?}... is {bytes} bytes, over the {MAX_LABEL_BYTES}-byte bound for one label: no Cilium writes one this large"
+            ),
             LabelKeyError::NotUtf8 => write!(f, "label key is not valid UTF-8"),
             LabelKeyError::MissingTrailingSemicolon => {
                 write!(f, "label key does not end with ';' as Cilium writes it")
@@ -59,11 +89,22 @@ impl Label {
     }
 }
 
+/// Largest label key accepted (all labels together). Kubernetes label values stop at 63
+/// characters and keys at 317 (a 253-character prefix and a 63-character name); other sources
+/// hold DNS names, CIDRs or container labels. 64 KiB is far past any real label set.
+pub const MAX_LABEL_KEY_BYTES: usize = 64 * 1024;
+/// Largest single `source:key=value` label accepted.
+pub const MAX_LABEL_BYTES: usize = 4 * 1024;
+
 /// Parses a kvstore label key strictly: it must be exactly what Cilium's writer produces,
-/// so that `encode_label_key(&parse_label_key(s)?) == s` byte for byte.
+/// so that `encode_label_key(&parse_label_key(s)?) == s` byte for byte, and no larger than
+/// `MAX_LABEL_KEY_BYTES` in all or `MAX_LABEL_BYTES` for one label.
 pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
     if raw.is_empty() {
         return Err(LabelKeyError::Empty);
+    }
+    if raw.len() > MAX_LABEL_KEY_BYTES {
+        return Err(LabelKeyError::TooLarge { bytes: raw.len() });
     }
     let body = raw
         .strip_suffix(';')
@@ -72,6 +113,13 @@ pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
     for (index, item) in body.split(';').enumerate() {
         if item.is_empty() {
             return Err(LabelKeyError::EmptyItem { index });
+        }
+        if item.len() > MAX_LABEL_BYTES {
+            let start: String = item.chars().take(40).collect();
+            return Err(LabelKeyError::LabelTooLarge {
+                key: start,
+                bytes: item.len(),
+            });
         }
         let (source, rest) = item
             .split_once(':')
@@ -261,6 +309,41 @@ mod tests {
         let map = to_security_labels(&labels);
         assert_eq!(map["reserved:host"], "");
         assert_eq!(label_key_from_map(&map).unwrap(), raw);
+    }
+
+    #[test]
+    fn implausibly_large_keys_and_labels_are_refused_by_size() {
+        // At the bounds: accepted.
+        let at_label = format!("k8s:a={};", "v".repeat(MAX_LABEL_BYTES - 6));
+        assert_eq!(at_label.len() - 1, MAX_LABEL_BYTES);
+        assert!(parse_label_key(&at_label).is_ok());
+        // One byte over for one label.
+        let over_label = format!("k8s:a={};", "v".repeat(MAX_LABEL_BYTES - 5));
+        let e = parse_label_key(&over_label).unwrap_err();
+        assert_eq!(
+            e,
+            LabelKeyError::LabelTooLarge {
+                key: format!("k8s:a={}", "v".repeat(34)),
+                bytes: MAX_LABEL_BYTES + 1
+            }
+        );
+        assert!(e.to_string().contains("4097 bytes"), "{e}");
+        // Many small labels over the total bound (a 400 KiB key, as seen on a real cluster).
+        let many: String = (0..20_000).map(|n| format!("k8s:l{n:05}=x;")).collect();
+        assert!(many.len() > MAX_LABEL_KEY_BYTES);
+        let e = parse_label_key(&many).unwrap_err();
+        assert_eq!(e, LabelKeyError::TooLarge { bytes: many.len() });
+        assert!(
+            e.to_string().contains(&format!("{} bytes", many.len())),
+            "{e}"
+        );
+        let mut at_total = String::new();
+        let mut n = 0;
+        while at_total.len() + 12 <= MAX_LABEL_KEY_BYTES {
+            at_total.push_str(&format!("k8s:l{n:05}=x;"));
+            n += 1;
+        }
+        assert!(parse_label_key(&at_total).is_ok());
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl DecisionLog {
         Ok(DecisionLog {
             path: path.to_path_buf(),
             file: Mutex::new(file),
-            operator: operator(),
+            operator: super::operator::current(),
         })
     }
 
@@ -132,25 +132,6 @@ pub fn read_from(mut r: impl BufRead) -> std::io::Result<LogContents> {
         }
     }
     Ok(out)
-}
-
-/// `user@host` of whoever runs the tool.
-pub fn operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| format!("uid{}", unsafe_free_uid()));
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into());
-    format!("{user}@{host}")
-}
-
-fn unsafe_free_uid() -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(0)
 }
 
 /// The current time, RFC 3339 in UTC.

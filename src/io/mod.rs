@@ -5,5 +5,6 @@ pub mod decision_log;
 pub mod etcd;
 pub mod k8s;
 pub mod kv_source;
+pub mod operator;
 pub mod plan_file;
 pub mod private_file;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::kvstore::SourceInfo;
 use crate::core::planner::{PlanItem, summarize};
-use crate::core::range::IdRange;
+use crate::core::range::{ClusterScope, IdRange, MaxConnectedClusters};
 use crate::error::{Error, Result};
 
 pub const PLAN_VERSION: u32 = 1;
@@ -31,9 +31,15 @@ pub struct CrdStep {
 pub struct PlanFile {
     pub version: u32,
     pub created_at: String,
+    /// Who made the plan, as the decision log names an operator.
+    #[serde(default)]
+    pub created_by: String,
     pub source: SourceInfo,
     pub target: TargetInfo,
     pub cluster_id: u32,
+    /// Plans made before this field existed were made for the classic 255-cluster layout.
+    #[serde(default)]
+    pub max_connected_clusters: MaxConnectedClusters,
     pub range: IdRange,
     pub crd: CrdStep,
     pub summary: BTreeMap<String, usize>,
@@ -44,8 +50,7 @@ impl PlanFile {
     pub fn new(
         source: SourceInfo,
         target: TargetInfo,
-        cluster_id: u32,
-        range: IdRange,
+        scope: ClusterScope,
         crd_present: bool,
         items: Vec<PlanItem>,
     ) -> Self {
@@ -56,10 +61,12 @@ impl PlanFile {
         PlanFile {
             version: PLAN_VERSION,
             created_at: crate::io::decision_log::now(),
+            created_by: super::operator::current(),
             source,
             target,
-            cluster_id,
-            range,
+            cluster_id: scope.cluster_id,
+            max_connected_clusters: scope.max_connected_clusters,
+            range: scope.range,
             crd: CrdStep {
                 present: crd_present,
                 create: !crd_present,
@@ -97,6 +104,11 @@ impl PlanFile {
         })
     }
 
+    /// The cluster scope the plan was made for.
+    pub fn scope(&self) -> Result<ClusterScope, String> {
+        ClusterScope::new(self.cluster_id, self.max_connected_clusters)
+    }
+
     pub fn from_slice(text: &[u8]) -> Result<Self, String> {
         let raw: serde_json::Value =
             serde_json::from_slice(text).map_err(|e| format!("not valid JSON: {e}"))?;
@@ -111,11 +123,11 @@ impl PlanFile {
         }
         let plan: PlanFile =
             serde_json::from_value(raw).map_err(|e| format!("not a valid plan: {e}"))?;
-        let expected = IdRange::for_cluster(plan.cluster_id)?;
+        let expected = plan.scope()?.range;
         if plan.range != expected {
             return Err(format!(
-                "range {} does not match cluster_id {} (expected {expected})",
-                plan.range, plan.cluster_id
+                "range {} does not match cluster_id {} with max_connected_clusters {} (expected {expected})",
+                plan.range, plan.cluster_id, plan.max_connected_clusters
             ));
         }
         let mut seen = HashSet::new();
@@ -143,8 +155,7 @@ mod tests {
         PlanFile::new(
             SourceInfo::default(),
             TargetInfo::default(),
-            0,
-            IdRange::for_cluster(0).unwrap(),
+            ClusterScope::new(0, MaxConnectedClusters::C255).unwrap(),
             false,
             items,
         )
@@ -168,6 +179,28 @@ mod tests {
         assert_eq!(v["items"][0]["kind"], "create");
         assert_eq!(v["items"][0]["action"], "create");
         assert_eq!(v["summary"]["create"], 1);
+        assert_eq!(v["max_connected_clusters"], 255);
+        assert!(v["created_by"].as_str().unwrap().contains('@'));
+    }
+
+    #[test]
+    fn the_mesh_layout_is_recorded_and_checked() {
+        // A plan written before the field existed reads as the classic layout.
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v.as_object_mut().unwrap().remove("max_connected_clusters");
+        let old = PlanFile::from_slice(v.to_string().as_bytes()).unwrap();
+        assert_eq!(old.max_connected_clusters, MaxConnectedClusters::C255);
+        // Claiming a 511-cluster mesh with the 255 range of cluster 0 does not add up.
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["max_connected_clusters"] = 511.into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("256..=32767"), "{e}");
+        v["range"]["max"] = 32767.into();
+        let plan = PlanFile::from_slice(v.to_string().as_bytes()).unwrap();
+        assert_eq!(plan.scope().unwrap().range.max, 32767);
+        v["max_connected_clusters"] = 300.into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("255 (the default) or 511"), "{e}");
     }
 
     #[test]

@@ -68,8 +68,53 @@ impl Drop for TerminalGuard {
     }
 }
 
-/// Runs the TUI until the operator quits, over the engine service's channels.
-pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
+/// What a commit did, for the lines the terminal keeps after the TUI exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitSummary {
+    pub created: usize,
+    pub already_there: usize,
+    pub not_attempted: usize,
+    pub failed: usize,
+    pub stopped: bool,
+}
+
+impl CommitSummary {
+    /// The last commit's totals, if one finished.
+    pub fn of(model: &Model) -> Option<Self> {
+        use crate::apply::outcome::Outcome;
+        let r = model.commit.report.as_ref()?;
+        Some(CommitSummary {
+            created: r.count(Outcome::Created),
+            already_there: r.count(Outcome::AlreadyExisted),
+            not_attempted: r.count(Outcome::NotAttempted),
+            failed: r.count(Outcome::Failed) + r.count(Outcome::Conflict),
+            stopped: r.stopped.is_some(),
+        })
+    }
+
+    /// Whether a rerun has anything left to write.
+    pub fn unfinished(&self) -> bool {
+        self.not_attempted > 0 || self.failed > 0
+    }
+}
+
+impl std::fmt::Display for CommitSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "commit: {} created, {} already there, {} not attempted, {} failed{}",
+            self.created,
+            self.already_there,
+            self.not_attempted,
+            self.failed,
+            if self.stopped { " (stopped)" } else { "" }
+        )
+    }
+}
+
+/// Runs the TUI until the operator quits, over the engine service's channels; returns the
+/// last commit's totals, if one ran.
+pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<Option<CommitSummary>> {
     let Handle {
         requests,
         mut events,
@@ -94,7 +139,7 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
             }
         }
         if model.quit {
-            return Ok(());
+            return Ok(CommitSummary::of(&model));
         }
         terminal.draw(|f| view::view(&model, f)).map_err(term_err)?;
         let msg = tokio::select! {
@@ -107,7 +152,7 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<()> {
                 Some(Ok(TermEvent::Resize(_, rows))) => Msg::Resize { rows },
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Err(term_err(e)),
-                None => return Ok(()),
+                None => return Ok(CommitSummary::of(&model)),
             },
             Some(ev) = events.recv() => Msg::Engine(ev),
             Ok(()) = progress.changed() => Msg::Progress(*progress.borrow_and_update()),

@@ -274,18 +274,23 @@ fn commit_needs_every_decision_and_the_word_yes() {
     assert_eq!(m.commit.phase, CommitPhase::Running);
 }
 
+/// Accepts every proposal and confirms a commit by typing `yes`.
+fn accept_all_and_commit(m: &mut Model) {
+    update(m, key('3'));
+    update(m, key('A'));
+    update(m, key('y'));
+    update(m, key('4'));
+    update(m, code(KeyCode::Enter));
+    for c in "yes".chars() {
+        update(m, key(c));
+    }
+    update(m, code(KeyCode::Enter));
+}
+
 #[test]
 fn progress_signal_and_stale_commit_results() {
     let mut m = scanned_model();
-    update(&mut m, key('3'));
-    update(&mut m, key('A'));
-    update(&mut m, key('y'));
-    update(&mut m, key('4'));
-    update(&mut m, code(KeyCode::Enter));
-    for c in "yes".chars() {
-        update(&mut m, key(c));
-    }
-    update(&mut m, code(KeyCode::Enter));
+    accept_all_and_commit(&mut m);
     update(
         &mut m,
         Msg::Engine(Event::Apply(ApplyEvent::Started {
@@ -447,6 +452,210 @@ fn quit_is_refused_while_a_commit_runs() {
     assert!(matches!(cmds[..], [Command::Send(Request::Stop)]));
 }
 
+#[test]
+fn enter_shows_the_identity_behind_a_row() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    // Row of 302: a remap (302 is taken in Kubernetes by the squatter's labels).
+    let row = m
+        .table
+        .view
+        .iter()
+        .position(|&i| m.cluster.items[i].id == "302")
+        .unwrap();
+    m.table.selected = row;
+    update(&mut m, code(KeyCode::Enter));
+    assert!(matches!(m.modal, Some(Modal::Detail { .. })));
+    let screen = render(&m);
+    for expected in [
+        "id 302",
+        "remap",
+        "app = \"db\"",
+        "io.kubernetes.pod.namespace = \"shop\"",
+        "Kubernetes at 302: k8s:app=squatter;",
+        "proposed, not decided yet",
+    ] {
+        assert!(screen.contains(expected), "{expected:?} not on\n{screen}");
+    }
+    // Enter again reviews it.
+    update(&mut m, code(KeyCode::Enter));
+    assert_eq!(m.screen, Screen::Conflicts);
+    assert_eq!(
+        item(&m, "302").id,
+        m.cluster.items[m.review.conflict.unwrap()].id
+    );
+}
+
+#[test]
+fn bulk_decisions_apply_to_the_conflicts_shown_and_undo_as_one_step() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    // Only conflicts, then only the shop namespace.
+    while m.table.filter.label() != "conflicts" {
+        update(&mut m, key('f'));
+    }
+    update(&mut m, key('/'));
+    for c in "shop".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
+    let shown: Vec<String> = m
+        .table
+        .view
+        .iter()
+        .map(|&i| m.cluster.items[i].id.clone())
+        .collect();
+    assert!(shown.len() >= 2, "{shown:?}");
+    update(&mut m, key('b'));
+    let Some(Modal::ConfirmBulk { targets }) = &m.modal else {
+        panic!("{:?}", m.modal)
+    };
+    assert_eq!(targets.len(), shown.len());
+    assert!(render(&m).contains(&format!("{} conflicts match", shown.len())));
+    let cmds = update(&mut m, key('s'));
+    let lines = logged(&cmds);
+    assert_eq!(lines.len(), shown.len());
+    assert!(
+        lines.iter().all(|l| l.contains("bulk-skip (skip")),
+        "{lines:?}"
+    );
+    for id in &shown {
+        assert_eq!(item(&m, id).action, Action::Skip);
+        assert!(item(&m, id).decided);
+    }
+    // One z undoes the whole step, logging each item.
+    update(&mut m, key('3'));
+    let cmds = update(&mut m, key('z'));
+    assert_eq!(logged(&cmds).len(), shown.len());
+    for id in &shown {
+        assert_ne!(item(&m, id).action, Action::Skip);
+    }
+    // A decision that fits only some leaves the others as they were.
+    update(&mut m, key('2'));
+    update(&mut m, key('b'));
+    let cmds = update(&mut m, key('c'));
+    let dups = logged(&cmds);
+    assert!(
+        dups.iter().all(|l| l.contains("bulk-create-anyway")),
+        "{dups:?}"
+    );
+    assert!(
+        dups.len() < shown.len(),
+        "create anyway fits duplicates only: {dups:?}"
+    );
+    assert!(m.status.contains("left as they were"), "{}", m.status);
+}
+
+#[test]
+fn the_footer_fits_every_width_and_says_when_keys_are_left_out() {
+    for screen in Screen::ALL {
+        for width in 80..=200u16 {
+            let (hints, cut) = super::view::footer_hints(screen, width);
+            let line: String = hints
+                .iter()
+                .map(|(l, t)| format!(" {l} {t} "))
+                .chain([format!(" ? {} ", if cut { "more" } else { "help" })])
+                .collect();
+            assert!(
+                line.chars().count() <= usize::from(width),
+                "{screen:?} at {width}: {line}"
+            );
+            assert!(!hints.is_empty());
+        }
+        // Wide enough, nothing is left out; at 80 something always is.
+        assert!(!super::view::footer_hints(screen, 400).1, "{screen:?}");
+    }
+    let (hints, cut) = super::view::footer_hints(Screen::Conflicts, 80);
+    assert!(cut);
+    assert_eq!(hints[0].0, "n", "the screen's own keys come first");
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    let screen = render(&m);
+    let footer = screen.lines().last().unwrap();
+    assert!(footer.ends_with("? more"), "{footer}");
+}
+
+#[test]
+fn text_fields_edit_like_a_shell_line() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    update(&mut m, key('/'));
+    for c in "shop web".chars() {
+        update(&mut m, key(c));
+    }
+    update(
+        &mut m,
+        Msg::Key(KeyEvent::new(KeyCode::Char('w'), KeyModifiers::CONTROL)),
+    );
+    assert_eq!(m.table.search, "shop ");
+    update(&mut m, code(KeyCode::Home));
+    update(&mut m, key('k'));
+    assert_eq!(m.table.search, "kshop ");
+    update(
+        &mut m,
+        Msg::Key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::CONTROL)),
+    );
+    assert_eq!(m.table.search, "shop ");
+    update(&mut m, code(KeyCode::Esc));
+    assert_eq!(m.table.search, "");
+}
+
+#[test]
+fn pause_stays_and_r_resumes_what_is_left() {
+    let mut m = scanned_model();
+    accept_all_and_commit(&mut m);
+    assert_eq!(m.commit.phase, CommitPhase::Running);
+    let cmds = update(&mut m, key('p'));
+    assert!(matches!(cmds[..], [Command::Send(Request::Stop)]));
+    assert_eq!(m.commit.phase, CommitPhase::Stopping);
+    let mut report = ApplyReport {
+        stopped: Some("stopped by the operator".into()),
+        ..Default::default()
+    };
+    report
+        .results
+        .push(OpResult::new("301", Some(301), Outcome::Created));
+    report
+        .results
+        .push(OpResult::new("303", Some(303), Outcome::NotAttempted));
+    let generation = m.commit.generation;
+    update(
+        &mut m,
+        Msg::Engine(Event::Committed {
+            generation,
+            run: Box::new(ApplyRun {
+                report,
+                ..Default::default()
+            }),
+            verify: None,
+        }),
+    );
+    assert!(!m.quit, "a pause stays");
+    assert_eq!(m.commit.phase, CommitPhase::Done);
+    let screen = render(&m);
+    assert!(
+        screen.contains("written: 1 created, 0 already there · not written: 1 not attempted"),
+        "{screen}"
+    );
+    let summary = super::CommitSummary::of(&m).unwrap();
+    assert!(summary.unfinished());
+    assert_eq!(
+        summary.to_string(),
+        "commit: 1 created, 0 already there, 1 not attempted, 0 failed (stopped)"
+    );
+    // r during the rescan that follows a commit waits for it, then resumes: the same
+    // decisions go out again.
+    assert!(m.scan.scanning);
+    assert!(update(&mut m, key('r')).is_empty());
+    let generation = m.scan.generation;
+    let cmds = update(&mut m, Msg::Engine(scan_event(generation)));
+    assert!(
+        matches!(&cmds[..], [Command::Send(Request::Commit { .. })]),
+        "{cmds:?}"
+    );
+    assert_eq!(m.commit.phase, CommitPhase::Running);
+}
+
 // ---- snapshots ---------------------------------------------------------------------------
 
 fn render(m: &Model) -> String {
@@ -495,6 +704,7 @@ fn preflight() -> PreflightReport {
         version: "v1.33.2".into(),
         crd_present: true,
         cluster_id: 0,
+        max_connected_clusters: Default::default(),
         range: Some(IdRange::for_cluster(0).unwrap()),
         checks: vec![
             Check {

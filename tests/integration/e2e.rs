@@ -24,7 +24,7 @@ const D: &str = "k8s:app=d;k8s:io.kubernetes.pod.namespace=shop;";
 const E: &str = "k8s:app=e;reserved:host=;k8s:io.kubernetes.pod.namespace=shop;";
 
 /// One identity of every kind, in etcd and the sandbox.
-async fn seed_every_kind(etcd: &Etcd, sb: &Sandbox) {
+pub(crate) async fn seed_every_kind(etcd: &Etcd, sb: &Sandbox) {
     for (id, labels) in [
         ("300", A),
         ("301", B),
@@ -47,14 +47,14 @@ async fn seed_every_kind(etcd: &Etcd, sb: &Sandbox) {
     sb.seed_identity(901, &sl(E)); // duplicate
 }
 
-struct World {
-    etcd: Etcd,
-    sb: Sandbox,
-    dir: tempfile::TempDir,
+pub(crate) struct World {
+    pub(crate) etcd: Etcd,
+    pub(crate) sb: Sandbox,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl World {
-    async fn new(cfg: SandboxConfig) -> World {
+    pub(crate) async fn new(cfg: SandboxConfig) -> World {
         let etcd = Etcd::start().await;
         let sb = Sandbox::start(cfg).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -62,18 +62,18 @@ impl World {
         World { etcd, sb, dir }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
     }
 
-    async fn cli(&self, args: &[&str]) -> Run {
+    pub(crate) async fn cli(&self, args: &[&str]) -> Run {
         let kc = self.path("kubeconfig");
         let mut full: Vec<&str> = args.to_vec();
         full.extend(["--etcd-endpoints", &self.etcd.endpoint, "--kubeconfig", &kc]);
         run(self.dir.path(), &full).await
     }
 
-    fn state(&self) -> BTreeMap<String, SecurityLabels> {
+    pub(crate) fn state(&self) -> BTreeMap<String, SecurityLabels> {
         self.sb
             .objects()
             .into_iter()
@@ -89,7 +89,7 @@ impl World {
     }
 }
 
-fn log_records(path: &Path) -> Vec<Value> {
+pub(crate) fn log_records(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
         .lines()

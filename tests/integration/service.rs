@@ -10,7 +10,7 @@ use cilium_idmig::app::service::{
     self, ServiceConfig, ServiceEvent as Event, ServiceRequest as Request,
 };
 use cilium_idmig::apply::executor::ApplyOptions;
-use cilium_idmig::core::range::IdRange;
+use cilium_idmig::core::range::ClusterScope;
 use cilium_idmig::io::decision_log::DecisionLog;
 use cilium_idmig::io::etcd::{Drift, EtcdConnection, EtcdOptions};
 use cilium_idmig::io::k8s::K8sTarget;
@@ -62,8 +62,7 @@ async fn preflight_scan_drift_commit_and_export() {
     } = service::spawn(ServiceConfig {
         kv: KvSource::Etcd(opts(&etcd)),
         target: K8sTarget::from_url(&sb.url()).unwrap(),
-        cluster_id: 0,
-        range: IdRange::for_cluster(0).unwrap(),
+        scope: ClusterScope::new(0, Default::default()).unwrap(),
         log,
         apply: ApplyOptions::default(),
     });

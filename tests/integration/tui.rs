@@ -131,3 +131,43 @@ async fn review_and_commit_in_the_demo_under_tmux() {
     assert!(s.contains("decision log:"), "{s}");
     assert_eq!(t.alternate_on(), "0", "alternate screen left");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_commit_stays_and_the_terminal_keeps_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("decisions.jsonl");
+    let cmd = format!(
+        "cd {} && {} demo --identities 3000 --seed 9 --sandbox-latency 50ms --decision-log {}; echo EXITED $?; sleep 600",
+        dir.path().display(),
+        bin(),
+        log.display()
+    );
+    let t = Tmux::start("pause", &cmd);
+    t.wait_for("scanned 3000 identities", 30);
+    t.keys(&["3", "A"]);
+    t.wait_for("Accept all remaining proposals?", 5);
+    t.keys(&["y", "4", "Enter"]);
+    t.wait_for("Type yes", 5);
+    t.keys(&["y", "e", "s", "Enter"]);
+    t.wait_for("Commit: Running", 10);
+    t.keys(&["p"]);
+    let s = t.wait_for("not written:", 30);
+    assert!(s.contains("stopped"), "{s}");
+    assert_eq!(t.alternate_on(), "1", "a pause stays in the TUI");
+    // r resumes, then Ctrl-C stops again and quits.
+    t.keys(&["r"]);
+    t.wait_for("Commit: Running", 10);
+    t.keys(&["C-c"]);
+    let s = t.wait_for("EXITED 0", 60);
+    assert_eq!(t.alternate_on(), "0");
+    let summary = s
+        .lines()
+        .find(|l| l.starts_with("commit: "))
+        .unwrap_or_else(|| panic!("no summary on the terminal:\n{s}"));
+    assert!(
+        summary.contains(" created, ") && summary.contains(" not attempted"),
+        "{summary}"
+    );
+    assert!(s.contains("to finish:"), "{s}");
+    assert!(s.contains("decision log:"), "{s}");
+}

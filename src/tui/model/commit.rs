@@ -32,4 +32,18 @@ pub struct CommitState {
     pub stop_reason: Option<String>,
     /// When the running commit started (drives the elapsed time, rate and ETA).
     pub started: Option<Instant>,
+    /// `r` was pressed while the rescan after a commit ran: resume once it is in.
+    pub resume_after_scan: bool,
+}
+
+impl CommitState {
+    /// Whether a finished commit left anything to write: failures, or items not attempted
+    /// because it was stopped.
+    pub fn has_work_left(&self) -> bool {
+        !self.failures.is_empty()
+            || self
+                .report
+                .as_ref()
+                .is_some_and(|r| r.results.iter().any(|x| x.outcome.is_unfinished()))
+    }
 }

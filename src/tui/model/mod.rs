@@ -3,9 +3,11 @@
 
 mod commit;
 mod table;
+mod text_field;
 
 pub use commit::{CommitPhase, CommitState};
 pub use table::{KindFilter, SortColumn, TableState};
+pub use text_field::TextField;
 
 use std::collections::BTreeMap;
 
@@ -46,21 +48,30 @@ impl Screen {
 pub enum Modal {
     Help,
     Search {
-        input: String,
+        input: TextField,
     },
     EditTarget {
-        input: String,
+        input: TextField,
         error: Option<String>,
     },
     ConfirmAcceptAll {
         count: usize,
     },
+    /// One decision for every conflict the table shows (filter and search applied).
+    ConfirmBulk {
+        /// Indices of the conflicts it would apply to.
+        targets: Vec<usize>,
+    },
     /// The commit only starts when the operator has typed `yes`.
     ConfirmCommit {
-        typed: String,
+        typed: TextField,
     },
     Export {
-        input: String,
+        input: TextField,
+    },
+    /// Everything about one identity (an index into the items).
+    Detail {
+        index: usize,
     },
     Message(String),
 }
@@ -93,7 +104,8 @@ pub struct ClusterState {
 pub struct ReviewState {
     /// The item under review on the conflicts screen.
     pub conflict: Option<usize>,
-    pub undo: Vec<(usize, PlanItem)>,
+    /// Each step restores the items one key changed (one item, or a whole bulk decision).
+    pub undo: Vec<Vec<(usize, PlanItem)>>,
 }
 
 /// Everything the screens show.

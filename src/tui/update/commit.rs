@@ -29,6 +29,17 @@ pub(super) fn stop_or_quit(model: &mut Model) -> Vec<Command> {
     }
 }
 
+/// Stops starting writes and stays on the commit screen; `r` resumes (a commit of the same
+/// decisions writes only what is still missing).
+pub(super) fn pause(model: &mut Model) -> Vec<Command> {
+    if model.commit.phase != CommitPhase::Running {
+        return vec![];
+    }
+    model.commit.phase = CommitPhase::Stopping;
+    model.status = "pausing: no new writes; waiting for those in flight (r resumes)".into();
+    vec![Command::Send(ServiceRequest::Stop)]
+}
+
 /// Folds one executor event into the commit's state.
 pub(super) fn on_apply(c: &mut CommitState, ev: ApplyEvent) {
     match ev {

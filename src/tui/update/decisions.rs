@@ -1,8 +1,9 @@
-//! The operator's decisions on conflicts: applied to the item under review with the core's
-//! rules, kept for undo, and logged the moment they are made.
+//! The operator's decisions on conflicts: applied with the core's rules to the item under
+//! review or, in bulk, to every conflict the table shows; kept for undo; logged the moment
+//! they are made.
 
 use crate::app::service::ServiceRequest;
-use crate::core::planner::{Decision, PlanItem};
+use crate::core::planner::{Decision, PlanItem, describe};
 use crate::tui::model::{Modal, Model};
 use crate::tui::msg::Command;
 
@@ -27,13 +28,13 @@ pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
         return vec![];
     }
     model.cluster.items[i] = item;
-    model.review.undo.push((i, before));
+    model.review.undo.push(vec![(i, before)]);
     let item = &model.cluster.items[i];
     model.status = format!(
         "{} {}: {}",
         decision.name(),
         item.id,
-        crate::core::planner::describe(decision.name(), item)
+        describe(decision.name(), item)
     );
     let cmd = log_decision(decision.name(), item);
     let next = model
@@ -45,18 +46,81 @@ pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
     vec![cmd]
 }
 
+/// The conflicts among the table's visible rows: what a bulk decision applies to.
+pub(super) fn visible_conflicts(model: &Model) -> Vec<usize> {
+    model
+        .table
+        .view
+        .iter()
+        .copied()
+        .filter(|&i| model.cluster.items[i].kind.is_conflict())
+        .collect()
+}
+
+/// How the decision log marks a decision made in bulk.
+fn bulk_name(decision: Decision) -> &'static str {
+    match decision {
+        Decision::Accept => "bulk-accept",
+        Decision::Skip => "bulk-skip",
+        Decision::Reuse => "bulk-reuse",
+        Decision::CreateAnyway => "bulk-create-anyway",
+        Decision::EditTarget(_) => "bulk-edit",
+    }
+}
+
+/// Applies `decision` to each of `targets` it fits, as one undo step; each item gets its own
+/// decision log line, marked as a bulk decision. Items it does not fit stay as they were.
+pub(super) fn decide_bulk(
+    model: &mut Model,
+    targets: &[usize],
+    decision: Decision,
+) -> Vec<Command> {
+    let mut step = Vec::new();
+    let mut cmds = Vec::new();
+    let mut refused = 0;
+    for &i in targets {
+        let before = model.cluster.items[i].clone();
+        let mut item = before.clone();
+        if decision.apply_to(&mut item).is_err() {
+            refused += 1;
+            continue;
+        }
+        model.cluster.items[i] = item;
+        cmds.push(log_decision(bulk_name(decision), &model.cluster.items[i]));
+        step.push((i, before));
+    }
+    let decided = step.len();
+    if !step.is_empty() {
+        model.review.undo.push(step);
+    }
+    model.status = format!(
+        "{}: {decided} decided{}",
+        bulk_name(decision),
+        if refused > 0 {
+            format!(", {refused} left as they were (the decision does not fit them)")
+        } else {
+            String::new()
+        }
+    );
+    cmds
+}
+
+/// Undoes the last step (one decision, or a whole bulk decision), logging each item restored.
 pub(super) fn undo(model: &mut Model) -> Vec<Command> {
-    let Some((i, before)) = model.review.undo.pop() else {
+    let Some(step) = model.review.undo.pop() else {
         model.status = "nothing to undo".into();
         return vec![];
     };
-    model.cluster.items[i] = before;
-    model.review.conflict = Some(i);
-    let item = &model.cluster.items[i];
-    model.status = format!(
-        "undone: {} is back to {}",
-        item.id,
-        crate::core::planner::describe("undo", item)
-    );
-    vec![log_decision("undo", item)]
+    let mut cmds = Vec::new();
+    for (i, before) in step.into_iter().rev() {
+        model.cluster.items[i] = before;
+        model.review.conflict = Some(i);
+        cmds.push(log_decision("undo", &model.cluster.items[i]));
+    }
+    if let [Command::Send(ServiceRequest::Decided { item, .. })] = cmds.as_slice() {
+        model.status = format!("undone: {} is back to {}", item.id, describe("undo", item));
+    } else {
+        model.status = format!("undone: {} decisions", cmds.len());
+    }
+    cmds
 }

@@ -10,11 +10,11 @@ mod decisions;
 mod popups;
 
 use super::keys::{KeyAction, action_for};
-use super::model::{CommitPhase, Modal, Model, Screen};
+use super::model::{CommitPhase, Modal, Model, Screen, TextField};
 use super::msg::{Command, Msg};
 use crate::app::service::{ServiceEvent, ServiceRequest, Task};
 use crate::core::planner::{Decision, PlanItem};
-use commit::{on_apply, start_commit, stop_or_quit};
+use commit::{on_apply, pause, start_commit, stop_or_quit};
 use decisions::{decide, undo};
 use popups::on_modal_key;
 
@@ -95,6 +95,10 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             model.review.undo.clear();
             let first = model.conflicts().next();
             model.review.conflict = first;
+            // A resume asked for while this scan ran starts now, on the fresh items.
+            if std::mem::take(&mut model.commit.resume_after_scan) {
+                return start_commit(model);
+            }
             vec![]
         }
         ServiceEvent::NodeCounts { generation, counts } => {
@@ -262,7 +266,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         }
         KeyAction::Search => {
             model.modal = Some(Modal::Search {
-                input: model.table.search.clone(),
+                input: TextField::new(model.table.search.clone()),
             });
             vec![]
         }
@@ -277,12 +281,20 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             vec![]
         }
         KeyAction::Open => {
-            if let Some(&i) = model.table.view.get(model.table.selected)
-                && model.cluster.items[i].kind.is_conflict()
-            {
-                model.review.conflict = Some(i);
-                model.screen = Screen::Conflicts;
+            if let Some(&index) = model.table.view.get(model.table.selected) {
+                model.modal = Some(Modal::Detail { index });
             }
+            vec![]
+        }
+        KeyAction::Bulk => {
+            let targets = decisions::visible_conflicts(model);
+            model.modal = Some(if targets.is_empty() {
+                Modal::Message(
+                    "no conflicts among the rows shown: f filters by kind, / searches".into(),
+                )
+            } else {
+                Modal::ConfirmBulk { targets }
+            });
             vec![]
         }
         KeyAction::NextConflict => step_conflict(model, true),
@@ -295,7 +307,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
                     .map(|t| t.to_string())
                     .unwrap_or_default();
                 model.modal = Some(Modal::EditTarget {
-                    input: current,
+                    input: TextField::new(current),
                     error: None,
                 });
             }
@@ -332,24 +344,28 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
                 ))
             } else {
                 Modal::ConfirmCommit {
-                    typed: String::new(),
+                    typed: TextField::default(),
                 }
             });
             vec![]
         }
+        KeyAction::Pause => pause(model),
         KeyAction::Retry => {
-            if model.commit.phase == CommitPhase::Done
-                && !model.commit.failures.is_empty()
-                && !model.scan.scanning
-            {
-                return start_commit(model);
+            if model.commit.phase != CommitPhase::Done || !model.commit.has_work_left() {
+                return vec![];
             }
-            vec![]
+            if model.scan.scanning {
+                // The rescan after the commit is still running: resume on its result.
+                model.commit.resume_after_scan = true;
+                model.status = "resuming once the rescan is in".into();
+                return vec![];
+            }
+            start_commit(model)
         }
         KeyAction::Rescan => rescan(model),
         KeyAction::Export => {
             model.modal = Some(Modal::Export {
-                input: "cilium-idmig-export".into(),
+                input: TextField::new("cilium-idmig-export"),
             });
             vec![]
         }

@@ -1,13 +1,13 @@
 //! Keys while a popup is open: search, target edit, confirmations (commit needs the typed
-//! word `yes`), export, help and notes.
+//! word `yes`), bulk decisions, identity details, export, help and notes.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::commit::{start_commit, stop_or_quit};
-use super::decisions::{decide, log_decision};
+use super::decisions::{decide, decide_bulk, log_decision};
 use crate::app::service::ServiceRequest;
 use crate::core::planner::{Decision, validate_new_target};
-use crate::tui::model::{Modal, Model};
+use crate::tui::model::{Modal, Model, Screen};
 use crate::tui::msg::Command;
 
 pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> {
@@ -17,10 +17,18 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
     }
     match modal {
         Modal::Help | Modal::Message(_) => vec![],
+        Modal::Detail { index } => {
+            // Enter on a conflict goes on to review it; any other key closes.
+            if key.code == KeyCode::Enter && model.cluster.items[index].kind.is_conflict() {
+                model.review.conflict = Some(index);
+                model.screen = Screen::Conflicts;
+            }
+            vec![]
+        }
         Modal::Search { mut input } => {
             // Enter keeps the search and closes the popup; Esc clears it.
             if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
-                type_into(&mut input, &key, |_| true);
+                input.on_key(&key, |_| true);
                 model.modal = Some(Modal::Search {
                     input: input.clone(),
                 });
@@ -29,7 +37,7 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             model.table.search = if key.code == KeyCode::Esc {
                 String::new()
             } else {
-                input
+                input.text().to_string()
             };
             model.table.selected = 0;
             model.rebuild_view();
@@ -41,10 +49,10 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
                 let Some(i) = model.review.conflict else {
                     return vec![];
                 };
-                let parsed = input
-                    .trim()
+                let text = input.text().trim();
+                let parsed = text
                     .parse::<u32>()
-                    .map_err(|_| format!("{:?} is not an id", input.trim()));
+                    .map_err(|_| format!("{text:?} is not an id"));
                 let checked = parsed.and_then(|t| {
                     validate_new_target(
                         &model.cluster.items,
@@ -67,7 +75,7 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
                 }
             }
             _ => {
-                type_into(&mut input, &key, |c| c.is_ascii_digit());
+                input.on_key(&key, |c| c.is_ascii_digit());
                 model.modal = Some(Modal::EditTarget { input, error: None });
                 vec![]
             }
@@ -90,45 +98,44 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             }
             _ => vec![],
         },
+        Modal::ConfirmBulk { targets } => {
+            let decision = match key.code {
+                KeyCode::Char('a') => Decision::Accept,
+                KeyCode::Char('s') => Decision::Skip,
+                KeyCode::Char('u') => Decision::Reuse,
+                KeyCode::Char('c') => Decision::CreateAnyway,
+                _ => return vec![],
+            };
+            decide_bulk(model, &targets, decision)
+        }
         Modal::ConfirmCommit { mut typed } => match key.code {
             KeyCode::Esc => vec![],
-            KeyCode::Enter if typed == "yes" => start_commit(model),
+            KeyCode::Enter if typed.text() == "yes" => start_commit(model),
             KeyCode::Enter => {
                 model.modal = Some(Modal::ConfirmCommit {
-                    typed: String::new(),
+                    typed: Default::default(),
                 });
                 vec![]
             }
             _ => {
-                type_into(&mut typed, &key, |_| true);
+                typed.on_key(&key, |_| true);
                 model.modal = Some(Modal::ConfirmCommit { typed });
                 vec![]
             }
         },
         Modal::Export { mut input } => match key.code {
             KeyCode::Esc => vec![],
-            KeyCode::Enter if !input.trim().is_empty() => {
+            KeyCode::Enter if !input.text().trim().is_empty() => {
                 vec![Command::Send(ServiceRequest::Export {
-                    path: input.trim().into(),
+                    path: input.text().trim().into(),
                     items: model.cluster.items.clone(),
                 })]
             }
             _ => {
-                type_into(&mut input, &key, |_| true);
+                input.on_key(&key, |_| true);
                 model.modal = Some(Modal::Export { input });
                 vec![]
             }
         },
-    }
-}
-
-/// Applies a typing key (a character `accept` allows, or Backspace) to a popup's text field.
-fn type_into(text: &mut String, key: &KeyEvent, accept: impl Fn(char) -> bool) {
-    match key.code {
-        KeyCode::Backspace => {
-            text.pop();
-        }
-        KeyCode::Char(c) if accept(c) => text.push(c),
-        _ => {}
     }
 }

@@ -7,6 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Gauge, Paragraph};
 
 use super::theme::Theme;
+use crate::apply::outcome::Outcome;
 use crate::core::planner::WriteSummary;
 use crate::tui::model::{CommitPhase, Model};
 
@@ -90,7 +91,7 @@ fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     let c = &model.commit;
     let [gauge_area, stats, failures] = Layout::vertical([
         Constraint::Length(3),
-        Constraint::Length(7),
+        Constraint::Length(8),
         Constraint::Min(3),
     ])
     .areas(area);
@@ -138,9 +139,19 @@ fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     }
     if let Some(s) = &c.stop_reason {
         lines.push(Line::styled(
-            format!("stopped: {s}; press r to retry what is left"),
+            format!("stopped: {s}; press r to write what is left"),
             t.bad(),
         ));
+    }
+    if let Some(r) = &c.report {
+        lines.push(Line::raw(format!(
+            "written: {} created, {} already there · not written: {} not attempted, {} failed, {} conflicts",
+            r.count(Outcome::Created),
+            r.count(Outcome::AlreadyExisted),
+            r.count(Outcome::NotAttempted),
+            r.count(Outcome::Failed),
+            r.count(Outcome::Conflict)
+        )));
     }
     if c.phase == CommitPhase::Done {
         match &c.verify {

@@ -100,18 +100,42 @@ fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
 
 fn draw_footer(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
+    let (hints, cut) = footer_hints(model.screen, area.width);
     let mut spans = Vec::new();
-    for b in bindings_for(model.screen) {
-        if matches!(b.label, "1" | "2" | "3" | "4") {
-            continue;
-        }
+    let tail = if cut { "more" } else { "help" };
+    for (label, text) in hints.into_iter().chain([("?", tail)]) {
         spans.push(Span::styled(
-            format!(" {}", b.label),
+            format!(" {label}"),
             Style::default().add_modifier(Modifier::BOLD),
         ));
-        spans.push(Span::styled(format!(" {} ", short(b.help)), t.dim()));
+        spans.push(Span::styled(format!(" {text} "), t.dim()));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// The key hints that fit in `width` columns, most important first (the screen's own keys,
+/// then the global ones, in key-table order), leaving room for the closing `? more` (or
+/// `? help`); `true` when some had to be left out.
+pub fn footer_hints(screen: Screen, width: u16) -> (Vec<(&'static str, &'static str)>, bool) {
+    let cell = |label: &str, text: &str| label.chars().count() + text.chars().count() + 3;
+    let room = usize::from(width).saturating_sub(cell("?", "more"));
+    let mut used = 0;
+    let mut hints = Vec::new();
+    let mut cut = false;
+    for b in bindings_for(screen) {
+        if matches!(b.label, "1" | "2" | "3" | "4" | "?") {
+            continue;
+        }
+        let text = b.short;
+        let w = cell(b.label, text);
+        if cut || used + w > room {
+            cut = true;
+            continue;
+        }
+        used += w;
+        hints.push((b.label, text));
+    }
+    (hints, cut)
 }
 
 /// Kind names short enough for the header at 100 columns.
@@ -121,9 +145,4 @@ fn short_kind(kind: Kind) -> &'static str {
         Kind::Duplicate => "dup",
         other => other.as_str(),
     }
-}
-
-/// The first words of a help text, for the footer.
-fn short(help: &str) -> &str {
-    help.split([':', '(', ',']).next().unwrap_or(help).trim()
 }

@@ -7,8 +7,109 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
 use super::theme::{Theme, centered};
+use crate::core::labels::parse_label_key;
+use crate::core::planner::{Action, Kind};
 use crate::tui::keys::bindings_for;
-use crate::tui::model::{Modal, Model};
+use crate::tui::model::{Modal, Model, TextField};
+
+/// `3 remap, 2 duplicate (1 already decided)`: what a bulk decision would touch.
+fn describe_targets(model: &Model, targets: &[usize]) -> String {
+    let items = &model.cluster.items;
+    let mut parts: Vec<String> = [Kind::Remap, Kind::Reuse, Kind::Duplicate]
+        .into_iter()
+        .map(|k| (k, targets.iter().filter(|&&i| items[i].kind == k).count()))
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    if parts.is_empty() {
+        parts.push("no conflicts".into());
+    }
+    let decided = targets.iter().filter(|&&i| items[i].decided).count();
+    format!(
+        "{}{}",
+        parts.join(", "),
+        if decided > 0 {
+            format!(" ({decided} already decided)")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// A text field with its cursor drawn as a block.
+fn with_cursor(field: &TextField) -> String {
+    let (before, after) = field.split();
+    format!("{before}█{after}")
+}
+
+/// Everything about one identity: each label on its own line, nodes, kind, reason, the
+/// decision and who made it, and what Kubernetes holds at its id.
+fn detail(model: &Model, index: usize, area: Rect) -> (&'static str, Vec<Line<'static>>, u16) {
+    let item = &model.cluster.items[index];
+    let mut lines = vec![Line::raw(format!(
+        "id {}  ·  {}  ·  used by {} node(s)",
+        item.id, item.kind, item.nodes
+    ))];
+    let target = item.target_id.map_or("-".to_string(), |t| t.to_string());
+    let decision = match item.action {
+        Action::Create => format!("create at {target}"),
+        Action::None if item.kind == Kind::AlreadyMigrated => "nothing to write".to_string(),
+        Action::None => format!("write nothing; map to {target}"),
+        Action::Skip => "skip: write nothing".to_string(),
+    };
+    let who = if item.kind == Kind::Invalid {
+        "the rules (invalid entries are never written)"
+    } else if item.decided {
+        "decided by the operator"
+    } else if item.kind.needs_decision() {
+        "proposed, not decided yet"
+    } else {
+        "the planner's proposal"
+    };
+    lines.push(Line::raw(format!("decision: {decision} ({who})")));
+    let k8s = item
+        .numeric_id()
+        .and_then(|id| model.cluster.k8s.get(&id))
+        .map_or("nothing".to_string(), |l| {
+            if *l == item.labels {
+                "these labels".to_string()
+            } else {
+                l.clone()
+            }
+        });
+    lines.push(Line::raw(format!("Kubernetes at {}: {k8s}", item.id)));
+    lines.push(Line::raw("labels:"));
+    let labels: Vec<String> = match parse_label_key(&item.labels) {
+        Ok(ls) => ls
+            .iter()
+            .map(|l| format!("  {}:{} = {:?}", l.source, l.key, l.value))
+            .collect(),
+        Err(_) => vec![format!("  (not a valid label key) {}", item.labels)],
+    };
+    // Room for the lines around the labels, the borders and a wrapped reason.
+    let room = usize::from(area.height.saturating_sub(16)).max(3);
+    let shown = labels.len().min(room);
+    for l in &labels[..shown] {
+        lines.push(Line::raw(l.clone()));
+    }
+    if labels.len() > shown {
+        lines.push(Line::raw(format!(
+            "  ... and {} more",
+            labels.len() - shown
+        )));
+    }
+    let why = format!("why: {}", item.reason);
+    // The popup is 96 wide: 94 columns of text.
+    let why_rows = why.chars().count().div_ceil(94).max(1);
+    lines.push(Line::raw(why));
+    lines.push(Line::raw(if item.kind.is_conflict() {
+        "Enter: review this conflict · any other key closes"
+    } else {
+        "any key closes"
+    }));
+    let h = (lines.len() + why_rows - 1) as u16 + 2;
+    (" Identity ", lines, h)
+}
 
 pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
@@ -22,14 +123,15 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
         }
         Modal::Search { input } => (
             " Search labels and ids (Enter keeps, Esc clears) ",
-            vec![Line::raw(format!("/{input}█"))],
+            vec![Line::raw(format!("/{}", with_cursor(input)))],
             3,
         ),
         Modal::EditTarget { input, error } => {
             let mut lines = vec![
                 Line::raw(format!(
-                    "New target id in {}: {input}█",
-                    model.cluster.range
+                    "New target id in {}: {}",
+                    model.cluster.range,
+                    with_cursor(input)
                 )),
                 Line::raw(
                     "Enter checks it: in range, free in Kubernetes and in the kvstore, not taken by another proposal.",
@@ -67,7 +169,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
                         "Nothing existing is overwritten. Type yes and press Enter (Esc cancels).",
                     ),
                     Line::styled(
-                        format!("> {typed}█"),
+                        format!("> {}", with_cursor(typed)),
                         Style::default().add_modifier(Modifier::BOLD),
                     ),
                 ],
@@ -80,10 +182,30 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
                 Line::raw(
                     "Writes <path>.jsonl (the decision log) and <path>.md (a summary); existing files are kept.",
                 ),
-                Line::raw(format!("path: {input}█")),
+                Line::raw(format!("path: {}", with_cursor(input))),
             ],
             4,
         ),
+        Modal::ConfirmBulk { targets } => (
+            " One decision for every conflict shown ",
+            vec![
+                Line::raw(format!(
+                    "{} conflicts match the filter ({}) and search ({:?}): {}.",
+                    targets.len(),
+                    model.table.filter.label(),
+                    model.table.search,
+                    describe_targets(model, targets)
+                )),
+                Line::raw(
+                    "a accept the proposals · s skip · u reuse the id that has the labels · c create duplicates anyway",
+                ),
+                Line::raw(
+                    "A decision that does not fit an item leaves it as it was; each item is logged as a bulk decision; z undoes the whole step. Any other key cancels.",
+                ),
+            ],
+            6,
+        ),
+        Modal::Detail { index } => detail(model, *index, area),
         Modal::Message(m) => (" Note (any key closes) ", vec![Line::raw(m.clone())], 4),
     };
     let rect = centered(area, 96, h + 1);

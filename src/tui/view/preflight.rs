@@ -37,8 +37,9 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             Span::styled("cluster     ", bold),
             Span::raw(format!(
-                "id {}, range {}",
+                "id {}, max-connected-clusters {}, range {}",
                 p.cluster_id,
+                p.max_connected_clusters,
                 p.range.map_or("-".into(), |r| r.to_string())
             )),
         ]),

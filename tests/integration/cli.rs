@@ -1,0 +1,250 @@
+//! The command line as a new user meets it: mesh layouts, oversized entries, who is
+//! recorded as the operator, progress in a headless run, completions, the manual page,
+//! `--version`, and the kubectl plugin name.
+
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::{World, log_records, seed_every_kind};
+use crate::harness::{bin, run};
+
+const P: &str = "cilium/state/identities/v1";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_511_cluster_mesh_has_its_own_range_and_plans_record_it() {
+    let w = World::new(SandboxConfig::default()).await;
+    // Cluster 0 of a 511-cluster mesh ends at 32767: 40000 belongs to cluster 1 there.
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd.put(&format!("{P}/id/40000"), b"k8s:app=b;").await;
+    let plan = w.path("plan-511.json");
+    let r = w
+        .cli(&["plan", "--max-connected-clusters", "511", "--output", &plan])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("max-connected-clusters 511), range 256..=32767"),
+        "{}",
+        r.stdout
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(v["max_connected_clusters"], 511);
+    assert_eq!(v["range"]["max"], 32767);
+    let item = |id: &str| {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(item("40000")["kind"], "invalid");
+    assert_eq!(item("300")["kind"], "create");
+    // The classic layout takes 40000 as a cluster-0 id.
+    let classic = w.path("plan-255.json");
+    let r = w.cli(&["plan", "--output", &classic]).await;
+    assert!(r.stdout.contains("range 256..=65535"), "{}", r.stdout);
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&classic).unwrap()).unwrap();
+    assert_eq!(c["max_connected_clusters"], 255);
+    assert!(
+        c["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["kind"] == "create"),
+        "{c}"
+    );
+    // A plan made for one layout is refused by a run of the other.
+    let r = w.cli(&["apply", "--plan", &plan, "--yes"]).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("max-connected-clusters 511"),
+        "{}",
+        r.stderr
+    );
+    assert!(w.sb.objects().is_empty(), "nothing written");
+    let r = w
+        .cli(&[
+            "apply",
+            "--plan",
+            &plan,
+            "--yes",
+            "--max-connected-clusters",
+            "511",
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        w.sb.objects().len(),
+        1,
+        "only 300 is in this cluster's range"
+    );
+    // Cluster IDs past 255 need the 511 layout, and the error says so.
+    let r = w.cli(&["plan", "--cluster-id", "300"]).await;
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("--max-connected-clusters 511"),
+        "{}",
+        r.stderr
+    );
+    let r = w.cli(&["plan", "--max-connected-clusters", "400"]).await;
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("255 (the default) or 511"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_implausibly_large_entry_is_invalid_and_never_written() {
+    let w = World::new(SandboxConfig::default()).await;
+    let big = format!("k8s:app={};", "x".repeat(400 << 10));
+    w.etcd.put(&format!("{P}/id/300"), big.as_bytes()).await;
+    w.etcd.put(&format!("{P}/id/301"), b"k8s:app=ok;").await;
+    let plan = w.path("plan.json");
+    let r = w.cli(&["plan", "--output", &plan]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let item = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "300")
+        .unwrap();
+    assert_eq!(item["kind"], "invalid");
+    assert!(
+        item["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{} bytes", big.len())),
+        "{item}"
+    );
+    let r = w.cli(&["apply", "--yes"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(w.sb.objects().keys().collect::<Vec<_>>(), ["301"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_decision_log_names_the_person() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let log = w.path("log.jsonl");
+    let kc = w.path("kubeconfig");
+    // Under sudo, with USER unset (tmux, cron): the person behind sudo, and the account.
+    let out = tokio::process::Command::new(bin())
+        .current_dir(w.dir.path())
+        .args([
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &log,
+        ])
+        .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("CILIUM_IDMIG_OPERATOR")
+        .env("SUDO_USER", "alice")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = log_records(std::path::Path::new(&log));
+    let op = records[0]["operator"].as_str().unwrap();
+    // The tests run as root here, as CI does; the account comes from the password database.
+    assert!(
+        op.starts_with("alice@") && op.ends_with(" (via sudo as root)"),
+        "{op}"
+    );
+    assert!(records.iter().all(|r| r["operator"] == op));
+    // --operator names a person on a shared account, and the plan records who made it.
+    let plan = w.path("plan.json");
+    let r = w
+        .cli(&["plan", "--output", &plan, "--operator", "bob"])
+        .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert!(
+        v["created_by"].as_str().unwrap().starts_with("bob@"),
+        "{}",
+        v["created_by"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_headless_apply_reports_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 4,500 creates at 30 ms each, 32 in flight: several seconds of writes.
+    let r = run(
+        dir.path(),
+        &[
+            "demo",
+            "--headless",
+            "--identities",
+            "5000",
+            "--seed",
+            "3",
+            "--sandbox-latency",
+            "30ms",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" items done · "))
+        .collect();
+    assert!(
+        !lines.is_empty(),
+        "no progress line on stderr:\n{}",
+        r.stderr
+    );
+    assert!(lines[0].contains("/s"), "{}", lines[0]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn completions_manual_version_and_the_kubectl_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let r = run(dir.path(), &["completions", shell]).await;
+        assert_eq!(r.code, 0, "{shell}: {}", r.stderr);
+        assert!(r.stdout.contains("cilium-idmig"), "{shell}");
+        assert!(r.stdout.contains("max-connected-clusters"), "{shell}");
+    }
+    let r = run(dir.path(), &["man"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(".TH cilium-idmig"),
+        "{}",
+        &r.stdout[..200.min(r.stdout.len())]
+    );
+    assert!(r.stdout.contains("CiliumIdentity"));
+    let r = run(dir.path(), &["--version"]).await;
+    assert!(r.stdout.contains("Cilium: 1.6 and later"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("Kubernetes: 1.16 and later"),
+        "{}",
+        r.stdout
+    );
+    // Installed as kubectl-cilium_idmig, it is a kubectl plugin and says so.
+    let plugin = dir.path().join("kubectl-cilium_idmig");
+    std::os::unix::fs::symlink(bin(), &plugin).unwrap();
+    let out = tokio::process::Command::new(&plugin)
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: kubectl cilium-idmig"), "{help}");
+}

@@ -1,17 +1,17 @@
 //! The flows behind the commands: scan both sides, plan, apply a plan, verify. Every apply,
 //! headless or from the TUI, goes through `apply` here and then the executor.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::ApplyReport;
 use crate::core::kvstore::{KvSnapshot, SourceInfo};
+use crate::core::planner::resume::{self, Dropped, Resumed};
 use crate::core::planner::{self, PlanItem, reconcile};
 use crate::core::range::{ClusterScope, IdRange};
-use crate::core::verify::{self, VerifyReport};
+use crate::core::verify::{self, Expectations, VerifyReport};
 use crate::error::{Error, Result};
-use crate::io::decision_log::DecisionLog;
+use crate::io::decision_log::{DecisionLog, LogContents};
 use crate::io::k8s::{K8sSnapshot, K8sTarget};
 use crate::io::kv_source::KvSource;
 use crate::io::plan_file::{PlanFile, TargetInfo};
@@ -81,6 +81,8 @@ pub fn plan_of_items(
 pub struct ApplySpec {
     /// A saved plan's items; `None` plans and applies in one go.
     pub plan: Option<PlanFile>,
+    /// Decision logs whose decisions are replayed onto a fresh plan (instead of a plan file).
+    pub resume: Vec<PathBuf>,
     pub accept_proposals: bool,
     pub options: ApplyOptions,
 }
@@ -91,7 +93,25 @@ pub struct ApplyRun {
     pub not_in_plan: Vec<String>,
     /// Plan items no longer in the kvstore: left alone.
     pub gone_from_kvstore: Vec<String>,
+    /// With `resume`: decisions replayed, and those dropped with why.
+    pub resumed: usize,
+    pub dropped: Vec<Dropped>,
     pub report: ApplyReport,
+}
+
+/// The decisions recorded in `paths`, replayed onto the fresh plan `items`.
+pub fn resume_from_logs(
+    paths: &[PathBuf],
+    items: &[PlanItem],
+    k8s: &std::collections::BTreeMap<u32, crate::core::labels::LabelKey>,
+    range: IdRange,
+) -> Result<Resumed> {
+    let mut steps = Vec::new();
+    for p in paths {
+        steps.extend(read_log(p)?.steps());
+    }
+    let decisions = resume::replay(steps);
+    Ok(resume::resume(items, &decisions, k8s, range))
 }
 
 /// Re-reads both sides, re-validates every decision against them, logs the decisions, then
@@ -105,6 +125,11 @@ pub async fn apply(
     watchers: Watchers<'_>,
     stop: StopFlag,
 ) -> Result<ApplyRun> {
+    if req.plan.is_some() && !req.resume.is_empty() {
+        return Err(Error::Config(
+            "--plan and --resume both say what to apply: pass one of them".into(),
+        ));
+    }
     if let Some(plan) = &req.plan {
         if plan.target.server != target.server {
             return Err(Error::Refused(format!(
@@ -134,11 +159,22 @@ pub async fn apply(
             plan.source.prefix, scan.kv.source.prefix
         )));
     }
-    let decisions = req
-        .plan
-        .as_ref()
-        .map(|p| p.items.as_slice())
-        .unwrap_or(&scan.items);
+    let resumed = if req.resume.is_empty() {
+        None
+    } else {
+        let r = resume_from_logs(&req.resume, &scan.items, &scan.k8s.identities, range)?;
+        tracing::info!(
+            resumed = r.resumed,
+            dropped = r.dropped.len(),
+            "decisions resumed"
+        );
+        Some(r)
+    };
+    let decisions = match (&req.plan, &resumed) {
+        (Some(p), _) => p.items.as_slice(),
+        (None, Some(r)) => r.items.as_slice(),
+        (None, None) => scan.items.as_slice(),
+    };
     let reconciled = reconcile(
         decisions,
         &scan.items,
@@ -176,38 +212,53 @@ pub async fn apply(
         stop,
     )
     .await?;
+    let (resumed, dropped) = resumed.map_or((0, Vec::new()), |r| (r.resumed, r.dropped));
     Ok(ApplyRun {
         not_in_plan,
         gone_from_kvstore,
+        resumed,
+        dropped,
         report,
     })
 }
 
-/// Verifies the migration; `mappings` come from a decision log (empty: every identity at its own id).
+/// Verifies the migration against what the decision logs expect (empty: every identity at
+/// its own id).
 pub async fn verify(
     kv: &KvSource,
     target: &K8sTarget,
     range: IdRange,
-    mappings: &BTreeMap<String, Option<u32>>,
+    expect: &Expectations,
 ) -> Result<VerifyReport> {
     let (kv, k8s) = tokio::try_join!(kv.read_masters(), target.list_identities(LIST_PAGE))?;
-    Ok(verify::verify(
-        &kv.masters,
-        &k8s.identities,
-        mappings,
-        range,
-    ))
+    Ok(verify::verify(&kv.masters, &k8s.identities, expect, range))
 }
 
-/// Mappings from one or more decision logs (later files win).
-pub fn mappings_from_logs(paths: &[PathBuf]) -> Result<BTreeMap<String, Option<u32>>> {
-    let mut m = BTreeMap::new();
+/// What one or more decision logs expect (later files win).
+pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
+    let mut e = Expectations::default();
     for p in paths {
-        let c = crate::io::decision_log::read(p)?;
-        if c.torn_tail {
-            tracing::warn!(path = %p.display(), "decision log ends in a torn line (a write cut short); it was ignored");
+        let c = read_log(p)?;
+        let more = c.expectations();
+        e.mappings.extend(more.mappings);
+        for id in &more.rolled_back {
+            e.rolled_back.insert(id.clone());
         }
-        m.extend(c.mappings());
+        // A later file that serves an id again takes back an earlier rollback.
+        for id in c.mappings().keys() {
+            if !more.rolled_back.contains(id) {
+                e.rolled_back.remove(id);
+            }
+        }
     }
-    Ok(m)
+    Ok(e)
+}
+
+/// Reads a decision log, warning about a torn last line.
+pub fn read_log(path: &std::path::Path) -> Result<LogContents> {
+    let c = crate::io::decision_log::read(path)?;
+    if c.torn_tail {
+        tracing::warn!(path = %path.display(), "decision log ends in a torn line (a write cut short); it was ignored");
+    }
+    Ok(c)
 }

@@ -31,6 +31,15 @@ pub struct PreflightReport {
 
 /// `(verb, group, resource)` for every rule of `assets/clusterrole.yaml`.
 pub fn required_rules() -> Vec<(String, String, String)> {
+    rules_of(crate::core::identity::CLUSTER_ROLE_YAML)
+}
+
+/// `(verb, group, resource)` for every rule of `assets/clusterrole-rollback.yaml`.
+pub fn rollback_rules() -> Vec<(String, String, String)> {
+    rules_of(crate::core::identity::ROLLBACK_ROLE_YAML)
+}
+
+fn rules_of(yaml: &str) -> Vec<(String, String, String)> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Rule {
@@ -42,7 +51,7 @@ pub fn required_rules() -> Vec<(String, String, String)> {
     struct Role {
         rules: Vec<Rule>,
     }
-    let role: Role = match serde_yaml::from_str(crate::core::identity::CLUSTER_ROLE_YAML) {
+    let role: Role = match serde_yaml::from_str(yaml) {
         Ok(r) => r,
         Err(_) => return Vec::new(),
     };
@@ -160,20 +169,53 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         .filter(|(_, _, resource)| resource != "selfsubjectaccessreviews")
         .filter(|(_, _, resource)| !(r.crd_present && resource == "customresourcedefinitions"))
         .collect();
-    for (verb, group, resource) in wanted {
+    r.checks
+        .extend(rbac_checks(target, wanted, "assets/clusterrole.yaml").await);
+    r
+}
+
+/// One SelfSubjectAccessReview per rule; each denial names the role file that grants it.
+async fn rbac_checks(
+    target: &K8sTarget,
+    rules: Vec<(String, String, String)>,
+    role_file: &str,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (verb, group, resource) in rules {
         let name = format!("RBAC: {verb} {resource}.{group}");
-        match target.can_i(&verb, &group, &resource).await {
-            Ok(true) => r.checks.push(Check { name, ok: true, detail: "allowed".into(), fix: None }),
-            Ok(false) => r.checks.push(Check {
+        checks.push(match target.can_i(&verb, &group, &resource).await {
+            Ok(true) => Check {
+                name,
+                ok: true,
+                detail: "allowed".into(),
+                fix: None,
+            },
+            Ok(false) => Check {
                 name,
                 ok: false,
                 detail: "denied".into(),
-                fix: Some(format!("bind the ClusterRole in assets/clusterrole.yaml (it grants {verb} on {resource}.{group})")),
-            }),
-            Err(e) => r.checks.push(Check { name, ok: false, detail: e.to_string(), fix: None }),
-        }
+                fix: Some(format!(
+                    "bind the ClusterRole in {role_file} (it grants {verb} on {resource}.{group})"
+                )),
+            },
+            Err(e) => Check {
+                name,
+                ok: false,
+                detail: e.to_string(),
+                fix: None,
+            },
+        });
     }
-    r
+    checks
+}
+
+/// What a rollback needs, and only a rollback: the rules of the rollback role.
+pub async fn rollback_checks(target: &K8sTarget) -> Vec<Check> {
+    let rules = rollback_rules()
+        .into_iter()
+        .filter(|(_, _, resource)| resource != "selfsubjectaccessreviews")
+        .collect();
+    rbac_checks(target, rules, "assets/clusterrole-rollback.yaml").await
 }
 
 #[cfg(test)]
@@ -215,5 +257,16 @@ mod tests {
             );
         }
         assert_eq!(rules.len(), 6);
+        // Rollback, and only rollback, deletes.
+        let rb = super::rollback_rules();
+        assert!(rb.contains(&(
+            "delete".into(),
+            "cilium.io".into(),
+            "ciliumidentities".into()
+        )));
+        assert!(
+            !rb.iter().any(|(v, _, r)| r == "ciliumidentities"
+                && (v == "create" || v == "update" || v == "patch"))
+        );
     }
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::apply::outcome::{ApplyReport, Outcome};
-use crate::core::planner::Kind;
+use crate::core::planner::{Kind, Op, OpKind};
 use crate::core::verify::VerifyReport;
 use crate::io::plan_file::PlanFile;
 
@@ -85,13 +85,83 @@ pub fn apply_summary(r: &ApplyReport) -> String {
     out
 }
 
+/// What `rollback` without `--yes` prints: one line per object, then the totals.
+pub fn rollback_plan(ops: &[Op], json: bool) -> serde_json::Result<String> {
+    let rows: Vec<(&str, u32, &str, String)> = ops
+        .iter()
+        .map(|op| {
+            let target = op.target_id.unwrap_or(0);
+            match (op.op, &op.expect) {
+                (OpKind::Delete, Some((_, rv))) if rv.is_empty() => {
+                    ("already-gone", target, op.id.as_str(), op.label_key.clone())
+                }
+                (OpKind::Delete, _) => ("delete", target, op.id.as_str(), op.label_key.clone()),
+                _ => (
+                    "keep",
+                    target,
+                    op.id.as_str(),
+                    op.reason.clone().unwrap_or_default(),
+                ),
+            }
+        })
+        .collect();
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(what, target, id, detail)| {
+                serde_json::json!({"action": what, "name": target, "id": id, "detail": detail})
+            })
+            .collect();
+        return serde_json::to_string_pretty(&v).map(|t| t + "\n");
+    }
+    let mut out = String::new();
+    for (what, target, id, detail) in &rows {
+        let _ = writeln!(out, "{what:<12} {target:<8} (kvstore id {id})  {detail}");
+    }
+    let s = crate::app::rollback::summarize(ops);
+    let _ = writeln!(
+        out,
+        "rollback plan: {} to delete, {} already gone, {} kept (not this tool's object as it created it)",
+        s.delete, s.gone, s.keep
+    );
+    Ok(out)
+}
+
+/// What `rollback --yes` prints when it is done.
+pub fn rollback_summary(r: &ApplyReport) -> String {
+    let mut out = String::new();
+    for res in r.results.iter().filter(|x| x.outcome == Outcome::Kept) {
+        let _ = writeln!(
+            out,
+            "kept {}: {}",
+            res.target_id.map_or("-".into(), |t| t.to_string()),
+            res.error.as_deref().unwrap_or("")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "deleted {}, already gone {}, kept {}, failed {}, not attempted {}; {} retries; {} ms",
+        r.count(Outcome::Deleted),
+        r.count(Outcome::AlreadyGone),
+        r.count(Outcome::Kept),
+        r.count(Outcome::Failed),
+        r.count(Outcome::NotAttempted),
+        r.retries,
+        r.elapsed_ms
+    );
+    if let Some(s) = &r.stopped {
+        let _ = writeln!(out, "stopped: {s}; rerun the same command to finish");
+    }
+    out
+}
+
 /// What `verify` prints: one line per problem, then the totals.
 pub fn verify_summary(r: &VerifyReport) -> String {
     let mut out = String::new();
     for p in &r.problems {
         let at = p.expected_at.map_or("-".to_string(), |t| t.to_string());
-        let what = format!("{:?}", p.problem).to_lowercase();
-        let _ = write!(out, "{what:<10} id {} expected at {at}: {}", p.id, p.labels);
+        let what = p.problem.as_str();
+        let _ = write!(out, "{what:<11} id {} expected at {at}: {}", p.id, p.labels);
         if let Some(found) = &p.found_labels {
             let _ = write!(out, "  (found {found})");
         }
@@ -142,7 +212,7 @@ mod tests {
         };
         let text = verify_summary(&v);
         assert!(
-            text.starts_with("different  id 301 expected at 301: k8s:a=b;  (found k8s:x=y;)"),
+            text.starts_with("different   id 301 expected at 301: k8s:a=b;  (found k8s:x=y;)"),
             "{text}"
         );
         assert!(text.contains("verified 2 identities: 1 ok"), "{text}");

@@ -15,11 +15,12 @@ use crate::apply::executor::{ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyEvent, Progress};
 use crate::core::kvstore::SourceInfo;
 use crate::core::labels::LabelKey;
-use crate::core::planner::{PlanItem, describe};
+use crate::core::planner::resume::Dropped;
+use crate::core::planner::{Op, PlanItem, describe};
 use crate::core::range::ClusterScope;
 use crate::core::verify::VerifyReport;
 use crate::error::{Error, Result};
-use crate::io::decision_log::{DecisionLog, Record};
+use crate::io::decision_log::{DecisionLog, Record, Session};
 use crate::io::etcd::{Drift, EtcdConnection};
 use crate::io::k8s::K8sTarget;
 use crate::io::kv_source::KvSource;
@@ -31,6 +32,25 @@ pub struct ServiceConfig {
     pub scope: ClusterScope,
     pub log: Arc<DecisionLog>,
     pub apply: ApplyOptions,
+    /// Which command runs it (`tui`, `apply`, `rollback`), for the log's session line.
+    pub command: &'static str,
+    /// Decision logs to resume on the first scan (`--resume`).
+    pub resume: Vec<PathBuf>,
+}
+
+impl ServiceConfig {
+    /// The session line that opens this run's part of the decision log.
+    pub fn session(&self) -> Session {
+        Session {
+            command: self.command.to_string(),
+            server: self.target.server.clone(),
+            context: self.target.context.clone(),
+            kvstore_endpoints: self.kv.endpoints(),
+            kvstore_prefix: self.kv.prefix(),
+            cluster_id: self.scope.cluster_id,
+            max_connected_clusters: self.scope.max_connected_clusters,
+        }
+    }
 }
 
 /// The service's jobs, named in failures so a front end can tell them apart.
@@ -42,6 +62,8 @@ pub enum Task {
     DecisionLog,
     DriftWatch,
     Export,
+    Resume,
+    Rollback,
 }
 
 impl Task {
@@ -53,6 +75,8 @@ impl Task {
             Task::DecisionLog => "decision log",
             Task::DriftWatch => "drift watch",
             Task::Export => "export",
+            Task::Resume => "resume",
+            Task::Rollback => "rollback",
         }
     }
 }
@@ -85,6 +109,21 @@ pub enum ServiceRequest {
     Apply {
         generation: u64,
         spec: Box<ApplySpec>,
+    },
+    /// Scan again and replay the decisions recorded in these logs onto the fresh plan.
+    Resume {
+        generation: u64,
+        paths: Vec<PathBuf>,
+    },
+    /// Read what these logs' runs created and plan its deletion; changes nothing.
+    PlanRollback {
+        generation: u64,
+        logs: Vec<PathBuf>,
+    },
+    /// Delete exactly what these logs' runs created (re-planned on a fresh read).
+    Rollback {
+        generation: u64,
+        logs: Vec<PathBuf>,
     },
     /// Stop starting new writes.
     Stop,
@@ -135,6 +174,26 @@ pub enum ServiceEvent {
     Exported {
         paths: Vec<PathBuf>,
     },
+    /// Decisions replayed from decision logs onto the scan just sent (same generation).
+    Resumed {
+        generation: u64,
+        from: Vec<PathBuf>,
+        resumed: usize,
+        dropped: Vec<Dropped>,
+    },
+    /// An earlier session's log in the working directory, for this cluster and kvstore,
+    /// holds decisions never committed: the front end may offer to resume it.
+    ResumeOffer {
+        path: PathBuf,
+        decisions: usize,
+        operator: String,
+        when: String,
+    },
+    /// A rollback's plan: one operation per object the logs say was created.
+    RollbackPlanned {
+        generation: u64,
+        ops: Vec<Op>,
+    },
     /// A task failed; the error is shared so events stay cheap to clone.
     Failed {
         generation: u64,
@@ -179,25 +238,55 @@ async fn run(
     tx: mpsc::Sender<ServiceEvent>,
     progress: Arc<watch::Sender<Progress>>,
 ) {
+    // Every run's lines start with what it works on, for resumes, rollbacks and auditors.
+    if let Err(e) = cfg.log.begin_session(cfg.session()) {
+        let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
+    }
     // A fresh stop switch per apply, so a retry after a stop can write again.
     let mut stop = StopFlag::default();
     let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
+    // `--resume` applies to the first scan.
+    let mut resume = cfg.resume.clone();
     while let Some(req) = rx.recv().await {
         match req {
             ServiceRequest::Preflight => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
+                let offer = resume.is_empty();
                 tokio::spawn(async move {
                     let report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
                     let _ = tx.send(ServiceEvent::Preflight(report)).await;
+                    if offer && let Some(ev) = resume_offer(&cfg) {
+                        let _ = tx.send(ev).await;
+                    }
                 });
             }
             ServiceRequest::Scan { generation } => {
-                if let Some(t) = drift_task.take() {
-                    t.abort();
-                }
-                let (drift_tx, drift_rx) = mpsc::channel(16);
-                drift_task = Some(tokio::spawn(watch_drift(cfg.clone(), drift_rx, tx.clone())));
-                tokio::spawn(scan(cfg.clone(), generation, drift_tx, tx.clone()));
+                let paths = std::mem::take(&mut resume);
+                restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
+            }
+            ServiceRequest::Resume { generation, paths } => {
+                restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
+            }
+            ServiceRequest::PlanRollback { generation, logs } => {
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let ev = match super::rollback::plan(&cfg.target, &logs).await {
+                        Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
+                        Err(e) => ServiceEvent::failed(generation, Task::Rollback, e),
+                    };
+                    let _ = tx.send(ev).await;
+                });
+            }
+            ServiceRequest::Rollback { generation, logs } => {
+                stop = StopFlag::default();
+                tokio::spawn(rollback(
+                    cfg.clone(),
+                    generation,
+                    logs,
+                    tx.clone(),
+                    progress.clone(),
+                    stop.clone(),
+                ));
             }
             ServiceRequest::Decided { name, item } => {
                 if let Err(e) = cfg.log.append(decision_record(name, &item)) {
@@ -208,6 +297,7 @@ async fn run(
                 let plan = flows::plan_of_items(&cfg.kv, &cfg.target, cfg.scope, items);
                 let spec = ApplySpec {
                     plan: Some(plan),
+                    resume: Vec::new(),
                     accept_proposals: false,
                     options: cfg.apply.clone(),
                 };
@@ -257,27 +347,76 @@ async fn run(
 
 /// The decision log line for an operator's decision in a front end.
 fn decision_record(name: &str, item: &PlanItem) -> Record {
-    Record {
-        ts: String::new(),
-        operator: String::new(),
-        id: item.id.clone(),
-        labels: item.labels.clone(),
-        kind: item.kind,
-        decision: describe(name, item),
-        target_id: item.target_id,
-        outcome: None,
-        error: None,
-    }
+    Record::new(
+        &item.id,
+        &item.labels,
+        item.kind,
+        describe(name, item),
+        item.target_id,
+    )
 }
 
-/// Reads both sides and sends the table, then the slower node counts.
+/// Starts a scan (resuming `paths` onto it, if any) with a fresh drift watch.
+fn restart_drift(
+    cfg: &Arc<ServiceConfig>,
+    drift_task: &mut Option<tokio::task::JoinHandle<()>>,
+    tx: &mpsc::Sender<ServiceEvent>,
+    generation: u64,
+    resume: Vec<PathBuf>,
+) {
+    if let Some(t) = drift_task.take() {
+        t.abort();
+    }
+    let (drift_tx, drift_rx) = mpsc::channel(16);
+    *drift_task = Some(tokio::spawn(watch_drift(cfg.clone(), drift_rx, tx.clone())));
+    tokio::spawn(scan(cfg.clone(), generation, resume, drift_tx, tx.clone()));
+}
+
+/// The newest decision log in the working directory, other than this run's, that was written
+/// for this cluster and kvstore and holds decisions never committed.
+fn resume_offer(cfg: &ServiceConfig) -> Option<ServiceEvent> {
+    let mine = cfg.log.path().canonicalize().ok();
+    let session = cfg.session();
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(".")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("cilium-idmig-decisions-") && n.ends_with(".jsonl"))
+        })
+        .filter(|p| p.canonicalize().ok() != mine)
+        .collect();
+    // Their names carry the UTC start time: the newest sorts last.
+    logs.sort();
+    logs.into_iter().rev().find_map(|path| {
+        let c = crate::io::decision_log::read(&path).ok()?;
+        let last = c.sessions.last()?;
+        let same = last.session.server == session.server
+            && last.session.kvstore_prefix == session.kvstore_prefix
+            && last.session.cluster_id == session.cluster_id
+            && last.session.max_connected_clusters == session.max_connected_clusters;
+        let decisions = c.uncommitted_decisions();
+        (same && decisions > 0).then(|| ServiceEvent::ResumeOffer {
+            path: path.clone(),
+            decisions,
+            operator: last.operator.clone(),
+            when: last.ts.clone(),
+        })
+    })
+}
+
+/// Reads both sides and sends the table (with `resume`'s decisions replayed onto it), then
+/// the slower node counts.
 async fn scan(
     cfg: Arc<ServiceConfig>,
     generation: u64,
+    resume: Vec<PathBuf>,
     drift_tx: mpsc::Sender<i64>,
     tx: mpsc::Sender<ServiceEvent>,
 ) {
-    let scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, cfg.scope.range).await {
+    let range = cfg.scope.range;
+    let mut scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, range).await {
         Ok(scan) => scan,
         Err(e) => {
             let _ = tx
@@ -286,6 +425,25 @@ async fn scan(
             return;
         }
     };
+    let mut resumed = None;
+    if !resume.is_empty() {
+        match flows::resume_from_logs(&resume, &scan.items, &scan.k8s.identities, range) {
+            Ok(r) => {
+                scan.items = r.items;
+                resumed = Some(ServiceEvent::Resumed {
+                    generation,
+                    from: resume,
+                    resumed: r.resumed,
+                    dropped: r.dropped,
+                });
+            }
+            Err(e) => {
+                let _ = tx
+                    .send(ServiceEvent::failed(generation, Task::Resume, e))
+                    .await;
+            }
+        }
+    }
     let _ = drift_tx.send(scan.kv.source.revision).await;
     let kv = scan.kv;
     let ev = ServiceEvent::Scanned {
@@ -299,6 +457,11 @@ async fn scan(
         }),
     };
     if tx.send(ev).await.is_err() {
+        return;
+    }
+    if let Some(ev) = resumed
+        && tx.send(ev).await.is_err()
+    {
         return;
     }
     // The table is on screen; now the slow count of node references.
@@ -332,6 +495,62 @@ async fn apply(
             verify,
         },
         Err(e) => ServiceEvent::failed(generation, Task::Apply, e),
+    };
+    let _ = tx.send(ev).await;
+}
+
+/// A rollback, relayed like an apply: planned on a fresh read, then carried out by the
+/// executor (deletes with preconditions, retries, the stop switch), every step logged.
+async fn rollback(
+    cfg: Arc<ServiceConfig>,
+    generation: u64,
+    logs: Vec<PathBuf>,
+    tx: mpsc::Sender<ServiceEvent>,
+    progress: Arc<watch::Sender<Progress>>,
+    stop: StopFlag,
+) {
+    let run = async {
+        let ops = super::rollback::plan(&cfg.target, &logs).await?;
+        crate::apply::executor::log_decisions(&cfg.log, &ops)?;
+        let (apply_tx, mut apply_rx) = mpsc::channel(1024);
+        let forward = {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = apply_rx.recv().await {
+                    if tx.send(ServiceEvent::Apply(ev)).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        let watchers = Watchers {
+            events: Some(&apply_tx),
+            progress: Some(&progress),
+        };
+        let report = crate::apply::executor::apply(
+            &cfg.target,
+            ops,
+            false,
+            &cfg.apply,
+            Some(&cfg.log),
+            watchers,
+            stop,
+        )
+        .await;
+        drop(apply_tx);
+        let _ = forward.await;
+        report
+    };
+    let ev = match run.await {
+        Ok(report) => ServiceEvent::Committed {
+            generation,
+            run: Box::new(ApplyRun {
+                report,
+                ..Default::default()
+            }),
+            verify: None,
+        },
+        Err(e) => ServiceEvent::failed(generation, Task::Rollback, e),
     };
     let _ = tx.send(ev).await;
 }
@@ -373,7 +592,7 @@ async fn apply_and_verify(
     let _ = forward.await;
     let run = run?;
     let verify = if verify_after && run.report.stopped.is_none() {
-        let mappings = flows::mappings_from_logs(&[cfg.log.path().to_path_buf()])?;
+        let mappings = flows::expectations_from_logs(&[cfg.log.path().to_path_buf()])?;
         Some(flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &mappings).await?)
     } else {
         None

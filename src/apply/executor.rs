@@ -15,7 +15,7 @@ use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
 use crate::core::planner::{Op, OpKind};
 use crate::error::Result;
 use crate::io::decision_log::{DecisionLog, Record};
-use crate::io::k8s::{K8sTarget, RequestError};
+use crate::io::k8s::{K8sTarget, ObjectRef, RequestError};
 
 /// Knobs of an apply.
 #[derive(Debug, Clone)]
@@ -106,8 +106,9 @@ impl Ctx<'_> {
     }
 }
 
-/// Applies the operations. Writes happen only for `OpKind::Create`; everything else is
-/// recorded. Every decision and outcome goes to the decision log as it happens.
+/// Applies the operations. Only `OpKind::Create` and (in a rollback) `OpKind::Delete` reach
+/// the API server; everything else is recorded. Every decision and outcome goes to the
+/// decision log as it happens.
 pub async fn apply(
     target: &K8sTarget,
     ops: Vec<Op>,
@@ -129,8 +130,9 @@ pub async fn apply(
         stop_reason: std::sync::Mutex::new(None),
     };
     let mut report = ApplyReport::default();
-    let writes = ops.iter().filter(|o| o.op == OpKind::Create).count();
-    if create_crd && writes > 0 {
+    let writes = ops.iter().filter(|o| o.op.writes()).count();
+    let creates = ops.iter().filter(|o| o.op == OpKind::Create).count();
+    if create_crd && creates > 0 {
         ctx.emit(ApplyEvent::CrdCreating).await;
         target.create_crd().await?;
         target.wait_crd_established(opts.crd_timeout).await?;
@@ -158,6 +160,7 @@ pub async fn apply(
                 p.done += 1;
                 match result.outcome {
                     Outcome::Created | Outcome::AlreadyExisted => p.created += 1,
+                    Outcome::Deleted | Outcome::AlreadyGone => p.deleted += 1,
                     o if o.is_problem() => p.failed += 1,
                     _ => {}
                 }
@@ -208,22 +211,22 @@ fn decision_name(op: &Op) -> &'static str {
         OpKind::AlreadyDone => "none",
         OpKind::Map => "map",
         OpKind::Skip => "skip",
+        OpKind::Delete => "delete",
+        OpKind::Keep => "keep",
     }
 }
 
 /// The log line for an operation: its decision, and its outcome once there is one.
 fn record(op: &Op, result: Option<&OpResult>) -> Record {
-    Record {
-        ts: String::new(),
-        operator: String::new(),
-        id: op.id.clone(),
-        labels: op.label_key.clone(),
-        kind: op.kind,
-        decision: format!("{} ({})", decision_name(op), op.decided_by),
-        target_id: op.target_id,
-        outcome: result.map(|r| r.outcome),
-        error: result.and_then(OpResult::problem),
+    let decision = format!("{} ({})", decision_name(op), op.decided_by);
+    let mut r = Record::new(&op.id, &op.label_key, op.kind, decision, op.target_id);
+    if let Some(res) = result {
+        r.outcome = Some(res.outcome);
+        r.error = res.problem();
+        r.uid = res.uid.clone();
+        r.resource_version = res.resource_version.clone();
     }
+    r
 }
 
 fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
@@ -243,8 +246,62 @@ async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
         (OpKind::Create, None) => fail(&mut result, "create without a target id".into()),
         (OpKind::Create, Some(_)) if ctx.stop.is_stopped() => {}
         (OpKind::Create, Some(t)) => create_with_retries(ctx, op, t, &mut result).await,
+        (OpKind::Keep, _) => {
+            result.outcome = Outcome::Kept;
+            result.error = op.reason.clone();
+        }
+        (OpKind::Delete, Some(_)) if ctx.stop.is_stopped() => {}
+        (OpKind::Delete, Some(t)) => match &op.expect {
+            Some((uid, rv)) => {
+                let expected = ObjectRef {
+                    uid: uid.clone(),
+                    resource_version: rv.clone(),
+                };
+                delete_with_retries(ctx, op, t, &expected, &mut result).await
+            }
+            None => fail(&mut result, "delete without a uid to check".into()),
+        },
+        (OpKind::Delete, None) => fail(&mut result, "delete without a target id".into()),
     }
     result
+}
+
+/// A rollback's delete: only the object this tool created, as it was last read. A 404 is
+/// already gone; a 409 (uid or resourceVersion changed) is someone else's object now, kept.
+async fn delete_with_retries(
+    ctx: &Ctx<'_>,
+    op: &Op,
+    target_id: u32,
+    expected: &ObjectRef,
+    result: &mut OpResult,
+) {
+    loop {
+        result.attempts += 1;
+        match attempt(ctx, ctx.target.delete_identity(target_id, expected)).await {
+            Ok(()) => {
+                result.outcome = Outcome::Deleted;
+                return;
+            }
+            Err(e) if e.is_not_found() => {
+                result.outcome = Outcome::AlreadyGone;
+                return;
+            }
+            Err(e) if e.is_conflict() || e.is_already_exists() => {
+                result.outcome = Outcome::Kept;
+                result.error = Some(format!(
+                    "changed since it was read, so it is not the object this tool created as it was: {e}"
+                ));
+                return;
+            }
+            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
+                wait_before_retry(ctx, op, result.attempts, &e).await;
+            }
+            Err(e) => {
+                let attempts = result.attempts;
+                return fail(result, format!("{e} after {attempts} attempt(s)"));
+            }
+        }
+    }
 }
 
 fn fail(result: &mut OpResult, error: String) {
@@ -280,8 +337,10 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
     loop {
         result.attempts += 1;
         match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
-            Ok(()) => {
+            Ok(created) => {
                 result.outcome = Outcome::Created;
+                result.uid = Some(created.uid).filter(|u| !u.is_empty());
+                result.resource_version = Some(created.resource_version).filter(|v| !v.is_empty());
                 return;
             }
             Err(e) if e.is_already_exists() => {
@@ -359,6 +418,6 @@ async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestE
 /// single line with their decision and outcome together, from `apply`.
 pub fn log_decisions(log: &DecisionLog, ops: &[Op]) -> Result<()> {
     ops.iter()
-        .filter(|op| op.op == OpKind::Create)
+        .filter(|op| op.op.writes())
         .try_for_each(|op| log_decision(log, op))
 }

@@ -16,10 +16,15 @@ pub struct OpResult {
     /// For a `conflict`: the labels the id already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub existing: Option<String>,
-    /// For a `failed`: why.
+    /// For a `failed` (or a rollback's `kept`): why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub attempts: u32,
+    /// For a `created`: the object's uid and resourceVersion (what a rollback deletes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
 }
 
 impl OpResult {
@@ -31,6 +36,8 @@ impl OpResult {
             existing: None,
             error: None,
             attempts: 0,
+            uid: None,
+            resource_version: None,
         }
     }
 
@@ -41,7 +48,7 @@ impl OpResult {
                 "id already holds other labels: {}",
                 self.existing.as_deref().unwrap_or("")
             )),
-            Outcome::Failed => self.error.clone(),
+            Outcome::Failed | Outcome::Kept => self.error.clone(),
             _ => None,
         }
     }
@@ -55,6 +62,8 @@ pub struct Progress {
     pub writes: usize,
     pub done: usize,
     pub created: usize,
+    /// Rollback: objects deleted or found gone.
+    pub deleted: usize,
     pub failed: usize,
     pub retries: u64,
 }

@@ -52,8 +52,13 @@ pub struct TuiArgs {
     pub conn: Conn,
     #[command(flatten)]
     pub tuning: Tuning,
+    /// Where this session's decisions and outcomes go (appended; created with mode 0600).
     #[arg(long)]
     pub decision_log: Option<PathBuf>,
+    /// Resume the decisions recorded in these decision logs (repeatable); each is checked
+    /// again against the cluster as it is now, and those that no longer fit are listed.
+    #[arg(long)]
+    pub resume: Vec<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -78,6 +83,10 @@ pub enum CliCommand {
         /// Required: apply writes to the cluster.
         #[arg(long)]
         yes: bool,
+        /// Apply the decisions recorded in these decision logs (repeatable), replayed onto a
+        /// fresh plan the way --plan applies a reviewed plan.
+        #[arg(long, conflicts_with = "plan")]
+        resume: Vec<PathBuf>,
         /// Accept every remap and duplicate proposal that has no decision.
         #[arg(long)]
         accept_proposals: bool,
@@ -86,6 +95,25 @@ pub enum CliCommand {
         #[command(flatten)]
         tuning: Tuning,
         /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete exactly the CiliumIdentity objects that earlier runs created (from their
+    /// decision logs), each only if it is still the object the run created. Without --yes it
+    /// prints the plan and changes nothing.
+    Rollback {
+        #[command(flatten)]
+        conn: Conn,
+        /// Decision logs of the runs to roll back (repeatable); the rollback's own decisions
+        /// and outcomes are appended to the last one.
+        #[arg(long, required = true)]
+        decision_log: Vec<PathBuf>,
+        /// Required to delete anything.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        tuning: Tuning,
+        /// Print the plan (without --yes) or the report (with it) as JSON.
         #[arg(long)]
         json: bool,
     },

@@ -11,9 +11,10 @@ use clap::CommandFactory;
 use super::args::{CliCommand, Conn, TuiArgs};
 use super::printer;
 use cilium_idmig::app::flows::{self, ApplySpec};
-use cilium_idmig::app::report;
-use cilium_idmig::app::service::{self, ServiceConfig};
+use cilium_idmig::app::service::{self, ServiceConfig, ServiceRequest};
+use cilium_idmig::app::{preflight, report, rollback};
 use cilium_idmig::apply::executor::ApplyOptions;
+use cilium_idmig::core::outcome::Outcome;
 use cilium_idmig::core::range::{ClusterScope, MaxConnectedClusters};
 use cilium_idmig::core::verify::VerifyReport;
 use cilium_idmig::io::decision_log::{self, DecisionLog};
@@ -59,6 +60,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             conn,
             plan,
             yes,
+            resume,
             accept_proposals,
             decision_log,
             tuning,
@@ -78,6 +80,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             };
             let spec = ApplySpec {
                 plan,
+                resume,
                 accept_proposals,
                 options: tuning.options(),
             };
@@ -89,10 +92,14 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             output,
         } => {
             let range = conn.scope()?.range;
-            let mappings = flows::mappings_from_logs(&decision_log)?;
+            let mappings = flows::expectations_from_logs(&decision_log)?;
             let target = conn.target().await?;
-            let report =
-                flows::verify(&KvSource::Etcd(conn.etcd()), &target, range, &mappings).await?;
+            let kv = KvSource::Etcd(conn.etcd());
+            let report = printer::reading(
+                "reading the kvstore and Kubernetes",
+                flows::verify(&kv, &target, range, &mappings),
+            )
+            .await?;
             print_verify(&report, output == "json")?;
             Ok(if report.passed() {
                 Exit::Ok
@@ -128,13 +135,15 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 );
                 demo_headless(world, decision_log).await
             } else {
-                interactive(world, decision_log, ApplyOptions::default(), Finish::Demo).await
+                let opts = ApplyOptions::default();
+                interactive(world, decision_log, opts, Vec::new(), Finish::Demo).await
             }
         }
         CliCommand::Tui(TuiArgs {
             conn,
             tuning,
             decision_log,
+            resume,
         }) => {
             let world = World {
                 scope: conn.scope()?,
@@ -144,8 +153,15 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let finish = Finish::Apply {
                 bin_name: bin_name.to_string(),
             };
-            interactive(world, decision_log, tuning.options(), finish).await
+            interactive(world, decision_log, tuning.options(), resume, finish).await
         }
+        CliCommand::Rollback {
+            conn,
+            decision_log,
+            yes,
+            tuning,
+            json,
+        } => rollback(conn, decision_log, yes, tuning, json).await,
         CliCommand::Sandbox {
             port,
             kubeconfig_out,
@@ -181,13 +197,21 @@ struct World {
 }
 
 impl World {
-    fn service(self, log: Arc<DecisionLog>, apply: ApplyOptions) -> service::Handle {
+    fn service(
+        self,
+        command: &'static str,
+        log: Arc<DecisionLog>,
+        apply: ApplyOptions,
+        resume: Vec<PathBuf>,
+    ) -> service::Handle {
         service::spawn(ServiceConfig {
             kv: self.kv,
             target: self.target,
             scope: self.scope,
             log,
             apply,
+            command,
+            resume,
         })
     }
 }
@@ -195,7 +219,12 @@ impl World {
 async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
     let scope = conn.scope()?;
     let target = conn.target().await?;
-    let scan = flows::scan(&KvSource::Etcd(conn.etcd()), &target, scope.range).await?;
+    let kv = KvSource::Etcd(conn.etcd());
+    let scan = printer::reading(
+        "reading the kvstore and Kubernetes",
+        flows::scan(&kv, &target, scope.range),
+    )
+    .await?;
     let plan = flows::plan_file(&scan, &target, scope);
     print!("{}", report::plan_summary(&plan));
     if let Some(path) = output {
@@ -214,7 +243,7 @@ async fn apply(
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
-    let mut handle = world.service(log, spec.options.clone());
+    let mut handle = world.service("apply", log, spec.options.clone(), Vec::new());
     let run = printer::apply(&mut handle, spec).await?;
     match json {
         true => println!("{}", serde_json::to_string_pretty(&run.report)?),
@@ -227,6 +256,19 @@ async fn apply(
     }
     for id in &run.gone_from_kvstore {
         println!("note: plan item {id} is no longer in the kvstore; left alone");
+    }
+    if run.resumed > 0 || !run.dropped.is_empty() {
+        println!(
+            "resumed {} recorded decisions; {} dropped",
+            run.resumed,
+            run.dropped.len()
+        );
+    }
+    for d in &run.dropped {
+        println!(
+            "note: the recorded decision on {} was dropped: {}",
+            d.id, d.reason
+        );
     }
     println!("decision log: {}", log_path.display());
     Ok(if run.report.succeeded() && run.report.stopped.is_none() {
@@ -245,6 +287,77 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
 }
 
 /// Opens the TUI over the engine service.
+/// `rollback`: checks the rollback role, then prints the plan (without `--yes`) or deletes
+/// exactly what the runs created, through the same service and printer as an apply.
+async fn rollback(
+    conn: Conn,
+    logs: Vec<PathBuf>,
+    yes: bool,
+    tuning: super::args::Tuning,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let target = conn.target().await?;
+    let denied: Vec<String> = preflight::rollback_checks(&target)
+        .await
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| {
+            format!(
+                "  {}: {}{}",
+                c.name,
+                c.detail,
+                c.fix.map(|f| format!("; {f}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    if !denied.is_empty() {
+        return Err(cilium_idmig::Error::Refused(format!(
+            "rollback is not allowed here, nothing was deleted:\n{}",
+            denied.join("\n")
+        ))
+        .into());
+    }
+    if !yes {
+        let ops = printer::reading(
+            "reading the objects the runs created",
+            rollback::plan(&target, &logs),
+        )
+        .await?;
+        print!("{}", report::rollback_plan(&ops, json)?);
+        println!("nothing was changed; pass --yes to delete what is marked delete");
+        return Ok(Exit::Ok);
+    }
+    // The rollback's own lines go to the newest log, so verify sees them with the rest.
+    let log_path = logs.last().cloned().context("--decision-log is required")?;
+    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let world = World {
+        kv: KvSource::Memory(Default::default()),
+        target,
+        scope: conn.scope()?,
+    };
+    let mut handle = world.service("rollback", log, tuning.options(), Vec::new());
+    let req = ServiceRequest::Rollback {
+        generation: 1,
+        logs,
+    };
+    let run = printer::run(&mut handle, req).await?;
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&run.report)?),
+        false => print!("{}", report::rollback_summary(&run.report)),
+    }
+    println!("decision log: {}", log_path.display());
+    let clean = run
+        .report
+        .results
+        .iter()
+        .all(|r| matches!(r.outcome, Outcome::Deleted | Outcome::AlreadyGone));
+    Ok(if clean && run.report.stopped.is_none() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
 /// How a commit left unfinished in the TUI is finished afterwards.
 enum Finish {
     /// `apply` with the same flags, resuming the decision log.
@@ -257,12 +370,13 @@ async fn interactive(
     world: World,
     log_path: Option<PathBuf>,
     apply: ApplyOptions,
+    resume: Vec<PathBuf>,
     finish: Finish,
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
     let range = world.scope.range;
-    let handle = world.service(log, apply);
+    let handle = world.service("tui", log, apply, resume);
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let summary = cilium_idmig::tui::run(range, no_color, handle).await?;
     // What stays on the terminal: what the last commit did, and how to finish it.
@@ -340,11 +454,12 @@ async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Resul
     let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.scope.range);
     let spec = ApplySpec {
         plan: None,
+        resume: Vec::new(),
         accept_proposals: true,
         options: ApplyOptions::default(),
     };
     let exit = apply(world, spec, Some(log_path.clone()), false).await?;
-    let mappings = flows::mappings_from_logs(std::slice::from_ref(&log_path))?;
+    let mappings = flows::expectations_from_logs(std::slice::from_ref(&log_path))?;
     let report = flows::verify(&kv, &target, range, &mappings).await?;
     println!();
     print_verify(&report, false)?;

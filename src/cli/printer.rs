@@ -91,15 +91,49 @@ impl Progressor {
     }
 }
 
+/// Awaits a long read, showing that it runs: a spinner on a terminal, otherwise a line
+/// every few seconds (`what` names it, e.g. "reading the kvstore and Kubernetes").
+pub async fn reading<T>(what: &str, read: impl std::future::Future<Output = T>) -> T {
+    let started = Instant::now();
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(what.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    });
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.tick().await;
+    tokio::pin!(read);
+    let out = loop {
+        tokio::select! {
+            out = &mut read => break out,
+            _ = tick.tick(), if bar.is_none() => {
+                eprintln!("  {what} ({:.0}s)", started.elapsed().as_secs_f64());
+            }
+        }
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    out
+}
+
 /// Runs one apply through the service and prints it as it goes; returns the finished run.
 pub async fn apply(handle: &mut Handle, spec: ApplySpec) -> Result<ApplyRun, Error> {
+    let req = ServiceRequest::Apply {
+        generation: 1,
+        spec: Box::new(spec),
+    };
+    run(handle, req).await
+}
+
+/// Runs one apply or rollback request through the service, printing its events, until it
+/// ends; a stop signal becomes the service's stop request.
+pub async fn run(handle: &mut Handle, req: ServiceRequest) -> Result<ApplyRun, Error> {
     let mut signals = StopSignals::new()?;
     handle
         .requests
-        .send(ServiceRequest::Apply {
-            generation: 1,
-            spec: Box::new(spec),
-        })
+        .send(req)
         .await
         .map_err(|_| Error::Config("the engine service stopped".into()))?;
     let started = Instant::now();
@@ -185,6 +219,7 @@ mod tests {
             writes: 90,
             done: 50,
             created: 48,
+            deleted: 0,
             failed: 2,
             retries: 3,
         };

@@ -15,6 +15,8 @@ pub const CRD_NAME: &str = "ciliumidentities.cilium.io";
 pub const CRD_YAML: &str = include_str!("../../assets/ciliumidentities.cilium.io.yaml");
 /// The least-privilege ClusterRole the tool needs.
 pub const CLUSTER_ROLE_YAML: &str = include_str!("../../assets/clusterrole.yaml");
+/// The ClusterRole a rollback needs (the only command that deletes).
+pub const ROLLBACK_ROLE_YAML: &str = include_str!("../../assets/clusterrole-rollback.yaml");
 
 /// The collection path of CiliumIdentity objects.
 pub fn collection_path() -> String {
@@ -22,7 +24,7 @@ pub fn collection_path() -> String {
 }
 
 /// The object Cilium's CRD backend would write for this identity. Empty values travel as
-/// `""`, never `null` (Cilium's own migrator fails its v1 schema with null).
+/// `""`, never `null`: the v1 schema declares every `security-labels` value a string.
 pub fn identity_object(id: u32, labels: &SecurityLabels) -> Value {
     json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),

@@ -17,11 +17,17 @@ pub enum Outcome {
     Failed,
     /// Not tried because the run was stopped.
     NotAttempted,
+    /// Rollback: the object this tool created was deleted.
+    Deleted,
+    /// Rollback: the object was already gone.
+    AlreadyGone,
+    /// Rollback: the object is not (or no longer) the one this tool created; left alone.
+    Kept,
 }
 
 impl Outcome {
     /// In the order the reports list them.
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Created,
         Outcome::AlreadyExisted,
         Outcome::AlreadyMigrated,
@@ -30,6 +36,9 @@ impl Outcome {
         Outcome::Conflict,
         Outcome::Failed,
         Outcome::NotAttempted,
+        Outcome::Deleted,
+        Outcome::AlreadyGone,
+        Outcome::Kept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +51,9 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Failed => "failed",
             Outcome::NotAttempted => "not-attempted",
+            Outcome::Deleted => "deleted",
+            Outcome::AlreadyGone => "already-gone",
+            Outcome::Kept => "kept",
         }
     }
 
@@ -52,7 +64,7 @@ impl Outcome {
 
     /// Outcomes reported as they happen: the item did not reach its intended state.
     pub fn is_problem(self) -> bool {
-        matches!(self, Outcome::Failed | Outcome::Conflict)
+        matches!(self, Outcome::Failed | Outcome::Conflict | Outcome::Kept)
     }
 
     /// Outcomes after which the identity is served at its target id.

@@ -1,7 +1,7 @@
 //! Verification: every valid kvstore identity must have a `CiliumIdentity` with identical
 //! security labels at its own id, or at the id a recorded decision maps it to. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -18,6 +18,28 @@ pub enum ProblemKind {
     Different,
     /// The decision log records that the operator skipped it.
     Skipped,
+    /// A rollback deleted the object this tool had created for it.
+    RolledBack,
+}
+
+impl ProblemKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProblemKind::Missing => "missing",
+            ProblemKind::Different => "different",
+            ProblemKind::Skipped => "skipped",
+            ProblemKind::RolledBack => "rolled-back",
+        }
+    }
+}
+
+/// What the decision logs say each identity should look like.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expectations {
+    /// kvstore id (text) -> the id it is served at (`None` = skipped); absent: its own id.
+    pub mappings: BTreeMap<String, Option<u32>>,
+    /// kvstore ids whose object a rollback deleted.
+    pub rolled_back: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -45,13 +67,15 @@ impl VerifyReport {
     }
 }
 
-/// `mappings`: kvstore id (text) -> the id it is served at (`None` = skipped), from the decision log.
+/// Checks every valid kvstore identity against what Kubernetes holds and what the decision
+/// logs expect; an object a rollback deleted is reported as rolled back, not as missing.
 pub fn verify(
     masters: &[MasterEntry],
     k8s: &BTreeMap<u32, LabelKey>,
-    mappings: &BTreeMap<String, Option<u32>>,
+    expect: &Expectations,
     range: IdRange,
 ) -> VerifyReport {
+    let mappings = &expect.mappings;
     let mut report = VerifyReport::default();
     let mut entries: Vec<(u32, &str)> = Vec::with_capacity(masters.len());
     for m in masters {
@@ -91,6 +115,8 @@ pub fn verify(
                 expected_at: Some(target),
                 problem: if found.is_some() {
                     ProblemKind::Different
+                } else if expect.rolled_back.contains(&id.to_string()) {
+                    ProblemKind::RolledBack
                 } else {
                     ProblemKind::Missing
                 },
@@ -130,7 +156,11 @@ mod tests {
         let mut maps = BTreeMap::new();
         maps.insert("301".to_string(), Some(900));
         maps.insert("304".to_string(), None);
-        let r = verify(&masters, &k8s, &maps, IdRange::for_cluster(0).unwrap());
+        let mut expect = Expectations {
+            mappings: maps,
+            ..Default::default()
+        };
+        let r = verify(&masters, &k8s, &expect, IdRange::for_cluster(0).unwrap());
         assert_eq!((r.checked, r.ok, r.mapped, r.invalid_ignored), (5, 2, 1, 1));
         let kinds: Vec<(u32, ProblemKind)> = r
             .problems
@@ -146,5 +176,10 @@ mod tests {
             ]
         );
         assert!(!r.passed());
+        // After a rollback, the missing object is reported as rolled back.
+        expect.rolled_back.insert("302".into());
+        let r = verify(&masters, &k8s, &expect, IdRange::for_cluster(0).unwrap());
+        assert_eq!(r.problems[0].problem, ProblemKind::RolledBack);
+        assert_eq!(r.problems[1].problem, ProblemKind::Different);
     }
 }

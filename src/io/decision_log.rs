@@ -1,7 +1,9 @@
 //! The decision log: JSON Lines, append-only, one flushed line per decision and per outcome,
-//! mode 0600. An auditor replays it; `verify` reads the id mappings back from it.
+//! mode 0600, each run opened by a session line naming the cluster and kvstore. An auditor
+//! replays it; `verify` reads the id mappings back from it, `--resume` the decisions,
+//! `rollback` the objects a run created.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -11,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
+use crate::core::planner::resume::{LogStep, step_of};
+use crate::core::range::MaxConnectedClusters;
+use crate::core::verify::Expectations;
 use crate::error::{Error, Result};
 
 /// One line of the log.
@@ -27,6 +32,60 @@ pub struct Record {
     /// Absent on a pure decision record.
     pub outcome: Option<Outcome>,
     pub error: Option<String>,
+    /// On `created`: the object's uid and resourceVersion as the API server returned them,
+    /// so `rollback` deletes exactly that object (absent in logs written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+impl Record {
+    /// A line about identity `id` (the time and operator are filled in on append).
+    pub fn new(
+        id: &str,
+        labels: &str,
+        kind: Kind,
+        decision: String,
+        target_id: Option<u32>,
+    ) -> Self {
+        Record {
+            ts: String::new(),
+            operator: String::new(),
+            id: id.to_string(),
+            labels: labels.to_string(),
+            kind,
+            decision,
+            target_id,
+            outcome: None,
+            error: None,
+            uid: None,
+            resource_version: None,
+        }
+    }
+}
+
+/// What a run worked on: written as the first line of each run, so a later run (a resume,
+/// a rollback, an auditor) knows which cluster and kvstore the lines after it are about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// `tui`, `apply`, `rollback`, ...
+    pub command: String,
+    pub server: String,
+    #[serde(default)]
+    pub context: Option<String>,
+    pub kvstore_endpoints: Vec<String>,
+    pub kvstore_prefix: String,
+    pub cluster_id: u32,
+    pub max_connected_clusters: MaxConnectedClusters,
+}
+
+/// A session line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLine {
+    pub ts: String,
+    pub operator: String,
+    pub session: Session,
 }
 
 /// An open, append-only decision log. Appends are whole lines written with one `write` on
@@ -61,7 +120,20 @@ impl DecisionLog {
     pub fn append(&self, mut record: Record) -> Result<()> {
         record.ts = now();
         record.operator = self.operator.clone();
-        let mut line = serde_json::to_vec(&record).map_err(|e| Error::file_cause(&self.path, e))?;
+        self.append_line(&record)
+    }
+
+    /// Appends the session line that opens a run.
+    pub fn begin_session(&self, session: Session) -> Result<()> {
+        self.append_line(&SessionLine {
+            ts: now(),
+            operator: self.operator.clone(),
+            session,
+        })
+    }
+
+    fn append_line(&self, value: &impl Serialize) -> Result<()> {
+        let mut line = serde_json::to_vec(value).map_err(|e| Error::file_cause(&self.path, e))?;
         line.push(b'\n');
         let mut f = self
             .file
@@ -79,6 +151,8 @@ impl DecisionLog {
 #[derive(Debug, Default)]
 pub struct LogContents {
     pub records: Vec<Record>,
+    /// The session lines, in order.
+    pub sessions: Vec<SessionLine>,
     /// A last line without its newline that does not parse: a write cut short by a crash.
     pub torn_tail: bool,
     /// Complete lines that do not parse, with their line numbers.
@@ -101,6 +175,52 @@ impl LogContents {
             }
         }
         m
+    }
+
+    /// What `verify` expects, from this log.
+    pub fn expectations(&self) -> Expectations {
+        Expectations {
+            mappings: self.mappings(),
+            rolled_back: self.rolled_back(),
+        }
+    }
+
+    /// Ids whose object a rollback deleted (or found gone), and not created again since.
+    pub fn rolled_back(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for r in &self.records {
+            match r.outcome {
+                Some(Outcome::Deleted | Outcome::AlreadyGone) => {
+                    out.insert(r.id.clone());
+                }
+                Some(o) if o.is_serving() => {
+                    out.remove(&r.id);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Every decision and undo, in order, as a resume replays them.
+    pub fn steps(&self) -> impl Iterator<Item = LogStep> + '_ {
+        self.records
+            .iter()
+            .filter_map(|r| step_of(&r.id, &r.labels, &r.decision, r.target_id))
+    }
+
+    /// Decisions made and never followed by an outcome for their identity: a review that
+    /// ended before its commit.
+    pub fn uncommitted_decisions(&self) -> usize {
+        let mut pending: BTreeSet<&str> = BTreeSet::new();
+        for r in &self.records {
+            if r.outcome.is_some() {
+                pending.remove(r.id.as_str());
+            } else if step_of(&r.id, &r.labels, &r.decision, r.target_id).is_some() {
+                pending.insert(r.id.as_str());
+            }
+        }
+        pending.len()
     }
 }
 
@@ -127,8 +247,11 @@ pub fn read_from(mut r: impl BufRead) -> std::io::Result<LogContents> {
         }
         match serde_json::from_str::<Record>(text.trim_end()) {
             Ok(rec) => out.records.push(rec),
-            Err(_) if !complete => out.torn_tail = true,
-            Err(e) => out.bad_lines.push((n, e.to_string())),
+            Err(e) => match serde_json::from_str::<SessionLine>(text.trim_end()) {
+                Ok(s) => out.sessions.push(s),
+                Err(_) if !complete => out.torn_tail = true,
+                Err(_) => out.bad_lines.push((n, e.to_string())),
+            },
         }
     }
     Ok(out)
@@ -157,15 +280,8 @@ mod tests {
 
     fn rec(id: &str, outcome: Option<Outcome>, target: Option<u32>) -> Record {
         Record {
-            ts: String::new(),
-            operator: String::new(),
-            id: id.into(),
-            labels: "k8s:a=b;".into(),
-            kind: Kind::Create,
-            decision: "create".into(),
-            target_id: target,
             outcome,
-            error: None,
+            ..Record::new(id, "k8s:a=b;", Kind::Create, "create".into(), target)
         }
     }
 
@@ -193,6 +309,60 @@ mod tests {
         let m = c.mappings();
         assert_eq!(m["300"], Some(300));
         assert_eq!(m["301"], Some(500));
+    }
+
+    #[test]
+    fn sessions_rollbacks_and_uncommitted_decisions_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        let session = Session {
+            command: "tui".into(),
+            server: "https://k8s:6443".into(),
+            context: Some("prod".into()),
+            kvstore_endpoints: vec!["https://etcd:2379".into()],
+            kvstore_prefix: "cilium/state/identities/v1".into(),
+            cluster_id: 0,
+            max_connected_clusters: MaxConnectedClusters::C255,
+        };
+        log.begin_session(session.clone()).unwrap();
+        let decided =
+            |id: &str, text: &str| Record::new(id, "k8s:a=b;", Kind::Remap, text.into(), Some(400));
+        log.append(decided("300", "accept (create 400)")).unwrap();
+        log.append(decided("301", "edit (create 401)")).unwrap();
+        log.append(rec("301", Some(Outcome::Created), Some(401)))
+            .unwrap();
+        log.append(rec("302", Some(Outcome::Created), Some(302)))
+            .unwrap();
+        log.append(rec("302", Some(Outcome::Deleted), Some(302)))
+            .unwrap();
+        drop(log);
+        let c = read(&path).unwrap();
+        assert_eq!(c.sessions.len(), 1);
+        assert_eq!(c.sessions[0].session, session);
+        assert!(c.bad_lines.is_empty());
+        assert_eq!(
+            c.uncommitted_decisions(),
+            1,
+            "300 was decided, never committed"
+        );
+        assert_eq!(c.steps().count(), 2);
+        assert_eq!(c.rolled_back().into_iter().collect::<Vec<_>>(), ["302"]);
+        let m = c.mappings();
+        assert_eq!(m.get("301"), Some(&Some(401)));
+        assert_eq!(
+            m.get("302"),
+            Some(&Some(302)),
+            "where it was, for verify to report"
+        );
+        // Old lines without uid/resourceVersion still read; new ones carry them.
+        let mut created = rec("303", Some(Outcome::Created), Some(303));
+        created.uid = Some("u-1".into());
+        created.resource_version = Some("7".into());
+        let text = serde_json::to_string(&created).unwrap();
+        assert!(text.contains("\"uid\":\"u-1\""), "{text}");
+        let back = read_from(format!("{text}\n").as_bytes()).unwrap();
+        assert_eq!(back.records[0], created);
     }
 
     #[test]

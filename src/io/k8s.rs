@@ -73,6 +73,11 @@ impl RequestError {
 
     /// NotFound for an object: a 404 Status, by code or by reason. A plain-text 404 means the
     /// resource itself is not served (yet), which is not the same thing.
+    /// A 409 Conflict (not AlreadyExists): a precondition (uid, resourceVersion) did not hold.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, RequestError::Status { code: 409, reason, .. } if reason != "AlreadyExists")
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,
@@ -114,6 +119,16 @@ impl std::fmt::Display for RequestError {
             RequestError::Timeout => write!(f, "timed out"),
         }
     }
+}
+
+/// Which object: its uid and the resourceVersion it was seen at.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub resource_version: String,
 }
 
 /// The CRD's state in the cluster.
@@ -470,16 +485,64 @@ impl K8sTarget {
         }
     }
 
-    /// Creates one identity. Never updates: an existing object yields an AlreadyExists error.
+    /// Creates one identity and returns the uid and resourceVersion the server gave it. Never
+    /// updates: an existing object yields an AlreadyExists error.
     pub async fn create_identity(
         &self,
         id: u32,
         labels: &SecurityLabels,
-    ) -> Result<(), RequestError> {
+    ) -> Result<ObjectRef, RequestError> {
+        let (_, body) = self
+            .send_raw(
+                Method::POST,
+                &collection_path(),
+                Some(&identity_object(id, labels)),
+            )
+            .await?;
+        // Only the metadata is read: the rest of the answer is what was sent.
+        #[derive(serde::Deserialize)]
+        struct Created {
+            metadata: ObjectRef,
+        }
+        Ok(serde_json::from_slice::<Created>(&body)
+            .map(|c| c.metadata)
+            .unwrap_or_default())
+    }
+
+    /// Reads one identity with its uid and resourceVersion; `Ok(None)` when it does not exist.
+    pub async fn get_identity_object(
+        &self,
+        id: u32,
+    ) -> Result<Option<(ObjectRef, SecurityLabels)>, RequestError> {
+        match self
+            .send(Method::GET, &format!("{}/{id}", collection_path()), None)
+            .await
+        {
+            Ok((_, v)) => {
+                let labels = parse_identity(&v).map_err(RequestError::Transport)?.labels;
+                let meta = serde_json::from_value::<ObjectRef>(
+                    v.get("metadata").cloned().unwrap_or_default(),
+                )
+                .unwrap_or_default();
+                Ok(Some((meta, labels)))
+            }
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes one identity only if it is still exactly `expected` (uid and resourceVersion
+    /// preconditions): otherwise the server answers 409 Conflict and nothing is deleted.
+    pub async fn delete_identity(&self, id: u32, expected: &ObjectRef) -> Result<(), RequestError> {
+        let options = json!({
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": expected.uid, "resourceVersion": expected.resource_version},
+        });
         self.send_raw(
-            Method::POST,
-            &collection_path(),
-            Some(&identity_object(id, labels)),
+            Method::DELETE,
+            &format!("{}/{id}", collection_path()),
+            Some(&options),
         )
         .await
         .map(|_| ())

@@ -16,6 +16,14 @@ pub enum KvSource {
 }
 
 impl KvSource {
+    /// The endpoints this source reads, as a plan and a decision log record them.
+    pub fn endpoints(&self) -> Vec<String> {
+        match self {
+            KvSource::Etcd(o) => o.endpoints.clone(),
+            KvSource::Memory(s) => s.source.endpoints.clone(),
+        }
+    }
+
     /// The kvstore prefix this source reads, as a plan records it.
     pub fn prefix(&self) -> String {
         match self {

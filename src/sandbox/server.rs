@@ -170,10 +170,7 @@ async fn handle(
                     Some(o) => json_response(StatusCode::OK, o),
                     None => not_found(&name),
                 },
-                (Method::DELETE, false) => match shared.store().delete(&name) {
-                    Some(o) => json_response(StatusCode::OK, &o),
-                    None => not_found(&name),
-                },
+                (Method::DELETE, false) => delete_identity(&shared, &name, &body),
                 _ => status(
                     405,
                     "MethodNotAllowed",
@@ -255,6 +252,59 @@ fn invalid(name: &str, causes: Vec<(String, String)>) -> Response<Body> {
         Some(json!({"name": name, "group": GROUP, "kind": KIND,
             "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "field": f, "message": m})).collect::<Vec<_>>()})),
     )
+}
+
+/// DELETE, honouring `DeleteOptions.preconditions` (uid, resourceVersion) as the API server
+/// does: a mismatch is a 409 Conflict, and the object stays.
+fn delete_identity(shared: &Shared, name: &str, body: &[u8]) -> Response<Body> {
+    let options: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid DeleteOptions: {e}"),
+                    None,
+                );
+            }
+        }
+    };
+    let mut store = shared.store();
+    let Some(obj) = store.objects.get(name) else {
+        return not_found(name);
+    };
+    let meta = |field: &str| {
+        obj.pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
+        if let Some(want) = options
+            .pointer(&format!("/preconditions/{field}"))
+            .and_then(Value::as_str)
+        {
+            let have = meta(field);
+            if want != have {
+                let message = format!(
+                    "Operation cannot be fulfilled on {PLURAL}.{GROUP} \"{name}\": StorageError: invalid object, Code: 4, Key: /registry/{GROUP}/{PLURAL}/{name}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"
+                );
+                return status(
+                    409,
+                    "Conflict",
+                    &message,
+                    Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
+                );
+            }
+        }
+    }
+    match store.delete(name) {
+        Some(o) => json_response(StatusCode::OK, &o),
+        None => not_found(name),
+    }
 }
 
 fn create_identity(shared: &Shared, body: &[u8]) -> Response<Body> {

@@ -305,6 +305,7 @@ fn progress_signal_and_stale_commit_results() {
             writes: 4,
             done: 2,
             created: 1,
+            deleted: 0,
             failed: 1,
             retries: 3,
         }),

@@ -211,7 +211,14 @@ async fn plan_then_apply_a_reviewed_plan() {
     assert_eq!(outcome("302")["target_id"], 4000);
     assert_eq!(outcome("303")["outcome"], "mapped");
     assert_eq!(outcome("304")["outcome"], "skipped");
-    for r in &records {
+    // Each run opens with a session line naming what it worked on; every other line is a
+    // decision or an outcome.
+    let (sessions, lines): (Vec<&Value>, Vec<&Value>) =
+        records.iter().partition(|r| r.get("session").is_some());
+    assert_eq!(sessions[0]["session"]["command"], "apply");
+    assert_eq!(sessions[0]["session"]["server"], w.sb.url());
+    assert_eq!(sessions[0]["session"]["kvstore_prefix"], P);
+    for r in &lines {
         for field in ["ts", "operator", "id", "labels", "kind", "decision"] {
             assert!(r[field].is_string(), "{field} in {r}");
         }

@@ -4,6 +4,7 @@ mod cli;
 mod e2e;
 mod etcd;
 mod harness;
+mod record;
 mod reliability;
 mod sandbox;
 mod service;

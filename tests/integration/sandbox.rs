@@ -302,3 +302,62 @@ async fn injects_429_500_drops_and_latency() {
     let (code, _, text) = http(&sb.url(), "GET", IDS, None).await;
     assert_eq!(code, 401, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_preconditions_are_honoured_as_the_api_server_does() {
+    let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
+    let url = sb.url();
+    let body = identity_object(300, &labels("web")).to_string();
+    let (code, _, text) = http(&url, "POST", IDS, Some(&body)).await;
+    assert_eq!(code, 201, "{text}");
+    let created: Value = serde_json::from_str(&text).unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let rv = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let delete = |uid: &str, rv: &str| {
+        json!({"kind": "DeleteOptions", "apiVersion": "v1",
+               "preconditions": {"uid": uid, "resourceVersion": rv}})
+        .to_string()
+    };
+    let path = format!("{IDS}/300");
+    // Another uid: 409 Conflict with a Status body naming both uids; the object stays.
+    let (code, _, text) = http(&url, "DELETE", &path, Some(&delete("other", &rv))).await;
+    let status: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (code, &status["reason"]),
+        (409, &json!("Conflict")),
+        "{text}"
+    );
+    assert!(status["message"].as_str().unwrap().contains(&format!(
+        "UID in precondition: other, UID in object meta: {uid}"
+    )));
+    assert_eq!(status["details"]["name"], "300");
+    // An old resourceVersion: 409 too.
+    let (code, _, text) = http(&url, "DELETE", &path, Some(&delete(&uid, "1"))).await;
+    assert_eq!(code, 409, "{text}");
+    assert!(
+        text.contains("ResourceVersion in precondition: 1"),
+        "{text}"
+    );
+    assert_eq!(sb.objects().len(), 1);
+    // Through the product's client: the same answers, classified.
+    let target = K8sTarget::from_url(&url).unwrap();
+    let wrong = cilium_idmig::io::k8s::ObjectRef {
+        uid: "other".into(),
+        resource_version: rv.clone(),
+    };
+    let e = target.delete_identity(300, &wrong).await.unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+    let (found, _) = target.get_identity_object(300).await.unwrap().unwrap();
+    assert_eq!(
+        (found.uid.as_str(), found.resource_version.as_str()),
+        (uid.as_str(), rv.as_str())
+    );
+    target.delete_identity(300, &found).await.unwrap();
+    assert!(sb.objects().is_empty());
+    // Gone: 404 NotFound.
+    let e = target.delete_identity(300, &found).await.unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+}

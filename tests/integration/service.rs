@@ -65,6 +65,8 @@ async fn preflight_scan_drift_commit_and_export() {
         scope: ClusterScope::new(0, Default::default()).unwrap(),
         log,
         apply: ApplyOptions::default(),
+        command: "test",
+        resume: Vec::new(),
     });
 
     tx.send(Request::Preflight).await.unwrap();

@@ -5,6 +5,7 @@
 pub mod decision;
 mod item;
 pub mod reconcile;
+pub mod resume;
 mod rules;
 pub use decision::{DecidedBy, Decision, WriteSummary, describe};
 pub use item::{Action, Kind, PlanItem, Summary, summarize};

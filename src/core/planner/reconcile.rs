@@ -20,6 +20,18 @@ pub enum OpKind {
     Map,
     /// The operator (or the rules) chose not to migrate it.
     Skip,
+    /// Rollback: DELETE the object this tool created, only if it is still that object
+    /// (uid and resourceVersion preconditions).
+    Delete,
+    /// Rollback: leave the object alone (`reason` says why).
+    Keep,
+}
+
+impl OpKind {
+    /// Whether the operation sends a write to the API server.
+    pub fn writes(self) -> bool {
+        matches!(self, OpKind::Create | OpKind::Delete)
+    }
 }
 
 /// One operation of an apply, with everything the decision log needs.
@@ -33,6 +45,10 @@ pub struct Op {
     pub target_id: Option<u32>,
     /// How the decision was reached.
     pub decided_by: DecidedBy,
+    /// For a delete: the uid and resourceVersion the object must still have.
+    pub expect: Option<(String, String)>,
+    /// For a keep: why.
+    pub reason: Option<String>,
 }
 
 /// Why one item of a plan cannot be applied.
@@ -165,6 +181,8 @@ fn decide(
         op: OpKind::Skip,
         target_id: None,
         decided_by: DecidedBy::of(d, l, accept_proposals),
+        expect: None,
+        reason: None,
     };
     if l.kind == Kind::Invalid {
         if d.action != Action::Skip {

@@ -73,6 +73,13 @@ pub enum Modal {
     Detail {
         index: usize,
     },
+    /// An earlier session left decisions never committed: resume them? (never silently)
+    ResumeOffer {
+        path: std::path::PathBuf,
+        decisions: usize,
+        operator: String,
+        when: String,
+    },
     Message(String),
 }
 

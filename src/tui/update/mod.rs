@@ -128,7 +128,11 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                         model.quit = true;
                     }
                 }
-                Task::DecisionLog | Task::DriftWatch | Task::Export => {}
+                Task::Rollback => {
+                    model.commit.phase = CommitPhase::Done;
+                    model.commit.started = None;
+                }
+                Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
             }
             model.modal = Some(Modal::Message(format!("{task} failed: {error}")));
             vec![]
@@ -166,6 +170,59 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             model.status = "the kvstore was compacted past the watched revision: rescanning".into();
             rescan(model)
         }
+        ServiceEvent::Resumed {
+            generation,
+            from,
+            resumed,
+            dropped,
+        } => {
+            if generation != model.scan.generation {
+                return vec![];
+            }
+            let from: Vec<String> = from.iter().map(|p| p.display().to_string()).collect();
+            model.status = format!(
+                "resumed {resumed} decisions from {}; {} dropped",
+                from.join(", "),
+                dropped.len()
+            );
+            if !dropped.is_empty() {
+                let mut text = format!(
+                    "Resumed {resumed} decisions. {} no longer fit and were dropped (their items keep the fresh proposal):",
+                    dropped.len()
+                );
+                for d in dropped.iter().take(12) {
+                    text.push_str(&format!("\n  {}: {}", d.id, d.reason));
+                }
+                if dropped.len() > 12 {
+                    text.push_str(&format!("\n  ... and {} more", dropped.len() - 12));
+                }
+                model.modal = Some(Modal::Message(text));
+            }
+            vec![]
+        }
+        ServiceEvent::ResumeOffer {
+            path,
+            decisions,
+            operator,
+            when,
+        } => {
+            if model.modal.is_none() {
+                model.modal = Some(Modal::ResumeOffer {
+                    path,
+                    decisions,
+                    operator,
+                    when,
+                });
+            } else {
+                model.status = format!(
+                    "{} holds {decisions} decisions never committed: restart with --resume {} to resume them",
+                    path.display(),
+                    path.display()
+                );
+            }
+            vec![]
+        }
+        ServiceEvent::RollbackPlanned { .. } => vec![],
         ServiceEvent::Exported { paths } => {
             let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));

@@ -17,6 +17,18 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
     }
     match modal {
         Modal::Help | Modal::Message(_) => vec![],
+        Modal::ResumeOffer { path, .. } => {
+            if key.code != KeyCode::Char('y') {
+                model.status = format!("starting fresh; {} is left as it is", path.display());
+                return vec![];
+            }
+            model.scan.generation += 1;
+            model.scan.scanning = true;
+            vec![Command::Send(ServiceRequest::Resume {
+                generation: model.scan.generation,
+                paths: vec![path],
+            })]
+        }
         Modal::Detail { index } => {
             // Enter on a conflict goes on to review it; any other key closes.
             if key.code == KeyCode::Enter && model.cluster.items[index].kind.is_conflict() {

@@ -206,7 +206,29 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             6,
         ),
         Modal::Detail { index } => detail(model, *index, area),
-        Modal::Message(m) => (" Note (any key closes) ", vec![Line::raw(m.clone())], 4),
+        Modal::ResumeOffer {
+            path,
+            decisions,
+            operator,
+            when,
+        } => (
+            " Resume an earlier review? ",
+            vec![
+                Line::raw(format!(
+                    "{} ({operator}, started {when}) holds {decisions} decisions for this cluster that were never committed.",
+                    path.display()
+                )),
+                Line::raw(
+                    "y: resume them (each is checked again against the cluster as it is now) · any other key: start fresh",
+                ),
+            ],
+            5,
+        ),
+        Modal::Message(m) => {
+            let lines: Vec<Line> = m.lines().map(|l| Line::raw(l.to_string())).collect();
+            let h = lines.len() as u16 + 3;
+            (" Note (any key closes) ", lines, h)
+        }
     };
     let rect = centered(area, 96, h + 1);
     frame.render_widget(Clear, rect);

@@ -1,0 +1,214 @@
+//! Rollback: plans the deletion of exactly the objects earlier runs created, from their
+//! decision logs. An object is deleted only if it still has the uid the run recorded and the
+//! same security labels (and then with uid and resourceVersion preconditions); anything else
+//! (there before the run, made by someone else, deleted and created again, labels changed)
+//! is kept, with why.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use futures::StreamExt;
+
+use crate::core::labels::canonical_key;
+use crate::core::outcome::Outcome;
+use crate::core::planner::{DecidedBy, Op, OpKind};
+use crate::error::Result;
+use crate::io::decision_log::Record;
+use crate::io::k8s::K8sTarget;
+
+/// Reads to check the objects, in flight at once.
+const READS_IN_FLIGHT: usize = 32;
+
+/// What the logs say this tool created and has not rolled back yet: per object name, the
+/// `created` record.
+pub fn created_by_runs(paths: &[PathBuf]) -> Result<BTreeMap<u32, Record>> {
+    let mut created: BTreeMap<u32, Record> = BTreeMap::new();
+    for p in paths {
+        for r in super::flows::read_log(p)?.records {
+            let Some(target) = r.target_id else { continue };
+            match r.outcome {
+                Some(Outcome::Created) => {
+                    created.insert(target, r);
+                }
+                Some(Outcome::Deleted | Outcome::AlreadyGone) => {
+                    created.remove(&target);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// One operation per object the logs say was created: delete it if it is still exactly that
+/// object (uid, labels), keep it otherwise. Reads each object once, now.
+pub async fn plan(target: &K8sTarget, paths: &[PathBuf]) -> Result<Vec<Op>> {
+    let created = created_by_runs(paths)?;
+    let target_ref = &target;
+    let mut ops: Vec<Op> = futures::stream::iter(created)
+        .map(|(name, rec)| async move {
+            let found = target_ref.get_identity_object(name).await.map_err(|e| {
+                crate::Error::kube(target_ref.server.clone(), &format!("reading {name}"), e)
+            })?;
+            Ok::<_, crate::Error>(decide(name, rec, found))
+        })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    ops.sort_by_key(|o| o.target_id);
+    Ok(ops)
+}
+
+/// The rule for one object, given what is there now.
+fn decide(
+    name: u32,
+    rec: Record,
+    found: Option<(
+        crate::io::k8s::ObjectRef,
+        crate::core::labels::SecurityLabels,
+    )>,
+) -> Op {
+    let mut op = Op {
+        id: rec.id.clone(),
+        label_key: rec.labels.clone(),
+        kind: rec.kind,
+        op: OpKind::Keep,
+        target_id: Some(name),
+        decided_by: DecidedBy::Rule,
+        expect: None,
+        reason: None,
+    };
+    let keep = |mut op: Op, why: String| {
+        op.reason = Some(why);
+        op
+    };
+    let Some(uid) = rec.uid.clone().filter(|u| !u.is_empty()) else {
+        return keep(
+            op,
+            "the run that created it did not record its uid (an older version of this tool): not deleted".into(),
+        );
+    };
+    match found {
+        // Gone already: the delete finds a 404 and records it as already gone.
+        None => {
+            op.op = OpKind::Delete;
+            op.decided_by = DecidedBy::Operator;
+            op.expect = Some((uid, String::new()));
+            op
+        }
+        Some((meta, _)) if meta.uid != uid => keep(
+            op,
+            format!(
+                "deleted and created again since (uid {} now, the run created {uid}): not this tool's object",
+                meta.uid
+            ),
+        ),
+        Some((_, labels)) if canonical_key(&labels) != rec.labels => keep(
+            op,
+            format!(
+                "its security labels changed since the run created it (now {}): not deleted",
+                canonical_key(&labels)
+            ),
+        ),
+        Some((meta, _)) => {
+            op.op = OpKind::Delete;
+            op.decided_by = DecidedBy::Operator;
+            op.expect = Some((uid, meta.resource_version));
+            op
+        }
+    }
+}
+
+/// Counts of a rollback plan, for the review before `--yes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollbackSummary {
+    pub delete: usize,
+    pub gone: usize,
+    pub keep: usize,
+}
+
+pub fn summarize(ops: &[Op]) -> RollbackSummary {
+    let mut s = RollbackSummary::default();
+    for op in ops {
+        match (op.op, &op.expect) {
+            (OpKind::Delete, Some((_, rv))) if rv.is_empty() => s.gone += 1,
+            (OpKind::Delete, _) => s.delete += 1,
+            _ => s.keep += 1,
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::planner::Kind;
+    use crate::io::k8s::ObjectRef;
+
+    fn created(uid: Option<&str>) -> Record {
+        let mut r = Record::new(
+            "300",
+            "k8s:app=a;",
+            Kind::Create,
+            "create (proposal)".into(),
+            Some(300),
+        );
+        r.outcome = Some(Outcome::Created);
+        r.uid = uid.map(str::to_string);
+        r
+    }
+
+    fn labels(key: &str) -> crate::core::labels::SecurityLabels {
+        crate::core::labels::to_security_labels(&crate::core::labels::parse_label_key(key).unwrap())
+    }
+
+    fn obj(uid: &str, rv: &str) -> ObjectRef {
+        ObjectRef {
+            uid: uid.into(),
+            resource_version: rv.into(),
+        }
+    }
+
+    #[test]
+    fn only_the_object_the_run_created_is_deleted() {
+        let op = decide(
+            300,
+            created(Some("u1")),
+            Some((obj("u1", "9"), labels("k8s:app=a;"))),
+        );
+        assert_eq!(op.op, OpKind::Delete);
+        assert_eq!(op.expect, Some(("u1".into(), "9".into())));
+        let op = decide(
+            300,
+            created(Some("u1")),
+            Some((obj("u2", "9"), labels("k8s:app=a;"))),
+        );
+        assert_eq!(op.op, OpKind::Keep);
+        assert!(op.reason.unwrap().contains("created again"));
+        let op = decide(
+            300,
+            created(Some("u1")),
+            Some((obj("u1", "9"), labels("k8s:app=b;"))),
+        );
+        assert_eq!(op.op, OpKind::Keep);
+        assert!(op.reason.unwrap().contains("labels changed"));
+        let op = decide(
+            300,
+            created(None),
+            Some((obj("u1", "9"), labels("k8s:app=a;"))),
+        );
+        assert_eq!(op.op, OpKind::Keep);
+        let gone = decide(300, created(Some("u1")), None);
+        assert_eq!(gone.op, OpKind::Delete);
+        assert_eq!(
+            summarize(&[op, gone]),
+            RollbackSummary {
+                delete: 0,
+                gone: 1,
+                keep: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,340 @@
+//! Resuming decisions recorded in decision logs: reading each line's decision back, replaying
+//! decisions and undos in order, and re-applying what is left to a fresh plan with the same
+//! rules as a hand-edited plan. Those that no longer fit are dropped, each with why. Pure.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::decision::DecidedBy;
+use super::item::{Action, Kind, PlanItem};
+use super::reconcile::reconcile;
+use crate::core::labels::LabelKey;
+use crate::core::range::IdRange;
+
+/// A decision read back from a log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedDecision {
+    pub id: String,
+    /// The label key the decision was made on.
+    pub labels: String,
+    pub action: Action,
+    pub target_id: Option<u32>,
+}
+
+/// What one log line means for a resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogStep {
+    Decide(LoggedDecision),
+    /// The operator undid their last decision on this id.
+    Undo {
+        id: String,
+    },
+}
+
+/// Reads the `decision` text of a log line. The TUI writes `"<name> (<action> <target>)"`
+/// (`describe`); apply writes `"<op> (<who>)"` before a write and with each outcome. Only a
+/// person's decisions (or `--accept-proposals`) are resumed: a proposal taken as it is gets
+/// proposed again by the fresh plan.
+pub fn step_of(id: &str, labels: &str, decision: &str, target_id: Option<u32>) -> Option<LogStep> {
+    let (name, rest) = decision.split_once(" (")?;
+    let inner = rest.strip_suffix(')')?;
+    let decide = |action, target_id| {
+        Some(LogStep::Decide(LoggedDecision {
+            id: id.to_string(),
+            labels: labels.to_string(),
+            action,
+            target_id,
+        }))
+    };
+    if let Some((action, target)) = inner.split_once(' ') {
+        // The TUI's form.
+        if name == "undo" {
+            return Some(LogStep::Undo { id: id.to_string() });
+        }
+        let action = match action {
+            "create" => Action::Create,
+            "none" => Action::None,
+            "skip" => Action::Skip,
+            _ => return None,
+        };
+        let target = match target {
+            "-" => None,
+            t => Some(t.parse().ok()?),
+        };
+        return decide(action, target);
+    }
+    // Apply's form: only decisions a person made (or asked for with --accept-proposals).
+    let person = [DecidedBy::Operator, DecidedBy::AcceptProposals]
+        .iter()
+        .any(|who| who.as_str() == inner);
+    if !person {
+        return None;
+    }
+    let action = match name {
+        "create" => Action::Create,
+        "map" | "none" => Action::None,
+        "skip" => Action::Skip,
+        _ => return None,
+    };
+    decide(action, target_id)
+}
+
+/// The decision in force per id after replaying `steps` in order (an undo takes back the
+/// last decision on its id).
+pub fn replay(steps: impl IntoIterator<Item = LogStep>) -> BTreeMap<String, LoggedDecision> {
+    let mut stacks: BTreeMap<String, Vec<LoggedDecision>> = BTreeMap::new();
+    for step in steps {
+        match step {
+            LogStep::Decide(d) => stacks.entry(d.id.clone()).or_default().push(d),
+            LogStep::Undo { id } => {
+                if let Some(s) = stacks.get_mut(&id) {
+                    s.pop();
+                }
+            }
+        }
+    }
+    stacks
+        .into_iter()
+        .filter_map(|(id, mut s)| s.pop().map(|d| (id, d)))
+        .collect()
+}
+
+/// A recorded decision that was not resumed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    pub id: String,
+    pub reason: String,
+}
+
+/// A fresh plan with the recorded decisions that still fit.
+#[derive(Debug, Clone, Default)]
+pub struct Resumed {
+    pub items: Vec<PlanItem>,
+    pub resumed: usize,
+    pub dropped: Vec<Dropped>,
+}
+
+/// Applies `decisions` to the fresh plan `live`, matching by kvstore id and label key, and
+/// re-validates them as `reconcile` does a hand-edited plan; a decision that no longer fits
+/// (the entry changed, its target id was taken meanwhile, ...) is dropped and its item keeps
+/// the fresh proposal.
+pub fn resume(
+    live: &[PlanItem],
+    decisions: &BTreeMap<String, LoggedDecision>,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+) -> Resumed {
+    let index: HashMap<&str, usize> = live
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (item.id.as_str(), i))
+        .collect();
+    let mut items = live.to_vec();
+    let mut dropped = Vec::new();
+    let mut resumed: HashSet<usize> = HashSet::new();
+    for (id, d) in decisions {
+        let Some(&i) = index.get(id.as_str()) else {
+            dropped.push(drop(id, "no longer in the kvstore"));
+            continue;
+        };
+        let item = &mut items[i];
+        if item.labels != d.labels {
+            dropped.push(drop(
+                id,
+                "its labels in the kvstore changed since the decision",
+            ));
+            continue;
+        }
+        if item.kind == Kind::Invalid {
+            dropped.push(drop(id, &format!("is invalid now ({})", item.reason)));
+            continue;
+        }
+        item.action = d.action;
+        item.target_id = d.target_id;
+        item.decided = true;
+        resumed.insert(i);
+    }
+    // Re-validate as a hand-edited plan; each refusal of a resumed item drops it (back to the
+    // fresh proposal) and the rest is checked again, since one decision can block another.
+    for _ in 0..8 {
+        let Err(errors) = reconcile(&items, live, k8s, range, true) else {
+            break;
+        };
+        let mut changed = false;
+        for e in errors {
+            if let Some(&i) = index.get(e.id.as_str())
+                && resumed.remove(&i)
+            {
+                items[i] = live[i].clone();
+                dropped.push(drop(&e.id, &e.reason));
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    dropped.sort_by(|a, b| a.id.cmp(&b.id));
+    Resumed {
+        items,
+        resumed: resumed.len(),
+        dropped,
+    }
+}
+
+fn drop(id: &str, reason: &str) -> Dropped {
+    Dropped {
+        id: id.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::kvstore::MasterEntry;
+    use crate::core::planner::{describe, plan};
+
+    const A: &str = "k8s:app=a;";
+    const B: &str = "k8s:app=b;";
+    const C: &str = "k8s:app=c;";
+
+    fn range() -> IdRange {
+        IdRange::for_cluster(0).unwrap()
+    }
+
+    #[test]
+    fn reads_back_what_the_tui_and_apply_write() {
+        let mut item = plan(
+            &[MasterEntry::new("300", A)],
+            &HashMap::new(),
+            &BTreeMap::new(),
+            range(),
+        )
+        .remove(0);
+        item.target_id = Some(400);
+        let text = describe("edit", &item);
+        assert_eq!(
+            step_of("300", A, &text, Some(400)),
+            Some(LogStep::Decide(LoggedDecision {
+                id: "300".into(),
+                labels: A.into(),
+                action: Action::Create,
+                target_id: Some(400)
+            }))
+        );
+        assert_eq!(
+            step_of("300", A, "undo (create 300)", Some(300)),
+            Some(LogStep::Undo { id: "300".into() })
+        );
+        assert!(matches!(
+            step_of("301", B, "skip (operator)", None),
+            Some(LogStep::Decide(LoggedDecision {
+                action: Action::Skip,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            step_of("301", B, "map (accept-proposals)", Some(900)),
+            Some(LogStep::Decide(LoggedDecision {
+                action: Action::None,
+                target_id: Some(900),
+                ..
+            }))
+        ));
+        // A proposal taken as it is is proposed again by a fresh plan: nothing to resume.
+        assert_eq!(step_of("301", B, "create (proposal)", Some(301)), None);
+        assert_eq!(step_of("301", B, "garbage", None), None);
+        assert_eq!(step_of("301", B, "edit (create x)", None), None);
+    }
+
+    #[test]
+    fn undo_takes_back_the_last_decision_on_its_id() {
+        let d = |id: &str, t: u32| {
+            LogStep::Decide(LoggedDecision {
+                id: id.into(),
+                labels: A.into(),
+                action: Action::Create,
+                target_id: Some(t),
+            })
+        };
+        let undo = |id: &str| LogStep::Undo { id: id.into() };
+        let r = replay([
+            d("1", 400),
+            d("1", 401),
+            undo("1"),
+            d("2", 500),
+            undo("2"),
+            undo("2"),
+        ]);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r["1"].target_id, Some(400));
+    }
+
+    #[test]
+    fn decisions_that_no_longer_fit_are_dropped_with_why() {
+        // 300 and 301 are remaps (their ids are taken by other labels); 302 a plain create.
+        let masters = [
+            MasterEntry::new("300", A),
+            MasterEntry::new("301", B),
+            MasterEntry::new("302", C),
+        ];
+        let mut k8s = BTreeMap::new();
+        k8s.insert(300, "k8s:app=x;".to_string());
+        k8s.insert(301, "k8s:app=y;".to_string());
+        let decide = |id: &str, labels: &str, action, t| {
+            (
+                id.to_string(),
+                LoggedDecision {
+                    id: id.into(),
+                    labels: labels.into(),
+                    action,
+                    target_id: t,
+                },
+            )
+        };
+        let mut decisions: BTreeMap<String, LoggedDecision> = [
+            decide("300", A, Action::Create, Some(5000)),
+            // Meanwhile id 6000 was taken in Kubernetes by other labels.
+            decide("301", B, Action::Create, Some(6000)),
+            // The entry's labels changed since.
+            decide("302", "k8s:app=old;", Action::Skip, None),
+            decide("399", A, Action::Skip, None),
+        ]
+        .into_iter()
+        .collect();
+        k8s.insert(6000, "k8s:app=z;".to_string());
+        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let r = resume(&live, &decisions, &k8s, range());
+        assert_eq!(r.resumed, 1);
+        let item = |id: &str| r.items.iter().find(|i| i.id == id).unwrap();
+        assert_eq!(
+            (item("300").target_id, item("300").decided),
+            (Some(5000), true)
+        );
+        assert_eq!(item("301"), live.iter().find(|i| i.id == "301").unwrap());
+        let why: Vec<(&str, &str)> = r
+            .dropped
+            .iter()
+            .map(|d| (d.id.as_str(), d.reason.as_str()))
+            .collect();
+        assert_eq!(why.len(), 3, "{why:?}");
+        assert!(
+            why[0].0 == "301" && why[0].1.contains("taken in Kubernetes"),
+            "{why:?}"
+        );
+        assert!(why[1].0 == "302" && why[1].1.contains("labels"), "{why:?}");
+        assert!(
+            why[2].0 == "399" && why[2].1.contains("no longer"),
+            "{why:?}"
+        );
+        // Two resumed decisions claiming one id: both are refused, both keep the proposal.
+        decisions.clear();
+        decisions.extend([
+            decide("300", A, Action::Create, Some(7000)),
+            decide("301", B, Action::Create, Some(7000)),
+        ]);
+        let r = resume(&live, &decisions, &k8s, range());
+        assert_eq!(r.resumed, 0);
+        assert_eq!(r.items, live);
+    }
+}

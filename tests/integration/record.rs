@@ -1,0 +1,396 @@
+//! The decision log as the record: resuming a review (headless and in the TUI, after a quit
+//! and after SIGKILL, with the cluster changed in between), and rolling back exactly what a
+//! run created, against the real etcd and the sandbox.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use cilium_idmig::core::labels::{parse_label_key, to_security_labels};
+use cilium_idmig::sandbox::{FaultConfig, SandboxConfig};
+
+use crate::e2e::{World, log_records, seed_every_kind};
+use crate::harness::{Tmux, bin, http};
+
+const P: &str = "cilium/state/identities/v1";
+const IDS: &str = "/apis/cilium.io/v2/ciliumidentities";
+
+/// Appends TUI-style decision lines, as an operator's review leaves them.
+fn write_decisions(path: &Path, lines: &[(&str, &str, &str, &str, Option<u32>)]) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    for (id, labels, kind, decision, target) in lines {
+        let v = serde_json::json!({
+            "ts": "2026-11-30T10:00:00Z", "operator": "alice@bastion", "id": id,
+            "labels": labels, "kind": kind, "decision": decision, "target_id": target,
+            "outcome": null, "error": null,
+        });
+        writeln!(f, "{v}").unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_resume_replays_recorded_decisions_and_lists_those_that_no_longer_fit() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let review = w.dir.path().join("review.jsonl");
+    let c = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
+    let e = "k8s:app=e;reserved:host=;k8s:io.kubernetes.pod.namespace=shop;";
+    write_decisions(
+        &review,
+        &[
+            // The remap 302 goes to 4000, then to 4001, undone back to 4000.
+            ("302", c, "remap", "edit (create 4000)", Some(4000)),
+            ("302", c, "remap", "edit (create 4001)", Some(4001)),
+            ("302", c, "remap", "undo (create 4000)", Some(4000)),
+            // The duplicate 304 is skipped.
+            ("304", e, "duplicate", "skip (skip -)", None),
+            // A decision on labels that are no longer what the kvstore holds.
+            ("301", "k8s:app=old;", "create", "skip (skip -)", None),
+        ],
+    );
+    let log = w.path("apply.jsonl");
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--resume",
+            &review.display().to_string(),
+            "--decision-log",
+            &log,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("resumed 2 recorded decisions; 1 dropped"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("decision on 301 was dropped: its labels"),
+        "{}",
+        r.stdout
+    );
+    let state = w.state();
+    assert!(state.contains_key("4000"), "the resumed edit: {state:?}");
+    assert!(!state.contains_key("4001"), "the undone edit");
+    assert!(!state.contains_key("304"), "the resumed skip");
+    assert!(
+        state.contains_key("301"),
+        "the dropped decision's item takes its proposal"
+    );
+    // --plan and --resume together are refused before anything is read.
+    let r = w
+        .cli(&["apply", "--yes", "--plan", "x.json", "--resume", "y.jsonl"])
+        .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rollback_deletes_exactly_what_the_run_created() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    for i in 0..20u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 1000 + i),
+                format!("k8s:app=n{i};").as_bytes(),
+            )
+            .await;
+    }
+    let before = w.sb.objects();
+    let log = w.path("run.jsonl");
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &log,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let created: Vec<Value> = log_records(Path::new(&log))
+        .into_iter()
+        .filter(|r| r["outcome"] == "created")
+        .collect();
+    assert!(created.len() >= 20);
+    assert!(
+        created
+            .iter()
+            .all(|r| r["uid"].as_str().is_some_and(|u| !u.is_empty())),
+        "uid recorded"
+    );
+    assert!(created.iter().all(|r| r["resource_version"].is_string()));
+    // Meanwhile: 1000 deleted by hand, 1001 deleted and created again by someone else, and
+    // 1002's labels changed by an update.
+    let url = w.sb.url();
+    let (code, _, _) = http(&url, "DELETE", &format!("{IDS}/1000"), None).await;
+    assert_eq!(code, 200);
+    let (code, _, _) = http(&url, "DELETE", &format!("{IDS}/1001"), None).await;
+    assert_eq!(code, 200);
+    w.sb.seed_identity(
+        1001,
+        &to_security_labels(&parse_label_key("k8s:app=n1;").unwrap()),
+    );
+    w.sb.seed_identity(
+        1999,
+        &to_security_labels(&parse_label_key("k8s:app=other;").unwrap()),
+    );
+    let mut changed = w.sb.objects()["1002"].clone();
+    changed["security-labels"] = serde_json::json!({"k8s:app": "changed"});
+    w.sb.seed_raw("1002", changed);
+
+    // The plan changes nothing.
+    let r = w.cli(&["rollback", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("already-gone 1000"), "{}", r.stdout);
+    assert!(r.stdout.contains("keep         1001"), "{}", r.stdout);
+    assert!(r.stdout.contains("created again"), "{}", r.stdout);
+    assert!(r.stdout.contains("keep         1002"), "{}", r.stdout);
+    assert!(r.stdout.contains("nothing was changed"), "{}", r.stdout);
+    let n = w.sb.objects().len();
+    // With --yes: the run's objects go; what was there before, or is someone else's, stays.
+    let r = w.cli(&["rollback", "--decision-log", &log, "--yes"]).await;
+    assert_eq!(
+        r.code, 1,
+        "kept objects make it exit 1: {}{}",
+        r.stdout, r.stderr
+    );
+    assert!(r.stdout.contains("kept 2"), "{}", r.stdout);
+    let after = w.sb.objects();
+    assert!(after.len() < n);
+    for (name, obj) in &before {
+        assert_eq!(after.get(name), Some(obj), "pre-existing {name} untouched");
+    }
+    assert!(after.contains_key("1001") && after.contains_key("1002") && after.contains_key("1999"));
+    for r in &created {
+        let name = r["target_id"].to_string();
+        if !["1001", "1002"].contains(&name.as_str()) {
+            assert!(
+                !after.contains_key(&name),
+                "{name} was the run's and is deleted"
+            );
+        }
+    }
+    let records = log_records(Path::new(&log));
+    let outcome = |name: u32, o: &str| {
+        records
+            .iter()
+            .any(|r| r["target_id"] == name && r["outcome"] == o)
+    };
+    assert!(outcome(1000, "already-gone"));
+    assert!(outcome(1001, "kept") && outcome(1002, "kept"));
+    assert!(outcome(1003, "deleted"));
+    // verify reads the rollback: rolled back, not missing.
+    let r = w.cli(&["verify", "--decision-log", &log]).await;
+    assert_eq!(r.code, 1);
+    assert!(r.stdout.contains("rolled-back"), "{}", r.stdout);
+    assert!(
+        !r.stdout.lines().any(|l| l.starts_with("missing")),
+        "{}",
+        r.stdout
+    );
+    // A second rollback finds nothing more to delete and deletes nothing.
+    let r = w.cli(&["rollback", "--decision-log", &log, "--yes"]).await;
+    assert!(r.stdout.contains("deleted 0"), "{}", r.stdout);
+    assert_eq!(w.sb.objects(), after);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollback_killed_midway_finishes_on_a_rerun() {
+    let w = World::new(SandboxConfig::default()).await;
+    for i in 0..400u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 2000 + i),
+                format!("k8s:app=k{i};").as_bytes(),
+            )
+            .await;
+    }
+    let log = w.path("run.jsonl");
+    let r = w.cli(&["apply", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(w.sb.objects().len(), 400);
+    w.sb.set_faults(FaultConfig {
+        latency: Duration::from_millis(20),
+        ..Default::default()
+    });
+    let kc = w.path("kubeconfig");
+    let mut child = tokio::process::Command::new(bin())
+        .current_dir(w.dir.path())
+        .args([
+            "rollback",
+            "--yes",
+            "--decision-log",
+            &log,
+            "--concurrency",
+            "4",
+        ])
+        .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+        .spawn()
+        .unwrap();
+    // Kill it once some deletions have gone through.
+    let started = std::time::Instant::now();
+    while w.sb.objects().len() > 350 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let left = w.sb.objects().len();
+    assert!(left > 0 && left < 400, "killed midway: {left} left");
+    w.sb.set_faults(FaultConfig::default());
+    let r = w.cli(&["rollback", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        w.sb.objects().is_empty(),
+        "everything the run created is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rollback_needs_its_own_role() {
+    let w = World::new(SandboxConfig {
+        denied: vec![("delete".into(), "ciliumidentities".into())],
+        ..Default::default()
+    })
+    .await;
+    let log = w.path("run.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let r = w.cli(&["rollback", "--decision-log", &log, "--yes"]).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("assets/clusterrole-rollback.yaml"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// The TUI against the real etcd and the sandbox, in `dir`, under tmux.
+fn tui(w: &World, name: &str, extra: &str) -> Tmux {
+    let cmd = format!(
+        "cd {} && {} tui --etcd-endpoints {} --kubeconfig {} {extra}; echo EXITED $?; sleep 600",
+        w.dir.path().display(),
+        bin(),
+        w.etcd.endpoint,
+        w.path("kubeconfig"),
+    );
+    Tmux::start(name, &cmd)
+}
+
+/// The undecided conflicts' ids in the order `n` steps through them.
+fn decide_remap(t: &Tmux) -> String {
+    for _ in 0..50 {
+        let s = t.screen();
+        if let Some(line) = s.lines().find(|l| l.contains("kvstore id"))
+            && line.contains(" remap ")
+            && line.contains("needs a decision")
+        {
+            return line
+                .split("kvstore id ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+        }
+        t.keys(&["n"]);
+    }
+    panic!("no undecided remap:\n{}", t.screen());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_review_resumes_after_a_quit_and_after_sigkill() {
+    let w = World::new(SandboxConfig::default()).await;
+    // Three remaps: 300..302 are taken in Kubernetes by other labels.
+    for i in 0..3u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 300 + i),
+                format!("k8s:app=r{i};").as_bytes(),
+            )
+            .await;
+        w.sb.seed_identity(
+            300 + i,
+            &to_security_labels(&parse_label_key(&format!("k8s:app=x{i};")).unwrap()),
+        );
+    }
+    // First session: edit one remap to 5000, skip another, quit.
+    let t = tui(&w, "resume1", "");
+    t.wait_for("scanned 3 identities", 30);
+    t.keys(&["3"]);
+    let edited = decide_remap(&t);
+    t.keys(&["e", "C-u", "5", "0", "0", "0", "Enter"]);
+    t.wait_for("edit", 5);
+    let skipped = decide_remap(&t);
+    t.keys(&["s", "q"]);
+    let s = t.wait_for("EXITED 0", 10);
+    let log = s
+        .lines()
+        .find_map(|l| l.strip_prefix("decision log: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    drop(t);
+    // Meanwhile the skipped identity's labels change in the kvstore.
+    w.etcd
+        .put(&format!("{P}/id/{skipped}"), b"k8s:app=changed;")
+        .await;
+    // Names carry the start second: the next session's log must get another name.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Second session, no --resume: it offers the earlier log (never silently).
+    let t = tui(&w, "resume2", "");
+    let s = t.wait_for("Resume an earlier review?", 30);
+    assert!(s.contains("2 decisions"), "{s}");
+    t.keys(&["y"]);
+    let s = t.wait_for("resumed 1 decisions", 30);
+    assert!(s.contains("1 dropped"), "{s}");
+    let s = t.wait_for("labels in the kvstore changed", 5);
+    assert!(s.contains(&skipped), "{s}");
+    t.keys(&["Space", "3"]);
+    let s = t.wait_for("kvstore id", 5);
+    let _ = s;
+    // The resumed edit holds: the identity is decided at 5000.
+    t.keys(&["2"]);
+    let s = t.wait_for(&format!("{edited} "), 5);
+    assert!(s.contains("→5000"), "{s}");
+    // Kill it mid-review, without a chance to clean up.
+    t.keys(&["3"]);
+    let third = decide_remap(&t);
+    t.keys(&["e", "C-u", "6", "0", "0", "0", "Enter"]);
+    t.wait_for("edit", 5);
+    let pid = t
+        .cmd(&["display", "-p", "-t", "t", "#{pane_pid}"])
+        .trim()
+        .to_string();
+    std::process::Command::new("pkill")
+        .args(["-KILL", "-P", &pid, "-f", "cilium-idmig"])
+        .status()
+        .unwrap();
+    t.wait_for("EXITED 137", 10);
+    drop(t);
+    let logs: Vec<String> = std::fs::read_dir(w.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cilium-idmig-decisions-"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    let newest = logs.iter().max().unwrap();
+    assert_ne!(newest, &log);
+    // Third session with --resume of both logs: the edit made before the kill is back.
+    let resume = format!("--resume {log} --resume {newest}");
+    let t = tui(&w, "resume3", &resume);
+    t.wait_for("resumed 2 decisions", 30);
+    t.keys(&["Space", "2"]);
+    let s = t.wait_for(&format!("{third} "), 5);
+    assert!(s.contains("→6000") && s.contains("→5000"), "{s}");
+    t.keys(&["q"]);
+    t.wait_for("EXITED 0", 10);
+}

@@ -209,6 +209,27 @@ async fn rbac_checks(
     checks
 }
 
+/// Refuses, naming every missing rule and the role that grants it, unless the rollback role's
+/// rules are all allowed.
+pub async fn require_rollback_rights(target: &K8sTarget) -> crate::Result<()> {
+    let denied: Vec<String> = rollback_checks(target)
+        .await
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| {
+            let fix = c.fix.map(|f| format!("; {f}")).unwrap_or_default();
+            format!("  {}: {}{fix}", c.name, c.detail)
+        })
+        .collect();
+    if denied.is_empty() {
+        return Ok(());
+    }
+    Err(crate::Error::Refused(format!(
+        "rollback is not allowed here, nothing was deleted:\n{}",
+        denied.join("\n")
+    )))
+}
+
 /// What a rollback needs, and only a rollback: the rules of the rollback role.
 pub async fn rollback_checks(target: &K8sTarget) -> Vec<Check> {
     let rules = rollback_rules()

@@ -270,7 +270,11 @@ async fn run(
             ServiceRequest::PlanRollback { generation, logs } => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let ev = match super::rollback::plan(&cfg.target, &logs).await {
+                    let planned = async {
+                        super::preflight::require_rollback_rights(&cfg.target).await?;
+                        super::rollback::plan(&cfg.target, &logs).await
+                    };
+                    let ev = match planned.await {
                         Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
                         Err(e) => ServiceEvent::failed(generation, Task::Rollback, e),
                     };

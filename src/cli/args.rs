@@ -59,6 +59,10 @@ pub struct TuiArgs {
     /// again against the cluster as it is now, and those that no longer fit are listed.
     #[arg(long)]
     pub resume: Vec<PathBuf>,
+    /// Open the rollback of the runs recorded in these decision logs (repeatable) instead of
+    /// a migration: review what would be deleted, then type yes.
+    #[arg(long, conflicts_with = "resume")]
+    pub rollback: Vec<PathBuf>,
 }
 
 #[derive(Subcommand)]

@@ -136,7 +136,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 demo_headless(world, decision_log).await
             } else {
                 let opts = ApplyOptions::default();
-                interactive(world, decision_log, opts, Vec::new(), Finish::Demo).await
+                interactive(world, decision_log, opts, Session::default(), Finish::Demo).await
             }
         }
         CliCommand::Tui(TuiArgs {
@@ -144,6 +144,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             tuning,
             decision_log,
             resume,
+            rollback,
         }) => {
             let world = World {
                 scope: conn.scope()?,
@@ -153,7 +154,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let finish = Finish::Apply {
                 bin_name: bin_name.to_string(),
             };
-            interactive(world, decision_log, tuning.options(), resume, finish).await
+            let session = Session { resume, rollback };
+            interactive(world, decision_log, tuning.options(), session, finish).await
         }
         CliCommand::Rollback {
             conn,
@@ -297,26 +299,7 @@ async fn rollback(
     json: bool,
 ) -> anyhow::Result<Exit> {
     let target = conn.target().await?;
-    let denied: Vec<String> = preflight::rollback_checks(&target)
-        .await
-        .into_iter()
-        .filter(|c| !c.ok)
-        .map(|c| {
-            format!(
-                "  {}: {}{}",
-                c.name,
-                c.detail,
-                c.fix.map(|f| format!("; {f}")).unwrap_or_default()
-            )
-        })
-        .collect();
-    if !denied.is_empty() {
-        return Err(cilium_idmig::Error::Refused(format!(
-            "rollback is not allowed here, nothing was deleted:\n{}",
-            denied.join("\n")
-        ))
-        .into());
-    }
+    preflight::require_rollback_rights(&target).await?;
     if !yes {
         let ops = printer::reading(
             "reading the objects the runs created",
@@ -366,23 +349,38 @@ enum Finish {
     Demo,
 }
 
+/// What the TUI session does besides a fresh migration.
+#[derive(Default)]
+struct Session {
+    resume: Vec<PathBuf>,
+    rollback: Vec<PathBuf>,
+}
+
 async fn interactive(
     world: World,
     log_path: Option<PathBuf>,
     apply: ApplyOptions,
-    resume: Vec<PathBuf>,
+    session: Session,
     finish: Finish,
 ) -> anyhow::Result<Exit> {
-    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    // A rollback's lines go to the newest of its logs unless another is named.
+    let log_path = log_path
+        .or_else(|| session.rollback.last().cloned())
+        .unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
     let range = world.scope.range;
-    let handle = world.service("tui", log, apply, resume);
+    let command = if session.rollback.is_empty() {
+        "tui"
+    } else {
+        "rollback"
+    };
+    let handle = world.service(command, log, apply, session.resume);
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    let summary = cilium_idmig::tui::run(range, no_color, handle).await?;
+    let summary = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
     // What stays on the terminal: what the last commit did, and how to finish it.
     if let Some(s) = summary {
         println!("{s}");
-        if s.unfinished() {
+        if s.unfinished() && s.rollback.is_none() {
             match &finish {
                 Finish::Apply { bin_name } => println!(
                     "to finish: {}",

@@ -66,6 +66,7 @@ use KeyCode::*;
 const LIST: Scope = Scope::On(Screen::Identities);
 const CONF: Scope = Scope::On(Screen::Conflicts);
 const COMMIT: Scope = Scope::On(Screen::Commit);
+const ROLLBACK: Scope = Scope::On(Screen::Rollback);
 
 pub const BINDINGS: &[Binding] = &[
     Binding {
@@ -339,6 +340,70 @@ pub const BINDINGS: &[Binding] = &[
         short: "retry/resume",
         action: KeyAction::Retry,
         help: "retry failed items, or resume a paused commit",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Enter, N), (Char('c'), N)],
+        label: "Enter",
+        short: "delete",
+        action: KeyAction::Commit,
+        help: "delete what is marked delete: asks you to type yes",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Char('c'), C)],
+        label: "Ctrl-C",
+        short: "stop+quit",
+        action: KeyAction::Stop,
+        help: "stop deleting, then quit: in-flight deletes finish",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Char('p'), N)],
+        label: "p",
+        short: "pause",
+        action: KeyAction::Pause,
+        help: "pause: stop deleting and stay; r resumes",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Char('r'), N)],
+        label: "r",
+        short: "retry/resume",
+        action: KeyAction::Retry,
+        help: "delete what is left after a pause or a failure",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        short: "down",
+        action: KeyAction::Down,
+        help: "scroll down",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        short: "up",
+        action: KeyAction::Up,
+        help: "scroll up",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(PageDown, N), (Char('f'), C)],
+        label: "PgDn",
+        short: "page down",
+        action: KeyAction::PageDown,
+        help: "page down",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(PageUp, N), (Char('b'), C)],
+        label: "PgUp",
+        short: "page up",
+        action: KeyAction::PageUp,
+        help: "page up",
     },
 ];
 

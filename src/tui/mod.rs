@@ -76,6 +76,8 @@ pub struct CommitSummary {
     pub not_attempted: usize,
     pub failed: usize,
     pub stopped: bool,
+    /// A rollback's totals instead of a commit's.
+    pub rollback: Option<(usize, usize, usize)>,
 }
 
 impl CommitSummary {
@@ -89,6 +91,13 @@ impl CommitSummary {
             not_attempted: r.count(Outcome::NotAttempted),
             failed: r.count(Outcome::Failed) + r.count(Outcome::Conflict),
             stopped: r.stopped.is_some(),
+            rollback: model.commit.rollback.then(|| {
+                (
+                    r.count(Outcome::Deleted),
+                    r.count(Outcome::AlreadyGone),
+                    r.count(Outcome::Kept),
+                )
+            }),
         })
     }
 
@@ -100,6 +109,15 @@ impl CommitSummary {
 
 impl std::fmt::Display for CommitSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some((deleted, gone, kept)) = self.rollback {
+            return write!(
+                f,
+                "rollback: {deleted} deleted, {gone} already gone, {kept} kept, {} not attempted, {} failed{}",
+                self.not_attempted,
+                self.failed,
+                if self.stopped { " (stopped)" } else { "" }
+            );
+        }
         write!(
             f,
             "commit: {} created, {} already there, {} not attempted, {} failed{}",
@@ -114,7 +132,13 @@ impl std::fmt::Display for CommitSummary {
 
 /// Runs the TUI until the operator quits, over the engine service's channels; returns the
 /// last commit's totals, if one ran.
-pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<Option<CommitSummary>> {
+/// `rollback` non-empty opens the rollback of those decision logs' runs instead of a migration.
+pub async fn run(
+    range: IdRange,
+    no_color: bool,
+    rollback: Vec<std::path::PathBuf>,
+    handle: Handle,
+) -> Result<Option<CommitSummary>> {
     let Handle {
         requests,
         mut events,
@@ -122,7 +146,11 @@ pub async fn run(range: IdRange, no_color: bool, handle: Handle) -> Result<Optio
     } = handle;
     let mut signals = StopSignals::new()?;
     let (_guard, mut terminal) = TerminalGuard::enter()?;
-    let mut model = Model::new(range, no_color);
+    let mut model = if rollback.is_empty() {
+        Model::new(range, no_color)
+    } else {
+        Model::for_rollback(range, no_color, rollback)
+    };
     let size = terminal.size().map_err(term_err)?;
     update::update(&mut model, Msg::Resize { rows: size.height });
     let mut input = EventStream::new();

@@ -394,3 +394,54 @@ async fn a_review_resumes_after_a_quit_and_after_sigkill() {
     t.keys(&["q"]);
     t.wait_for("EXITED 0", 10);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tui_reviews_a_rollback_then_deletes_on_yes() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let before = w.sb.objects();
+    let log = w.path("run.jsonl");
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &log,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let made = w.sb.objects().len() - before.len();
+    assert!(made >= 2);
+    let t = tui(&w, "rollback", &format!("--rollback {log}"));
+    let s = t.wait_for("to delete", 30);
+    assert!(s.contains(&format!("{made} to delete")), "{s}");
+    assert_eq!(
+        w.sb.objects().len(),
+        before.len() + made,
+        "nothing deleted before yes"
+    );
+    t.keys(&["Enter"]);
+    t.wait_for("Type yes", 5);
+    t.keys(&["y", "e", "s", "Enter"]);
+    let s = t.wait_for(&format!("deleted {made} · already gone 0 · kept 0"), 30);
+    let _ = s;
+    t.keys(&["q"]);
+    let s = t.wait_for("EXITED 0", 10);
+    assert!(s.contains(&format!("rollback: {made} deleted")), "{s}");
+    assert_eq!(
+        w.sb.objects(),
+        before,
+        "exactly what the run created is gone"
+    );
+    let records = log_records(Path::new(&log));
+    assert_eq!(
+        records.iter().filter(|r| r["outcome"] == "deleted").count(),
+        made
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r["session"]["command"] == "rollback")
+    );
+}

@@ -34,6 +34,10 @@ pub struct CommitState {
     pub started: Option<Instant>,
     /// `r` was pressed while the rescan after a commit ran: resume once it is in.
     pub resume_after_scan: bool,
+    /// Deletes of a rollback (rather than creates of a commit).
+    pub rollback: bool,
+    /// Rollback: objects deleted or found gone so far.
+    pub deleted: usize,
 }
 
 impl CommitState {

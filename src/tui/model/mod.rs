@@ -23,15 +23,20 @@ pub enum Screen {
     Identities,
     Conflicts,
     Commit,
+    /// Opened with `--rollback`: the deletion of what earlier runs created.
+    Rollback,
 }
 
 impl Screen {
+    /// The screens of a migration, in tab order.
     pub const ALL: [Screen; 4] = [
         Screen::Preflight,
         Screen::Identities,
         Screen::Conflicts,
         Screen::Commit,
     ];
+    /// The screens of a rollback.
+    pub const ROLLBACK: [Screen; 1] = [Screen::Rollback];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -39,8 +44,21 @@ impl Screen {
             Screen::Identities => "Identities",
             Screen::Conflicts => "Conflicts",
             Screen::Commit => "Commit",
+            Screen::Rollback => "Rollback",
         }
     }
+}
+
+/// A rollback under review: the logs it undoes and the plan read for them.
+#[derive(Debug, Clone, Default)]
+pub struct RollbackState {
+    pub logs: Vec<std::path::PathBuf>,
+    /// Generation of the latest plan request; older plans are dropped.
+    pub generation: u64,
+    /// One operation per object the logs say was created, once read.
+    pub ops: Option<Vec<crate::core::planner::Op>>,
+    /// First row shown.
+    pub offset: usize,
 }
 
 /// A popup that owns the keyboard while open.
@@ -64,6 +82,10 @@ pub enum Modal {
     },
     /// The commit only starts when the operator has typed `yes`.
     ConfirmCommit {
+        typed: TextField,
+    },
+    /// So does a rollback.
+    ConfirmRollback {
         typed: TextField,
     },
     Export {
@@ -119,6 +141,10 @@ pub struct ReviewState {
 #[derive(Debug, Clone)]
 pub struct Model {
     pub screen: Screen,
+    /// The screens this session has (a migration's, or a rollback's).
+    pub tabs: &'static [Screen],
+    /// Set when the session is a rollback.
+    pub rollback: Option<RollbackState>,
     pub modal: Option<Modal>,
     pub scan: ScanState,
     pub cluster: ClusterState,
@@ -135,6 +161,8 @@ impl Model {
     pub fn new(range: IdRange, no_color: bool) -> Self {
         Model {
             screen: Screen::Preflight,
+            tabs: &Screen::ALL,
+            rollback: None,
             modal: None,
             scan: ScanState::default(),
             cluster: ClusterState {
@@ -152,6 +180,19 @@ impl Model {
             no_color,
             quit: false,
             quit_after_commit: false,
+        }
+    }
+
+    /// A session that reviews and carries out the rollback of the runs in `logs`.
+    pub fn for_rollback(range: IdRange, no_color: bool, logs: Vec<std::path::PathBuf>) -> Self {
+        Model {
+            screen: Screen::Rollback,
+            tabs: &Screen::ROLLBACK,
+            rollback: Some(RollbackState {
+                logs,
+                ..Default::default()
+            }),
+            ..Model::new(range, no_color)
         }
     }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::app::service::ServiceRequest;
 use crate::apply::outcome::{ApplyEvent, Outcome};
-use crate::tui::model::{CommitPhase, CommitState, Model, Screen};
+use crate::tui::model::{CommitPhase, CommitState, Modal, Model, Screen};
 use crate::tui::msg::Command;
 
 /// Ctrl-C, SIGTERM, SIGHUP: a running commit stops starting writes and the TUI quits once
@@ -84,4 +84,66 @@ pub(super) fn start_commit(model: &mut Model) -> Vec<Command> {
         generation,
         items: model.cluster.items.clone(),
     })]
+}
+
+/// Asks for (a fresh read of) the rollback plan.
+pub(super) fn plan_rollback(model: &mut Model) -> Vec<Command> {
+    let Some(rb) = &mut model.rollback else {
+        return vec![];
+    };
+    rb.generation += 1;
+    rb.ops = None;
+    model.status = "reading the objects the runs created…".into();
+    vec![Command::Send(ServiceRequest::PlanRollback {
+        generation: rb.generation,
+        logs: rb.logs.clone(),
+    })]
+}
+
+/// Enter on the rollback screen: the typed-`yes` popup, once there is something to delete.
+pub(super) fn confirm_rollback(model: &mut Model) -> Vec<Command> {
+    if matches!(
+        model.commit.phase,
+        CommitPhase::Running | CommitPhase::Stopping
+    ) {
+        return vec![];
+    }
+    let Some(ops) = model.rollback.as_ref().and_then(|rb| rb.ops.as_ref()) else {
+        return vec![];
+    };
+    let s = crate::app::rollback::summarize(ops);
+    model.modal = Some(if s.delete + s.gone == 0 {
+        Modal::Message("nothing to delete: every object these runs created is gone or kept".into())
+    } else {
+        Modal::ConfirmRollback {
+            typed: Default::default(),
+        }
+    });
+    vec![]
+}
+
+/// Sends the rollback (re-planned by the service on a fresh read); only the confirm popup and
+/// `r` call this.
+pub(super) fn start_rollback(model: &mut Model) -> Vec<Command> {
+    let Some(rb) = &model.rollback else {
+        return vec![];
+    };
+    let generation = model.commit.generation + 1;
+    let logs = rb.logs.clone();
+    model.commit = CommitState {
+        phase: CommitPhase::Running,
+        generation,
+        started: Some(Instant::now()),
+        rollback: true,
+        ..Default::default()
+    };
+    vec![Command::Send(ServiceRequest::Rollback { generation, logs })]
+}
+
+/// Scrolls the rollback plan.
+pub(super) fn scroll_rollback(model: &mut Model, delta: isize) {
+    if let Some(rb) = &mut model.rollback {
+        let rows = rb.ops.as_ref().map_or(0, Vec::len);
+        rb.offset = (rb.offset as isize + delta).clamp(0, rows.saturating_sub(1) as isize) as usize;
+    }
 }

@@ -20,6 +20,9 @@ use popups::on_modal_key;
 
 /// Commands to run at start.
 pub fn init(model: &mut Model) -> Vec<Command> {
+    if model.rollback.is_some() {
+        return commit::plan_rollback(model);
+    }
     model.scan.generation += 1;
     model.scan.scanning = true;
     vec![
@@ -55,8 +58,8 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
         Msg::Progress(p) => {
             let c = &mut model.commit;
             if matches!(c.phase, CommitPhase::Running | CommitPhase::Stopping) {
-                (c.total, c.writes, c.done, c.created, c.retries) =
-                    (p.total, p.writes, p.done, p.created, p.retries);
+                (c.total, c.writes, c.done, c.created, c.deleted, c.retries) =
+                    (p.total, p.writes, p.done, p.created, p.deleted, p.retries);
             }
             vec![]
         }
@@ -129,8 +132,13 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                     }
                 }
                 Task::Rollback => {
-                    model.commit.phase = CommitPhase::Done;
+                    if model.commit.phase != CommitPhase::Idle {
+                        model.commit.phase = CommitPhase::Done;
+                    }
                     model.commit.started = None;
+                    if model.quit_after_commit {
+                        model.quit = true;
+                    }
                 }
                 Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
             }
@@ -159,7 +167,10 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             if model.quit_after_commit {
                 model.quit = true;
             }
-            // The cluster changed: read it again so the table shows what is there now.
+            // The cluster changed: read it again so the screen shows what is there now.
+            if model.rollback.is_some() {
+                return commit::plan_rollback(model);
+            }
             rescan(model)
         }
         ServiceEvent::Drift { added, removed } => {
@@ -222,7 +233,22 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             vec![]
         }
-        ServiceEvent::RollbackPlanned { .. } => vec![],
+        ServiceEvent::RollbackPlanned { generation, ops } => {
+            let Some(rb) = &mut model.rollback else {
+                return vec![];
+            };
+            if generation != rb.generation {
+                return vec![];
+            }
+            let s = crate::app::rollback::summarize(&ops);
+            model.status = format!(
+                "rollback plan: {} to delete, {} already gone, {} kept",
+                s.delete, s.gone, s.keep
+            );
+            rb.ops = Some(ops);
+            rb.offset = 0;
+            vec![]
+        }
         ServiceEvent::Exported { paths } => {
             let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
@@ -298,15 +324,28 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             vec![]
         }
         KeyAction::NextScreen => {
-            let i = Screen::ALL
-                .iter()
-                .position(|s| *s == model.screen)
-                .unwrap_or(0);
-            model.screen = Screen::ALL[(i + 1) % Screen::ALL.len()];
+            let tabs = model.tabs;
+            let i = tabs.iter().position(|s| *s == model.screen).unwrap_or(0);
+            model.screen = tabs[(i + 1) % tabs.len()];
             vec![]
         }
         KeyAction::Go(s) => {
-            model.screen = s;
+            if model.tabs.contains(&s) {
+                model.screen = s;
+            }
+            vec![]
+        }
+        KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
+            if model.screen == Screen::Rollback =>
+        {
+            let page = model.table.page as isize;
+            let delta = match action {
+                KeyAction::Up => -1,
+                KeyAction::Down => 1,
+                KeyAction::PageUp => -page,
+                _ => page,
+            };
+            commit::scroll_rollback(model, delta);
             vec![]
         }
         KeyAction::Up => nav(model, -1),
@@ -386,6 +425,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             });
             vec![]
         }
+        KeyAction::Commit if model.screen == Screen::Rollback => commit::confirm_rollback(model),
         KeyAction::Commit => {
             if matches!(
                 model.commit.phase,
@@ -411,6 +451,9 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             if model.commit.phase != CommitPhase::Done || !model.commit.has_work_left() {
                 return vec![];
             }
+            if model.rollback.is_some() {
+                return commit::start_rollback(model);
+            }
             if model.scan.scanning {
                 // The rescan after the commit is still running: resume on its result.
                 model.commit.resume_after_scan = true;
@@ -419,6 +462,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             }
             start_commit(model)
         }
+        KeyAction::Rescan if model.rollback.is_some() => commit::plan_rollback(model),
         KeyAction::Rescan => rescan(model),
         KeyAction::Export => {
             model.modal = Some(Modal::Export {

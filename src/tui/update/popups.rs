@@ -7,7 +7,7 @@ use super::commit::{start_commit, stop_or_quit};
 use super::decisions::{decide, decide_bulk, log_decision};
 use crate::app::service::ServiceRequest;
 use crate::core::planner::{Decision, validate_new_target};
-use crate::tui::model::{Modal, Model, Screen};
+use crate::tui::model::{Modal, Model, Screen, TextField};
 use crate::tui::msg::Command;
 
 pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Vec<Command> {
@@ -120,21 +120,20 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             };
             decide_bulk(model, &targets, decision)
         }
-        Modal::ConfirmCommit { mut typed } => match key.code {
-            KeyCode::Esc => vec![],
-            KeyCode::Enter if typed.text() == "yes" => start_commit(model),
-            KeyCode::Enter => {
-                model.modal = Some(Modal::ConfirmCommit {
-                    typed: Default::default(),
-                });
-                vec![]
-            }
-            _ => {
-                typed.on_key(&key, |_| true);
-                model.modal = Some(Modal::ConfirmCommit { typed });
-                vec![]
-            }
-        },
+        Modal::ConfirmCommit { typed } => typed_yes(
+            model,
+            typed,
+            &key,
+            |typed| Modal::ConfirmCommit { typed },
+            start_commit,
+        ),
+        Modal::ConfirmRollback { typed } => typed_yes(
+            model,
+            typed,
+            &key,
+            |typed| Modal::ConfirmRollback { typed },
+            super::commit::start_rollback,
+        ),
         Modal::Export { mut input } => match key.code {
             KeyCode::Esc => vec![],
             KeyCode::Enter if !input.text().trim().is_empty() => {
@@ -149,5 +148,29 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
                 vec![]
             }
         },
+    }
+}
+
+/// A popup that asks for the typed word `yes` before a write: Enter with `yes` runs
+/// `confirm`, Enter with anything else clears the field, Esc cancels; other keys edit.
+fn typed_yes(
+    model: &mut Model,
+    mut typed: TextField,
+    key: &KeyEvent,
+    popup: fn(TextField) -> Modal,
+    confirm: fn(&mut Model) -> Vec<Command>,
+) -> Vec<Command> {
+    match key.code {
+        KeyCode::Esc => vec![],
+        KeyCode::Enter if typed.text() == "yes" => confirm(model),
+        KeyCode::Enter => {
+            model.modal = Some(popup(TextField::default()));
+            vec![]
+        }
+        _ => {
+            typed.on_key(key, |_| true);
+            model.modal = Some(popup(typed));
+            vec![]
+        }
     }
 }

@@ -86,7 +86,7 @@ fn summary(model: &Model, frame: &mut Frame, area: Rect) {
     );
 }
 
-fn progress(model: &Model, frame: &mut Frame, area: Rect) {
+pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let c = &model.commit;
     let [gauge_area, stats, failures] = Layout::vertical([
@@ -122,10 +122,14 @@ fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     } else {
         "-".into()
     };
+    let (verb, n) = if c.rollback {
+        ("deleted", c.deleted)
+    } else {
+        ("created", c.created)
+    };
     let mut lines = vec![
         Line::raw(format!(
-            "created {} of {} writes · {} failed · {} retries",
-            c.created,
+            "{verb} {n} of {} writes · {} failed · {} retries",
             c.writes,
             c.failures.len(),
             c.retries
@@ -143,7 +147,16 @@ fn progress(model: &Model, frame: &mut Frame, area: Rect) {
             t.bad(),
         ));
     }
-    if let Some(r) = &c.report {
+    if let (Some(r), true) = (&c.report, c.rollback) {
+        lines.push(Line::raw(format!(
+            "deleted {} · already gone {} · kept {} · not attempted {} · failed {}",
+            r.count(Outcome::Deleted),
+            r.count(Outcome::AlreadyGone),
+            r.count(Outcome::Kept),
+            r.count(Outcome::NotAttempted),
+            r.count(Outcome::Failed)
+        )));
+    } else if let Some(r) = &c.report {
         lines.push(Line::raw(format!(
             "written: {} created, {} already there · not written: {} not attempted, {} failed, {} conflicts",
             r.count(Outcome::Created),
@@ -153,7 +166,7 @@ fn progress(model: &Model, frame: &mut Frame, area: Rect) {
             r.count(Outcome::Conflict)
         )));
     }
-    if c.phase == CommitPhase::Done {
+    if c.phase == CommitPhase::Done && !c.rollback {
         match &c.verify {
             Some(v) if v.passed() => lines.push(Line::styled(
                 format!("verified: all {} valid identities present with identical labels ({} via a mapping)", v.checked, v.mapped),

@@ -6,6 +6,7 @@ mod conflicts;
 mod identities;
 mod modal;
 mod preflight;
+mod rollback;
 mod theme;
 
 pub use theme::{Theme, symbol};
@@ -35,6 +36,7 @@ pub fn view(model: &Model, frame: &mut Frame) {
         Screen::Identities => identities::draw(model, frame, body),
         Screen::Conflicts => conflicts::draw(model, frame, body),
         Screen::Commit => commit::draw(model, frame, body),
+        Screen::Rollback => rollback::draw(model, frame, body),
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];
@@ -65,7 +67,7 @@ fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
         " cilium-idmig ",
         Style::default().add_modifier(Modifier::BOLD),
     )];
-    for (n, s) in Screen::ALL.iter().enumerate() {
+    for (n, s) in model.tabs.iter().enumerate() {
         let label = format!(" {} {} ", n + 1, s.title());
         tabs.push(if *s == model.screen {
             Span::styled(label, t.selected())

@@ -176,6 +176,29 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
                 5,
             )
         }
+        Modal::ConfirmRollback { typed } => {
+            let s = model
+                .rollback
+                .as_ref()
+                .and_then(|rb| rb.ops.as_ref())
+                .map(|ops| crate::app::rollback::summarize(ops))
+                .unwrap_or_default();
+            (
+                " Roll back ",
+                vec![
+                    Line::raw(format!(
+                        "This deletes up to {} CiliumIdentity objects these runs created ({} are already gone), each only if it is still that object.",
+                        s.delete, s.gone
+                    )),
+                    Line::raw("Type yes and press Enter (Esc cancels)."),
+                    Line::styled(
+                        format!("> {}", with_cursor(typed)),
+                        Style::default().add_modifier(Modifier::BOLD),
+                    ),
+                ],
+                5,
+            )
+        }
         Modal::Export { input } => (
             " Export ",
             vec![

@@ -14,7 +14,7 @@ use cilium_idmig::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
 use cilium_idmig::core::planner::{self, reconcile};
 use cilium_idmig::core::range::IdRange;
 use cilium_idmig::io::etcd::{EtcdConnection, EtcdOptions};
-use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::io::k8s::{K8sTarget, ReadMode};
 use cilium_idmig::sandbox::generator::{self, GenConfig};
 use cilium_idmig::sandbox::{FaultConfig, Sandbox, SandboxConfig};
 
@@ -184,7 +184,8 @@ async fn main() {
             seeded.seed_identity(*id, labels);
         }
         let target = K8sTarget::from_url(&seeded.url()).expect("target");
-        let (k8s_list, k8s) = time_async(5, || target.list_identities(500)).await;
+        let (k8s_list, k8s) =
+            time_async(5, || target.list_identities(ReadMode::Consistent, None)).await;
         let k8s = k8s.expect("list");
 
         let mut plan_times = Vec::new();
@@ -319,7 +320,10 @@ async fn main() {
         migrated.set_faults(FaultConfig::default());
         // The two reads a rerun makes, now that Kubernetes holds every identity.
         let migrated_target = K8sTarget::from_url(&migrated.url()).expect("target");
-        let (list_after, _) = time_async(3, || migrated_target.list_identities(500)).await;
+        let (list_after, _) = time_async(3, || {
+            migrated_target.list_identities(ReadMode::Consistent, None)
+        })
+        .await;
         let reads_after = etcd_read + list_after;
         migrated.write_kubeconfig(&kc).expect("kubeconfig");
         migrated.reset_counts();

@@ -2,6 +2,8 @@
 //! headless or from the TUI, goes through `apply` here and then the executor.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use crate::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::ApplyReport;
@@ -12,7 +14,7 @@ use crate::core::range::{ClusterScope, IdRange};
 use crate::core::verify::{self, Expectations, VerifyReport};
 use crate::error::{Error, Result};
 use crate::io::decision_log::{DecisionLog, LogContents};
-use crate::io::k8s::{K8sSnapshot, K8sTarget};
+use crate::io::k8s::{K8sSnapshot, K8sTarget, ReadMode};
 use crate::io::kv_source::KvSource;
 use crate::io::plan_file::{PlanFile, TargetInfo};
 
@@ -23,11 +25,9 @@ pub struct Scan {
     pub items: Vec<PlanItem>,
 }
 
-pub const LIST_PAGE: u32 = 500;
-
 /// Reads the kvstore and Kubernetes concurrently and plans.
 pub async fn scan(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<Scan> {
-    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(LIST_PAGE))?;
+    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(target.read_mode(), None))?;
     let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
     Ok(Scan { kv, k8s, items })
 }
@@ -39,7 +39,20 @@ pub async fn scan_without_counts(
     target: &K8sTarget,
     range: IdRange,
 ) -> Result<Scan> {
-    let (kv, k8s) = tokio::try_join!(kv.read_masters(), target.list_identities(LIST_PAGE))?;
+    scan_listing(kv, target, range, None).await
+}
+
+/// `scan_without_counts`, counting the Kubernetes objects listed so far into `listed`.
+pub async fn scan_listing(
+    kv: &KvSource,
+    target: &K8sTarget,
+    range: IdRange,
+    listed: Option<Arc<AtomicUsize>>,
+) -> Result<Scan> {
+    let (kv, k8s) = tokio::try_join!(
+        kv.read_masters(),
+        target.list_identities(target.read_mode(), listed)
+    )?;
     let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
     Ok(Scan { kv, k8s, items })
 }
@@ -230,7 +243,11 @@ pub async fn verify(
     range: IdRange,
     expect: &Expectations,
 ) -> Result<VerifyReport> {
-    let (kv, k8s) = tokio::try_join!(kv.read_masters(), target.list_identities(LIST_PAGE))?;
+    // A verdict must see the latest state: a quorum read, never the cache.
+    let (kv, k8s) = tokio::try_join!(
+        kv.read_masters(),
+        target.list_identities(ReadMode::Consistent, None)
+    )?;
     Ok(verify::verify(&kv.masters, &k8s.identities, expect, range))
 }
 

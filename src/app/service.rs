@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{mpsc, watch};
 
@@ -164,6 +165,18 @@ pub enum ServiceEvent {
         generation: u64,
         run: Box<ApplyRun>,
         verify: Option<VerifyReport>,
+    },
+    /// The kvstore side of a scan, planned before Kubernetes is read: the table can show
+    /// ids and labels while the list runs (kinds are not known yet).
+    KvRead {
+        generation: u64,
+        items: Vec<PlanItem>,
+    },
+    /// Kubernetes objects listed so far in a running scan.
+    Listing {
+        generation: u64,
+        listed: usize,
+        elapsed: std::time::Duration,
     },
     Drift {
         added: u64,
@@ -410,6 +423,68 @@ fn resume_offer(cfg: &ServiceConfig) -> Option<ServiceEvent> {
     })
 }
 
+/// Reads both sides at once. The kvstore side, usually read first, goes out on its own
+/// (`KvRead`), so the table shows while Kubernetes is still listed; meanwhile `Listing`
+/// events count the objects listed so far.
+async fn read_both(
+    cfg: &ServiceConfig,
+    generation: u64,
+    tx: &mpsc::Sender<ServiceEvent>,
+) -> Result<flows::Scan> {
+    let listed = Arc::new(AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    let target = cfg.target.clone();
+    let counter = listed.clone();
+    let k8s = tokio::spawn(async move {
+        target
+            .list_identities(target.read_mode(), Some(counter))
+            .await
+    });
+    let ticker = {
+        let (tx, listed) = (tx.clone(), listed.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(LISTING_EVERY);
+            loop {
+                every.tick().await;
+                let ev = ServiceEvent::Listing {
+                    generation,
+                    listed: listed.load(Ordering::Relaxed),
+                    elapsed: started.elapsed(),
+                };
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let read = async {
+        let kv = cfg.kv.read_masters().await?;
+        let items = crate::core::planner::plan(
+            &kv.masters,
+            &HashMap::new(),
+            &BTreeMap::new(),
+            cfg.scope.range,
+        );
+        let _ = tx.send(ServiceEvent::KvRead { generation, items }).await;
+        let k8s = k8s
+            .await
+            .map_err(|e| crate::Error::Config(format!("the Kubernetes list stopped: {e}")))??;
+        let items = crate::core::planner::plan(
+            &kv.masters,
+            &kv.node_counts,
+            &k8s.identities,
+            cfg.scope.range,
+        );
+        Ok(flows::Scan { kv, k8s, items })
+    };
+    let out = read.await;
+    ticker.abort();
+    out
+}
+
+/// How often a scan reports the objects listed so far.
+const LISTING_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Reads both sides and sends the table (with `resume`'s decisions replayed onto it), then
 /// the slower node counts.
 async fn scan(
@@ -420,7 +495,7 @@ async fn scan(
     tx: mpsc::Sender<ServiceEvent>,
 ) {
     let range = cfg.scope.range;
-    let mut scan = match flows::scan_without_counts(&cfg.kv, &cfg.target, range).await {
+    let mut scan = match read_both(&cfg, generation, &tx).await {
         Ok(scan) => scan,
         Err(e) => {
             let _ = tx

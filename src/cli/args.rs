@@ -190,6 +190,10 @@ pub struct Conn {
     /// Cilium cluster ID (0..=255, or 0..=511 with --max-connected-clusters 511); sets the identity range.
     #[arg(long, default_value_t = 0)]
     pub cluster_id: u32,
+    /// Read every Kubernetes list as a quorum read from etcd, even where a read from the API
+    /// server's watch cache would do (checks such as verify always read consistently).
+    #[arg(long)]
+    pub consistent_reads: bool,
     /// Cilium's max-connected-clusters (1.15+): 255 (the default) or 511, as the mesh was
     /// installed; 511 gives the cluster ID 9 bits, so cluster 0 allocates 256..=32767.
     #[arg(long, default_value = "255")]
@@ -246,11 +250,13 @@ impl Conn {
             .map_err(cilium_idmig::Error::Config)
     }
     pub async fn target(&self) -> cilium_idmig::Result<K8sTarget> {
-        K8sTarget::connect(&K8sOptions {
+        let mut target = K8sTarget::connect(&K8sOptions {
             kubeconfig: self.kubeconfig.clone(),
             context: self.context.clone(),
         })
-        .await
+        .await?;
+        target.consistent_reads = self.consistent_reads;
+        Ok(target)
     }
 }
 

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{Method, Request, StatusCode};
@@ -12,11 +14,10 @@ use kube::client::Body;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 
-use crate::core::identity::{
-    self, CRD_NAME, ObservedIdentity, collection_path, identity_object, parse_identity,
-};
+use crate::core::identity::{self, CRD_NAME, collection_path, identity_object, parse_identity};
 use crate::core::labels::{LabelKey, SecurityLabels, canonical_key};
 use crate::error::{Error, Result};
+use crate::io::list_stream::{ChunkReader, ListedObject, WatchEvent, parse_list};
 
 /// Deadline of one read during a scan (a list page of 500 objects is well under a second).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -138,7 +139,7 @@ pub enum CrdState {
     Present { established: bool },
 }
 
-/// What Kubernetes holds, read in pages.
+/// What Kubernetes holds.
 #[derive(Debug, Clone, Default)]
 pub struct K8sSnapshot {
     pub crd_present: bool,
@@ -149,13 +150,54 @@ pub struct K8sSnapshot {
     pub resource_version: String,
 }
 
+impl K8sSnapshot {
+    /// Takes in one listed object: a decimal name is an identity, anything else is noted.
+    fn add(&mut self, obj: ListedObject) {
+        let name = obj.metadata.name.clone();
+        match crate::core::kvstore::parse_id(name.as_bytes()) {
+            Ok(id) => {
+                self.identities.insert(id, canonical_key(&obj.labels()));
+            }
+            Err(_) => self.other_names.push(name),
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Ok(id) = crate::core::kvstore::parse_id(name.as_bytes()) {
+            self.identities.remove(&id);
+        }
+        self.other_names.retain(|n| n != name);
+    }
+}
+
 /// A connected API server.
 #[derive(Clone)]
 pub struct K8sTarget {
     client: kube::Client,
     pub server: String,
     pub context: Option<String>,
+    /// `--consistent-reads`: every list is a quorum read, even where a cache read would do.
+    pub consistent_reads: bool,
+    /// Whether the server serves streaming lists: learnt on the first try, then remembered.
+    watch_list: Arc<AtomicU8>,
 }
+
+/// How a list reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// From the API server's watch cache: a streaming list (`sendInitialEvents`) where the
+    /// server serves one, else `resourceVersion=0`. About 4x faster on a large cluster; it
+    /// may lag etcd by a moment, which no write depends on (a create is guarded by its 409).
+    Cache,
+    /// Quorum reads from etcd, in pages: for checks that must see the latest state.
+    Consistent,
+}
+
+const WATCH_LIST_UNKNOWN: u8 = 0;
+const WATCH_LIST_YES: u8 = 1;
+const WATCH_LIST_NO: u8 = 2;
+/// Longest wait for the next bytes of a list being streamed.
+const STREAM_IDLE: Duration = Duration::from_secs(60);
 
 impl K8sTarget {
     /// Connects with an explicit kubeconfig, `KUBECONFIG`, `~/.kube/config`, or in-cluster config.
@@ -215,6 +257,8 @@ impl K8sTarget {
             client,
             server,
             context,
+            consistent_reads: false,
+            watch_list: Arc::new(AtomicU8::new(WATCH_LIST_UNKNOWN)),
         })
     }
 
@@ -278,7 +322,62 @@ impl K8sTarget {
         if status.is_success() {
             return Ok((status, body));
         }
-        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Err(status_error(status, &body, retry_after))
+    }
+}
+
+/// A failed list, told apart so the cache path can fall back.
+enum ListError {
+    /// The server does not serve this kind of list.
+    Unsupported,
+    Request(RequestError),
+}
+
+/// Page size of paged lists.
+const LIST_PAGE: u32 = 500;
+
+/// Parses a streamed body on a blocking thread while the download continues here.
+async fn parse_streamed<T: Send + 'static>(
+    mut body: Body,
+    parse: impl FnOnce(ChunkReader) -> T + Send + 'static,
+) -> Result<T, RequestError> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    let parser = tokio::task::spawn_blocking(move || parse(ChunkReader::new(rx)));
+    let mut failure = None;
+    loop {
+        match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data()
+                    && tx.send(data).await.is_err()
+                {
+                    break; // The parser stopped (a malformed body): its error says why.
+                }
+            }
+            Ok(Some(Err(e))) => {
+                failure = Some(RequestError::Transport(e.to_string()));
+                break;
+            }
+            Ok(None) => break,
+            Err(_) => {
+                failure = Some(RequestError::Timeout);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let parsed = parser
+        .await
+        .map_err(|e| RequestError::Transport(format!("list parser: {e}")))?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(parsed),
+    }
+}
+
+/// The error for a non-success answer: its Status when the body is one, else the plain text.
+fn status_error(status: StatusCode, body: &[u8], retry_after: Option<Duration>) -> RequestError {
+    {
+        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         // A Status body when there is one; the plain text otherwise (e.g. "404 page not found"
         // while a new CRD is not yet established).
         let plain = value.get("kind").and_then(Value::as_str) != Some("Status");
@@ -298,22 +397,24 @@ impl K8sTarget {
         } else {
             (
                 String::new(),
-                String::from_utf8_lossy(&body)
+                String::from_utf8_lossy(body)
                     .trim()
                     .chars()
                     .take(200)
                     .collect(),
             )
         };
-        Err(RequestError::Status {
+        RequestError::Status {
             code: status.as_u16(),
             plain,
             reason,
             message,
             retry_after,
-        })
+        }
     }
+}
 
+impl K8sTarget {
     /// A read that is safe to repeat: retried on 429 (honouring Retry-After), 5xx, dropped
     /// connections and timeouts, so a flaky server does not fail a whole scan.
     async fn get_retrying(&self, path: &str) -> Result<Value, RequestError> {
@@ -411,64 +512,237 @@ impl K8sTarget {
         }
     }
 
-    /// Lists every CiliumIdentity in pages of `page_size`, restarting if the continue token expires.
-    pub async fn list_identities(&self, page_size: u32) -> Result<K8sSnapshot> {
-        let crd_present = self.crd_state().await? != CrdState::Missing;
-        let mut snap = K8sSnapshot {
-            crd_present,
-            ..Default::default()
-        };
-        if !crd_present {
-            return Ok(snap);
+    /// How lists read by default: from the cache, unless `--consistent-reads`.
+    pub fn read_mode(&self) -> ReadMode {
+        if self.consistent_reads {
+            ReadMode::Consistent
+        } else {
+            ReadMode::Cache
         }
+    }
+
+    /// Lists every CiliumIdentity, parsing objects as they arrive; `listed` counts them for a
+    /// progress display. A read cut short is started over (a few times) from scratch.
+    pub async fn list_identities(
+        &self,
+        mode: ReadMode,
+        listed: Option<Arc<AtomicUsize>>,
+    ) -> Result<K8sSnapshot> {
+        let crd_present = self.crd_state().await? != CrdState::Missing;
+        if !crd_present {
+            return Ok(K8sSnapshot::default());
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if let Some(n) = &listed {
+                n.store(0, Ordering::Relaxed);
+            }
+            let result = match mode {
+                ReadMode::Consistent => {
+                    self.list_pages(&format!("limit={LIST_PAGE}"), &listed)
+                        .await
+                }
+                ReadMode::Cache => match self.watch_list(&listed).await {
+                    Err(ListError::Unsupported) => {
+                        // Served from the watch cache in one response before 1.27 (the
+                        // `limit` is ignored); a continue token, if one comes, is followed.
+                        self.list_pages(&format!("resourceVersion=0&limit={LIST_PAGE}"), &listed)
+                            .await
+                    }
+                    other => other,
+                },
+            };
+            match result {
+                Ok(mut snap) => {
+                    snap.crd_present = true;
+                    return Ok(snap);
+                }
+                Err(ListError::Request(e)) if e.is_retryable() && attempt < READ_ATTEMPTS => {
+                    let wait = e
+                        .retry_after()
+                        .unwrap_or(Duration::from_millis(100 << attempt.min(6)))
+                        .min(Duration::from_secs(30));
+                    tracing::debug!(attempt, error = %e, "listing again");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(ListError::Request(e)) => {
+                    return Err(self.kube_err("listing ciliumidentities", e));
+                }
+                Err(ListError::Unsupported) => {
+                    return Err(self.kube_err("listing ciliumidentities", "not served"));
+                }
+            }
+        }
+    }
+
+    /// A streaming list (`sendInitialEvents=true`): the current state as ADDED events, ended
+    /// by a bookmark. `Unsupported` when the server refuses it (the WatchList gate is off).
+    async fn watch_list(
+        &self,
+        listed: &Option<Arc<AtomicUsize>>,
+    ) -> Result<K8sSnapshot, ListError> {
+        if self.watch_list.load(Ordering::Relaxed) == WATCH_LIST_NO {
+            return Err(ListError::Unsupported);
+        }
+        let path = format!(
+            "{}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+            collection_path()
+        );
+        let mut body = match self.send_stream(Method::GET, &path).await {
+            Ok(body) => body,
+            Err(RequestError::Status {
+                code: 400 | 403 | 422,
+                ..
+            }) => {
+                self.watch_list.store(WATCH_LIST_NO, Ordering::Relaxed);
+                return Err(ListError::Unsupported);
+            }
+            Err(e) => return Err(ListError::Request(e)),
+        };
+        self.watch_list.store(WATCH_LIST_YES, Ordering::Relaxed);
+        let mut snap = K8sSnapshot::default();
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let chunk = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+                Ok(Some(Err(e))) => {
+                    return Err(ListError::Request(RequestError::Transport(e.to_string())));
+                }
+                Ok(None) => {
+                    return Err(ListError::Request(RequestError::Transport(
+                        "the streaming list ended before its last bookmark".into(),
+                    )));
+                }
+                Err(_) => return Err(ListError::Request(RequestError::Timeout)),
+            };
+            pending.extend_from_slice(&chunk);
+            let mut start = 0;
+            while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
+                let line = &pending[start..start + end];
+                start += end + 1;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let ev: WatchEvent = serde_json::from_slice(line).map_err(|e| {
+                    ListError::Request(RequestError::Transport(format!("a watch event: {e}")))
+                })?;
+                match ev.kind.as_str() {
+                    "ADDED" | "MODIFIED" => {
+                        snap.add(ev.object.identity);
+                        if let Some(n) = listed {
+                            n.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    "DELETED" => {
+                        snap.remove(&ev.object.identity.metadata.name);
+                    }
+                    "BOOKMARK" => {
+                        let meta = ev.object.identity.metadata;
+                        if meta
+                            .annotations
+                            .get("k8s.io/initial-events-end")
+                            .is_some_and(|v| v == "true")
+                        {
+                            snap.resource_version = meta.resource_version;
+                            return Ok(snap);
+                        }
+                    }
+                    _ => {
+                        let o = ev.object;
+                        return Err(ListError::Request(RequestError::Status {
+                            code: o.code.unwrap_or(500),
+                            plain: false,
+                            reason: o.reason.unwrap_or_default(),
+                            message: o.message.unwrap_or_default(),
+                            retry_after: None,
+                        }));
+                    }
+                }
+            }
+            pending.drain(..start);
+        }
+    }
+
+    /// A list in pages (`query` without `continue`), each page parsed while it streams in;
+    /// restarts from the first page if a continue token expires.
+    async fn list_pages(
+        &self,
+        query: &str,
+        listed: &Option<Arc<AtomicUsize>>,
+    ) -> Result<K8sSnapshot, ListError> {
+        let mut snap = K8sSnapshot::default();
         let mut restarts = 0;
         let mut cont: Option<String> = None;
         loop {
-            let mut path = format!("{}?limit={page_size}", collection_path());
-            if let Some(c) = &cont {
-                path.push_str("&continue=");
-                path.push_str(&urlencode(c));
-            }
-            let page = match self.get_retrying(&path).await {
-                Ok(p) => p,
+            let path = match &cont {
+                // A continue token carries the rest of the query's state.
+                Some(c) => format!(
+                    "{}?limit={LIST_PAGE}&continue={}",
+                    collection_path(),
+                    urlencode(c)
+                ),
+                None => format!("{}?{query}", collection_path()),
+            };
+            let body = match self.send_stream(Method::GET, &path).await {
+                Ok(b) => b,
                 Err(RequestError::Status { code: 410, .. }) if restarts < 3 => {
                     restarts += 1;
-                    snap.identities.clear();
-                    snap.other_names.clear();
+                    snap = K8sSnapshot::default();
                     cont = None;
                     continue;
                 }
-                Err(e) => return Err(self.kube_err("listing ciliumidentities", e)),
+                Err(e) => return Err(ListError::Request(e)),
             };
-            for obj in page
-                .get("items")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let ObservedIdentity { name, labels } = parse_identity(obj)
-                    .map_err(|e| self.kube_err("listing ciliumidentities", e))?;
-                match crate::core::kvstore::parse_id(name.as_bytes()) {
-                    Ok(id) => {
-                        snap.identities.insert(id, canonical_key(&labels));
+            let counter = listed.clone();
+            let (page, meta) = parse_streamed(body, move |reader| {
+                let mut page = K8sSnapshot::default();
+                let meta = parse_list(reader, |o| {
+                    page.add(o);
+                    if let Some(n) = &counter {
+                        n.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(_) => snap.other_names.push(name),
-                }
-            }
-            snap.resource_version = page
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            cont = page
-                .pointer("/metadata/continue")
-                .and_then(Value::as_str)
-                .filter(|c| !c.is_empty())
-                .map(str::to_string);
+                });
+                (page, meta)
+            })
+            .await
+            .map_err(ListError::Request)?;
+            let meta = meta.map_err(|e| ListError::Request(RequestError::Transport(e)))?;
+            snap.identities.extend(page.identities);
+            snap.other_names.extend(page.other_names);
+            snap.resource_version = meta.resource_version;
+            cont = meta.continue_token.filter(|c| !c.is_empty());
             if cont.is_none() {
                 return Ok(snap);
             }
         }
+    }
+
+    /// Sends a request and hands back the body unread when the status is a success.
+    async fn send_stream(&self, method: Method, path: &str) -> Result<Body, RequestError> {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::ACCEPT, "application/json")
+            .body(Body::empty())
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        let res = tokio::time::timeout(READ_TIMEOUT, self.client.send(req))
+            .await
+            .map_err(|_| RequestError::Timeout)?
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        if res.status().is_success() {
+            return Ok(res.into_body());
+        }
+        let status = res.status();
+        let bytes = tokio::time::timeout(READ_TIMEOUT, res.into_body().collect())
+            .await
+            .map_err(|_| RequestError::Timeout)?
+            .map_err(|e| RequestError::Transport(format!("reading response: {e}")))?
+            .to_bytes();
+        Err(status_error(status, &bytes, None))
     }
 
     /// Reads one identity; `Ok(None)` when it does not exist.

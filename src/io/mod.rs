@@ -5,6 +5,7 @@ pub mod decision_log;
 pub mod etcd;
 pub mod k8s;
 pub mod kv_source;
+pub mod list_stream;
 pub mod operator;
 pub mod plan_file;
 pub mod private_file;

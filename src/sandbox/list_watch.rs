@@ -1,6 +1,9 @@
 //! List and watch of `ciliumidentities` in the sandbox: `limit`/`continue` with opaque
-//! tokens and `remainingItemCount`, `labelSelector`, and watches replayed from a
-//! resourceVersion (410 Expired when it is older than the kept history).
+//! tokens and `remainingItemCount`, `labelSelector`, watches replayed from a resourceVersion
+//! (410 Expired when it is older than the kept history), and the two costs of a list as the
+//! kube-apiserver has them (`ReadModel`): paged quorum reads, and `resourceVersion=0` from
+//! the watch cache in one streamed response; streaming lists (`sendInitialEvents=true`) when
+//! the model enables them.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -66,11 +69,33 @@ fn decode_continue(token: &str) -> Option<(u64, String)> {
     Some((rv.parse().ok()?, last.to_string()))
 }
 
-pub(super) fn list(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
+/// Objects per streamed chunk of a cache list or of a streaming list's initial events.
+const CHUNK: usize = 500;
+
+pub(super) async fn list(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
     let sel = match selector(params) {
         Ok(s) => s,
         Err(r) => return *r,
     };
+    if param(params, "resourceVersion") == Some("0") {
+        shared.count("LIST from cache");
+        return cache_list(shared, &sel);
+    }
+    shared.count("LIST quorum");
+    let (res, sent) = quorum_list(shared, &sel, params);
+    let cost = shared.config.reads.quorum_per_object * sent as u32;
+    if !cost.is_zero() {
+        tokio::time::sleep(cost).await;
+    }
+    res
+}
+
+/// One page of a consistent (quorum) list; also the number of objects in it.
+fn quorum_list(
+    shared: &Shared,
+    sel: &Selector,
+    params: &[(String, String)],
+) -> (Response<Body>, usize) {
     let limit = param(params, "limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
@@ -79,14 +104,15 @@ pub(super) fn list(shared: &Shared, params: &[(String, String)]) -> Response<Bod
         Some(c) => match decode_continue(c) {
             Some((rv, last)) if rv >= store.history_floor => (rv, Some(last)),
             Some(_) => {
-                return status(
+                let res = status(
                     410,
                     "Expired",
                     "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
                     None,
                 );
+                return (res, 0);
             }
-            None => return status(400, "BadRequest", "invalid continue token", None),
+            None => return (status(400, "BadRequest", "invalid continue token", None), 0),
         },
         None => (store.rv, None),
     };
@@ -100,7 +126,7 @@ pub(super) fn list(shared: &Shared, params: &[(String, String)]) -> Response<Bod
     let mut items = Vec::new();
     let mut remaining = 0usize;
     let mut last_name = None;
-    let everything = sel == Selector::default();
+    let everything = *sel == Selector::default();
     for (name, o) in range {
         // Without a selector no object's labels need reading: counting what remains is cheap.
         if !everything && !sel.matches(&obj_labels(o)) {
@@ -120,10 +146,64 @@ pub(super) fn list(shared: &Shared, params: &[(String, String)]) -> Response<Bod
         meta["continue"] = json!(encode_continue(rv, &last));
         meta["remainingItemCount"] = json!(remaining);
     }
-    json_response(
+    let sent = items.len();
+    let res = json_response(
         StatusCode::OK,
         &json!({"apiVersion": format!("{GROUP}/{VERSION}"), "kind": format!("{KIND}List"), "metadata": meta, "items": items}),
-    )
+    );
+    (res, sent)
+}
+
+/// `resourceVersion=0`: everything from the watch cache in one response (no `limit`, no
+/// `continue`), streamed out in chunks at the cache's pace.
+fn cache_list(shared: &Shared, sel: &Selector) -> Response<Body> {
+    let store = shared.store();
+    let rv = store.rv;
+    let objects: Vec<Value> = store
+        .objects
+        .values()
+        .filter(|o| *sel == Selector::default() || sel.matches(&obj_labels(o)))
+        .cloned()
+        .collect();
+    drop(store);
+    let per_object = shared.config.reads.cache_per_object;
+    let head = format!(
+        r#"{{"apiVersion":"{GROUP}/{VERSION}","kind":"{KIND}List","metadata":{{"resourceVersion":"{rv}"}},"items":["#
+    );
+    let (tx, out) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    tokio::spawn(async move {
+        if tx.send(Ok(Frame::data(Bytes::from(head)))).await.is_err() {
+            return;
+        }
+        for (n, chunk) in objects.chunks(CHUNK).enumerate() {
+            tokio::time::sleep(per_object * chunk.len() as u32).await;
+            let mut text = String::new();
+            for (i, o) in chunk.iter().enumerate() {
+                if n > 0 || i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&o.to_string());
+            }
+            if tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"]}")))).await;
+    });
+    streamed(out)
+}
+
+/// A response whose body is what the channel carries.
+fn streamed(out: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>) -> Response<Body> {
+    let stream = futures::stream::unfold(out, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut res = Response::new(StreamBody::new(stream).boxed());
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
 }
 
 pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
@@ -137,9 +217,42 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
     let from: Option<u64> = param(params, "resourceVersion")
         .and_then(|r| r.parse().ok())
         .filter(|r| *r > 0);
+    let initial_events = param(params, "sendInitialEvents") == Some("true");
+    if initial_events {
+        if !shared.config.reads.watch_list {
+            return status(
+                422,
+                "Invalid",
+                "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                None,
+            );
+        }
+        if param(params, "resourceVersionMatch") != Some("NotOlderThan") {
+            return status(
+                422,
+                "Invalid",
+                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                None,
+            );
+        }
+        shared.count("WATCH with initial events");
+    }
     let store = shared.store();
     let mut initial: Vec<String> = Vec::new();
     match from {
+        // A streaming list: the current state, then a bookmark that says it is complete.
+        _ if initial_events => {
+            for o in store.objects.values() {
+                if sel.matches(&obj_labels(o)) {
+                    initial.push(json!({"type": "ADDED", "object": o}).to_string());
+                }
+            }
+            initial.push(
+                json!({"type": "BOOKMARK", "object": {"kind": KIND, "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "metadata": {"resourceVersion": store.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+                .to_string(),
+            );
+        }
         Some(rv) if rv < store.history_floor => {
             let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": format!("too old resource version: {rv} ({})", store.history_floor), "reason": "Expired", "code": 410}});
@@ -165,13 +278,22 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
     let start_rv = store.rv;
     drop(store);
     let (tx, out) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(256);
+    let pace = if initial_events {
+        shared.config.reads.cache_per_object
+    } else {
+        Duration::ZERO
+    };
     tokio::spawn(async move {
-        for line in initial {
-            if tx
-                .send(Ok(Frame::data(Bytes::from(line + "\n"))))
-                .await
-                .is_err()
-            {
+        for chunk in initial.chunks(CHUNK) {
+            if !pace.is_zero() {
+                tokio::time::sleep(pace * chunk.len() as u32).await;
+            }
+            let mut text = String::new();
+            for line in chunk {
+                text.push_str(line);
+                text.push('\n');
+            }
+            if tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_err() {
                 return;
             }
         }
@@ -202,15 +324,7 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
             }
         }
     });
-    let stream = futures::stream::unfold(out, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut res = Response::new(StreamBody::new(stream).boxed());
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    res
+    streamed(out)
 }
 
 fn event_matches(line: &str, sel: &Selector) -> bool {

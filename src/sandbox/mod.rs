@@ -15,8 +15,8 @@ mod store;
 
 pub use faults::{Fault, FaultConfig, Rng};
 pub use selector::Selector;
-pub use state::SandboxConfig;
 use state::Shared;
+pub use state::{ReadModel, SandboxConfig};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

@@ -164,7 +164,7 @@ async fn handle(
                 {
                     watch(&shared, &params)
                 }
-                (Method::GET, true) => list(&shared, &params),
+                (Method::GET, true) => list(&shared, &params).await,
                 (Method::POST, true) => create_identity(&shared, &body),
                 (Method::GET, false) => match shared.store().objects.get(&name) {
                     Some(o) => json_response(StatusCode::OK, o),

@@ -869,3 +869,61 @@ fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
         "rollback: 1 deleted, 1 already gone, 1 kept, 0 not attempted, 0 failed"
     );
 }
+
+#[test]
+fn the_table_shows_while_kubernetes_is_listed() {
+    let mut m = Model::new(IdRange::for_cluster(0).unwrap(), true);
+    update(&mut m, Msg::Resize { rows: 30 });
+    init(&mut m);
+    let (masters, k8s) = world();
+    // The kvstore side first: rows with ids and labels, kinds pending.
+    let kv_only = plan(
+        &masters,
+        &HashMap::new(),
+        &BTreeMap::new(),
+        IdRange::for_cluster(0).unwrap(),
+    );
+    update(
+        &mut m,
+        Msg::Engine(Event::KvRead {
+            generation: 1,
+            items: kv_only,
+        }),
+    );
+    update(
+        &mut m,
+        Msg::Engine(Event::Listing {
+            generation: 1,
+            listed: 3000,
+            elapsed: Duration::from_secs(2),
+        }),
+    );
+    update(&mut m, key('2'));
+    let screen = render(&m);
+    assert!(
+        screen.contains("listing CiliumIdentity objects: 3000 so far (1500/s)"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("k8s:app=web;"),
+        "labels show at once:\n{screen}"
+    );
+    assert!(
+        !screen.contains("already-migrated"),
+        "kinds wait for Kubernetes:\n{screen}"
+    );
+    // Keys work meanwhile; decisions wait.
+    update(&mut m, key('j'));
+    assert_eq!(m.table.selected, 1);
+    update(&mut m, key('3'));
+    m.review.conflict = Some(0);
+    assert!(update(&mut m, key('a')).is_empty());
+    assert!(matches!(&m.modal, Some(Modal::Message(t)) if t.contains("scan is still running")));
+    m.modal = None;
+    // The whole scan replaces the rows, with their kinds.
+    update(&mut m, Msg::Engine(scan_event(1)));
+    assert!(!m.scan.k8s_pending && m.scan.listing.is_none());
+    update(&mut m, key('2'));
+    assert!(render(&m).contains("already-migrated"));
+    let _ = k8s;
+}

@@ -248,3 +248,44 @@ async fn completions_manual_version_and_the_kubectl_plugin() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("Usage: kubectl cilium-idmig"), "{help}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plans_read_the_cache_and_verdicts_read_consistently() {
+    use cilium_idmig::sandbox::ReadModel;
+    let w = World::new(SandboxConfig {
+        reads: ReadModel {
+            watch_list: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let quorum = |w: &World| w.sb.request_count("LIST quorum");
+    let cached = |w: &World| {
+        w.sb.request_count("WATCH with initial events") + w.sb.request_count("LIST from cache")
+    };
+    let r = w.cli(&["plan"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!((cached(&w), quorum(&w)), (1, 0), "plan reads the cache");
+    w.sb.reset_counts();
+    let r = w.cli(&["apply", "--yes", "--accept-proposals"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        (cached(&w), quorum(&w)),
+        (1, 0),
+        "apply's re-read too: a create is guarded by its 409"
+    );
+    w.sb.reset_counts();
+    let r = w.cli(&["verify"]).await;
+    assert!(
+        quorum(&w) >= 1 && cached(&w) == 0,
+        "verify reads consistently: {}",
+        r.stdout
+    );
+    w.sb.reset_counts();
+    let r = w.cli(&["plan", "--consistent-reads"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(cached(&w), 0, "--consistent-reads forces quorum reads");
+    assert!(quorum(&w) >= 1);
+}

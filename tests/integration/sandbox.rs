@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use cilium_idmig::core::identity::identity_object;
 use cilium_idmig::core::labels::SecurityLabels;
-use cilium_idmig::io::k8s::{CrdState, K8sTarget, RequestError};
+use cilium_idmig::io::k8s::{CrdState, K8sTarget, ReadMode, RequestError};
 use cilium_idmig::sandbox::{Fault, FaultConfig, Sandbox, SandboxConfig};
 
 use crate::harness::http;
@@ -151,9 +151,16 @@ async fn list_pages_with_limit_and_continue_and_selects_by_label() {
     let (code, _, _) = http(&sb.url(), "GET", &format!("{IDS}?continue=zz"), None).await;
     assert_eq!(code, 400);
 
-    // The product's lister reads all pages and sets aside names that are not ids.
+    // The product's lister reads all pages and sets aside names that are not ids; a read
+    // from the cache (one response here) finds the same.
     let target = K8sTarget::from_url(&sb.url()).unwrap();
-    let snap = target.list_identities(100).await.unwrap();
+    let snap = target
+        .list_identities(ReadMode::Consistent, None)
+        .await
+        .unwrap();
+    let cached = target.list_identities(ReadMode::Cache, None).await.unwrap();
+    assert_eq!(cached.identities, snap.identities);
+    assert_eq!(cached.other_names, snap.other_names);
     assert_eq!(snap.identities.len(), 1203);
     assert_eq!(snap.other_names, vec!["not-a-number".to_string()]);
     assert_eq!(
@@ -214,7 +221,7 @@ async fn crd_lifecycle_plain_404_until_established() {
     .unwrap();
     let target = K8sTarget::from_url(&sb.url()).unwrap();
     assert_eq!(target.crd_state().await.unwrap(), CrdState::Missing);
-    let snap = target.list_identities(500).await.unwrap();
+    let snap = target.list_identities(ReadMode::Cache, None).await.unwrap();
     assert!(!snap.crd_present);
     target.create_crd().await.unwrap();
     assert_eq!(
@@ -360,4 +367,86 @@ async fn delete_preconditions_are_honoured_as_the_api_server_does() {
     // Gone: 404 NotFound.
     let e = target.delete_identity(300, &found).await.unwrap_err();
     assert!(e.is_not_found(), "{e}");
+}
+
+/// A sandbox holding `n` identities, serving reads as `reads` says.
+async fn sandbox_with(n: u32, reads: cilium_idmig::sandbox::ReadModel) -> Sandbox {
+    let sb = Sandbox::start(SandboxConfig {
+        reads,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for i in 0..n {
+        sb.seed_identity(1000 + i, &labels(&format!("a{i}")));
+    }
+    sb
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_read_the_cache_a_stream_or_quorum_pages_as_asked() {
+    use cilium_idmig::sandbox::ReadModel;
+    // A server without streaming lists (1.19 to 1.33 by default): the cache read is one
+    // resourceVersion=0 response whatever the size; the refusal of the stream is remembered.
+    let sb = sandbox_with(1203, ReadModel::default()).await;
+    let target = K8sTarget::from_url(&sb.url()).unwrap();
+    let cached = target.list_identities(ReadMode::Cache, None).await.unwrap();
+    assert_eq!(cached.identities.len(), 1203);
+    assert_eq!(sb.request_count("LIST from cache"), 1);
+    assert_eq!(sb.request_count("WATCH with initial events"), 0);
+    target.list_identities(ReadMode::Cache, None).await.unwrap();
+    assert_eq!(sb.request_count("LIST from cache"), 2);
+    assert_eq!(
+        sb.request_count("GET ciliumidentities"),
+        3,
+        "one refused stream, then two cache lists"
+    );
+    // A consistent read: quorum pages of 500.
+    let listed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let quorum = target
+        .list_identities(ReadMode::Consistent, Some(listed.clone()))
+        .await
+        .unwrap();
+    assert_eq!(sb.request_count("LIST quorum"), 3);
+    assert_eq!(quorum.identities, cached.identities);
+    assert_eq!(listed.load(std::sync::atomic::Ordering::Relaxed), 1203);
+    // A server with streaming lists: one watch, its initial events, and the bookmark.
+    let sb = sandbox_with(
+        1203,
+        ReadModel {
+            watch_list: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let target = K8sTarget::from_url(&sb.url()).unwrap();
+    let streamed = target.list_identities(ReadMode::Cache, None).await.unwrap();
+    assert_eq!(streamed.identities, cached.identities);
+    assert_eq!(sb.request_count("WATCH with initial events"), 1);
+    assert_eq!(
+        sb.request_count("LIST from cache") + sb.request_count("LIST quorum"),
+        0
+    );
+    assert!(!streamed.resource_version.is_empty());
+    // The stream's contract: NotOlderThan, else Invalid.
+    let (code, _, text) = http(
+        &sb.url(),
+        "GET",
+        &format!("{IDS}?watch=1&sendInitialEvents=true"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 422, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_read_cut_short_is_read_again() {
+    let sb = sandbox_with(800, Default::default()).await;
+    sb.set_faults(FaultConfig {
+        queue: [Fault::Drop].into(),
+        ..Default::default()
+    });
+    let target = K8sTarget::from_url(&sb.url()).unwrap();
+    let snap = target.list_identities(ReadMode::Cache, None).await.unwrap();
+    assert_eq!(snap.identities.len(), 800);
 }

@@ -115,6 +115,10 @@ pub struct ScanState {
     pub counting: bool,
     /// Identities added and removed in the kvstore since the scan.
     pub drift: (u64, u64),
+    /// The table holds the kvstore side only: Kubernetes is still being listed.
+    pub k8s_pending: bool,
+    /// Kubernetes objects listed so far by the running scan, and for how long it has run.
+    pub listing: Option<(usize, std::time::Duration)>,
 }
 
 /// What the preflight and the latest scan found, with the operator's decisions in the items.

@@ -18,6 +18,9 @@ pub(super) fn log_decision(name: &'static str, item: &PlanItem) -> Command {
 /// Applies one decision to the conflict under review, records it for undo, logs it at once,
 /// and moves on to the next undecided conflict.
 pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
+    if scan_running(model) {
+        return vec![];
+    }
     let Some(i) = model.review.conflict else {
         return vec![];
     };
@@ -68,6 +71,16 @@ fn bulk_name(decision: Decision) -> &'static str {
     }
 }
 
+/// Decisions wait for a running scan: the items they would change are about to be replaced.
+fn scan_running(model: &mut Model) -> bool {
+    if model.scan.scanning {
+        model.modal = Some(Modal::Message(
+            "the scan is still running: decisions wait until both sides are read".into(),
+        ));
+    }
+    model.scan.scanning
+}
+
 /// Applies `decision` to each of `targets` it fits, as one undo step; each item gets its own
 /// decision log line, marked as a bulk decision. Items it does not fit stay as they were.
 pub(super) fn decide_bulk(
@@ -75,6 +88,9 @@ pub(super) fn decide_bulk(
     targets: &[usize],
     decision: Decision,
 ) -> Vec<Command> {
+    if scan_running(model) {
+        return vec![];
+    }
     let mut step = Vec::new();
     let mut cmds = Vec::new();
     let mut refused = 0;

@@ -80,6 +80,8 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             model.scan.scanning = false;
             model.scan.counting = true;
             model.scan.drift = (0, 0);
+            model.scan.k8s_pending = false;
+            model.scan.listing = None;
             let kept = merge_decisions(&model.cluster.items, scan.items);
             model.cluster.k8s = scan.k8s;
             model.cluster.crd_present = scan.crd_present;
@@ -122,7 +124,10 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
         } => {
             match task {
                 Task::Scan if generation != model.scan.generation => return vec![],
-                Task::Scan => model.scan.scanning = false,
+                Task::Scan => {
+                    model.scan.scanning = false;
+                    model.scan.listing = None;
+                }
                 Task::NodeCount => model.scan.counting = false,
                 Task::Apply => {
                     model.commit.phase = CommitPhase::Done;
@@ -172,6 +177,28 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                 return commit::plan_rollback(model);
             }
             rescan(model)
+        }
+        ServiceEvent::KvRead { generation, items } => {
+            // The first scan shows the kvstore side at once; a rescan keeps the table it has.
+            if generation == model.scan.generation && model.cluster.items.is_empty() {
+                model.scan.k8s_pending = true;
+                model.status = format!(
+                    "read {} kvstore identities; listing Kubernetes…",
+                    items.len()
+                );
+                model.set_items(items);
+            }
+            vec![]
+        }
+        ServiceEvent::Listing {
+            generation,
+            listed,
+            elapsed,
+        } => {
+            if generation == model.scan.generation && model.scan.scanning {
+                model.scan.listing = Some((listed, elapsed));
+            }
+            vec![]
         }
         ServiceEvent::Drift { added, removed } => {
             model.scan.drift = (added, removed);

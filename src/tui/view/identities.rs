@@ -52,11 +52,23 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             if start + n == model.table.selected {
                 style = style.patch(t.selected());
             }
+            // Until Kubernetes is read, only the kvstore's side of a row is known.
+            let pending =
+                model.scan.k8s_pending && item.kind != crate::core::planner::Kind::Invalid;
+            let (symbol_cell, kind_cell, target_cell) = if pending {
+                ("…".to_string(), "…".to_string(), "…".to_string())
+            } else {
+                (
+                    format!("{}{decided}", symbol(item.kind)),
+                    item.kind.as_str().to_string(),
+                    format!("{target} {}", item.action.as_str()),
+                )
+            };
             Row::new(vec![
-                Cell::from(format!("{}{decided}", symbol(item.kind))),
+                Cell::from(symbol_cell),
                 Cell::from(item.id.clone()),
-                Cell::from(item.kind.as_str()),
-                Cell::from(format!("{target} {}", item.action.as_str())),
+                Cell::from(kind_cell),
+                Cell::from(target_cell),
                 Cell::from(if model.scan.counting {
                     "…".to_string()
                 } else {

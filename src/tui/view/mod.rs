@@ -40,7 +40,16 @@ pub fn view(model: &Model, frame: &mut Frame) {
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];
-    if model.scan.scanning {
+    if let (true, Some((listed, elapsed))) = (model.scan.scanning, model.scan.listing) {
+        let rate = listed as f64 / elapsed.as_secs_f64().max(0.001);
+        status_spans.insert(
+            0,
+            Span::styled(
+                format!("listing CiliumIdentity objects: {listed} so far ({rate:.0}/s)… "),
+                t.fg(Color::Yellow),
+            ),
+        );
+    } else if model.scan.scanning {
         status_spans.insert(0, Span::styled("scanning… ", t.fg(Color::Yellow)));
     } else if model.scan.counting {
         status_spans.insert(0, Span::styled("counting nodes… ", t.fg(Color::Yellow)));

@@ -5,7 +5,8 @@
 //! 10,000 and 65,280 identities, in one run: the raw cache list (bytes only, nothing parsed),
 //! `plan`, an `apply` rerun, `verify`, `plan --consistent-reads` (wall and peak RSS of the
 //! real processes), and the TUI's first screen and full table. `cargo bench --bench reads`;
-//! `IDMIG_BENCH_SIZES=1000,10000` picks sizes. Prints a Markdown table.
+//! `IDMIG_BENCH_SIZES=1000,10000` picks sizes, `IDMIG_BENCH_HOLD=1` keeps each size's etcd
+//! and API server up for profiling by hand. Prints a Markdown table.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -137,6 +138,15 @@ async fn main() {
             let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
             measured(&args)
         };
+        if std::env::var_os("IDMIG_BENCH_HOLD").is_some() {
+            // Keep this size's etcd and API server up, to profile a command by hand.
+            eprintln!(
+                "holding: {} plan {}",
+                env!("CARGO_BIN_EXE_cilium-idmig"),
+                conn.join(" ")
+            );
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
         let ids = "/apis/cilium.io/v2/ciliumidentities";
         let (raw_cache, bytes) = raw_get(&sb.url(), &format!("{ids}?resourceVersion=0")).await;
         eprintln!("   raw cache list {} ({} MB)", secs(raw_cache), bytes >> 20);

@@ -174,7 +174,7 @@ async fn main() {
         let mut snap = snap.expect("snapshot");
         let (node_count, counts) = time_async(3, || conn.count_nodes(&snap, eopts.page_size)).await;
         snap.node_counts = counts.expect("node counts");
-        let value_keys: u64 = snap.node_counts.values().map(|&n| u64::from(n)).sum();
+        let value_keys: u64 = snap.node_counts.total();
         assert_eq!(snap.masters.len(), n);
 
         let seeded = Sandbox::start(SandboxConfig::default())

@@ -9,7 +9,7 @@ use crate::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::ApplyReport;
 use crate::core::kvstore::{KvSnapshot, SourceInfo};
 use crate::core::planner::resume::{self, Dropped, Resumed};
-use crate::core::planner::{self, PlanItem, reconcile};
+use crate::core::planner::{self, PlanItem};
 use crate::core::range::{ClusterScope, IdRange};
 use crate::core::verify::{self, Expectations, VerifyReport};
 use crate::error::{Error, Result};
@@ -18,7 +18,8 @@ use crate::io::k8s::{K8sSnapshot, K8sTarget, ReadMode};
 use crate::io::kv_source::KvSource;
 use crate::io::plan_file::{PlanFile, TargetInfo};
 
-/// Both sides read, and the plan made from them.
+/// Both sides read, and the plan made from them. The kvstore entries' label keys moved into
+/// the items: `kv` keeps the snapshot's source and node counts, not its entries.
 pub struct Scan {
     pub kv: KvSnapshot,
     pub k8s: K8sSnapshot,
@@ -27,8 +28,10 @@ pub struct Scan {
 
 /// Reads the kvstore and Kubernetes concurrently and plans.
 pub async fn scan(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<Scan> {
-    let (kv, k8s) = tokio::try_join!(kv.read(), target.list_identities(target.read_mode(), None))?;
-    let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
+    let (mut kv, k8s) =
+        tokio::try_join!(kv.read(), target.list_identities(target.read_mode(), None))?;
+    let masters = std::mem::take(&mut kv.masters);
+    let items = planner::plan_taking(masters, &kv.node_counts, &k8s.identities, range);
     Ok(Scan { kv, k8s, items })
 }
 
@@ -49,11 +52,12 @@ pub async fn scan_listing(
     range: IdRange,
     listed: Option<Arc<AtomicUsize>>,
 ) -> Result<Scan> {
-    let (kv, k8s) = tokio::try_join!(
+    let (mut kv, k8s) = tokio::try_join!(
         kv.read_masters(),
         target.list_identities(target.read_mode(), listed)
     )?;
-    let items = planner::plan(&kv.masters, &kv.node_counts, &k8s.identities, range);
+    let masters = std::mem::take(&mut kv.masters);
+    let items = planner::plan_taking(masters, &kv.node_counts, &k8s.identities, range);
     Ok(Scan { kv, k8s, items })
 }
 
@@ -64,13 +68,15 @@ pub fn target_info(target: &K8sTarget) -> TargetInfo {
     }
 }
 
-pub fn plan_file(scan: &Scan, target: &K8sTarget, scope: ClusterScope) -> PlanFile {
+/// The plan file of a scan; takes the scan, so the items are moved, not copied (at 65,280
+/// identities a copy costs tens of MiB).
+pub fn plan_file(scan: Scan, target: &K8sTarget, scope: ClusterScope) -> PlanFile {
     PlanFile::new(
-        scan.kv.source.clone(),
+        scan.kv.source,
         target_info(target),
         scope,
         scan.k8s.crd_present,
-        scan.items.clone(),
+        scan.items,
     )
 }
 
@@ -162,7 +168,7 @@ pub async fn apply(
     }
     let range = scope.range;
     // Node counts inform the operator, not the writes: apply skips that pass.
-    let scan = scan_without_counts(kv, target, range).await?;
+    let mut scan = scan_without_counts(kv, target, range).await?;
     tracing::info!(identities = scan.items.len(), "scanned both sides");
     if let Some(plan) = &req.plan
         && plan.source.prefix != scan.kv.source.prefix
@@ -184,13 +190,15 @@ pub async fn apply(
         Some(r)
     };
     let decisions = match (&req.plan, &resumed) {
-        (Some(p), _) => p.items.as_slice(),
-        (None, Some(r)) => r.items.as_slice(),
-        (None, None) => scan.items.as_slice(),
+        (Some(p), _) => Some(p.items.as_slice()),
+        (None, Some(r)) => Some(r.items.as_slice()),
+        (None, None) => None,
     };
-    let reconciled = reconcile(
+    // The live items are handed over: their label keys move into the operations.
+    let live = std::mem::take(&mut scan.items);
+    let reconciled = planner::reconcile_taking(
         decisions,
-        &scan.items,
+        live,
         &scan.k8s.identities,
         range,
         req.accept_proposals,
@@ -214,18 +222,22 @@ pub async fn apply(
         gone_from_kvstore,
     } = reconciled;
     tracing::info!(ops = ops.len(), "decisions re-validated");
+    // The operations carry all the writes need: the scan's items and Kubernetes map go now,
+    // not after the last write (tens of MiB on a large cluster).
+    let create_crd = !scan.k8s.crd_present;
+    let (resumed, dropped) = resumed.map_or((0, Vec::new()), |r| (r.resumed, r.dropped));
+    drop(scan);
     executor::log_decisions(log, &ops)?;
     let report = executor::apply(
         target,
         ops,
-        !scan.k8s.crd_present,
+        create_crd,
         &req.options,
         Some(log),
         watchers,
         stop,
     )
     .await?;
-    let (resumed, dropped) = resumed.map_or((0, Vec::new()), |r| (r.resumed, r.dropped));
     Ok(ApplyRun {
         not_in_plan,
         gone_from_kvstore,

@@ -14,7 +14,7 @@ use super::flows::{self, ApplyRun, ApplySpec};
 pub use super::preflight::{Check, PreflightReport};
 use crate::apply::executor::{ApplyOptions, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyEvent, Progress};
-use crate::core::kvstore::SourceInfo;
+use crate::core::kvstore::{NodeCounts, SourceInfo};
 use crate::core::labels::LabelKey;
 use crate::core::planner::resume::Dropped;
 use crate::core::planner::{Op, PlanItem, describe};
@@ -154,10 +154,10 @@ pub enum ServiceEvent {
         generation: u64,
         scan: Box<ScanResult>,
     },
-    /// Nodes using each label key (keyed by the label key as text).
+    /// Nodes using each label key.
     NodeCounts {
         generation: u64,
-        counts: HashMap<String, u32>,
+        counts: NodeCounts,
     },
     Apply(ApplyEvent),
     /// An apply finished; `verify` is there when the commit asked for it and was not stopped.
@@ -545,13 +545,7 @@ async fn scan(
     }
     // The table is on screen; now the slow count of node references.
     let ev = match cfg.kv.count_nodes(&kv).await {
-        Ok(counts) => ServiceEvent::NodeCounts {
-            generation,
-            counts: counts
-                .into_iter()
-                .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
-                .collect(),
-        },
+        Ok(counts) => ServiceEvent::NodeCounts { generation, counts },
         Err(e) => ServiceEvent::failed(generation, Task::NodeCount, e),
     };
     let _ = tx.send(ev).await;

@@ -227,7 +227,7 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
         flows::scan(&kv, &target, scope.range),
     )
     .await?;
-    let plan = flows::plan_file(&scan, &target, scope);
+    let plan = flows::plan_file(scan, &target, scope);
     print!("{}", report::plan_summary(&plan));
     if let Some(path) = output {
         plan.save(&path)?;
@@ -444,7 +444,7 @@ async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Resul
     let scan = flows::scan(&world.kv, &world.target, world.scope.range).await?;
     print!(
         "{}",
-        report::plan_summary(&flows::plan_file(&scan, &world.target, world.scope))
+        report::plan_summary(&flows::plan_file(scan, &world.target, world.scope))
     );
     println!("\napplying with --accept-proposals ...");
     let log_path = log_path.unwrap_or_else(decision_log::default_path);

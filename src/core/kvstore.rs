@@ -98,12 +98,102 @@ pub struct KvSnapshot {
     pub source: SourceInfo,
     pub masters: Vec<MasterEntry>,
     /// Number of `value/` keys per label key: how many nodes use each identity.
-    pub node_counts: HashMap<Vec<u8>, u32>,
+    pub node_counts: NodeCounts,
+}
+
+/// Nodes using each label key. Keyed by a 64-bit hash of the label key rather than a copy
+/// of it: at 65,280 identities the copies cost 18 MiB, the hashes 2. Two label keys sharing
+/// a hash (about one chance in 10^10 at that size) would only show one node count for both;
+/// no write depends on a count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCounts(HashMap<u64, u32>);
+
+impl NodeCounts {
+    fn hash(label_key: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys: the same hash in every process.
+        let mut h = std::hash::DefaultHasher::new();
+        label_key.hash(&mut h);
+        h.finish()
+    }
+
+    pub fn with_capacity(n: usize) -> Self {
+        NodeCounts(HashMap::with_capacity(n))
+    }
+
+    /// Nodes using `label_key` (0 when none).
+    pub fn get(&self, label_key: &[u8]) -> u32 {
+        self.0.get(&Self::hash(label_key)).copied().unwrap_or(0)
+    }
+
+    /// Adds `n` nodes to `label_key`.
+    pub fn add(&mut self, label_key: &[u8], n: u32) {
+        *self.0.entry(Self::hash(label_key)).or_default() += n;
+    }
+
+    /// Label keys with at least one node.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `value/` keys counted in all.
+    pub fn total(&self) -> u64 {
+        self.0.values().map(|&n| u64::from(n)).sum()
+    }
+}
+
+/// Node counts as the planner reads them: a snapshot's, or a plain map in tests and
+/// generated data.
+pub trait NodesOf {
+    fn nodes_of(&self, label_key: &[u8]) -> u32;
+}
+
+impl NodesOf for NodeCounts {
+    fn nodes_of(&self, label_key: &[u8]) -> u32 {
+        self.get(label_key)
+    }
+}
+
+impl NodesOf for HashMap<Vec<u8>, u32> {
+    fn nodes_of(&self, label_key: &[u8]) -> u32 {
+        self.get(label_key).copied().unwrap_or(0)
+    }
+}
+
+impl From<&HashMap<Vec<u8>, u32>> for NodeCounts {
+    fn from(m: &HashMap<Vec<u8>, u32>) -> Self {
+        let mut out = NodeCounts::with_capacity(m.len());
+        for (k, n) in m {
+            out.add(k, *n);
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_counts_are_kept_per_label_key_without_copying_it() {
+        let mut c = NodeCounts::default();
+        c.add(b"k8s:a=1;", 1);
+        c.add(b"k8s:a=1;", 2);
+        c.add(b"k8s:a=2;", 1);
+        assert_eq!(
+            (c.get(b"k8s:a=1;"), c.get(b"k8s:a=2;"), c.get(b"k8s:a=3;")),
+            (3, 1, 0)
+        );
+        assert_eq!((c.len(), c.total()), (2, 4));
+        let m: HashMap<Vec<u8>, u32> =
+            [(b"k8s:a=1;".to_vec(), 3), (b"k8s:a=2;".to_vec(), 1)].into();
+        assert_eq!(NodeCounts::from(&m), c);
+        assert_eq!(m.nodes_of(b"k8s:a=1;"), c.nodes_of(b"k8s:a=1;"));
+    }
 
     #[test]
     fn classifies_keys() {

@@ -2,7 +2,6 @@
 //! consistent snapshot of the identities in pages at one pinned revision. Read-only: this
 //! module issues range requests and nothing else.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use serde::Deserialize;
 
 use crate::core::kvstore::{
-    KeyKind, KvSnapshot, MasterEntry, SourceInfo, classify_key, normalize_prefix,
+    KeyKind, KvSnapshot, MasterEntry, NodeCounts, SourceInfo, classify_key, normalize_prefix,
 };
 use crate::error::{Error, Result};
 
@@ -189,11 +188,7 @@ impl EtcdConnection {
     /// walks every key from a request's start to its range end before applying the limit, so
     /// one wide range paged costs O(n²/page); the snapshot's label keys split the `value/`
     /// space into ranges of about a page each, which keeps the pass linear.
-    pub async fn count_nodes(
-        &self,
-        snap: &KvSnapshot,
-        page_size: i64,
-    ) -> Result<HashMap<Vec<u8>, u32>> {
+    pub async fn count_nodes(&self, snap: &KvSnapshot, page_size: i64) -> Result<NodeCounts> {
         let prefix = normalize_prefix(&snap.source.prefix);
         let revision = snap.source.revision;
         let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
@@ -207,15 +202,10 @@ impl EtcdConnection {
             .collect();
         bounds.sort_unstable();
         bounds.dedup();
-        let mut counts: HashMap<Vec<u8>, u32> = HashMap::with_capacity(snap.masters.len());
+        let mut counts = NodeCounts::with_capacity(snap.masters.len());
         let mut count_into = |item: &etcd_client::KeyValue| {
             if let KeyKind::Slave { label_key, .. } = classify_key(&prefix, item.key()) {
-                match counts.get_mut(label_key) {
-                    Some(n) => *n += 1,
-                    None => {
-                        counts.insert(label_key.to_vec(), 1);
-                    }
-                }
+                counts.add(label_key, 1);
             }
         };
         let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);

@@ -1,9 +1,7 @@
 //! Where the kvstore identities come from: a real etcd (read only), or an in-memory snapshot
 //! (the demo's, or a test's). Both answer the same two reads.
 
-use std::collections::HashMap;
-
-use crate::core::kvstore::KvSnapshot;
+use crate::core::kvstore::{KvSnapshot, NodeCounts};
 use crate::error::Result;
 use crate::io::etcd::{self, EtcdOptions};
 
@@ -56,7 +54,7 @@ impl KvSource {
     }
 
     /// Nodes using each label key, at the snapshot's revision (the slow half of a read).
-    pub async fn count_nodes(&self, snap: &KvSnapshot) -> Result<HashMap<Vec<u8>, u32>> {
+    pub async fn count_nodes(&self, snap: &KvSnapshot) -> Result<NodeCounts> {
         match self {
             KvSource::Etcd(opts) => {
                 etcd::EtcdConnection::connect(opts)

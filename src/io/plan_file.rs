@@ -148,7 +148,7 @@ mod tests {
     fn sample() -> PlanFile {
         let items = crate::core::planner::plan(
             &[crate::core::kvstore::MasterEntry::new("300", "k8s:a=b;")],
-            &Default::default(),
+            &crate::core::kvstore::NodeCounts::default(),
             &Default::default(),
             IdRange::for_cluster(0).unwrap(),
         );

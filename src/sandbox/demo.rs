@@ -49,7 +49,7 @@ pub async fn world(cfg: DemoConfig) -> Result<(Sandbox, KvSource)> {
             prefix: DEFAULT_PREFIX.into(),
         },
         masters: data.masters,
-        node_counts: data.node_counts,
+        node_counts: (&data.node_counts).into(),
     });
     Ok((sandbox, kv))
 }

@@ -233,7 +233,8 @@ pub fn generate(cfg: &GenConfig) -> Result<Generated> {
     for n in 0..n_invalid {
         out.masters.push(malformed(&mut rng, n, range));
     }
-    if top < range.min + valid as u32 {
+    // kvstore ids are min..min+valid; Kubernetes-only ones top+1..=max.
+    if u64::from(top) + 1 < u64::from(range.min) + valid as u64 {
         return Err(Error::Config(
             "too many identities for the conflict shares asked for".into(),
         ));

@@ -92,8 +92,8 @@ fn scanned_model() -> Model {
 
 fn counts_event(generation: u64) -> Event {
     let (masters, _) = world();
-    let mut counts = HashMap::new();
-    counts.insert(String::from_utf8(masters[1].value.clone()).unwrap(), 4);
+    let mut counts = crate::core::kvstore::NodeCounts::default();
+    counts.add(&masters[1].value, 4);
     Event::NodeCounts { generation, counts }
 }
 

@@ -172,7 +172,7 @@ mod tests {
             existing_labels: None,
             labels_present_at: (kind == Kind::Duplicate || kind == Kind::Reuse).then_some(900),
             nodes: 0,
-            reason: String::new(),
+            reason: Default::default(),
             decided: false,
         }
     }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::core::kvstore::parse_id;
@@ -98,7 +100,9 @@ pub struct PlanItem {
     pub labels_present_at: Option<u32>,
     /// Number of nodes whose `value/` key references these labels.
     pub nodes: u32,
-    pub reason: String,
+    /// Why the item is what it is. The common reasons are fixed text, shared rather than
+    /// copied into each of tens of thousands of items.
+    pub reason: Cow<'static, str>,
     /// Set by the operator (or `--accept-proposals`) for remap and duplicate items.
     #[serde(default)]
     pub decided: bool,

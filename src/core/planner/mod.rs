@@ -10,9 +10,10 @@ mod rules;
 pub use decision::{DecidedBy, Decision, WriteSummary, describe};
 pub use item::{Action, Kind, PlanItem, Summary, summarize};
 pub use reconcile::{
-    Op, OpKind, ReconcileError, Reconciled, check_create_target, reconcile, validate_new_target,
+    Op, OpKind, ReconcileError, Reconciled, check_create_target, reconcile, reconcile_taking,
+    validate_new_target,
 };
-pub use rules::plan;
+pub use rules::{plan, plan_taking};
 
 #[cfg(test)]
 mod tests;

@@ -83,10 +83,56 @@ pub fn reconcile(
     range: IdRange,
     accept_proposals: bool,
 ) -> Result<Reconciled, Vec<ReconcileError>> {
-    let live_by_id: HashMap<&str, &PlanItem> = live.iter().map(|i| (i.id.as_str(), i)).collect();
+    let (mut out, from) = reconcile_indexed(decisions, live, k8s, range, accept_proposals)?;
+    for (op, &i) in out.ops.iter_mut().zip(&from) {
+        op.label_key = live[i].labels.clone();
+    }
+    Ok(out)
+}
+
+/// `reconcile` that moves each live item's label key into its operation instead of copying
+/// it (a large apply's re-read need not hold the label keys twice); `decisions` `None` takes
+/// the live plan's own proposals.
+pub fn reconcile_taking(
+    decisions: Option<&[PlanItem]>,
+    live: Vec<PlanItem>,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    accept_proposals: bool,
+) -> Result<Reconciled, Vec<ReconcileError>> {
+    let (mut out, from) = reconcile_indexed(
+        decisions.unwrap_or(&live),
+        &live,
+        k8s,
+        range,
+        accept_proposals,
+    )?;
+    let mut labels: Vec<String> = live.into_iter().map(|l| l.labels).collect();
+    // Each live item backs at most one operation (a decision's id appears once).
+    for (op, &i) in out.ops.iter_mut().zip(&from) {
+        op.label_key = std::mem::take(&mut labels[i]);
+    }
+    Ok(out)
+}
+
+/// The operations with their label keys left empty, and for each the index of the live item
+/// it comes from (whose label key it carries).
+fn reconcile_indexed(
+    decisions: &[PlanItem],
+    live: &[PlanItem],
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    accept_proposals: bool,
+) -> Result<(Reconciled, Vec<usize>), Vec<ReconcileError>> {
+    let live_by_id: HashMap<&str, usize> = live
+        .iter()
+        .enumerate()
+        .map(|(n, i)| (i.id.as_str(), n))
+        .collect();
     let kv_ids: HashSet<u32> = live.iter().filter_map(|i| i.numeric_id()).collect();
     let decided_ids: HashSet<&str> = decisions.iter().map(|d| d.id.as_str()).collect();
     let mut out = Reconciled::default();
+    let mut from: Vec<usize> = Vec::new();
     let mut errors = Vec::new();
     let mut seen: HashSet<&str> = HashSet::new();
 
@@ -95,15 +141,19 @@ pub fn reconcile(
             errors.push(err(&d.id, "appears twice in the plan"));
             continue;
         }
-        let Some(l) = live_by_id.get(d.id.as_str()) else {
+        let Some(&n) = live_by_id.get(d.id.as_str()) else {
             out.gone_from_kvstore.push(d.id.clone());
             continue;
         };
-        match decide(d, l, k8s, range, &kv_ids, accept_proposals) {
-            Ok(op) => out.ops.push(op),
+        match decide(d, &live[n], k8s, range, &kv_ids, accept_proposals) {
+            Ok(op) => {
+                out.ops.push(op);
+                from.push(n);
+            }
             Err(reason) => errors.push(err(&d.id, &reason)),
         }
     }
+    let labels_of = |k: usize| live[from[k]].labels.as_str();
     out.not_in_plan = live
         .iter()
         .filter(|l| !decided_ids.contains(l.id.as_str()))
@@ -111,14 +161,20 @@ pub fn reconcile(
         .collect();
 
     // No two creates may claim one id.
-    let mut creates: HashMap<u32, Vec<&Op>> = HashMap::new();
-    for op in out.ops.iter().filter(|o| o.op == OpKind::Create) {
+    let mut creates: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (k, op) in out
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.op == OpKind::Create)
+    {
         if let Some(t) = op.target_id {
-            creates.entry(t).or_default().push(op);
+            creates.entry(t).or_default().push(k);
         }
     }
-    for (t, ops) in &creates {
-        if ops.len() > 1 {
+    for (t, ks) in &creates {
+        if ks.len() > 1 {
+            let ops: Vec<&Op> = ks.iter().map(|&k| &out.ops[k]).collect();
             let ids: Vec<&str> = ops.iter().map(|o| o.id.as_str()).collect();
             for op in ops {
                 errors.push(err(
@@ -132,12 +188,18 @@ pub fn reconcile(
         }
     }
     // A mapping must land on labels that exist in Kubernetes or that this plan creates.
-    for op in out.ops.iter().filter(|o| o.op == OpKind::Map) {
+    for (k, op) in out
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.op == OpKind::Map)
+    {
         let Some(t) = op.target_id else { continue };
-        let served = k8s.get(&t) == Some(&op.label_key)
+        let labels = labels_of(k);
+        let served = k8s.get(&t).is_some_and(|l| l == labels)
             || creates
                 .get(&t)
-                .is_some_and(|c| c.iter().any(|c| c.label_key == op.label_key));
+                .is_some_and(|c| c.iter().any(|&c| labels_of(c) == labels));
         if !served {
             errors.push(err(
                 &op.id,
@@ -146,7 +208,7 @@ pub fn reconcile(
         }
     }
     if errors.is_empty() {
-        Ok(out)
+        Ok((out, from))
     } else {
         errors.sort_by(|a, b| a.id.cmp(&b.id).then(a.reason.cmp(&b.reason)));
         Err(errors)
@@ -176,7 +238,8 @@ fn decide(
     }
     let mut op = Op {
         id: l.id.clone(),
-        label_key: l.labels.clone(),
+        // Filled in by the caller, by copy or by move.
+        label_key: String::new(),
         kind: l.kind,
         op: OpKind::Skip,
         target_id: None,
@@ -200,7 +263,7 @@ fn decide(
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
             if t == own {
-                if k8s.get(&own) == Some(&op.label_key) {
+                if k8s.get(&own) == Some(&l.labels) {
                     op.op = OpKind::AlreadyDone;
                     return Ok(op);
                 }
@@ -215,7 +278,7 @@ fn decide(
         Action::Create => {
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
-            if check_create_target(own, t, &op.label_key, range, kv_ids, k8s.get(&t))? {
+            if check_create_target(own, t, &l.labels, range, kv_ids, k8s.get(&t))? {
                 op.op = OpKind::AlreadyDone;
                 return Ok(op);
             }

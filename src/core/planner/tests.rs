@@ -311,6 +311,11 @@ proptest! {
     fn plan_invariants((masters, k8s) in world()) {
         let range = IdRange { min: 256, max: 400 };
         let items = plan(&masters, &HashMap::new(), &k8s, range);
+        // Moving the label keys instead of copying them plans and reconciles exactly the same.
+        prop_assert_eq!(&plan_taking(masters.clone(), &HashMap::new(), &k8s, range), &items);
+        let copied = reconcile(&items, &items, &k8s, range, true).map(|r| r.ops);
+        let moved = reconcile_taking(None, items.clone(), &k8s, range, true).map(|r| r.ops);
+        prop_assert_eq!(copied, moved);
         // Every kvstore identity appears exactly once.
         prop_assert_eq!(items.len(), masters.len());
         let ids: BTreeSet<&str> = items.iter().map(|i| i.id.as_str()).collect();

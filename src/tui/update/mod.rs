@@ -112,7 +112,7 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             model.scan.counting = false;
             for item in &mut model.cluster.items {
-                item.nodes = counts.get(&item.labels).copied().unwrap_or(0);
+                item.nodes = counts.get(item.labels.as_bytes());
             }
             model.rebuild_view();
             vec![]

@@ -3,8 +3,10 @@
 
 pub mod export;
 pub mod flows;
+pub mod metrics;
 pub mod preflight;
 pub mod report;
 pub mod rollback;
 pub mod service;
 pub mod signals;
+pub mod sync;

@@ -246,7 +246,7 @@ mod tests {
         let rules = super::required_rules();
         let has =
             |v: &str, g: &str, r: &str| rules.iter().any(|x| x == &(v.into(), g.into(), r.into()));
-        for verb in ["list", "get", "create"] {
+        for verb in ["list", "get", "create", "watch"] {
             assert!(has(verb, "cilium.io", "ciliumidentities"), "{verb}");
         }
         assert!(has(
@@ -264,20 +264,13 @@ mod tests {
             "authorization.k8s.io",
             "selfsubjectaccessreviews"
         ));
-        for never in [
-            "update",
-            "patch",
-            "delete",
-            "deletecollection",
-            "watch",
-            "*",
-        ] {
+        for never in ["update", "patch", "delete", "deletecollection", "*"] {
             assert!(
                 !rules.iter().any(|(v, _, _)| v == never),
                 "the role must not grant {never}"
             );
         }
-        assert_eq!(rules.len(), 6);
+        assert_eq!(rules.len(), 7);
         // Rollback, and only rollback, deletes.
         let rb = super::rollback_rules();
         assert!(rb.contains(&(

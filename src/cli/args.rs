@@ -153,6 +153,31 @@ pub enum CliCommand {
         #[arg(long, value_parser = parse_duration)]
         sandbox_latency: Option<Duration>,
     },
+    /// Carry the cluster through the rollout window: apply what is decided, then follow both
+    /// sides, mirror every new kvstore identity within seconds, report conflicts and split
+    /// allocations, and know when cutover is reached.
+    Sync {
+        #[command(flatten)]
+        conn: Conn,
+        /// Where decisions and outcomes go; a restart with the same log resumes its decisions.
+        #[arg(long)]
+        decision_log: Option<PathBuf>,
+        /// Also resume the decisions recorded in these decision logs (repeatable).
+        #[arg(long)]
+        resume: Vec<PathBuf>,
+        /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
+        #[arg(long)]
+        accept_proposals: bool,
+        /// Exit 0 at cutover (no value/ key left, nothing pending, verify passes); exit 1 if
+        /// stopped before with anything pending or failed.
+        #[arg(long)]
+        until_cutover: bool,
+        /// Serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9464.
+        #[arg(long)]
+        status_addr: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        tuning: Tuning,
+    },
     /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), e.g. `cilium-idmig man > cilium-idmig.1`.

@@ -157,6 +157,35 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let session = Session { resume, rollback };
             interactive(world, decision_log, tuning.options(), session, finish).await
         }
+        CliCommand::Sync {
+            conn,
+            decision_log,
+            resume,
+            accept_proposals,
+            until_cutover,
+            status_addr,
+            tuning,
+        } => {
+            let world = World {
+                kv: KvSource::Etcd(conn.etcd()),
+                target: conn.target().await?,
+                scope: conn.scope()?,
+            };
+            let opts = cilium_idmig::app::sync::SyncOptions {
+                accept_proposals,
+                until_cutover,
+                ..Default::default()
+            };
+            sync(
+                world,
+                decision_log,
+                resume,
+                opts,
+                status_addr,
+                tuning.options(),
+            )
+            .await
+        }
         CliCommand::Rollback {
             conn,
             decision_log,
@@ -335,6 +364,95 @@ async fn rollback(
         .iter()
         .all(|r| matches!(r.outcome, Outcome::Deleted | Outcome::AlreadyGone));
     Ok(if clean && run.report.stopped.is_none() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// `sync`, headless: a status line every few seconds (when it changed), a line per conflict,
+/// split allocation or trouble; stop signals end it after the writes in flight.
+async fn sync(
+    world: World,
+    log_path: Option<PathBuf>,
+    resume: Vec<PathBuf>,
+    opts: cilium_idmig::app::sync::SyncOptions,
+    status_addr: Option<std::net::SocketAddr>,
+    apply: ApplyOptions,
+) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::metrics::{self, Metrics};
+    use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
+    use cilium_idmig::apply::executor::StopFlag;
+    let log_path = log_path.unwrap_or_else(decision_log::default_path);
+    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let until_cutover = opts.until_cutover;
+    let cfg = Arc::new(ServiceConfig {
+        kv: world.kv,
+        target: world.target,
+        scope: world.scope,
+        log,
+        apply,
+        command: "sync",
+        resume,
+    });
+    cfg.log.begin_session(cfg.session())?;
+    let metrics = Arc::new(Metrics::new()?);
+    let server = match status_addr {
+        Some(addr) => {
+            let (bound, task) = metrics::serve(addr, metrics.clone()).await?;
+            println!("status: http://{bound}/healthz and http://{bound}/metrics");
+            Some(task)
+        }
+        None => None,
+    };
+    let stop = StopFlag::default();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(256);
+    let engine = tokio::spawn(sync_engine::run(
+        cfg.clone(),
+        opts,
+        metrics,
+        tx,
+        stop.clone(),
+    ));
+    let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
+    let mut shown = String::new();
+    let mut shown_at = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(SyncEvent::Status(s)) => {
+                    let line = s.to_string();
+                    if line != shown || shown_at.elapsed() > std::time::Duration::from_secs(30) {
+                        println!("{line}");
+                        shown = line;
+                        shown_at = std::time::Instant::now();
+                    }
+                }
+                Some(SyncEvent::Conflict { id, kind, reason }) => {
+                    println!("conflict: {id} is a {kind} and waits for a decision: {reason}");
+                }
+                Some(SyncEvent::Split(split)) => println!("{split}"),
+                Some(SyncEvent::Invalid { id, reason }) => println!("invalid: {id}: {reason}"),
+                Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
+                Some(SyncEvent::Cutover) => println!(
+                    "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes"
+                ),
+                None => break,
+            },
+            sig = signals.recv() => {
+                eprintln!("{}: no new writes; waiting for those in flight", sig.name());
+                stop.stop();
+            }
+        }
+    }
+    let end = engine.await.context("the sync engine stopped")??;
+    if let Some(task) = server {
+        task.abort();
+    }
+    println!("{}", end.status);
+    println!("decision log: {}", log_path.display());
+    let clean = end.status.failures == 0 && (!until_cutover || end.status.pending == 0);
+    Ok(if end.cutover || (clean && !until_cutover) {
         Exit::Ok
     } else {
         Exit::Failed

@@ -1,6 +1,6 @@
 //! The kvstore layout Cilium uses for identities, and the snapshot read from it (pure data).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -106,7 +106,12 @@ pub struct KvSnapshot {
 /// a hash (about one chance in 10^10 at that size) would only show one node count for both;
 /// no write depends on a count.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeCounts(HashMap<u64, u32>);
+pub struct NodeCounts {
+    by_label: HashMap<u64, u32>,
+    /// `value/` keys per node: the nodes still in kvstore mode (their keys live on leases
+    /// that lapse once an agent leaves kvstore mode).
+    by_node: BTreeMap<String, u32>,
+}
 
 impl NodeCounts {
     fn hash(label_key: &[u8]) -> u64 {
@@ -118,31 +123,69 @@ impl NodeCounts {
     }
 
     pub fn with_capacity(n: usize) -> Self {
-        NodeCounts(HashMap::with_capacity(n))
+        NodeCounts {
+            by_label: HashMap::with_capacity(n),
+            by_node: BTreeMap::new(),
+        }
     }
 
     /// Nodes using `label_key` (0 when none).
     pub fn get(&self, label_key: &[u8]) -> u32 {
-        self.0.get(&Self::hash(label_key)).copied().unwrap_or(0)
+        self.by_label
+            .get(&Self::hash(label_key))
+            .copied()
+            .unwrap_or(0)
     }
 
-    /// Adds `n` nodes to `label_key`.
+    /// Adds `n` nodes to `label_key` (node names unknown, as in generated data).
     pub fn add(&mut self, label_key: &[u8], n: u32) {
-        *self.0.entry(Self::hash(label_key)).or_default() += n;
+        *self.by_label.entry(Self::hash(label_key)).or_default() += n;
+    }
+
+    /// One `value/` key: `node` uses `label_key`.
+    pub fn add_key(&mut self, label_key: &[u8], node: &[u8]) {
+        self.add(label_key, 1);
+        *self
+            .by_node
+            .entry(String::from_utf8_lossy(node).into_owned())
+            .or_default() += 1;
+    }
+
+    /// One `value/` key gone (its lease lapsed, or the agent released the identity).
+    pub fn remove_key(&mut self, label_key: &[u8], node: &[u8]) {
+        let h = Self::hash(label_key);
+        if let Some(n) = self.by_label.get_mut(&h) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_label.remove(&h);
+            }
+        }
+        let node = String::from_utf8_lossy(node);
+        if let Some(n) = self.by_node.get_mut(node.as_ref()) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_node.remove(node.as_ref());
+            }
+        }
+    }
+
+    /// The nodes with at least one `value/` key: those still in kvstore mode.
+    pub fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.by_node.keys().map(String::as_str)
     }
 
     /// Label keys with at least one node.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.by_label.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.by_label.is_empty()
     }
 
     /// `value/` keys counted in all.
     pub fn total(&self) -> u64 {
-        self.0.values().map(|&n| u64::from(n)).sum()
+        self.by_label.values().map(|&n| u64::from(n)).sum()
     }
 }
 
@@ -189,6 +232,17 @@ mod tests {
             (3, 1, 0)
         );
         assert_eq!((c.len(), c.total()), (2, 4));
+        // Keys with their nodes: the nodes still in kvstore mode, and what lapses.
+        let mut k = NodeCounts::default();
+        k.add_key(b"k8s:a=1;", b"10.0.0.1");
+        k.add_key(b"k8s:a=2;", b"10.0.0.1");
+        k.add_key(b"k8s:a=1;", b"10.0.0.2");
+        assert_eq!(k.nodes().collect::<Vec<_>>(), ["10.0.0.1", "10.0.0.2"]);
+        k.remove_key(b"k8s:a=1;", b"10.0.0.2");
+        assert_eq!((k.get(b"k8s:a=1;"), k.nodes().count()), (1, 1));
+        k.remove_key(b"k8s:a=1;", b"10.0.0.1");
+        k.remove_key(b"k8s:a=2;", b"10.0.0.1");
+        assert!(k.is_empty() && k.nodes().next().is_none());
         let m: HashMap<Vec<u8>, u32> =
             [(b"k8s:a=1;".to_vec(), 3), (b"k8s:a=2;".to_vec(), 1)].into();
         assert_eq!(NodeCounts::from(&m), c);

@@ -56,7 +56,9 @@ impl EtcdConfigFile {
     }
 }
 
-/// The resolved connection: endpoints plus the options built from the config file.
+/// The resolved connection: endpoints plus the options built from the config file. Cheap to
+/// clone (the client is a handle on one channel).
+#[derive(Clone)]
 pub struct EtcdConnection {
     client: Client,
     endpoints: Vec<String>,
@@ -204,8 +206,8 @@ impl EtcdConnection {
         bounds.dedup();
         let mut counts = NodeCounts::with_capacity(snap.masters.len());
         let mut count_into = |item: &etcd_client::KeyValue| {
-            if let KeyKind::Slave { label_key, .. } = classify_key(&prefix, item.key()) {
-                counts.add(label_key, 1);
+            if let KeyKind::Slave { label_key, node } = classify_key(&prefix, item.key()) {
+                counts.add_key(label_key, node);
             }
         };
         let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
@@ -340,7 +342,127 @@ pub enum Drift {
     Compacted { compact_revision: i64 },
 }
 
+/// One change under the identities prefix, as `sync` follows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvChange {
+    /// `id/<id>` written (`value`) or deleted (`None`).
+    Master { id: Vec<u8>, value: Option<Vec<u8>> },
+    /// `value/<label key>/<node>` created or deleted (a rewrite of an existing key is not a
+    /// change of who uses what).
+    Slave {
+        label_key: Vec<u8>,
+        node: Vec<u8>,
+        present: bool,
+    },
+}
+
+/// What the identities watch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvWatchEvent {
+    /// Changes of one watch response, all at `revision`.
+    Changes {
+        changes: Vec<KvChange>,
+        revision: i64,
+    },
+    /// etcd compacted past the watched revision: read a fresh snapshot.
+    Compacted { compact_revision: i64 },
+}
+
 impl EtcdConnection {
+    /// Follows every key under the identities prefix from `revision + 1` until the receiver
+    /// goes away or the watch fails. Read-only, like everything here.
+    pub async fn watch_identities(
+        &self,
+        prefix: &str,
+        revision: i64,
+        tx: tokio::sync::mpsc::Sender<KvWatchEvent>,
+    ) -> Result<()> {
+        let prefix = normalize_prefix(prefix);
+        let mut client = self.client.clone();
+        let mut stream = client
+            .watch(
+                prefix.clone(),
+                Some(
+                    etcd_client::WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(revision + 1),
+                ),
+            )
+            .await
+            .map_err(|e| self.err("watch", e))?;
+        while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
+            if resp.compact_revision() > 0 {
+                let ev = KvWatchEvent::Compacted {
+                    compact_revision: resp.compact_revision(),
+                };
+                let _ = tx.send(ev).await;
+                return Ok(());
+            }
+            if resp.canceled() {
+                return Err(self.err(
+                    "watch",
+                    format!("cancelled by the server: {}", resp.cancel_reason()),
+                ));
+            }
+            let mut changes = Vec::new();
+            let mut rev = revision;
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                rev = rev.max(kv.mod_revision());
+                let delete = ev.event_type() == etcd_client::EventType::Delete;
+                match classify_key(&prefix, kv.key()) {
+                    KeyKind::Master { id } => changes.push(KvChange::Master {
+                        id: id.to_vec(),
+                        value: (!delete).then(|| kv.value().to_vec()),
+                    }),
+                    KeyKind::Slave { label_key, node }
+                        if delete || kv.create_revision() == kv.mod_revision() =>
+                    {
+                        changes.push(KvChange::Slave {
+                            label_key: label_key.to_vec(),
+                            node: node.to_vec(),
+                            present: !delete,
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            if !changes.is_empty()
+                && tx
+                    .send(KvWatchEvent::Changes {
+                        changes,
+                        revision: rev,
+                    })
+                    .await
+                    .is_err()
+            {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The nodes whose `value/` keys use `label_key`, now (keys only).
+    pub async fn nodes_using(&self, prefix: &str, label_key: &[u8]) -> Result<Vec<String>> {
+        let prefix = normalize_prefix(prefix);
+        let mut key = format!("{prefix}value/").into_bytes();
+        key.extend_from_slice(label_key);
+        key.push(b'/');
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(
+                key.clone(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(|e| self.err("range request", e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|k| String::from_utf8_lossy(&k.key()[key.len()..]).into_owned())
+            .collect())
+    }
+
     /// Watches `id/` keys from `revision + 1` and reports drift until the receiver goes away.
     /// Read-only, like everything here.
     pub async fn watch_drift(

@@ -182,6 +182,26 @@ pub struct K8sTarget {
     watch_list: Arc<AtomicU8>,
 }
 
+/// One CiliumIdentity change, as `sync` follows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum K8sChange {
+    Upsert {
+        id: u32,
+        labels: LabelKey,
+        resource_version: String,
+    },
+    Deleted {
+        id: u32,
+        resource_version: String,
+    },
+    /// Progress without a change (`allowWatchBookmarks`).
+    Bookmark {
+        resource_version: String,
+    },
+    /// The watched version is too old (410): list again.
+    Expired,
+}
+
 /// How a list reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
@@ -700,6 +720,8 @@ impl K8sTarget {
             let counter = listed.clone();
             let (page, meta) = parse_streamed(body, move |reader| {
                 let mut page = K8sSnapshot::default();
+                // serde reads byte by byte: a buffer in front keeps that a memory copy.
+                let reader = std::io::BufReader::with_capacity(1 << 16, reader);
                 let meta = parse_list(reader, |o| {
                     page.add(o);
                     if let Some(n) = &counter {
@@ -718,6 +740,86 @@ impl K8sTarget {
             if cont.is_none() {
                 return Ok(snap);
             }
+        }
+    }
+
+    /// Follows CiliumIdentity changes after `resource_version` until the receiver goes away:
+    /// `Expired` when the server no longer has that version (list again, then watch on).
+    pub async fn watch_identities(
+        &self,
+        resource_version: &str,
+        tx: tokio::sync::mpsc::Sender<K8sChange>,
+    ) -> Result<(), RequestError> {
+        let path = format!(
+            "{}?watch=1&allowWatchBookmarks=true&resourceVersion={}",
+            collection_path(),
+            urlencode(resource_version)
+        );
+        let mut body = self.send_stream(Method::GET, &path).await?;
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            // A watch may be quiet for long: no idle deadline here, the server's own
+            // timeout ends it and the caller watches again from the last version.
+            let chunk = match body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+                Some(Err(e)) => return Err(RequestError::Transport(e.to_string())),
+                None => return Ok(()),
+            };
+            pending.extend_from_slice(&chunk);
+            let mut start = 0;
+            while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
+                let line = &pending[start..start + end];
+                start += end + 1;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let ev: WatchEvent = serde_json::from_slice(line)
+                    .map_err(|e| RequestError::Transport(format!("a watch event: {e}")))?;
+                let change = match ev.kind.as_str() {
+                    "ADDED" | "MODIFIED" | "DELETED" => {
+                        let obj = ev.object.identity;
+                        let rv = obj.metadata.resource_version.clone();
+                        let name = obj.metadata.name.clone();
+                        let Ok(id) = crate::core::kvstore::parse_id(name.as_bytes()) else {
+                            continue;
+                        };
+                        if ev.kind == "DELETED" {
+                            K8sChange::Deleted {
+                                id,
+                                resource_version: rv,
+                            }
+                        } else {
+                            K8sChange::Upsert {
+                                id,
+                                labels: canonical_key(&obj.labels()),
+                                resource_version: rv,
+                            }
+                        }
+                    }
+                    "BOOKMARK" => K8sChange::Bookmark {
+                        resource_version: ev.object.identity.metadata.resource_version,
+                    },
+                    _ if ev.object.code == Some(410) => K8sChange::Expired,
+                    _ => {
+                        let o = ev.object;
+                        return Err(RequestError::Status {
+                            code: o.code.unwrap_or(500),
+                            plain: false,
+                            reason: o.reason.unwrap_or_default(),
+                            message: o.message.unwrap_or_default(),
+                            retry_after: None,
+                        });
+                    }
+                };
+                let expired = change == K8sChange::Expired;
+                if tx.send(change).await.is_err() || expired {
+                    return Ok(());
+                }
+            }
+            pending.drain(..start);
         }
     }
 

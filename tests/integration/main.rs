@@ -10,4 +10,5 @@ mod sandbox;
 mod service;
 #[path = "../support/mod.rs"]
 mod support;
+mod sync;
 mod tui;

@@ -1,0 +1,156 @@
+//! Health and Prometheus metrics of a long-running `sync`: `/healthz` answers 200 while both
+//! watches are live, `/metrics` the counters in Prometheus' text format (the `prometheus`
+//! crate's registry and encoder).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+
+use crate::error::{Error, Result};
+
+/// What sync publishes.
+pub struct Metrics {
+    registry: Registry,
+    pub kvstore_nodes: IntGauge,
+    pub mirrored: IntCounter,
+    pub pending: IntGauge,
+    pub splits: IntGauge,
+    pub lag: Histogram,
+    pub write_failures: IntCounter,
+    /// Whether each watch is connected and streaming.
+    pub etcd_live: AtomicBool,
+    pub k8s_live: AtomicBool,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self> {
+        let registry = Registry::new();
+        let err = |e: prometheus::Error| Error::Config(format!("metrics: {e}"));
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).map_err(err);
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).map_err(err);
+        let m = Metrics {
+            kvstore_nodes: gauge(
+                "cilium_idmig_kvstore_nodes",
+                "Nodes with value/ keys in the kvstore: agents still in kvstore mode",
+            )?,
+            mirrored: counter(
+                "cilium_idmig_identities_mirrored_total",
+                "CiliumIdentity objects sync created for kvstore identities",
+            )?,
+            pending: gauge(
+                "cilium_idmig_pending_decisions",
+                "Conflicts waiting for an operator's decision",
+            )?,
+            splits: gauge(
+                "cilium_idmig_split_allocations",
+                "Ids the kvstore and Kubernetes hold for different labels, found during sync",
+            )?,
+            lag: Histogram::with_opts(
+                HistogramOpts::new(
+                    "cilium_idmig_sync_lag_seconds",
+                    "From a kvstore identity appearing to its CiliumIdentity created",
+                )
+                .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            )
+            .map_err(err)?,
+            write_failures: counter(
+                "cilium_idmig_write_failures_total",
+                "Creates that failed after their retries",
+            )?,
+            etcd_live: AtomicBool::new(false),
+            k8s_live: AtomicBool::new(false),
+            registry,
+        };
+        m.registry
+            .register(Box::new(m.kvstore_nodes.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.mirrored.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.pending.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.splits.clone()))
+            .map_err(err)?;
+        m.registry.register(Box::new(m.lag.clone())).map_err(err)?;
+        m.registry
+            .register(Box::new(m.write_failures.clone()))
+            .map_err(err)?;
+        Ok(m)
+    }
+
+    /// Both watches are live.
+    pub fn healthy(&self) -> bool {
+        self.etcd_live.load(Ordering::Relaxed) && self.k8s_live.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn text(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// Serves `/healthz` and `/metrics` on `addr` until the task is aborted; returns the bound
+/// address (port 0 picks one).
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Config(format!("--status-addr {addr}: cannot listen: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("--status-addr {addr}: {e}")))?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let metrics = metrics.clone();
+                    async move {
+                        let (code, body, kind) = match (req.method(), req.uri().path()) {
+                            (&Method::GET, "/healthz") if metrics.healthy() => {
+                                (StatusCode::OK, "ok\n".to_string(), "text/plain")
+                            }
+                            (&Method::GET, "/healthz") => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "a watch is down; sync is catching up\n".to_string(),
+                                "text/plain",
+                            ),
+                            (&Method::GET, "/metrics") => {
+                                (StatusCode::OK, metrics.text(), "text/plain; version=0.0.4")
+                            }
+                            _ => (StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+                        };
+                        let mut res = Response::new(Full::new(Bytes::from(body)));
+                        *res.status_mut() = code;
+                        res.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static(kind),
+                        );
+                        Ok::<_, Infallible>(res)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,767 @@
+//! `sync`: carries a cluster through the rollout window. After a first apply it follows both
+//! sides: every identity that appears in the kvstore is planned against the live Kubernetes
+//! view and, when it is a plain create (or decided), written within seconds; conflicts wait
+//! for a decision; objects CRD-mode agents create at ids the kvstore holds for other labels
+//! (split allocations) are reported with the nodes they affect. It never writes to etcd and
+//! never overwrites, updates or deletes a `CiliumIdentity`. Cutover: no `value/` key left,
+//! nothing pending, and a consistent `verify` passes.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::flows;
+use super::metrics::Metrics;
+use super::service::ServiceConfig;
+use crate::apply::executor::{self, StopFlag, Watchers};
+use crate::apply::outcome::{ApplyReport, Outcome};
+use crate::core::kvstore::{KvSnapshot, MasterEntry, NodeCounts};
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::planner::resume::{self, LoggedDecision};
+use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
+use crate::error::{Error, Result};
+use crate::io::decision_log::Record;
+use crate::io::etcd::{EtcdConnection, KvChange, KvWatchEvent};
+use crate::io::k8s::{K8sChange, ReadMode};
+use crate::io::kv_source::KvSource;
+
+/// How sync runs.
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
+    pub accept_proposals: bool,
+    /// End (exit 0) at cutover, after a final consistent verify.
+    pub until_cutover: bool,
+    /// How long changes gather before the plan is made again.
+    pub settle: Duration,
+    /// How often a status is reported.
+    pub status_every: Duration,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            accept_proposals: false,
+            until_cutover: false,
+            settle: Duration::from_millis(100),
+            status_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// An id the kvstore and Kubernetes hold for different labels, found during sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitAllocation {
+    pub id: u32,
+    pub kvstore_labels: String,
+    pub k8s_labels: String,
+    /// Kvstore-mode nodes that use the kvstore's labels (their `value/` keys).
+    pub nodes: Vec<String>,
+}
+
+impl std::fmt::Display for SplitAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "split allocation at id {}: the kvstore holds {} (used by kvstore-mode nodes {}), Kubernetes holds {}. Policy between those nodes and CRD-mode nodes reads {} as the wrong labels until they move to CRD mode: roll them next. The kvstore's labels get a remap proposal.",
+            self.id,
+            self.kvstore_labels,
+            if self.nodes.is_empty() {
+                "none right now".to_string()
+            } else {
+                self.nodes.join(", ")
+            },
+            self.k8s_labels,
+            self.id
+        )
+    }
+}
+
+/// Where sync stands.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncStatus {
+    pub kvstore_nodes: usize,
+    pub identities: usize,
+    pub mirrored: u64,
+    pub pending: usize,
+    pub splits: usize,
+    pub failures: u64,
+    pub removed_from_kvstore: u64,
+    pub recreated: u64,
+    pub deleted_not_recreated: u64,
+    pub lag_last: Option<Duration>,
+    pub lag_p50: Option<Duration>,
+    pub lag_p99: Option<Duration>,
+    pub watching: bool,
+}
+
+impl std::fmt::Display for SyncStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{}ms", d.as_millis()));
+        write!(
+            f,
+            "sync: {} kvstore-mode nodes · {} identities · {} mirrored · {} pending · {} split · {} failed · lag last {} p50 {} p99 {}{}",
+            self.kvstore_nodes,
+            self.identities,
+            self.mirrored,
+            self.pending,
+            self.splits,
+            self.failures,
+            ms(self.lag_last),
+            ms(self.lag_p50),
+            ms(self.lag_p99),
+            if self.watching { "" } else { " · catching up" }
+        )
+    }
+}
+
+/// What sync reports as it goes.
+#[derive(Debug, Clone)]
+pub enum SyncEvent {
+    Status(SyncStatus),
+    /// A conflict that waits for a decision (once per identity).
+    Conflict {
+        id: String,
+        kind: Kind,
+        reason: String,
+    },
+    Split(SplitAllocation),
+    /// A malformed kvstore entry, never written (once per identity).
+    Invalid {
+        id: String,
+        reason: String,
+    },
+    /// A watch or a read failed; sync retries.
+    Trouble(String),
+    /// Cutover reached: no kvstore-mode node, nothing pending, verify passed.
+    Cutover,
+}
+
+/// How sync ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncEnd {
+    pub cutover: bool,
+    pub status: SyncStatus,
+}
+
+/// What sync knows of both sides.
+#[derive(Default)]
+struct State {
+    masters: BTreeMap<Vec<u8>, Vec<u8>>,
+    counts: NodeCounts,
+    k8s: BTreeMap<u32, LabelKey>,
+    kv_revision: i64,
+    k8s_version: String,
+    /// When each kvstore identity that appeared after the snapshot was first seen.
+    first_seen: HashMap<Vec<u8>, Instant>,
+    /// Objects this sync created; one deleted later is created again at most once.
+    created: HashSet<u32>,
+    deleted_after_create: HashSet<u32>,
+    recreated: HashSet<u32>,
+    /// Targets with a create in flight.
+    in_flight: HashSet<u32>,
+    /// Targets whose create failed, and when to try again.
+    failed: HashMap<u32, Instant>,
+    reported: HashSet<String>,
+    splits: HashSet<u32>,
+    lags: VecDeque<Duration>,
+    status: SyncStatus,
+}
+
+impl State {
+    fn from_snapshot(snap: KvSnapshot) -> Self {
+        State {
+            masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
+            counts: snap.node_counts,
+            kv_revision: snap.source.revision,
+            ..Default::default()
+        }
+    }
+
+    fn plan(
+        &self,
+        decisions: &BTreeMap<String, LoggedDecision>,
+        scope_range: crate::core::range::IdRange,
+    ) -> Vec<PlanItem> {
+        let masters: Vec<MasterEntry> = self
+            .masters
+            .iter()
+            .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
+            .collect();
+        let items = planner::plan_taking(masters, &self.counts, &self.k8s, scope_range);
+        if decisions.is_empty() {
+            items
+        } else {
+            resume::resume(&items, decisions, &self.k8s, scope_range).items
+        }
+    }
+
+    fn observe_lag(&mut self, lag: Duration, metrics: &Metrics) {
+        metrics.lag.observe(lag.as_secs_f64());
+        self.status.lag_last = Some(lag);
+        self.lags.push_back(lag);
+        // The percentiles cover the last 10,000 creates: bounded memory over days.
+        if self.lags.len() > 10_000 {
+            self.lags.pop_front();
+        }
+        let mut sorted: Vec<Duration> = self.lags.iter().copied().collect();
+        sorted.sort();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        self.status.lag_p50 = Some(at(0.5));
+        self.status.lag_p99 = Some(at(0.99));
+    }
+}
+
+/// Runs sync until `stop` (or cutover with `until_cutover`).
+pub async fn run(
+    cfg: Arc<ServiceConfig>,
+    opts: SyncOptions,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+    stop: StopFlag,
+) -> Result<SyncEnd> {
+    let KvSource::Etcd(etcd) = &cfg.kv else {
+        return Err(Error::Config(
+            "sync follows a live etcd: pass --etcd-endpoints or --etcd-config".into(),
+        ));
+    };
+    let range = cfg.scope.range;
+    // A restart resumes the decisions recorded so far (and any --resume logs).
+    let mut steps = Vec::new();
+    for p in cfg
+        .resume
+        .iter()
+        .chain(std::iter::once(&cfg.log.path().to_path_buf()))
+    {
+        if let Ok(c) = crate::io::decision_log::read(p) {
+            steps.extend(c.steps());
+        }
+    }
+    let decisions = resume::replay(steps);
+    let mut backoff = Backoff::default();
+    'snapshot: loop {
+        if stop.is_stopped() {
+            return Ok(SyncEnd::default());
+        }
+        let conn = match EtcdConnection::connect(etcd).await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
+                backoff.wait().await;
+                continue;
+            }
+        };
+        let snap = match conn.read_snapshot(&etcd.prefix, etcd.page_size).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
+                backoff.wait().await;
+                continue;
+            }
+        };
+        let mut state = State::from_snapshot(snap);
+        match cfg.target.list_identities(ReadMode::Cache, None).await {
+            Ok(k) => {
+                state.k8s = k.identities;
+                state.k8s_version = k.resource_version;
+            }
+            Err(e) => {
+                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
+                backoff.wait().await;
+                continue;
+            }
+        }
+        backoff = Backoff::default();
+        let (kv_tx, mut kv_rx) = mpsc::channel::<KvWatchEvent>(256);
+        let (k8s_tx, mut k8s_rx) = mpsc::channel::<K8sChange>(1024);
+        let kv_watch = tokio::spawn(follow_kvstore(
+            conn.clone(),
+            etcd.prefix.clone(),
+            state.kv_revision,
+            kv_tx,
+            metrics.clone(),
+            events.clone(),
+        ));
+        let k8s_watch = tokio::spawn(follow_kubernetes(
+            cfg.clone(),
+            state.k8s_version.clone(),
+            k8s_tx,
+            metrics.clone(),
+            events.clone(),
+        ));
+        let (done_tx, mut done_rx) = mpsc::channel::<(Vec<Op>, Result<ApplyReport>)>(4);
+        let mut settle = tokio::time::interval(opts.settle);
+        let mut status_tick = tokio::time::interval(opts.status_every);
+        let mut dirty = true;
+        let mut batch_running = false;
+        let mut last_verify: Option<Instant> = None;
+        let end = loop {
+            tokio::select! {
+                ev = kv_rx.recv() => match ev {
+                    Some(KvWatchEvent::Changes { changes, revision }) => {
+                        state.kv_revision = revision;
+                        for c in changes {
+                            apply_kv_change(&mut state, c, &conn, &etcd.prefix, &events, &cfg).await;
+                        }
+                        dirty = true;
+                    }
+                    Some(KvWatchEvent::Compacted { compact_revision }) => {
+                        let _ = events.send(SyncEvent::Trouble(format!(
+                            "the kvstore was compacted past the watched revision ({compact_revision}): reading a fresh snapshot, keeping every decision"
+                        ))).await;
+                        kv_watch.abort();
+                        k8s_watch.abort();
+                        continue 'snapshot;
+                    }
+                    None => {}
+                },
+                ch = k8s_rx.recv() => match ch {
+                    Some(K8sChange::Upsert { id, labels, resource_version }) => {
+                        state.k8s_version = resource_version;
+                        state.k8s.insert(id, labels.clone());
+                        check_split(&mut state, id, &conn, &etcd.prefix, &events, &cfg).await;
+                        dirty = true;
+                    }
+                    Some(K8sChange::Deleted { id, resource_version }) => {
+                        state.k8s_version = resource_version;
+                        state.k8s.remove(&id);
+                        if state.created.contains(&id) {
+                            state.deleted_after_create.insert(id);
+                        }
+                        dirty = true;
+                    }
+                    Some(K8sChange::Bookmark { resource_version }) => state.k8s_version = resource_version,
+                    Some(K8sChange::Expired) => {
+                        // Relisted by the watcher; the list replaces what we hold.
+                        match cfg.target.list_identities(ReadMode::Cache, None).await {
+                            Ok(k) => {
+                                state.k8s = k.identities;
+                                state.k8s_version = k.resource_version;
+                                dirty = true;
+                            }
+                            Err(e) => { let _ = events.send(SyncEvent::Trouble(e.to_string())).await; }
+                        }
+                    }
+                    None => {}
+                },
+                Some((ops, result)) = done_rx.recv() => {
+                    batch_running = false;
+                    take_results(&mut state, ops, result, &metrics);
+                    dirty = true;
+                }
+                _ = settle.tick() => {
+                    if stop.is_stopped() {
+                        if !batch_running {
+                            break SyncEnd { cutover: false, status: state.status.clone() };
+                        }
+                        continue;
+                    }
+                    if dirty && !batch_running {
+                        dirty = false;
+                        let items = state.plan(&decisions, range);
+                        let ops = select_writes(&mut state, &items, &opts, &events, &cfg).await;
+                        publish(&mut state, &items, &metrics);
+                        if !ops.is_empty() {
+                            batch_running = true;
+                            for op in &ops {
+                                if let Some(t) = op.target_id {
+                                    state.in_flight.insert(t);
+                                }
+                            }
+                            let (cfg, done_tx, stop) = (cfg.clone(), done_tx.clone(), stop.clone());
+                            tokio::spawn(async move {
+                                let result = write(&cfg, ops.clone(), stop).await;
+                                let _ = done_tx.send((ops, result)).await;
+                            });
+                        }
+                    }
+                }
+                _ = status_tick.tick() => {
+                    state.status.watching = metrics.healthy();
+                    metrics.splits.set(state.status.splits as i64);
+                    let _ = events.send(SyncEvent::Status(state.status.clone())).await;
+                    let ready = state.status.kvstore_nodes == 0
+                        && state.status.pending == 0
+                        && state.in_flight.is_empty()
+                        && state.failed.is_empty()
+                        && !batch_running
+                        && !dirty;
+                    let due = last_verify.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
+                    if ready && due {
+                        last_verify = Some(Instant::now());
+                        if cutover_verified(&cfg).await {
+                            let _ = events.send(SyncEvent::Cutover).await;
+                            if opts.until_cutover {
+                                break SyncEnd { cutover: true, status: state.status.clone() };
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        kv_watch.abort();
+        k8s_watch.abort();
+        return Ok(end);
+    }
+}
+
+/// The cutover's last check: a consistent verify against what the decision log expects.
+async fn cutover_verified(cfg: &ServiceConfig) -> bool {
+    let Ok(expect) = flows::expectations_from_logs(&[cfg.log.path().to_path_buf()]) else {
+        return false;
+    };
+    flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
+        .await
+        .is_ok_and(|r| r.passed())
+}
+
+async fn apply_kv_change(
+    state: &mut State,
+    change: KvChange,
+    conn: &EtcdConnection,
+    prefix: &str,
+    events: &mpsc::Sender<SyncEvent>,
+    cfg: &ServiceConfig,
+) {
+    match change {
+        KvChange::Master { id, value: Some(v) } => {
+            let new = state.masters.insert(id.clone(), v).is_none();
+            if new {
+                state.first_seen.insert(id.clone(), Instant::now());
+            }
+            if let Ok(n) = crate::core::kvstore::parse_id(&id) {
+                check_split(state, n, conn, prefix, events, cfg).await;
+            }
+        }
+        KvChange::Master { id, value: None } => {
+            // The kvstore's GC: counted, never deleted from Kubernetes.
+            if state.masters.remove(&id).is_some() {
+                state.status.removed_from_kvstore += 1;
+            }
+            state.first_seen.remove(&id);
+        }
+        KvChange::Slave {
+            label_key,
+            node,
+            present: true,
+        } => state.counts.add_key(&label_key, &node),
+        KvChange::Slave {
+            label_key,
+            node,
+            present: false,
+        } => state.counts.remove_key(&label_key, &node),
+    }
+}
+
+/// A split allocation: Kubernetes holds `id` for other labels than the kvstore, and not
+/// because this sync wrote it. Reported once, with the nodes that use the kvstore's labels.
+async fn check_split(
+    state: &mut State,
+    id: u32,
+    conn: &EtcdConnection,
+    prefix: &str,
+    events: &mpsc::Sender<SyncEvent>,
+    cfg: &ServiceConfig,
+) {
+    let Some(k8s_labels) = state.k8s.get(&id).cloned() else {
+        return;
+    };
+    let Some(kv_value) = state.masters.get(id.to_string().as_bytes()).cloned() else {
+        return;
+    };
+    let Ok(kv_labels) = valid_label_key(&kv_value) else {
+        return;
+    };
+    if kv_labels == k8s_labels || state.created.contains(&id) || !state.splits.insert(id) {
+        return;
+    }
+    let nodes = conn
+        .nodes_using(prefix, &kv_value)
+        .await
+        .unwrap_or_default();
+    let split = SplitAllocation {
+        id,
+        kvstore_labels: kv_labels.to_string(),
+        k8s_labels,
+        nodes,
+    };
+    let mut record = Record::new(
+        &id.to_string(),
+        kv_labels,
+        Kind::Remap,
+        "split-allocation (rule)".into(),
+        Some(id),
+    );
+    record.error = Some(split.to_string());
+    let _ = cfg.log.append(record);
+    state.status.splits = state.splits.len();
+    let _ = events.send(SyncEvent::Split(split)).await;
+}
+
+/// The creates this round makes: plain creates and decided (or accepted) remaps and
+/// duplicates whose target is free, not in flight and not failing; conflicts and invalid
+/// entries are reported once.
+async fn select_writes(
+    state: &mut State,
+    items: &[PlanItem],
+    opts: &SyncOptions,
+    events: &mpsc::Sender<SyncEvent>,
+    cfg: &ServiceConfig,
+) -> Vec<Op> {
+    let now = Instant::now();
+    state.failed.retain(|_, until| *until > now);
+    let mut ops = Vec::new();
+    let mut pending = 0;
+    for item in items {
+        if item.kind == Kind::Invalid {
+            if state.reported.insert(item.id.clone()) {
+                let mut r = Record::new(
+                    &item.id,
+                    &item.labels,
+                    Kind::Invalid,
+                    "skip (rule)".into(),
+                    None,
+                );
+                r.outcome = Some(Outcome::Skipped);
+                r.error = Some(item.reason.to_string());
+                let _ = cfg.log.append(r);
+                let ev = SyncEvent::Invalid {
+                    id: item.id.clone(),
+                    reason: item.reason.to_string(),
+                };
+                let _ = events.send(ev).await;
+            }
+            continue;
+        }
+        let waiting = item.kind.needs_decision() && !item.decided && !opts.accept_proposals;
+        if waiting && item.action == Action::Create {
+            pending += 1;
+            if state.reported.insert(item.id.clone()) {
+                let ev = SyncEvent::Conflict {
+                    id: item.id.clone(),
+                    kind: item.kind,
+                    reason: item.reason.to_string(),
+                };
+                let _ = events.send(ev).await;
+            }
+            continue;
+        }
+        let (Action::Create, Some(t)) = (item.action, item.target_id) else {
+            continue;
+        };
+        if state.k8s.contains_key(&t)
+            || state.in_flight.contains(&t)
+            || state.failed.contains_key(&t)
+        {
+            continue;
+        }
+        if state.deleted_after_create.contains(&t) {
+            // Created once by this sync and deleted since (the cluster's GC, or a person):
+            // again only while kvstore-mode nodes use it, and only once.
+            let used = state.counts.get(item.labels.as_bytes()) > 0;
+            if !used || !state.recreated.insert(t) {
+                if state.reported.insert(format!("deleted:{t}")) {
+                    state.status.deleted_not_recreated += 1;
+                }
+                continue;
+            }
+            state.status.recreated += 1;
+        }
+        ops.push(Op {
+            id: item.id.clone(),
+            label_key: item.labels.clone(),
+            kind: item.kind,
+            op: OpKind::Create,
+            target_id: Some(t),
+            decided_by: if item.decided {
+                DecidedBy::Operator
+            } else if item.kind.needs_decision() {
+                DecidedBy::AcceptProposals
+            } else {
+                DecidedBy::Proposal
+            },
+            expect: None,
+            reason: None,
+        });
+    }
+    state.status.pending = pending;
+    ops
+}
+
+fn publish(state: &mut State, items: &[PlanItem], metrics: &Metrics) {
+    state.status.identities = items.len();
+    state.status.kvstore_nodes = state.counts.nodes().count();
+    metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
+    metrics.pending.set(state.status.pending as i64);
+    metrics.splits.set(state.status.splits as i64);
+}
+
+/// Writes one round's creates through the executor, logging each decision and outcome.
+async fn write(cfg: &ServiceConfig, ops: Vec<Op>, stop: StopFlag) -> Result<ApplyReport> {
+    executor::log_decisions(&cfg.log, &ops)?;
+    executor::apply(
+        &cfg.target,
+        ops,
+        false,
+        &cfg.apply,
+        Some(&cfg.log),
+        Watchers::default(),
+        stop,
+    )
+    .await
+}
+
+fn take_results(state: &mut State, ops: Vec<Op>, result: Result<ApplyReport>, metrics: &Metrics) {
+    let now = Instant::now();
+    let labels: HashMap<u32, (String, String)> = ops
+        .into_iter()
+        .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))
+        .collect();
+    for t in labels.keys() {
+        state.in_flight.remove(t);
+    }
+    let report = match result {
+        Ok(r) => r,
+        Err(_) => {
+            for t in labels.keys() {
+                state.failed.insert(*t, now + Duration::from_secs(30));
+            }
+            return;
+        }
+    };
+    for r in report.results {
+        let Some(t) = r.target_id else { continue };
+        let Some((id, label_key)) = labels.get(&t) else {
+            continue;
+        };
+        match r.outcome {
+            Outcome::Created | Outcome::AlreadyExisted => {
+                state.k8s.insert(t, label_key.clone());
+                if r.outcome == Outcome::Created {
+                    state.created.insert(t);
+                    state.status.mirrored += 1;
+                    metrics.mirrored.inc();
+                }
+                if let Some(seen) = state.first_seen.remove(id.as_bytes()) {
+                    state.observe_lag(now.duration_since(seen), metrics);
+                }
+            }
+            Outcome::Failed | Outcome::Conflict => {
+                state.status.failures += 1;
+                metrics.write_failures.inc();
+                // Try again later; a conflict resolves itself once the watch shows the object.
+                state.failed.insert(t, now + Duration::from_secs(30));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Follows the kvstore, watching again from the last revision after a failure.
+async fn follow_kvstore(
+    conn: EtcdConnection,
+    prefix: String,
+    mut revision: i64,
+    tx: mpsc::Sender<KvWatchEvent>,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let (inner_tx, mut inner_rx) = mpsc::channel(256);
+        let watch = {
+            let (conn, prefix) = (conn.clone(), prefix.clone());
+            tokio::spawn(async move { conn.watch_identities(&prefix, revision, inner_tx).await })
+        };
+        metrics.etcd_live.store(true, Ordering::Relaxed);
+        while let Some(ev) = inner_rx.recv().await {
+            backoff = Backoff::default();
+            if let KvWatchEvent::Changes { revision: r, .. } = &ev {
+                revision = *r;
+            }
+            let compacted = matches!(ev, KvWatchEvent::Compacted { .. });
+            if tx.send(ev).await.is_err() || compacted {
+                watch.abort();
+                return;
+            }
+        }
+        metrics.etcd_live.store(false, Ordering::Relaxed);
+        if let Ok(Err(e)) = watch.await {
+            let _ = events
+                .send(SyncEvent::Trouble(format!(
+                    "{e}; watching again from revision {revision}"
+                )))
+                .await;
+        }
+        backoff.wait().await;
+    }
+}
+
+/// Follows Kubernetes, watching again from the last version after a failure; a 410 means
+/// a fresh list (`Expired` tells the sync loop).
+async fn follow_kubernetes(
+    cfg: Arc<ServiceConfig>,
+    mut version: String,
+    tx: mpsc::Sender<K8sChange>,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let (inner_tx, mut inner_rx) = mpsc::channel(1024);
+        let watch = {
+            let (cfg, version) = (cfg.clone(), version.clone());
+            tokio::spawn(async move { cfg.target.watch_identities(&version, inner_tx).await })
+        };
+        metrics.k8s_live.store(true, Ordering::Relaxed);
+        let mut expired = false;
+        while let Some(ch) = inner_rx.recv().await {
+            backoff = Backoff::default();
+            match &ch {
+                K8sChange::Upsert {
+                    resource_version, ..
+                }
+                | K8sChange::Deleted {
+                    resource_version, ..
+                }
+                | K8sChange::Bookmark { resource_version } => version = resource_version.clone(),
+                K8sChange::Expired => expired = true,
+            }
+            if tx.send(ch).await.is_err() {
+                watch.abort();
+                return;
+            }
+        }
+        if let Ok(Err(e)) = watch.await {
+            metrics.k8s_live.store(false, Ordering::Relaxed);
+            let _ = events
+                .send(SyncEvent::Trouble(format!(
+                    "Kubernetes watch: {e}; watching again"
+                )))
+                .await;
+            backoff.wait().await;
+        }
+        if expired {
+            // The sync loop lists again; watch on from what that list saw.
+            match cfg.target.list_identities(ReadMode::Cache, None).await {
+                Ok(k) => version = k.resource_version,
+                Err(_) => backoff.wait().await,
+            }
+        }
+    }
+}
+
+/// Exponential waits from 200 ms to 30 s between retries.
+#[derive(Default)]
+struct Backoff(u32);
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let ms = (200u64 << self.0.min(8)).min(30_000);
+        self.0 += 1;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}

@@ -1,0 +1,345 @@
+//! `sync` against the real etcd and the sandbox: new identities mirrored, a remap arriving
+//! live, split allocations, malformed entries, metrics and health, SIGKILL and restart, a
+//! compaction, and `--until-cutover` ending when the last `value/` key goes.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use cilium_idmig::core::labels::{parse_label_key, to_security_labels};
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::World;
+use crate::harness::{bin, free_port, http};
+
+const P: &str = "cilium/state/identities/v1";
+
+/// A running `sync`, its output collected line by line.
+struct Sync {
+    child: tokio::process::Child,
+    out: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sync {
+    fn start(w: &World, extra: &[&str]) -> Sync {
+        let kc = w.path("kubeconfig");
+        let mut child = tokio::process::Command::new(bin())
+            .current_dir(w.dir.path())
+            .arg("sync")
+            .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+            .args(["--decision-log", &w.path("sync.jsonl")])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        for pipe in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let out = out.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(pipe).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    out.lock().unwrap().push(l);
+                }
+            });
+        }
+        Sync { child, out }
+    }
+
+    fn text(&self) -> String {
+        self.out.lock().unwrap().join("\n")
+    }
+
+    async fn wait_for_line(&self, text: &str, secs: u64) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.out.lock().unwrap().iter().find(|l| l.contains(text)) {
+                return l.clone();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "waited for {text:?}; output:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(mut self) -> (i32, String) {
+        let pid = self.child.id().unwrap() as i32;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = self.child.wait().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (status.code().unwrap_or(-1), self.text())
+    }
+}
+
+async fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "waited for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn labels(key: &str) -> cilium_idmig::core::labels::SecurityLabels {
+    to_security_labels(&parse_label_key(key).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_mirrors_reports_and_reaches_cutover() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/10.0.0.1"), b"300")
+        .await;
+    // 302 is taken in Kubernetes by other labels: a remap, which waits for a decision.
+    w.sb.seed_identity(302, &labels("k8s:app=squatter;"));
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let s = Sync::start(&w, &["--status-addr", &addr]);
+    wait_for(20, "300 mirrored", || w.sb.objects().get("300").cloned()).await;
+    // New kvstore identities are mirrored within seconds.
+    let t = Instant::now();
+    w.etcd.put(&format!("{P}/id/301"), b"k8s:app=b;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=b;/10.0.0.2"), b"301")
+        .await;
+    wait_for(10, "301 mirrored", || w.sb.objects().get("301").cloned()).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "mirrored in {:?}",
+        t.elapsed()
+    );
+    // A remap arriving live waits for a decision; the object at 302 is never touched. A
+    // kvstore-mode agent took an id CRD-mode agents already use: a split allocation too.
+    w.etcd.put(&format!("{P}/id/302"), b"k8s:app=c;").await;
+    s.wait_for_line("conflict: 302 is a remap", 10).await;
+    s.wait_for_line("split allocation at id 302", 10).await;
+    // A CRD-mode agent allocated 305 for other labels, then a kvstore-mode agent 305 too.
+    w.sb.seed_identity(305, &labels("k8s:app=crd-side;"));
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=kv-side;/10.0.0.9"), b"305")
+        .await;
+    w.etcd
+        .put(&format!("{P}/id/305"), b"k8s:app=kv-side;")
+        .await;
+    let split = s.wait_for_line("split allocation at id 305", 10).await;
+    assert!(
+        split.contains("10.0.0.9") && split.contains("k8s:app=crd-side;"),
+        "{split}"
+    );
+    // Malformed entries are recorded, never written.
+    w.etcd.put(&format!("{P}/id/0306"), b"k8s:app=d;").await;
+    s.wait_for_line("invalid: 0306", 10).await;
+    // Health and metrics.
+    let (code, _, health) = http(&format!("http://{addr}"), "GET", "/healthz", None).await;
+    assert_eq!((code, health.trim()), (200, "ok"));
+    let wanted = [
+        "cilium_idmig_kvstore_nodes 3",
+        "cilium_idmig_identities_mirrored_total 2",
+        "cilium_idmig_pending_decisions",
+        "cilium_idmig_split_allocations 2",
+        "cilium_idmig_sync_lag_seconds_bucket",
+        "cilium_idmig_write_failures_total 0",
+    ];
+    // The gauges follow the events within a round.
+    let start = Instant::now();
+    loop {
+        let (code, _, metrics) = http(&format!("http://{addr}"), "GET", "/metrics", None).await;
+        assert_eq!(code, 200);
+        let missing: Vec<&str> = wanted
+            .iter()
+            .copied()
+            .filter(|n| !metrics.contains(n))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{missing:?} not in\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let objects = w.sb.objects();
+    assert_eq!(
+        objects["302"]["security-labels"]["k8s:app"], "squatter",
+        "never overwritten"
+    );
+    assert!(!objects.contains_key("0306") && !objects.contains_key("306"));
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "a stop with nothing failed exits 0:\n{text}");
+    assert!(text.contains("sync: "), "status lines: {text}");
+
+    // A restart resumes; with --accept-proposals the remaps are written, and once the last
+    // value/ key is gone cutover ends the run.
+    let s = Sync::start(&w, &["--accept-proposals", "--until-cutover"]);
+    wait_for(20, "remaps written", || {
+        let o = w.sb.objects();
+        (o.len() >= 5).then_some(())
+    })
+    .await;
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(
+        format!("{P}/value/"),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(60), s.child.wait_with_output())
+        .await
+        .expect("sync ends at cutover")
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0));
+    let mut by_labels: std::collections::BTreeMap<String, u32> = Default::default();
+    for o in w.sb.objects().values() {
+        let key = cilium_idmig::core::labels::canonical_key(
+            &cilium_idmig::core::identity::parse_identity(o)
+                .unwrap()
+                .labels,
+        );
+        *by_labels.entry(key).or_default() += 1;
+    }
+    assert_eq!(by_labels["k8s:app=c;"], 1, "the remap, once");
+    assert_eq!(
+        by_labels["k8s:app=a;"], 1,
+        "no second object after the restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_killed_and_restarted_converges_and_survives_a_compaction() {
+    let w = World::new(SandboxConfig::default()).await;
+    let s = Sync::start(&w, &[]);
+    s.wait_for_line("sync: ", 20).await;
+    for i in 0..40u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 1000 + i),
+                format!("k8s:app=k{i};").as_bytes(),
+            )
+            .await;
+    }
+    wait_for(20, "some mirrored", || {
+        (w.sb.objects().len() >= 10).then_some(())
+    })
+    .await;
+    let mut s = s;
+    s.child.start_kill().unwrap();
+    s.child.wait().await.unwrap();
+    // More arrive while no sync runs, and etcd compacts its history.
+    for i in 40..60u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 1000 + i),
+                format!("k8s:app=k{i};").as_bytes(),
+            )
+            .await;
+    }
+    let mut c = w.etcd.client().await.unwrap();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, None).await.unwrap();
+    let s = Sync::start(&w, &[]);
+    wait_for(30, "all 60 mirrored", || {
+        (w.sb.objects().len() == 60).then_some(())
+    })
+    .await;
+    // Compacted again while following: a fresh snapshot, nothing lost.
+    for i in 60..70u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 1000 + i),
+                format!("k8s:app=k{i};").as_bytes(),
+            )
+            .await;
+    }
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, None).await.unwrap();
+    wait_for(30, "all 70 mirrored", || {
+        (w.sb.objects().len() == 70).then_some(())
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+    let names: std::collections::BTreeSet<String> = w.sb.objects().into_keys().collect();
+    assert_eq!(names.len(), 70, "one object per identity");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleted_objects_come_back_once_and_an_outage_is_caught_up() {
+    use cilium_idmig::sandbox::FaultConfig;
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/400"), b"k8s:app=used;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=used;/10.0.0.1"), b"400")
+        .await;
+    w.etcd.put(&format!("{P}/id/401"), b"k8s:app=unused;").await;
+    let s = Sync::start(&w, &[]);
+    wait_for(20, "both mirrored", || {
+        (w.sb.objects().len() == 2).then_some(())
+    })
+    .await;
+    let url = w.sb.url();
+    let ids = "/apis/cilium.io/v2/ciliumidentities";
+    // The cluster's GC (or a person) deletes what sync created: an identity still used by a
+    // kvstore-mode node comes back once; an unused one does not.
+    http(&url, "DELETE", &format!("{ids}/400"), None).await;
+    http(&url, "DELETE", &format!("{ids}/401"), None).await;
+    wait_for(10, "400 created again", || {
+        w.sb.objects().get("400").cloned()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !w.sb.objects().contains_key("401"),
+        "unused: not created again"
+    );
+    http(&url, "DELETE", &format!("{ids}/400"), None).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!w.sb.objects().contains_key("400"), "once, never in a loop");
+    // The API server fails every write for a while: nothing is dropped, and the identities
+    // that arrived meanwhile are written once it is back.
+    w.sb.set_faults(FaultConfig {
+        p_500: 1.0,
+        writes_only: true,
+        ..Default::default()
+    });
+    for i in 0..5u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 500 + i),
+                format!("k8s:app=o{i};").as_bytes(),
+            )
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!w.sb.objects().contains_key("500"), "nothing gets through the outage");
+    w.sb.set_faults(FaultConfig::default());
+    wait_for(60, "caught up", || {
+        let o = w.sb.objects();
+        (0..5u32)
+            .all(|i| o.contains_key(&(500 + i).to_string()))
+            .then_some(())
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    // The retries outlasted the outage: nothing failed for good.
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("8 mirrored"),
+        "two, one created again, five after the outage:\n{text}"
+    );
+}

@@ -427,7 +427,9 @@ async fn apply_kv_change(
     cfg: &ServiceConfig,
 ) {
     match change {
-        KvChange::Master { id, value: Some(v) } => {
+        KvChange::Master {
+            id, value: Some(v), ..
+        } => {
             let new = state.masters.insert(id.clone(), v).is_none();
             if new {
                 state.first_seen.insert(id.clone(), Instant::now());
@@ -436,7 +438,9 @@ async fn apply_kv_change(
                 check_split(state, n, conn, prefix, events, cfg).await;
             }
         }
-        KvChange::Master { id, value: None } => {
+        KvChange::Master {
+            id, value: None, ..
+        } => {
             // The kvstore's GC: counted, never deleted from Kubernetes.
             if state.masters.remove(&id).is_some() {
                 state.status.removed_from_kvstore += 1;

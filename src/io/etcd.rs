@@ -345,8 +345,12 @@ pub enum Drift {
 /// One change under the identities prefix, as `sync` follows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvChange {
-    /// `id/<id>` written (`value`) or deleted (`None`).
-    Master { id: Vec<u8>, value: Option<Vec<u8>> },
+    /// `id/<id>` written (`value`) or deleted (`None`); `created` when the write made the key.
+    Master {
+        id: Vec<u8>,
+        value: Option<Vec<u8>>,
+        created: bool,
+    },
     /// `value/<label key>/<node>` created or deleted (a rewrite of an existing key is not a
     /// change of who uses what).
     Slave {
@@ -414,6 +418,7 @@ impl EtcdConnection {
                     KeyKind::Master { id } => changes.push(KvChange::Master {
                         id: id.to_vec(),
                         value: (!delete).then(|| kv.value().to_vec()),
+                        created: !delete && kv.create_revision() == kv.mod_revision(),
                     }),
                     KeyKind::Slave { label_key, node }
                         if delete || kv.create_revision() == kv.mod_revision() =>
@@ -463,67 +468,50 @@ impl EtcdConnection {
             .collect())
     }
 
-    /// Watches `id/` keys from `revision + 1` and reports drift until the receiver goes away.
-    /// Read-only, like everything here.
+    /// Watches `id/` keys from `revision + 1` and reports drift (identities added, removed)
+    /// until the receiver goes away: `watch_identities`, counted.
     pub async fn watch_drift(
         &self,
         prefix: &str,
         revision: i64,
         tx: tokio::sync::mpsc::Sender<Drift>,
     ) -> Result<()> {
-        let key = format!("{}id/", normalize_prefix(prefix));
-        let mut client = self.client.clone();
-        let mut stream = client
-            .watch(
-                key,
-                Some(
-                    etcd_client::WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(revision + 1),
-                ),
-            )
-            .await
-            .map_err(|e| self.err("watch", e))?;
-        while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
-            if resp.compact_revision() > 0 {
-                let _ = tx
-                    .send(Drift::Compacted {
-                        compact_revision: resp.compact_revision(),
-                    })
-                    .await;
-                return Ok(());
-            }
-            if resp.canceled() {
-                return Err(self.err(
-                    "watch",
-                    format!("cancelled by the server: {}", resp.cancel_reason()),
-                ));
-            }
-            let (mut added, mut removed, mut rev) = (0, 0, revision);
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                rev = rev.max(kv.mod_revision());
-                match ev.event_type() {
-                    etcd_client::EventType::Put if kv.create_revision() == kv.mod_revision() => {
-                        added += 1
-                    }
-                    etcd_client::EventType::Put => {}
-                    etcd_client::EventType::Delete => removed += 1,
+        let (inner_tx, mut inner_rx) = tokio::sync::mpsc::channel(64);
+        let watch = {
+            let (conn, prefix) = (self.clone(), prefix.to_string());
+            tokio::spawn(async move { conn.watch_identities(&prefix, revision, inner_tx).await })
+        };
+        while let Some(ev) = inner_rx.recv().await {
+            let drift = match ev {
+                KvWatchEvent::Compacted { compact_revision } => {
+                    Drift::Compacted { compact_revision }
                 }
-            }
-            if (added > 0 || removed > 0)
-                && tx
-                    .send(Drift::Changed {
+                KvWatchEvent::Changes { changes, revision } => {
+                    let (mut added, mut removed) = (0, 0);
+                    for c in changes {
+                        match c {
+                            KvChange::Master { created: true, .. } => added += 1,
+                            KvChange::Master { value: None, .. } => removed += 1,
+                            _ => {}
+                        }
+                    }
+                    if added == 0 && removed == 0 {
+                        continue;
+                    }
+                    Drift::Changed {
                         added,
                         removed,
-                        revision: rev,
-                    })
-                    .await
-                    .is_err()
-            {
+                        revision,
+                    }
+                }
+            };
+            if tx.send(drift).await.is_err() {
+                watch.abort();
                 return Ok(());
             }
         }
-        Ok(())
+        watch
+            .await
+            .map_err(|e| self.err("watch", format!("the watch stopped: {e}")))?
     }
 }

@@ -356,6 +356,70 @@ enum ListError {
 /// Page size of paged lists.
 const LIST_PAGE: u32 = 500;
 
+/// The events of a watch body, one JSON object per line, read as the bytes arrive.
+struct EventLines {
+    body: Body,
+    pending: Vec<u8>,
+    start: usize,
+    /// Longest wait for the next bytes (`None`: a watch may be quiet for long).
+    idle: Option<Duration>,
+}
+
+impl EventLines {
+    fn new(body: Body, idle: Option<Duration>) -> Self {
+        EventLines {
+            body,
+            pending: Vec::new(),
+            start: 0,
+            idle,
+        }
+    }
+
+    /// The next event; `None` when the stream ends.
+    async fn next(&mut self) -> Result<Option<WatchEvent>, RequestError> {
+        loop {
+            if let Some(end) = self.pending[self.start..].iter().position(|b| *b == b'\n') {
+                let line = &self.pending[self.start..self.start + end];
+                self.start += end + 1;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return serde_json::from_slice(line)
+                    .map(Some)
+                    .map_err(|e| RequestError::Transport(format!("a watch event: {e}")));
+            }
+            self.pending.drain(..self.start);
+            self.start = 0;
+            let frame = match self.idle {
+                Some(idle) => tokio::time::timeout(idle, self.body.frame())
+                    .await
+                    .map_err(|_| RequestError::Timeout)?,
+                None => self.body.frame().await,
+            };
+            match frame {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.pending.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => return Err(RequestError::Transport(e.to_string())),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// The error an ERROR event carries (a `Status`).
+fn status_of(o: crate::io::list_stream::EventObject) -> RequestError {
+    RequestError::Status {
+        code: o.code.unwrap_or(500),
+        plain: false,
+        reason: o.reason.unwrap_or_default(),
+        message: o.message.unwrap_or_default(),
+        retry_after: None,
+    }
+}
+
 /// Parses a streamed body on a blocking thread while the download continues here.
 async fn parse_streamed<T: Send + 'static>(
     mut body: Body,
@@ -609,7 +673,7 @@ impl K8sTarget {
             "{}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
             collection_path()
         );
-        let mut body = match self.send_stream(Method::GET, &path).await {
+        let body = match self.send_stream(Method::GET, &path).await {
             Ok(body) => body,
             Err(RequestError::Status {
                 code: 400 | 403 | 422,
@@ -622,69 +686,33 @@ impl K8sTarget {
         };
         self.watch_list.store(WATCH_LIST_YES, Ordering::Relaxed);
         let mut snap = K8sSnapshot::default();
-        let mut pending: Vec<u8> = Vec::new();
-        loop {
-            let chunk = match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
-                Ok(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => data,
-                    Err(_) => continue,
-                },
-                Ok(Some(Err(e))) => {
-                    return Err(ListError::Request(RequestError::Transport(e.to_string())));
-                }
-                Ok(None) => {
-                    return Err(ListError::Request(RequestError::Transport(
-                        "the streaming list ended before its last bookmark".into(),
-                    )));
-                }
-                Err(_) => return Err(ListError::Request(RequestError::Timeout)),
-            };
-            pending.extend_from_slice(&chunk);
-            let mut start = 0;
-            while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
-                let line = &pending[start..start + end];
-                start += end + 1;
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let ev: WatchEvent = serde_json::from_slice(line).map_err(|e| {
-                    ListError::Request(RequestError::Transport(format!("a watch event: {e}")))
-                })?;
-                match ev.kind.as_str() {
-                    "ADDED" | "MODIFIED" => {
-                        snap.add(ev.object.identity);
-                        if let Some(n) = listed {
-                            n.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    "DELETED" => {
-                        snap.remove(&ev.object.identity.metadata.name);
-                    }
-                    "BOOKMARK" => {
-                        let meta = ev.object.identity.metadata;
-                        if meta
-                            .annotations
-                            .get("k8s.io/initial-events-end")
-                            .is_some_and(|v| v == "true")
-                        {
-                            snap.resource_version = meta.resource_version;
-                            return Ok(snap);
-                        }
-                    }
-                    _ => {
-                        let o = ev.object;
-                        return Err(ListError::Request(RequestError::Status {
-                            code: o.code.unwrap_or(500),
-                            plain: false,
-                            reason: o.reason.unwrap_or_default(),
-                            message: o.message.unwrap_or_default(),
-                            retry_after: None,
-                        }));
+        let mut events = EventLines::new(body, Some(STREAM_IDLE));
+        while let Some(ev) = events.next().await.map_err(ListError::Request)? {
+            match ev.kind.as_str() {
+                "ADDED" | "MODIFIED" => {
+                    snap.add(ev.object.identity);
+                    if let Some(n) = listed {
+                        n.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+                "DELETED" => snap.remove(&ev.object.identity.metadata.name),
+                "BOOKMARK" => {
+                    let meta = ev.object.identity.metadata;
+                    if meta
+                        .annotations
+                        .get("k8s.io/initial-events-end")
+                        .is_some_and(|v| v == "true")
+                    {
+                        snap.resource_version = meta.resource_version;
+                        return Ok(snap);
+                    }
+                }
+                _ => return Err(ListError::Request(status_of(ev.object))),
             }
-            pending.drain(..start);
         }
+        Err(ListError::Request(RequestError::Transport(
+            "the streaming list ended before its last bookmark".into(),
+        )))
     }
 
     /// A list in pages (`query` without `continue`), each page parsed while it streams in;
@@ -755,72 +783,44 @@ impl K8sTarget {
             collection_path(),
             urlencode(resource_version)
         );
-        let mut body = self.send_stream(Method::GET, &path).await?;
-        let mut pending: Vec<u8> = Vec::new();
-        loop {
-            // A watch may be quiet for long: no idle deadline here, the server's own
-            // timeout ends it and the caller watches again from the last version.
-            let chunk = match body.frame().await {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => data,
-                    Err(_) => continue,
-                },
-                Some(Err(e)) => return Err(RequestError::Transport(e.to_string())),
-                None => return Ok(()),
-            };
-            pending.extend_from_slice(&chunk);
-            let mut start = 0;
-            while let Some(end) = pending[start..].iter().position(|b| *b == b'\n') {
-                let line = &pending[start..start + end];
-                start += end + 1;
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let ev: WatchEvent = serde_json::from_slice(line)
-                    .map_err(|e| RequestError::Transport(format!("a watch event: {e}")))?;
-                let change = match ev.kind.as_str() {
-                    "ADDED" | "MODIFIED" | "DELETED" => {
-                        let obj = ev.object.identity;
-                        let rv = obj.metadata.resource_version.clone();
-                        let name = obj.metadata.name.clone();
-                        let Ok(id) = crate::core::kvstore::parse_id(name.as_bytes()) else {
-                            continue;
-                        };
-                        if ev.kind == "DELETED" {
-                            K8sChange::Deleted {
-                                id,
-                                resource_version: rv,
-                            }
-                        } else {
-                            K8sChange::Upsert {
-                                id,
-                                labels: canonical_key(&obj.labels()),
-                                resource_version: rv,
-                            }
+        let body = self.send_stream(Method::GET, &path).await?;
+        // A watch may be quiet for long: no idle deadline here; the server's own timeout
+        // ends it and the caller watches again from the last version.
+        let mut events = EventLines::new(body, None);
+        while let Some(ev) = events.next().await? {
+            let change = match ev.kind.as_str() {
+                "ADDED" | "MODIFIED" | "DELETED" => {
+                    let obj = ev.object.identity;
+                    let rv = obj.metadata.resource_version.clone();
+                    let Ok(id) = crate::core::kvstore::parse_id(obj.metadata.name.as_bytes())
+                    else {
+                        continue;
+                    };
+                    if ev.kind == "DELETED" {
+                        K8sChange::Deleted {
+                            id,
+                            resource_version: rv,
+                        }
+                    } else {
+                        K8sChange::Upsert {
+                            id,
+                            labels: canonical_key(&obj.labels()),
+                            resource_version: rv,
                         }
                     }
-                    "BOOKMARK" => K8sChange::Bookmark {
-                        resource_version: ev.object.identity.metadata.resource_version,
-                    },
-                    _ if ev.object.code == Some(410) => K8sChange::Expired,
-                    _ => {
-                        let o = ev.object;
-                        return Err(RequestError::Status {
-                            code: o.code.unwrap_or(500),
-                            plain: false,
-                            reason: o.reason.unwrap_or_default(),
-                            message: o.message.unwrap_or_default(),
-                            retry_after: None,
-                        });
-                    }
-                };
-                let expired = change == K8sChange::Expired;
-                if tx.send(change).await.is_err() || expired {
-                    return Ok(());
                 }
+                "BOOKMARK" => K8sChange::Bookmark {
+                    resource_version: ev.object.identity.metadata.resource_version,
+                },
+                _ if ev.object.code == Some(410) => K8sChange::Expired,
+                _ => return Err(status_of(ev.object)),
+            };
+            let expired = change == K8sChange::Expired;
+            if tx.send(change).await.is_err() || expired {
+                return Ok(());
             }
-            pending.drain(..start);
         }
+        Ok(())
     }
 
     /// Sends a request and hands back the body unread when the status is a success.

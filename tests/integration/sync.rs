@@ -326,7 +326,10 @@ async fn deleted_objects_come_back_once_and_an_outage_is_caught_up() {
             .await;
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(!w.sb.objects().contains_key("500"), "nothing gets through the outage");
+    assert!(
+        !w.sb.objects().contains_key("500"),
+        "nothing gets through the outage"
+    );
     w.sb.set_faults(FaultConfig::default());
     wait_for(60, "caught up", || {
         let o = w.sb.objects();

@@ -441,11 +441,21 @@ async fn apply_kv_change(
         KvChange::Master {
             id, value: None, ..
         } => {
-            // The kvstore's GC: counted, never deleted from Kubernetes.
+            // The kvstore's GC: counted, never deleted from Kubernetes. What sync remembers
+            // about the identity goes with it, so memory follows the live identities over
+            // days, not every identity ever seen.
             if state.masters.remove(&id).is_some() {
                 state.status.removed_from_kvstore += 1;
             }
             state.first_seen.remove(&id);
+            let text = String::from_utf8_lossy(&id).into_owned();
+            state.reported.remove(&text);
+            if let Ok(n) = crate::core::kvstore::parse_id(&id) {
+                state.created.remove(&n);
+                state.deleted_after_create.remove(&n);
+                state.recreated.remove(&n);
+                state.reported.remove(&format!("deleted:{n}"));
+            }
         }
         KvChange::Slave {
             label_key,

@@ -104,6 +104,11 @@ impl Sandbox {
         self.store().insert(name.to_string(), obj);
     }
 
+    /// Deletes an object directly, as the cluster's identity GC would (watchers see it).
+    pub fn delete_object(&self, name: &str) -> bool {
+        self.store().delete(name).is_some()
+    }
+
     /// Every object, by name.
     pub fn objects(&self) -> BTreeMap<String, Value> {
         self.store().objects.clone()

@@ -1,0 +1,251 @@
+//! `sync` under load, against a real etcd and the sandbox (no injected latency): the lag
+//! from a kvstore identity appearing to its CiliumIdentity created, for a burst of 2,000 new
+//! identities and for a steady 50 a second for a minute, and (with `IDMIG_SOAK_SECS`, e.g.
+//! 1800) the resident memory of the real `sync` process over a soak of 20 new identities a
+//! second while the oldest 20 go (the kvstore's and the cluster's GC, so the live set stays
+//! at about 7,000), sampled every 30 s, with its slope. `cargo bench --bench sync`.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
+
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+use support::Etcd;
+
+const P: &str = "cilium/state/identities/v1";
+
+struct Run {
+    child: tokio::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+fn start(etcd: &Etcd, kubeconfig: &str, log: &str) -> Run {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cilium-idmig"))
+        .args([
+            "sync",
+            "--etcd-endpoints",
+            &etcd.endpoint,
+            "--kubeconfig",
+            kubeconfig,
+        ])
+        .args(["--decision-log", log])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sync");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let out = child.stdout.take().expect("stdout");
+    let l = lines.clone();
+    tokio::spawn(async move {
+        let mut r = BufReader::new(out).lines();
+        while let Ok(Some(line)) = r.next_line().await {
+            l.lock().expect("lines").push(line);
+        }
+    });
+    Run { child, lines }
+}
+
+/// Stops a run and returns its last status line's lag: (p50, p99) in ms.
+async fn stop(mut run: Run) -> (String, String) {
+    let pid = run.child.id().expect("pid") as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    run.child.wait().await.expect("wait");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = run.lines.lock().expect("lines");
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("sync: "))
+        .cloned()
+        .unwrap_or_default();
+    let pick = |word: &str| {
+        last.split(word)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("-")
+            .to_string()
+    };
+    (pick(" p50 "), pick(" p99 "))
+}
+
+async fn put_range(etcd: &Etcd, from: u32, n: u32) {
+    let mut c = etcd.client().await.expect("client");
+    let mut ops = Vec::new();
+    for i in from..from + n {
+        ops.push(etcd_client::TxnOp::put(
+            format!("{P}/id/{i}"),
+            format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;"),
+            None,
+        ));
+        if ops.len() == 128 {
+            c.txn(etcd_client::Txn::new().and_then(std::mem::take(&mut ops)))
+                .await
+                .expect("txn");
+        }
+    }
+    if !ops.is_empty() {
+        c.txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .expect("txn");
+    }
+}
+
+async fn wait_count(sb: &Sandbox, n: usize, secs: u64) -> Duration {
+    let start = Instant::now();
+    while sb.objects().len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "only {} of {n}",
+            sb.objects().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map_or(-1.0, |kib| kib / 1024.0)
+}
+
+#[tokio::main]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("sync benchmark: run it with `cargo bench --bench sync`");
+        return;
+    }
+    let etcd = Etcd::start().await;
+    let sb = Sandbox::start(SandboxConfig::default())
+        .await
+        .expect("sandbox");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = dir.path().join("kubeconfig");
+    sb.write_kubeconfig(&kc).expect("kubeconfig");
+    let kc = kc.display().to_string();
+    let log = dir.path().join("sync.jsonl").display().to_string();
+    let mut rows = Vec::new();
+
+    // A burst: 2,000 new identities at once.
+    let run = start(&etcd, &kc, &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    put_range(&etcd, 1000, 2000).await;
+    wait_count(&sb, 2000, 120).await;
+    let took = t.elapsed();
+    let (p50, p99) = stop(run).await;
+    eprintln!(
+        "burst: 2000 in {:.2} s, lag p50 {p50} p99 {p99}",
+        took.as_secs_f64()
+    );
+    rows.push((
+        "burst of 2,000",
+        format!("{:.2} s", took.as_secs_f64()),
+        p50,
+        p99,
+    ));
+
+    // Steady: 50 a second for a minute.
+    let run = start(&etcd, &kc, &log);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    let mut next = 5000;
+    for _ in 0..60 {
+        let tick = Instant::now();
+        put_range(&etcd, next, 50).await;
+        next += 50;
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
+    }
+    wait_count(&sb, 5000, 60).await;
+    let took = t.elapsed();
+    let (p50, p99) = stop(run).await;
+    eprintln!(
+        "steady: 3000 in {:.2} s, lag p50 {p50} p99 {p99}",
+        took.as_secs_f64()
+    );
+    rows.push((
+        "50/s for 60 s",
+        format!("{:.2} s", took.as_secs_f64()),
+        p50,
+        p99,
+    ));
+
+    println!("| load | all mirrored after | lag p50 | lag p99 |");
+    println!("|---|---|---|---|");
+    for (load, took, p50, p99) in &rows {
+        println!("| {load} | {took} | {p50} | {p99} |");
+    }
+
+    let soak: u64 = std::env::var("IDMIG_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if soak == 0 {
+        return;
+    }
+    let run = start(&etcd, &kc, &log);
+    let pid = run.child.id().expect("pid");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t = Instant::now();
+    let mut samples: Vec<(f64, f64)> = Vec::new();
+    let mut last_sample = Instant::now() - Duration::from_secs(30);
+    let mut oldest = 1000u32;
+    let mut c = etcd.client().await.expect("client");
+    while t.elapsed() < Duration::from_secs(soak) {
+        let tick = Instant::now();
+        put_range(&etcd, next, 20).await;
+        next += 20;
+        // The GCs: the kvstore's deletes the oldest master keys, the cluster's their objects.
+        for id in oldest..oldest + 20 {
+            c.delete(format!("{P}/id/{id}"), None)
+                .await
+                .expect("delete");
+            sb.delete_object(&id.to_string());
+        }
+        oldest += 20;
+        if last_sample.elapsed() >= Duration::from_secs(30) {
+            last_sample = Instant::now();
+            let s = (t.elapsed().as_secs_f64(), rss_mib(pid));
+            eprintln!(
+                "soak: {:.0} s, RSS {:.1} MiB, {} objects",
+                s.0,
+                s.1,
+                sb.objects().len()
+            );
+            samples.push(s);
+        }
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
+    }
+    let (p50, p99) = stop(run).await;
+    // Least-squares slope of RSS over time, in MiB per hour.
+    let n = samples.len() as f64;
+    let (mx, my) = (
+        samples.iter().map(|s| s.0).sum::<f64>() / n,
+        samples.iter().map(|s| s.1).sum::<f64>() / n,
+    );
+    let slope = samples.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum::<f64>()
+        / samples.iter().map(|s| (s.0 - mx).powi(2)).sum::<f64>();
+    println!();
+    println!(
+        "soak: {} s at 20/s ({} identities), RSS {:.1} MiB at the first sample, {:.1} MiB at the last, slope {:.2} MiB/hour; lag p50 {p50} p99 {p99}",
+        soak,
+        next - 5000,
+        samples.first().map_or(0.0, |s| s.1),
+        samples.last().map_or(0.0, |s| s.1),
+        slope * 3600.0
+    );
+}

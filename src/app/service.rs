@@ -12,47 +12,19 @@ use tokio::sync::{mpsc, watch};
 
 use super::flows::{self, ApplyRun, ApplySpec};
 pub use super::preflight::{Check, PreflightReport};
-use crate::apply::executor::{ApplyOptions, StopFlag, Watchers};
+use crate::apply::executor::{StopFlag, Watchers};
 use crate::apply::outcome::{ApplyEvent, Progress};
 use crate::core::kvstore::{NodeCounts, SourceInfo};
 use crate::core::labels::LabelKey;
-use crate::core::planner::resume::Dropped;
+use crate::core::planner::resume::{Dropped, LoggedDecision};
 use crate::core::planner::{Op, PlanItem, describe};
-use crate::core::range::ClusterScope;
 use crate::core::verify::VerifyReport;
 use crate::error::{Error, Result};
-use crate::io::decision_log::{DecisionLog, Record, Session};
+use crate::io::decision_log::Record;
 use crate::io::etcd::{Drift, EtcdConnection};
-use crate::io::k8s::K8sTarget;
 use crate::io::kv_source::KvSource;
 
-/// What the service needs to run.
-pub struct ServiceConfig {
-    pub kv: KvSource,
-    pub target: K8sTarget,
-    pub scope: ClusterScope,
-    pub log: Arc<DecisionLog>,
-    pub apply: ApplyOptions,
-    /// Which command runs it (`tui`, `apply`, `rollback`), for the log's session line.
-    pub command: &'static str,
-    /// Decision logs to resume on the first scan (`--resume`).
-    pub resume: Vec<PathBuf>,
-}
-
-impl ServiceConfig {
-    /// The session line that opens this run's part of the decision log.
-    pub fn session(&self) -> Session {
-        Session {
-            command: self.command.to_string(),
-            server: self.target.server.clone(),
-            context: self.target.context.clone(),
-            kvstore_endpoints: self.kv.endpoints(),
-            kvstore_prefix: self.kv.prefix(),
-            cluster_id: self.scope.cluster_id,
-            max_connected_clusters: self.scope.max_connected_clusters,
-        }
-    }
-}
+pub use super::config::ServiceConfig;
 
 /// The service's jobs, named in failures so a front end can tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +37,7 @@ pub enum Task {
     Export,
     Resume,
     Rollback,
+    Sync,
 }
 
 impl Task {
@@ -78,6 +51,7 @@ impl Task {
             Task::Export => "export",
             Task::Resume => "resume",
             Task::Rollback => "rollback",
+            Task::Sync => "sync",
         }
     }
 }
@@ -128,6 +102,12 @@ pub enum ServiceRequest {
     },
     /// Stop starting new writes.
     Stop,
+    /// Start `sync` in place (after a commit): follow both sides, mirror, report.
+    StartSync {
+        accept_proposals: bool,
+    },
+    /// Stop sync: no new writes; it ends after those in flight.
+    StopSync,
     /// Write the decision log and a Markdown summary next to `path`.
     Export {
         path: PathBuf,
@@ -207,6 +187,12 @@ pub enum ServiceEvent {
         generation: u64,
         ops: Vec<Op>,
     },
+    /// What a running sync reports.
+    Sync(super::sync::SyncEvent),
+    /// Sync ended (stopped, or at cutover).
+    SyncEnded {
+        end: super::sync::SyncEnd,
+    },
     /// A task failed; the error is shared so events stay cheap to clone.
     Failed {
         generation: u64,
@@ -260,6 +246,8 @@ async fn run(
     let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
     // `--resume` applies to the first scan.
     let mut resume = cfg.resume.clone();
+    // A running sync: its stop switch, and where decisions made meanwhile go.
+    let mut sync: Option<(StopFlag, mpsc::Sender<LoggedDecision>)> = None;
     while let Some(req) = rx.recv().await {
         match req {
             ServiceRequest::Preflight => {
@@ -308,6 +296,61 @@ async fn run(
             ServiceRequest::Decided { name, item } => {
                 if let Err(e) = cfg.log.append(decision_record(name, &item)) {
                     let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
+                }
+                if let Some((_, decided)) = &sync
+                    && item.decided
+                {
+                    let d = LoggedDecision {
+                        id: item.id.clone(),
+                        labels: item.labels.clone(),
+                        action: item.action,
+                        target_id: item.target_id,
+                    };
+                    let _ = decided.send(d).await;
+                }
+            }
+            ServiceRequest::StartSync { accept_proposals } => {
+                if sync.as_ref().is_some_and(|(stop, _)| !stop.is_stopped()) {
+                    continue;
+                }
+                let metrics = match super::metrics::Metrics::new() {
+                    Ok(m) => Arc::new(m),
+                    Err(e) => {
+                        let _ = tx.send(ServiceEvent::failed(0, Task::Sync, e)).await;
+                        continue;
+                    }
+                };
+                let sync_stop = StopFlag::default();
+                let (dec_tx, dec_rx) = mpsc::channel(256);
+                let (ev_tx, mut ev_rx) = mpsc::channel(256);
+                sync = Some((sync_stop.clone(), dec_tx));
+                let fwd = tx.clone();
+                tokio::spawn(async move {
+                    while let Some(ev) = ev_rx.recv().await {
+                        if fwd.send(ServiceEvent::Sync(ev)).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let (cfg, tx) = (cfg.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let opts = super::sync::SyncOptions {
+                        accept_proposals,
+                        ..Default::default()
+                    };
+                    let ev =
+                        match super::sync::run(cfg, opts, metrics, ev_tx, sync_stop, Some(dec_rx))
+                            .await
+                        {
+                            Ok(end) => ServiceEvent::SyncEnded { end },
+                            Err(e) => ServiceEvent::failed(0, Task::Sync, e),
+                        };
+                    let _ = tx.send(ev).await;
+                });
+            }
+            ServiceRequest::StopSync => {
+                if let Some((stop, _)) = &sync {
+                    stop.stop();
                 }
             }
             ServiceRequest::Commit { generation, items } => {

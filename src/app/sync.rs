@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::config::ServiceConfig;
 use super::flows;
 use super::metrics::Metrics;
-use super::service::ServiceConfig;
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
 use crate::core::kvstore::{KvSnapshot, MasterEntry, NodeCounts};
@@ -216,12 +216,15 @@ impl State {
 }
 
 /// Runs sync until `stop` (or cutover with `until_cutover`).
+/// `decided` carries decisions made while sync runs (the TUI's): each counts from the next
+/// round on, as one recorded in the log does.
 pub async fn run(
     cfg: Arc<ServiceConfig>,
     opts: SyncOptions,
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
     stop: StopFlag,
+    mut decided: Option<mpsc::Receiver<LoggedDecision>>,
 ) -> Result<SyncEnd> {
     let KvSource::Etcd(etcd) = &cfg.kv else {
         return Err(Error::Config(
@@ -240,7 +243,7 @@ pub async fn run(
             steps.extend(c.steps());
         }
     }
-    let decisions = resume::replay(steps);
+    let mut decisions = resume::replay(steps);
     let mut backoff = Backoff::default();
     'snapshot: loop {
         if stop.is_stopped() {
@@ -347,6 +350,11 @@ pub async fn run(
                     }
                     None => {}
                 },
+                Some(d) = next_decision(&mut decided) => {
+                    state.reported.remove(&d.id);
+                    decisions.insert(d.id.clone(), d);
+                    dirty = true;
+                }
                 Some((ops, result)) = done_rx.recv() => {
                     batch_running = false;
                     take_results(&mut state, ops, result, &metrics);
@@ -405,6 +413,16 @@ pub async fn run(
         kv_watch.abort();
         k8s_watch.abort();
         return Ok(end);
+    }
+}
+
+/// The next decision made while sync runs; never, when nobody can make one.
+async fn next_decision(
+    decided: &mut Option<mpsc::Receiver<LoggedDecision>>,
+) -> Option<LoggedDecision> {
+    match decided {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

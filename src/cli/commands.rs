@@ -413,6 +413,7 @@ async fn sync(
         metrics,
         tx,
         stop.clone(),
+        None,
     ));
     let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
     let mut shown = String::new();

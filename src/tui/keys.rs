@@ -34,6 +34,7 @@ pub enum KeyAction {
     Commit,
     Stop,
     Pause,
+    StartSync,
     Bulk,
     Retry,
     Rescan,
@@ -67,6 +68,7 @@ const LIST: Scope = Scope::On(Screen::Identities);
 const CONF: Scope = Scope::On(Screen::Conflicts);
 const COMMIT: Scope = Scope::On(Screen::Commit);
 const ROLLBACK: Scope = Scope::On(Screen::Rollback);
+const SYNC: Scope = Scope::On(Screen::Sync);
 
 pub const BINDINGS: &[Binding] = &[
     Binding {
@@ -140,6 +142,14 @@ pub const BINDINGS: &[Binding] = &[
         short: "commit",
         action: KeyAction::Go(Screen::Commit),
         help: "commit",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('5'), N)],
+        label: "5",
+        short: "sync",
+        action: KeyAction::Go(Screen::Sync),
+        help: "sync: follow the rollout",
     },
     Binding {
         scope: Scope::Global,
@@ -404,6 +414,30 @@ pub const BINDINGS: &[Binding] = &[
         short: "page up",
         action: KeyAction::PageUp,
         help: "page up",
+    },
+    Binding {
+        scope: COMMIT,
+        keys: &[(Char('y'), N)],
+        label: "y",
+        short: "sync",
+        action: KeyAction::StartSync,
+        help: "start sync in place: follow both sides through the rollout",
+    },
+    Binding {
+        scope: SYNC,
+        keys: &[(Char('y'), N), (Enter, N)],
+        label: "y",
+        short: "start",
+        action: KeyAction::StartSync,
+        help: "start sync: follow both sides, mirror new identities, report conflicts",
+    },
+    Binding {
+        scope: SYNC,
+        keys: &[(Char('c'), C)],
+        label: "Ctrl-C",
+        short: "stop+quit",
+        action: KeyAction::Stop,
+        help: "stop sync, then quit: writes in flight finish",
     },
 ];
 

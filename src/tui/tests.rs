@@ -927,3 +927,75 @@ fn the_table_shows_while_kubernetes_is_listed() {
     assert!(render(&m).contains("already-migrated"));
     let _ = k8s;
 }
+
+#[test]
+fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
+    use crate::app::sync::{SyncEnd, SyncEvent, SyncStatus};
+    let mut m = scanned_model();
+    accept_all_and_commit(&mut m);
+    m.commit.phase = CommitPhase::Done;
+    let cmds = update(&mut m, key('y'));
+    assert!(
+        matches!(
+            &cmds[..],
+            [Command::Send(Request::StartSync {
+                accept_proposals: false
+            })]
+        ),
+        "{cmds:?}"
+    );
+    assert_eq!(m.screen, Screen::Sync);
+    assert!(m.sync.running);
+    let status = SyncStatus {
+        kvstore_nodes: 3,
+        identities: 7,
+        mirrored: 2,
+        pending: 1,
+        lag_p99: Some(Duration::from_millis(140)),
+        watching: true,
+        ..Default::default()
+    };
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Status(status.clone()))),
+    );
+    let screen = render(&m);
+    assert!(screen.contains("3 kvstore-mode nodes left"), "{screen}");
+    assert!(screen.contains("p99 140 ms"), "{screen}");
+    assert!(screen.contains("1 pending decisions"), "{screen}");
+    // A conflict found live: reported, marked new, and a rescan brings it to screen 3.
+    let cmds = update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Conflict {
+            id: "302".into(),
+            kind: Kind::Remap,
+            reason: "taken".into(),
+        })),
+    );
+    assert!(
+        matches!(&cmds[..], [Command::Send(Request::Scan { .. })]),
+        "{cmds:?}"
+    );
+    assert!(m.review.new_since_snapshot.contains("302"));
+    assert!(render(&m).contains("conflict: 302 is a remap"));
+    // Quitting while sync runs stops it first and quits when it has ended.
+    let cmds = update(
+        &mut m,
+        Msg::Key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
+    );
+    assert!(
+        matches!(&cmds[..], [Command::Send(Request::StopSync)]),
+        "{cmds:?}"
+    );
+    assert!(!m.quit);
+    update(
+        &mut m,
+        Msg::Engine(Event::SyncEnded {
+            end: SyncEnd {
+                cutover: false,
+                status,
+            },
+        }),
+    );
+    assert!(m.quit && !m.sync.running);
+}

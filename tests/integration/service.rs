@@ -246,3 +246,88 @@ async fn drift_watch_reports_compaction_past_the_snapshot() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_in_place_takes_decisions_made_while_it_runs() {
+    use cilium_idmig::app::sync::SyncEvent;
+    use cilium_idmig::core::planner::{Action, Kind, PlanItem};
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
+    sb.seed_identity(
+        302,
+        &[("k8s:app".to_string(), "squatter".to_string())].into(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(DecisionLog::open(&dir.path().join("log.jsonl")).unwrap());
+    let service::Handle {
+        requests: tx,
+        events: mut rx,
+        ..
+    } = service::spawn(ServiceConfig {
+        kv: KvSource::Etcd(opts(&etcd)),
+        target: K8sTarget::from_url(&sb.url()).unwrap(),
+        scope: ClusterScope::new(0, Default::default()).unwrap(),
+        log,
+        apply: ApplyOptions::default(),
+        command: "test",
+        resume: Vec::new(),
+    });
+    tx.send(Request::StartSync {
+        accept_proposals: false,
+    })
+    .await
+    .unwrap();
+    // The first round mirrors what is there; a remap arriving live waits for a decision.
+    let start = std::time::Instant::now();
+    while !sb.objects().contains_key("300") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "300 not mirrored"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    etcd.put(&format!("{P}/id/302"), b"k8s:app=c;").await;
+    next(
+        &mut rx,
+        "a live conflict",
+        |e| matches!(e, Event::Sync(SyncEvent::Conflict { id, .. }) if id == "302"),
+    )
+    .await;
+    // The operator decides in the TUI: the decision is logged and sync writes it.
+    let decided = PlanItem {
+        id: "302".into(),
+        labels: "k8s:app=c;".into(),
+        kind: Kind::Remap,
+        action: Action::Create,
+        target_id: Some(7000),
+        existing_labels: None,
+        labels_present_at: None,
+        nodes: 0,
+        reason: Default::default(),
+        decided: true,
+    };
+    tx.send(Request::Decided {
+        name: "edit",
+        item: Box::new(decided),
+    })
+    .await
+    .unwrap();
+    while !sb.objects().contains_key("7000") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the decision was not written"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        sb.objects()["302"]["security-labels"]["k8s:app"],
+        "squatter",
+        "never overwritten"
+    );
+    tx.send(Request::StopSync).await.unwrap();
+    next(&mut rx, "sync ended", |e| {
+        matches!(e, Event::SyncEnded { .. })
+    })
+    .await;
+}

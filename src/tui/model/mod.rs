@@ -23,17 +23,20 @@ pub enum Screen {
     Identities,
     Conflicts,
     Commit,
+    /// `sync` running in place after a commit.
+    Sync,
     /// Opened with `--rollback`: the deletion of what earlier runs created.
     Rollback,
 }
 
 impl Screen {
     /// The screens of a migration, in tab order.
-    pub const ALL: [Screen; 4] = [
+    pub const ALL: [Screen; 5] = [
         Screen::Preflight,
         Screen::Identities,
         Screen::Conflicts,
         Screen::Commit,
+        Screen::Sync,
     ];
     /// The screens of a rollback.
     pub const ROLLBACK: [Screen; 1] = [Screen::Rollback];
@@ -44,6 +47,7 @@ impl Screen {
             Screen::Identities => "Identities",
             Screen::Conflicts => "Conflicts",
             Screen::Commit => "Commit",
+            Screen::Sync => "Sync",
             Screen::Rollback => "Rollback",
         }
     }
@@ -139,6 +143,28 @@ pub struct ReviewState {
     pub conflict: Option<usize>,
     /// Each step restores the items one key changed (one item, or a whole bulk decision).
     pub undo: Vec<Vec<(usize, PlanItem)>>,
+    /// Conflicts that sync found after the snapshot, by kvstore id.
+    pub new_since_snapshot: std::collections::BTreeSet<String>,
+}
+
+/// `sync` in the TUI: whether it runs, its latest status, and what it reported.
+#[derive(Debug, Clone, Default)]
+pub struct SyncView {
+    pub running: bool,
+    pub stopping: bool,
+    pub status: Option<crate::app::sync::SyncStatus>,
+    /// The latest reports, newest last (at most 200: bounded over days).
+    pub lines: std::collections::VecDeque<String>,
+    pub cutover: bool,
+}
+
+impl SyncView {
+    pub fn push(&mut self, line: String) {
+        self.lines.push_back(line);
+        if self.lines.len() > 200 {
+            self.lines.pop_front();
+        }
+    }
 }
 
 /// Everything the screens show.
@@ -155,6 +181,7 @@ pub struct Model {
     pub table: TableState,
     pub review: ReviewState,
     pub commit: CommitState,
+    pub sync: SyncView,
     pub status: String,
     pub no_color: bool,
     pub quit: bool,
@@ -180,6 +207,7 @@ impl Model {
             table: TableState::default(),
             review: ReviewState::default(),
             commit: CommitState::default(),
+            sync: SyncView::default(),
             status: String::new(),
             no_color,
             quit: false,

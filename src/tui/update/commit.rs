@@ -22,6 +22,13 @@ pub(super) fn stop_or_quit(model: &mut Model) -> Vec<Command> {
             model.quit_after_commit = true;
             vec![]
         }
+        CommitPhase::Idle | CommitPhase::Done if model.sync.running => {
+            // Sync ends after its writes in flight; the TUI quits then.
+            model.sync.stopping = true;
+            model.quit_after_commit = true;
+            model.status = "stopping sync: no new writes; waiting for those in flight".into();
+            vec![Command::Send(ServiceRequest::StopSync)]
+        }
         CommitPhase::Idle | CommitPhase::Done => {
             model.quit = true;
             vec![]

@@ -145,6 +145,13 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                         model.quit = true;
                     }
                 }
+                Task::Sync => {
+                    model.sync.running = false;
+                    model.sync.stopping = false;
+                    if model.quit_after_commit {
+                        model.quit = true;
+                    }
+                }
                 Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
             }
             model.modal = Some(Modal::Message(format!("{task} failed: {error}")));
@@ -260,6 +267,16 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             vec![]
         }
+        ServiceEvent::Sync(ev) => on_sync(model, ev),
+        ServiceEvent::SyncEnded { end } => {
+            model.sync.running = false;
+            model.sync.stopping = false;
+            model.sync.push(format!("sync ended: {}", end.status));
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+            vec![]
+        }
         ServiceEvent::RollbackPlanned { generation, ops } => {
             let Some(rb) = &mut model.rollback else {
                 return vec![];
@@ -279,6 +296,51 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
         ServiceEvent::Exported { paths } => {
             let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
+            vec![]
+        }
+    }
+}
+
+/// Folds what a running sync reports into the Sync screen; a conflict found live joins the
+/// Conflicts screen (a rescan brings it in, keeping every decision), marked as new.
+fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
+    use crate::app::sync::SyncEvent;
+    match ev {
+        SyncEvent::Status(s) => {
+            model.sync.status = Some(s);
+            vec![]
+        }
+        SyncEvent::Conflict { id, kind, reason } => {
+            model.sync.push(format!(
+                "conflict: {id} is a {kind} and waits for a decision: {reason}"
+            ));
+            model.review.new_since_snapshot.insert(id);
+            if model.scan.scanning {
+                vec![]
+            } else {
+                rescan(model)
+            }
+        }
+        SyncEvent::Split(split) => {
+            model.sync.push(split.to_string());
+            vec![]
+        }
+        SyncEvent::Invalid { id, reason } => {
+            model
+                .sync
+                .push(format!("invalid: {id}: {reason} (never written)"));
+            vec![]
+        }
+        SyncEvent::Trouble(t) => {
+            model.sync.push(format!("retrying: {t}"));
+            vec![]
+        }
+        SyncEvent::Cutover => {
+            model.sync.cutover = true;
+            model.sync.push(
+                "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes"
+                    .into(),
+            );
             vec![]
         }
     }
@@ -474,6 +536,26 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             vec![]
         }
         KeyAction::Pause => pause(model),
+        KeyAction::StartSync => {
+            if model.sync.running || model.scan.scanning {
+                return vec![];
+            }
+            if matches!(
+                model.commit.phase,
+                CommitPhase::Running | CommitPhase::Stopping
+            ) {
+                model.modal = Some(Modal::Message(
+                    "a commit is running: sync starts once it is done".into(),
+                ));
+                return vec![];
+            }
+            model.sync.running = true;
+            model.sync.push("sync started: following both sides".into());
+            model.screen = Screen::Sync;
+            vec![Command::Send(ServiceRequest::StartSync {
+                accept_proposals: false,
+            })]
+        }
         KeyAction::Retry => {
             if model.commit.phase != CommitPhase::Done || !model.commit.has_work_left() {
                 return vec![];

@@ -66,6 +66,14 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             }
         )),
         state,
+        Span::styled(
+            if model.review.new_since_snapshot.contains(&item.id) {
+                " · new since the snapshot (found by sync)"
+            } else {
+                ""
+            },
+            t.bad(),
+        ),
     ]);
     frame.render_widget(
         Paragraph::new(title).block(Block::default().borders(Borders::ALL)),

@@ -7,6 +7,7 @@ mod identities;
 mod modal;
 mod preflight;
 mod rollback;
+mod sync;
 mod theme;
 
 pub use theme::{Theme, symbol};
@@ -37,6 +38,7 @@ pub fn view(model: &Model, frame: &mut Frame) {
         Screen::Conflicts => conflicts::draw(model, frame, body),
         Screen::Commit => commit::draw(model, frame, body),
         Screen::Rollback => rollback::draw(model, frame, body),
+        Screen::Sync => sync::draw(model, frame, body),
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];
@@ -134,7 +136,7 @@ pub fn footer_hints(screen: Screen, width: u16) -> (Vec<(&'static str, &'static 
     let mut hints = Vec::new();
     let mut cut = false;
     for b in bindings_for(screen) {
-        if matches!(b.label, "1" | "2" | "3" | "4" | "?") {
+        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "?") {
             continue;
         }
         let text = b.short;

@@ -1,0 +1,85 @@
+//! Sync: the rollout as it happens — kvstore-mode nodes left, identities mirrored, lag,
+//! pending decisions, split allocations, failures — and what sync reported, newest last.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
+
+use super::theme::Theme;
+use crate::tui::model::Model;
+
+pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
+    let t = Theme::of(model);
+    let s = &model.sync;
+    let [head, list] = Layout::vertical([Constraint::Length(7), Constraint::Min(3)]).areas(area);
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let ms =
+        |d: Option<std::time::Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
+    let mut lines = vec![Line::from(vec![
+        Span::styled("state    ", bold),
+        if s.cutover {
+            Span::styled("cutover reached", t.good())
+        } else if s.stopping {
+            Span::raw("stopping: writes in flight finish")
+        } else if s.running {
+            Span::raw("following both sides")
+        } else {
+            Span::raw("not running: y starts it (after a commit)")
+        },
+    ])];
+    if let Some(st) = &s.status {
+        lines.push(Line::from(vec![
+            Span::styled("rollout  ", bold),
+            Span::raw(format!(
+                "{} kvstore-mode nodes left · {} identities · {} mirrored since the snapshot",
+                st.kvstore_nodes, st.identities, st.mirrored
+            )),
+        ]));
+        lines.push(Line::from(vec![
+            Span::styled("lag      ", bold),
+            Span::raw(format!(
+                "last {} · p50 {} · p99 {}",
+                ms(st.lag_last),
+                ms(st.lag_p50),
+                ms(st.lag_p99)
+            )),
+        ]));
+        let pending = Span::styled(
+            format!("{} pending decisions (screen 3)", st.pending),
+            if st.pending > 0 { t.bad() } else { t.good() },
+        );
+        lines.push(Line::from(vec![
+            Span::styled("waiting  ", bold),
+            pending,
+            Span::raw(format!(
+                " · {} split allocations · {} failed writes{}",
+                st.splits,
+                st.failures,
+                if st.watching {
+                    ""
+                } else {
+                    " · a watch is catching up"
+                }
+            )),
+        ]));
+    }
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" Sync ")),
+        head,
+    );
+    let room = usize::from(list.height.saturating_sub(2));
+    let shown: Vec<Line> = s
+        .lines
+        .iter()
+        .skip(s.lines.len().saturating_sub(room))
+        .map(|l| Line::raw(l.clone()))
+        .collect();
+    frame.render_widget(
+        Paragraph::new(shown)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(" Reports ")),
+        list,
+    );
+}

@@ -279,6 +279,37 @@ async fn sync_killed_and_restarted_converges_and_survives_a_compaction() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn sync_outlives_an_etcd_restart_and_reports_a_split_after_the_kvstore() {
+    let mut w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/600"), b"k8s:app=first;").await;
+    // Already in Kubernetes under another id: a kvstore copy of these labels is a duplicate,
+    // which waits for a decision (so sync does not write it).
+    w.sb.seed_identity(900, &labels("k8s:app=dup;"));
+    let s = Sync::start(&w, &[]);
+    wait_for(20, "600 mirrored", || w.sb.objects().get("600").cloned()).await;
+    // The kvstore's allocation first, then a CRD-mode agent's at the same id.
+    w.etcd.put(&format!("{P}/id/601"), b"k8s:app=dup;").await;
+    s.wait_for_line("conflict: 601 is a duplicate", 10).await;
+    w.sb.seed_identity(601, &labels("k8s:app=crd-side;"));
+    s.wait_for_line("split allocation at id 601", 10).await;
+    // etcd goes away and comes back: sync catches up from where its watch was.
+    w.etcd.restart().await;
+    w.etcd
+        .put(&format!("{P}/id/602"), b"k8s:app=after-restart;")
+        .await;
+    wait_for(60, "602 mirrored after the restart", || {
+        w.sb.objects().get("602").cloned()
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("retrying"),
+        "the outage was reported:\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn deleted_objects_come_back_once_and_an_outage_is_caught_up() {
     use cilium_idmig::sandbox::FaultConfig;
     let w = World::new(SandboxConfig::default()).await;

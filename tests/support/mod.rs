@@ -44,6 +44,8 @@ pub struct TlsFiles {
 
 pub struct Etcd {
     child: Child,
+    /// How it was started, to start it again on the same data and port.
+    command: (String, Vec<String>),
     pub dir: TempDir,
     pub endpoint: String,
     pub tls: Option<TlsFiles>,
@@ -95,8 +97,15 @@ impl Etcd {
             None
         };
         let child = cmd.spawn().expect("start etcd");
+        let command = (
+            cmd.get_program().to_string_lossy().into_owned(),
+            cmd.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+        );
         let etcd = Etcd {
             child,
+            command,
             dir,
             endpoint: client_url,
             tls: tls_files,
@@ -180,6 +189,22 @@ impl Etcd {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops etcd and starts it again on the same data and port (a restart clients outlive).
+    pub async fn restart(&mut self) {
+        self.kill();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .unwrap();
+        self.child = Command::new(&self.command.0)
+            .args(&self.command.1)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd again");
+        self.wait_ready().await;
     }
 }
 

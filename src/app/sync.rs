@@ -207,11 +207,30 @@ impl State {
         if self.lags.len() > 10_000 {
             self.lags.pop_front();
         }
+    }
+
+    /// p50 and p99 of the recent lags, for a status: computed per status, not per create,
+    /// so a steady load does not sort 10,000 durations twenty times a second.
+    fn refresh_lag_percentiles(&mut self) {
+        if self.lags.is_empty() {
+            return;
+        }
         let mut sorted: Vec<Duration> = self.lags.iter().copied().collect();
-        sorted.sort();
+        sorted.sort_unstable();
         let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
         self.status.lag_p50 = Some(at(0.5));
         self.status.lag_p99 = Some(at(0.99));
+    }
+}
+
+/// Hands memory freed since the last status back to the system. A process that runs for days
+/// plans thousands of identities ten times a second; glibc keeps what it freed in its arenas
+/// and the resident size would creep up with fragmentation, not with data.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -363,6 +382,7 @@ pub async fn run(
                 _ = settle.tick() => {
                     if stop.is_stopped() {
                         if !batch_running {
+                            state.refresh_lag_percentiles();
                             break SyncEnd { cutover: false, status: state.status.clone() };
                         }
                         continue;
@@ -388,6 +408,8 @@ pub async fn run(
                     }
                 }
                 _ = status_tick.tick() => {
+                    state.refresh_lag_percentiles();
+                    return_freed_memory();
                     state.status.watching = metrics.healthy();
                     metrics.splits.set(state.status.splits as i64);
                     let _ = events.send(SyncEvent::Status(state.status.clone())).await;

@@ -3,7 +3,8 @@
 //! identities and for a steady 50 a second for a minute, and (with `IDMIG_SOAK_SECS`, e.g.
 //! 1800) the resident memory of the real `sync` process over a soak of 20 new identities a
 //! second while the oldest 20 go (the kvstore's and the cluster's GC, so the live set stays
-//! at about 7,000), sampled every 30 s, with its slope. `cargo bench --bench sync`.
+//! at about 7,000), used by one kvstore-mode node (so the rollout is not over), sampled
+//! every 30 s, with its slope. `cargo bench --bench sync`.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -196,6 +197,16 @@ async fn main() {
         .unwrap_or(0);
     if soak == 0 {
         return;
+    }
+    // One kvstore-mode node is left: the rollout is not over while the soak runs.
+    {
+        let mut c = etcd.client().await.expect("client");
+        c.put(format!("{P}/value/k8s:app=pinned;/10.0.0.1"), "1", None)
+            .await
+            .expect("put");
+        c.put(format!("{P}/id/1"), "reserved:host=;", None)
+            .await
+            .expect("put");
     }
     let run = start(&etcd, &kc, &log);
     let pid = run.child.id().expect("pid");

@@ -320,6 +320,7 @@ pub async fn run(
         let mut dirty = true;
         let mut batch_running = false;
         let mut last_verify: Option<Instant> = None;
+        let mut cutover_announced = false;
         let end = loop {
             tokio::select! {
                 ev = kv_rx.recv() => match ev {
@@ -419,10 +420,17 @@ pub async fn run(
                         && state.failed.is_empty()
                         && !batch_running
                         && !dirty;
+                    // Cutover is checked (a full consistent verify) at most every 30 s while it
+                    // may be near, and announced once; a kvstore-mode node coming back starts
+                    // the watch for it again.
+                    if state.status.kvstore_nodes > 0 {
+                        cutover_announced = false;
+                    }
                     let due = last_verify.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
-                    if ready && due {
+                    if ready && due && !cutover_announced {
                         last_verify = Some(Instant::now());
                         if cutover_verified(&cfg).await {
+                            cutover_announced = true;
                             let _ = events.send(SyncEvent::Cutover).await;
                             if opts.until_cutover {
                                 break SyncEnd { cutover: true, status: state.status.clone() };

@@ -617,6 +617,24 @@ async fn apply(
 
 /// A rollback, relayed like an apply: planned on a fresh read, then carried out by the
 /// executor (deletes with preconditions, retries, the stop switch), every step logged.
+/// A channel for the executor's events and the task that passes them on as service events,
+/// so a rollback and an apply report progress the same way. Drop the sender, then await the
+/// task, to be sure every event went out before the run's result.
+fn forward_apply_events(
+    tx: &mpsc::Sender<ServiceEvent>,
+) -> (mpsc::Sender<ApplyEvent>, tokio::task::JoinHandle<()>) {
+    let (apply_tx, mut apply_rx) = mpsc::channel(1024);
+    let tx = tx.clone();
+    let forward = tokio::spawn(async move {
+        while let Some(ev) = apply_rx.recv().await {
+            if tx.send(ServiceEvent::Apply(ev)).await.is_err() {
+                break;
+            }
+        }
+    });
+    (apply_tx, forward)
+}
+
 async fn rollback(
     cfg: Arc<ServiceConfig>,
     generation: u64,
@@ -628,17 +646,7 @@ async fn rollback(
     let run = async {
         let ops = super::rollback::plan(&cfg.target, &logs).await?;
         crate::apply::executor::log_decisions(&cfg.log, &ops)?;
-        let (apply_tx, mut apply_rx) = mpsc::channel(1024);
-        let forward = {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Some(ev) = apply_rx.recv().await {
-                    if tx.send(ServiceEvent::Apply(ev)).await.is_err() {
-                        break;
-                    }
-                }
-            })
-        };
+        let (apply_tx, forward) = forward_apply_events(&tx);
         let watchers = Watchers {
             events: Some(&apply_tx),
             progress: Some(&progress),
@@ -679,17 +687,7 @@ async fn apply_and_verify(
     progress: &watch::Sender<Progress>,
     stop: StopFlag,
 ) -> Result<(ApplyRun, Option<VerifyReport>)> {
-    let (apply_tx, mut apply_rx) = mpsc::channel(1024);
-    let forward = {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = apply_rx.recv().await {
-                if tx.send(ServiceEvent::Apply(ev)).await.is_err() {
-                    break;
-                }
-            }
-        })
-    };
+    let (apply_tx, forward) = forward_apply_events(tx);
     let watchers = Watchers {
         events: Some(&apply_tx),
         progress: Some(progress),

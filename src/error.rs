@@ -71,6 +71,34 @@ pub enum Error {
     },
 }
 
+/// The innermost cause of an error, and whether it says the server could not be reached.
+/// Network clients nest their transport errors several levels deep, in debug form at the top
+/// (`grpc request error: ... ConnectError(...)`); the bottom reads as one plain line
+/// (`Connection refused (os error 111)`).
+pub(crate) fn root_cause(cause: &(dyn std::error::Error + 'static)) -> (String, bool) {
+    let mut root = cause;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    let unreachable = root.downcast_ref::<std::io::Error>().is_some_and(|io| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::HostUnreachable
+                | std::io::ErrorKind::NetworkUnreachable
+        )
+    });
+    let text = root.to_string();
+    // Some clients keep only the text of the transport error.
+    let unreachable = unreachable
+        || ["lookup address", "Connection refused", "connection refused"]
+            .iter()
+            .any(|t| text.contains(t));
+    (text, unreachable)
+}
+
 /// `"{what}: {cause}"`, and the cause kept as the source.
 fn with_cause(what: &str, cause: impl Into<BoxError>) -> (String, Option<BoxError>) {
     let cause = cause.into();
@@ -107,8 +135,17 @@ impl Error {
         }
     }
 
+    /// An etcd failure, worded by its innermost cause (see `root_cause`).
     pub fn etcd(endpoints: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
-        let (message, source) = with_cause(what, cause);
+        let cause = cause.into();
+        let (root, unreachable) = root_cause(cause.as_ref());
+        let hint = if unreachable {
+            "; check that etcd is up and that --etcd-endpoints (or --etcd-config) names it"
+        } else {
+            ""
+        };
+        let message = format!("{what}: {root}{hint}");
+        let source = Some(cause);
         Error::Etcd {
             endpoints: endpoints.into(),
             message,
@@ -116,8 +153,17 @@ impl Error {
         }
     }
 
+    /// A Kubernetes API failure, worded like `etcd`'s.
     pub fn kube(server: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
-        let (message, source) = with_cause(what, cause);
+        let cause = cause.into();
+        let (root, unreachable) = root_cause(cause.as_ref());
+        let hint = if unreachable {
+            "; check that the API server is up and that --kubeconfig (or --context) names it"
+        } else {
+            ""
+        };
+        let message = format!("{what}: {root}{hint}");
+        let source = Some(cause);
         Error::Kube {
             server: server.into(),
             message,
@@ -178,6 +224,22 @@ impl Error {
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn an_unreachable_etcd_names_the_innermost_cause_and_what_to_check() {
+        #[derive(Debug, thiserror::Error)]
+        #[error(
+            "grpc request error: status: Unavailable, message: \"tcp connect error\", details: [] ..."
+        )]
+        struct Nested(#[source] std::io::Error);
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = Error::etcd("http://127.0.0.1:1", "range request", Nested(io));
+        assert_eq!(
+            e.to_string(),
+            "etcd at http://127.0.0.1:1: range request: Connection refused; check that etcd is up and that --etcd-endpoints (or --etcd-config) names it"
+        );
+        assert!(e.source().is_some());
+    }
 
     #[test]
     fn messages_stay_one_line_and_keep_their_source() {

@@ -63,6 +63,8 @@ fn main() -> ExitCode {
     match rt.block_on(commands::run(command, name)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
+        // Output to a closed pipe (`... | head -1`): the reader has what it wanted.
+        Err(e) if cli::out::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<cilium_idmig::Error>() {
             Some(le) => {
                 // The library's messages already quote their cause: one line, no chain.

@@ -6,14 +6,29 @@ use crate::core::range::{ClusterScope, IdRange, MaxConnectedClusters};
 use crate::io::k8s::K8sTarget;
 use crate::io::kv_source::KvSource;
 
+/// How a check came out. `Fail` is for what blocks a commit; a finding the plan already
+/// handles (entries planned as invalid and never written) is a `Warn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckStatus {
+    Ok,
+    Warn,
+    Fail,
+}
+
 /// One preflight check, worded for the operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     pub name: String,
-    pub ok: bool,
+    pub status: CheckStatus,
     pub detail: String,
-    /// How to fix it, when it failed.
+    /// How to fix it, when it failed, or what the warning means.
     pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn failed(&self) -> bool {
+        self.status == CheckStatus::Fail
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -78,7 +93,12 @@ fn range_check(masters: &[crate::core::kvstore::MasterEntry], scope: ClusterScop
     let outside = ids.iter().filter(|&&id| !scope.range.contains(id)).count();
     Check {
         name: "identities in range".into(),
-        ok: outside == 0,
+        // Never written either way: the plan marks them invalid, nothing is blocked.
+        status: if outside == 0 {
+            CheckStatus::Ok
+        } else {
+            CheckStatus::Warn
+        },
         detail: format!(
             "{} of {} kvstore ids outside {scope}",
             outside,
@@ -109,7 +129,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         Ok(s) => {
             r.checks.push(Check {
                 name: "kvstore readable".into(),
-                ok: true,
+                status: CheckStatus::Ok,
                 detail: format!("{} identities at revision {} under {}", s.masters.len(), s.source.revision, s.source.prefix),
                 fix: None,
             });
@@ -117,7 +137,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         }
         Err(e) => r.checks.push(Check {
             name: "kvstore readable".into(),
-            ok: false,
+            status: CheckStatus::Fail,
             detail: e.to_string(),
             fix: Some("check --etcd-endpoints / --etcd-config, the CA and client certificate, and that etcd is up".into()),
         }),
@@ -127,7 +147,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
             r.version = v.clone();
             r.checks.push(Check {
                 name: "API server reachable".into(),
-                ok: true,
+                status: CheckStatus::Ok,
                 detail: v,
                 fix: None,
             });
@@ -135,7 +155,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         Err(e) => {
             r.checks.push(Check {
                 name: "API server reachable".into(),
-                ok: false,
+                status: CheckStatus::Fail,
                 detail: e.to_string(),
                 fix: Some("check --kubeconfig / --context and that the API server is up".into()),
             });
@@ -147,7 +167,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
             r.crd_present = state != crate::io::k8s::CrdState::Missing;
             r.checks.push(Check {
                 name: format!("CRD {CRD_NAME}"),
-                ok: true,
+                status: CheckStatus::Ok,
                 detail: if r.crd_present {
                     "installed".into()
                 } else {
@@ -158,7 +178,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         }
         Err(e) => r.checks.push(Check {
             name: format!("CRD {CRD_NAME}"),
-            ok: false,
+            status: CheckStatus::Fail,
             detail: e.to_string(),
             fix: None,
         }),
@@ -186,13 +206,13 @@ async fn rbac_checks(
         checks.push(match target.can_i(&verb, &group, &resource).await {
             Ok(true) => Check {
                 name,
-                ok: true,
+                status: CheckStatus::Ok,
                 detail: "allowed".into(),
                 fix: None,
             },
             Ok(false) => Check {
                 name,
-                ok: false,
+                status: CheckStatus::Fail,
                 detail: "denied".into(),
                 fix: Some(format!(
                     "bind the ClusterRole in {role_file} (it grants {verb} on {resource}.{group})"
@@ -200,7 +220,7 @@ async fn rbac_checks(
             },
             Err(e) => Check {
                 name,
-                ok: false,
+                status: CheckStatus::Fail,
                 detail: e.to_string(),
                 fix: None,
             },
@@ -215,7 +235,7 @@ pub async fn require_rollback_rights(target: &K8sTarget) -> crate::Result<()> {
     let denied: Vec<String> = rollback_checks(target)
         .await
         .into_iter()
-        .filter(|c| !c.ok)
+        .filter(Check::failed)
         .map(|c| {
             let fix = c.fix.map(|f| format!("; {f}")).unwrap_or_default();
             format!("  {}: {}{fix}", c.name, c.detail)
@@ -241,6 +261,22 @@ pub async fn rollback_checks(target: &K8sTarget) -> Vec<Check> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::core::kvstore::MasterEntry;
+
+    #[test]
+    fn ids_outside_the_range_warn_since_the_plan_never_writes_them() {
+        let scope = ClusterScope::new(0, MaxConnectedClusters::default()).unwrap();
+        let entry = |id: &str| MasterEntry::new(id.as_bytes().to_vec(), b"k8s:app=a;".to_vec());
+        let inside = range_check(&[entry("300"), entry("301")], scope);
+        assert_eq!(inside.status, CheckStatus::Ok);
+        let outside = range_check(&[entry("300"), entry("70000"), entry("5")], scope);
+        assert_eq!(outside.status, CheckStatus::Warn);
+        assert!(!outside.failed());
+        assert!(outside.detail.starts_with("2 of 3"), "{}", outside.detail);
+        assert!(outside.fix.unwrap().contains("never written"));
+    }
+
     #[test]
     fn the_shipped_cluster_role_grants_exactly_what_the_tool_uses() {
         let rules = super::required_rules();

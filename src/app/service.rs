@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{mpsc, watch};
 
 use super::flows::{self, ApplyRun, ApplySpec};
-pub use super::preflight::{Check, PreflightReport};
+pub use super::preflight::{Check, CheckStatus, PreflightReport};
 use crate::apply::executor::{StopFlag, Watchers};
 use crate::apply::outcome::{ApplyEvent, Progress};
 use crate::core::kvstore::{NodeCounts, SourceInfo};

@@ -134,6 +134,8 @@ pub enum SyncEvent {
         id: String,
         reason: String,
     },
+    /// Both watches are established: sync follows both sides from here (once per snapshot).
+    Following,
     /// A watch or a read failed; sync retries.
     Trouble(String),
     /// Cutover reached: no kvstore-mode node, nothing pending, verify passed.
@@ -270,6 +272,8 @@ pub async fn run(
         }
         let conn = match EtcdConnection::connect(etcd).await {
             Ok(c) => c,
+            // No endpoints, an unreadable certificate: waiting will not fix those.
+            Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(e),
             Err(e) => {
                 let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
                 backoff.wait().await;
@@ -321,9 +325,16 @@ pub async fn run(
         let mut batch_running = false;
         let mut last_verify: Option<Instant> = None;
         let mut cutover_announced = false;
+        // Announced once both watches are established, not when they are asked for.
+        let (mut kv_up, mut k8s_up, mut following) = (false, false, false);
         let end = loop {
+            if kv_up && k8s_up && !following {
+                following = true;
+                let _ = events.send(SyncEvent::Following).await;
+            }
             tokio::select! {
                 ev = kv_rx.recv() => match ev {
+                    Some(KvWatchEvent::Connected) => kv_up = true,
                     Some(KvWatchEvent::Changes { changes, revision }) => {
                         state.kv_revision = revision;
                         for c in changes {
@@ -342,6 +353,7 @@ pub async fn run(
                     None => {}
                 },
                 ch = k8s_rx.recv() => match ch {
+                    Some(K8sChange::Connected) => k8s_up = true,
                     Some(K8sChange::Upsert { id, labels, resource_version }) => {
                         state.k8s_version = resource_version;
                         state.k8s.insert(id, labels.clone());
@@ -738,9 +750,11 @@ async fn follow_kvstore(
             let (conn, prefix) = (conn.clone(), prefix.clone());
             tokio::spawn(async move { conn.watch_identities(&prefix, revision, inner_tx).await })
         };
-        metrics.etcd_live.store(true, Ordering::Relaxed);
         while let Some(ev) = inner_rx.recv().await {
             backoff = Backoff::default();
+            if ev == KvWatchEvent::Connected {
+                metrics.etcd_live.store(true, Ordering::Relaxed);
+            }
             if let KvWatchEvent::Changes { revision: r, .. } = &ev {
                 revision = *r;
             }
@@ -778,11 +792,11 @@ async fn follow_kubernetes(
             let (cfg, version) = (cfg.clone(), version.clone());
             tokio::spawn(async move { cfg.target.watch_identities(&version, inner_tx).await })
         };
-        metrics.k8s_live.store(true, Ordering::Relaxed);
         let mut expired = false;
         while let Some(ch) = inner_rx.recv().await {
             backoff = Backoff::default();
             match &ch {
+                K8sChange::Connected => metrics.k8s_live.store(true, Ordering::Relaxed),
                 K8sChange::Upsert {
                     resource_version, ..
                 }

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::CommandFactory;
 
 use super::args::{CliCommand, Conn, TuiArgs};
+use super::out::{out, outln};
 use super::printer;
 use cilium_idmig::app::flows::{self, ApplySpec};
 use cilium_idmig::app::service::{self, ServiceConfig, ServiceRequest};
@@ -46,13 +47,18 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 })
                 .unwrap_or_else(|| "cilium-idmig".into());
             let mut cmd = super::args::Cli::command();
-            clap_complete::generate(shell, &mut cmd, file, &mut std::io::stdout());
+            // Into a buffer first: `generate` panics when its writer fails (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, file, &mut script);
+            out!("{}", String::from_utf8_lossy(&script)).context("writing the completions")?;
             Ok(Exit::Ok)
         }
         CliCommand::Man => {
+            let mut page = Vec::new();
             clap_mangen::Man::new(super::args::Cli::command())
-                .render(&mut std::io::stdout())
-                .context("writing the manual page")?;
+                .render(&mut page)
+                .context("rendering the manual page")?;
+            out!("{}", String::from_utf8_lossy(&page)).context("writing the manual page")?;
             Ok(Exit::Ok)
         }
         CliCommand::Plan { conn, output } => plan(conn, output).await,
@@ -129,10 +135,10 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                     .map_err(cilium_idmig::Error::Config)?,
             };
             if headless {
-                println!(
+                outln!(
                     "demo: {identities} generated identities (seed {seed}) against the sandbox API server at {}\n",
                     sandbox.url()
-                );
+                )?;
                 demo_headless(world, decision_log).await
             } else {
                 let opts = ApplyOptions::default();
@@ -206,12 +212,12 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             .await?;
             if let Some(p) = &kubeconfig_out {
                 sb.write_kubeconfig(p)?;
-                println!("kubeconfig written to {}", p.display());
+                outln!("kubeconfig written to {}", p.display())?;
             }
-            println!(
+            outln!(
                 "sandbox API server listening on {} (Ctrl-C to stop)",
                 sb.url()
-            );
+            )?;
             tokio::signal::ctrl_c()
                 .await
                 .context("waiting for Ctrl-C")?;
@@ -257,10 +263,10 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
     )
     .await?;
     let plan = flows::plan_file(scan, &target, scope);
-    print!("{}", report::plan_summary(&plan));
+    out!("{}", report::plan_summary(&plan))?;
     if let Some(path) = output {
         plan.save(&path)?;
-        println!("plan written to {}", path.display());
+        outln!("plan written to {}", path.display())?;
     }
     Ok(Exit::Ok)
 }
@@ -277,31 +283,32 @@ async fn apply(
     let mut handle = world.service("apply", log, spec.options.clone(), Vec::new());
     let run = printer::apply(&mut handle, spec).await?;
     match json {
-        true => println!("{}", serde_json::to_string_pretty(&run.report)?),
-        false => print!("{}", report::apply_summary(&run.report)),
+        true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
+        false => out!("{}", report::apply_summary(&run.report))?,
     }
     for id in &run.not_in_plan {
-        println!(
+        outln!(
             "note: kvstore identity {id} appeared after the plan was made; left alone (make a new plan)"
-        );
+        )?;
     }
     for id in &run.gone_from_kvstore {
-        println!("note: plan item {id} is no longer in the kvstore; left alone");
+        outln!("note: plan item {id} is no longer in the kvstore; left alone")?;
     }
     if run.resumed > 0 || !run.dropped.is_empty() {
-        println!(
+        outln!(
             "resumed {} recorded decisions; {} dropped",
             run.resumed,
             run.dropped.len()
-        );
+        )?;
     }
     for d in &run.dropped {
-        println!(
+        outln!(
             "note: the recorded decision on {} was dropped: {}",
-            d.id, d.reason
-        );
+            d.id,
+            d.reason
+        )?;
     }
-    println!("decision log: {}", log_path.display());
+    outln!("decision log: {}", log_path.display())?;
     Ok(if run.report.succeeded() && run.report.stopped.is_none() {
         Exit::Ok
     } else {
@@ -311,8 +318,8 @@ async fn apply(
 
 fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
     match json {
-        true => println!("{}", serde_json::to_string_pretty(r)?),
-        false => print!("{}", report::verify_summary(r)),
+        true => outln!("{}", serde_json::to_string_pretty(r)?)?,
+        false => out!("{}", report::verify_summary(r))?,
     }
     Ok(())
 }
@@ -335,8 +342,8 @@ async fn rollback(
             rollback::plan(&target, &logs),
         )
         .await?;
-        print!("{}", report::rollback_plan(&ops, json)?);
-        println!("nothing was changed; pass --yes to delete what is marked delete");
+        out!("{}", report::rollback_plan(&ops, json)?)?;
+        outln!("nothing was changed; pass --yes to delete what is marked delete")?;
         return Ok(Exit::Ok);
     }
     // The rollback's own lines go to the newest log, so verify sees them with the rest.
@@ -354,10 +361,10 @@ async fn rollback(
     };
     let run = printer::run(&mut handle, req).await?;
     match json {
-        true => println!("{}", serde_json::to_string_pretty(&run.report)?),
-        false => print!("{}", report::rollback_summary(&run.report)),
+        true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
+        false => out!("{}", report::rollback_summary(&run.report))?,
     }
-    println!("decision log: {}", log_path.display());
+    outln!("decision log: {}", log_path.display())?;
     let clean = run
         .report
         .results
@@ -400,7 +407,7 @@ async fn sync(
     let server = match status_addr {
         Some(addr) => {
             let (bound, task) = metrics::serve(addr, metrics.clone()).await?;
-            println!("status: http://{bound}/healthz and http://{bound}/metrics");
+            outln!("status: http://{bound}/healthz and http://{bound}/metrics")?;
             Some(task)
         }
         None => None,
@@ -424,20 +431,21 @@ async fn sync(
                 Some(SyncEvent::Status(s)) => {
                     let line = s.to_string();
                     if line != shown || shown_at.elapsed() > std::time::Duration::from_secs(30) {
-                        println!("{line}");
+                        let _ = outln!("{line}");
                         shown = line;
                         shown_at = std::time::Instant::now();
                     }
                 }
                 Some(SyncEvent::Conflict { id, kind, reason }) => {
-                    println!("conflict: {id} is a {kind} and waits for a decision: {reason}");
+                    let _ = outln!("conflict: {id} is a {kind} and waits for a decision: {reason}");
                 }
-                Some(SyncEvent::Split(split)) => println!("{split}"),
-                Some(SyncEvent::Invalid { id, reason }) => println!("invalid: {id}: {reason}"),
+                Some(SyncEvent::Split(split)) => { let _ = outln!("{split}"); },
+                Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
+                Some(SyncEvent::Following) => { let _ = outln!("sync started: following both sides"); },
                 Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
-                Some(SyncEvent::Cutover) => println!(
+                Some(SyncEvent::Cutover) => { let _ = outln!(
                     "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes"
-                ),
+                ); },
                 None => break,
             },
             sig = signals.recv() => {
@@ -450,8 +458,8 @@ async fn sync(
     if let Some(task) = server {
         task.abort();
     }
-    println!("{}", end.status);
-    println!("decision log: {}", log_path.display());
+    outln!("{}", end.status)?;
+    outln!("decision log: {}", log_path.display())?;
     let clean = end.status.failures == 0 && (!until_cutover || end.status.pending == 0);
     Ok(if end.cutover || (clean && !until_cutover) {
         Exit::Ok
@@ -498,20 +506,20 @@ async fn interactive(
     let summary = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
     // What stays on the terminal: what the last commit did, and how to finish it.
     if let Some(s) = summary {
-        println!("{s}");
+        outln!("{s}")?;
         if s.unfinished() && s.rollback.is_none() {
             match &finish {
-                Finish::Apply { bin_name } => println!(
+                Finish::Apply { bin_name } => outln!(
                     "to finish: {}",
                     finishing_command(bin_name, &log_path, std::env::args().skip(1))
-                ),
-                Finish::Demo => println!(
+                )?,
+                Finish::Demo => outln!(
                     "to finish: the demo's kvstore and API server end with it; run the demo again to try once more"
-                ),
+                )?,
             }
         }
     }
-    println!("decision log: {}", log_path.display());
+    outln!("decision log: {}", log_path.display())?;
     Ok(Exit::Ok)
 }
 
@@ -561,11 +569,11 @@ fn shell_quote(a: &str) -> String {
 /// `demo --headless`: plan, apply with every proposal accepted, verify.
 async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Result<Exit> {
     let scan = flows::scan(&world.kv, &world.target, world.scope.range).await?;
-    print!(
+    out!(
         "{}",
         report::plan_summary(&flows::plan_file(scan, &world.target, world.scope))
-    );
-    println!("\napplying with --accept-proposals ...");
+    )?;
+    outln!("\napplying with --accept-proposals ...")?;
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     // Kept for the verification after the apply, which consumes the world.
     let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.scope.range);
@@ -578,7 +586,7 @@ async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Resul
     let exit = apply(world, spec, Some(log_path.clone()), false).await?;
     let mappings = flows::expectations_from_logs(std::slice::from_ref(&log_path))?;
     let report = flows::verify(&kv, &target, range, &mappings).await?;
-    println!();
+    outln!()?;
     print_verify(&report, false)?;
     Ok(if report.passed() { exit } else { Exit::Failed })
 }

@@ -126,6 +126,19 @@ impl EtcdConnection {
     }
 
     fn err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {
+        let e = e.into();
+        // etcd-client hides the status's transport error from `source()`: hand on the status
+        // itself, whose chain reaches it; a status from etcd itself reads as its message.
+        let e = match e.downcast::<etcd_client::Error>() {
+            Ok(boxed) => match *boxed {
+                etcd_client::Error::GRpcStatus(s) if std::error::Error::source(&s).is_none() => {
+                    format!("{:?}: {}", s.code(), s.message()).into()
+                }
+                etcd_client::Error::GRpcStatus(s) => Box::new(s) as crate::error::BoxError,
+                other => Box::new(other) as crate::error::BoxError,
+            },
+            Err(e) => e,
+        };
         Error::etcd(self.endpoints.join(","), what, e)
     }
 
@@ -363,6 +376,8 @@ pub enum KvChange {
 /// What the identities watch reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvWatchEvent {
+    /// The watch is established: etcd accepted it.
+    Connected,
     /// Changes of one watch response, all at `revision`.
     Changes {
         changes: Vec<KvChange>,
@@ -394,6 +409,9 @@ impl EtcdConnection {
             )
             .await
             .map_err(|e| self.err("watch", e))?;
+        if tx.send(KvWatchEvent::Connected).await.is_err() {
+            return Ok(());
+        }
         while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
             if resp.compact_revision() > 0 {
                 let ev = KvWatchEvent::Compacted {
@@ -483,6 +501,7 @@ impl EtcdConnection {
         };
         while let Some(ev) = inner_rx.recv().await {
             let drift = match ev {
+                KvWatchEvent::Connected => continue,
                 KvWatchEvent::Compacted { compact_revision } => {
                     Drift::Compacted { compact_revision }
                 }

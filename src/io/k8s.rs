@@ -185,6 +185,8 @@ pub struct K8sTarget {
 /// One CiliumIdentity change, as `sync` follows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum K8sChange {
+    /// The watch is established: the server answered 200 and streams from here.
+    Connected,
     Upsert {
         id: u32,
         labels: LabelKey,
@@ -325,7 +327,7 @@ impl K8sTarget {
             .client
             .send(req)
             .await
-            .map_err(|e| RequestError::Transport(e.to_string()))?;
+            .map_err(|e| RequestError::Transport(crate::error::root_cause(&e).0))?;
         let status = res.status();
         let retry_after = res
             .headers()
@@ -784,6 +786,9 @@ impl K8sTarget {
             urlencode(resource_version)
         );
         let body = self.send_stream(Method::GET, &path).await?;
+        if tx.send(K8sChange::Connected).await.is_err() {
+            return Ok(());
+        }
         // A watch may be quiet for long: no idle deadline here; the server's own timeout
         // ends it and the caller watches again from the last version.
         let mut events = EventLines::new(body, None);
@@ -834,7 +839,7 @@ impl K8sTarget {
         let res = tokio::time::timeout(READ_TIMEOUT, self.client.send(req))
             .await
             .map_err(|_| RequestError::Timeout)?
-            .map_err(|e| RequestError::Transport(e.to_string()))?;
+            .map_err(|e| RequestError::Transport(crate::error::root_cause(&e).0))?;
         if res.status().is_success() {
             return Ok(res.into_body());
         }

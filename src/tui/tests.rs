@@ -13,7 +13,8 @@ use super::msg::{Command, Msg};
 use super::update::{init, merge_decisions, update};
 use crate::app::flows::ApplyRun;
 use crate::app::service::{
-    Check, PreflightReport, ScanResult, ServiceEvent as Event, ServiceRequest as Request,
+    Check, CheckStatus, PreflightReport, ScanResult, ServiceEvent as Event,
+    ServiceRequest as Request,
 };
 use crate::apply::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
 use crate::core::kvstore::{MasterEntry, SourceInfo};
@@ -710,13 +711,19 @@ fn preflight() -> PreflightReport {
         checks: vec![
             Check {
                 name: "kvstore readable".into(),
-                ok: true,
+                status: CheckStatus::Ok,
                 detail: "7 identities at revision 42".into(),
                 fix: None,
             },
             Check {
+                name: "identities in range".into(),
+                status: CheckStatus::Warn,
+                detail: "2 of 7 kvstore ids outside 256..=65535 (cluster 0, max-connected-clusters 255)".into(),
+                fix: Some("they are planned as invalid and never written; if this cluster has another ID, or the mesh was installed with max-connected-clusters 511, pass --cluster-id and --max-connected-clusters to match the agents' settings".into()),
+            },
+            Check {
                 name: "RBAC: create ciliumidentities.cilium.io".into(),
-                ok: false,
+                status: CheckStatus::Fail,
                 detail: "denied".into(),
                 fix: Some("bind the ClusterRole in assets/clusterrole.yaml".into()),
             },
@@ -946,6 +953,28 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     );
     assert_eq!(m.screen, Screen::Sync);
     assert!(m.sync.running);
+    // "started" only once both watches are established, never before a failure.
+    assert!(!render(&m).contains("sync started"), "{}", render(&m));
+    assert!(render(&m).contains("sync starting"), "{}", render(&m));
+    update(
+        &mut m,
+        Msg::Engine(Event::Failed {
+            generation: 0,
+            task: crate::app::service::Task::Sync,
+            error: std::sync::Arc::new(crate::Error::Config(
+                "sync follows a live etcd: pass --etcd-endpoints or --etcd-config".into(),
+            )),
+        }),
+    );
+    assert!(!m.sync.running);
+    let screen = render(&m);
+    assert!(screen.contains("sync failed"), "{screen}");
+    assert!(!screen.contains("sync started"), "{screen}");
+    update(&mut m, code(KeyCode::Esc));
+    update(&mut m, key('y'));
+    assert!(m.sync.running);
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Following)));
+    assert!(render(&m).contains("sync started: following both sides"));
     let status = SyncStatus {
         kvstore_nodes: 3,
         identities: 7,

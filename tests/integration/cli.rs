@@ -289,3 +289,101 @@ async fn plans_read_the_cache_and_verdicts_read_consistently() {
     assert_eq!(cached(&w), 0, "--consistent-reads forces quorum reads");
     assert!(quorum(&w) >= 1);
 }
+
+/// Runs the binary with its stdout a pipe whose reading end is already closed, as
+/// `cilium-idmig ... | head -0` leaves it; returns the exit code and stderr.
+async fn into_closed_pipe(dir: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let mut child = tokio::process::Command::new(bin())
+        .current_dir(dir)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env("HOME", dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_to_a_closed_pipe_ends_quietly_with_status_0() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let kc = w.path("kubeconfig");
+    for args in [
+        vec!["man"],
+        vec!["completions", "bash"],
+        vec![
+            "plan",
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &kc,
+        ],
+    ] {
+        let (code, stderr) = into_closed_pipe(w.dir.path(), &args).await;
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("error") && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_failure_is_one_line_in_one_style_naming_what_to_do() {
+    let w = World::new(SandboxConfig::default()).await;
+    let kc = w.path("kubeconfig");
+    let dead = format!("http://127.0.0.1:{}", crate::harness::free_port());
+    let dead_kc = w.path("dead-kubeconfig");
+    std::fs::write(
+        &dead_kc,
+        std::fs::read_to_string(&kc)
+            .unwrap()
+            .replace(&w.sb.url(), &dead),
+    )
+    .unwrap();
+    let etcd = w.etcd.endpoint.clone();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["plan", "--kubeconfig", &kc], "--etcd-endpoints"),
+        (vec!["plan", "--etcd-endpoints", &etcd], "--kubeconfig"),
+        (
+            vec!["plan", "--etcd-endpoints", &dead, "--kubeconfig", &kc],
+            "check that etcd is up",
+        ),
+        (
+            vec!["plan", "--etcd-endpoints", &etcd, "--kubeconfig", &dead_kc],
+            "check that the API server is up",
+        ),
+        (vec!["plan", "--log-level", "==="], "--log-level"),
+        // Sync without a kvstore is a configuration error, not an outage to wait out.
+        (vec!["sync", "--kubeconfig", &kc], "--etcd-endpoints"),
+    ];
+    for (args, names) in cases {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(60), run(w.dir.path(), &args))
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} did not end"));
+        assert_ne!(r.code, 0, "{args:?}");
+        let stderr = r.stderr.trim();
+        let last = stderr.lines().last().unwrap_or("");
+        assert!(
+            last.starts_with("error: ") && last.contains(names),
+            "{args:?}: {stderr}"
+        );
+        // Progress lines may come first on a slow read; the failure itself is one line,
+        // in plain words (no client library's debug form).
+        assert_eq!(
+            stderr.lines().filter(|l| l.contains("error")).count(),
+            1,
+            "{args:?}: {stderr}"
+        );
+        for noise in ["Error:", "tonic", "ConnectError", "Os {"] {
+            assert!(!stderr.contains(noise), "{args:?}: {stderr}");
+        }
+    }
+}

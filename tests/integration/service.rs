@@ -81,7 +81,7 @@ async fn preflight_scan_drift_commit_and_export() {
         .iter()
         .find(|c| c.name.contains("create customresourcedefinitions"))
         .unwrap();
-    assert!(!crd_rbac.ok);
+    assert!(crd_rbac.failed());
     assert!(
         crd_rbac
             .fix
@@ -93,13 +93,11 @@ async fn preflight_scan_drift_commit_and_export() {
         p.checks
             .iter()
             .filter(|c| c.name.contains("ciliumidentities"))
-            .all(|c| c.ok)
+            .all(|c| c.status == cilium_idmig::app::preflight::CheckStatus::Ok)
     );
-    assert!(
-        p.checks
-            .iter()
-            .any(|c| c.name == "kvstore readable" && c.ok && c.detail.contains("2 identities"))
-    );
+    assert!(p.checks.iter().any(|c| c.name == "kvstore readable"
+        && c.status == cilium_idmig::app::preflight::CheckStatus::Ok
+        && c.detail.contains("2 identities")));
 
     tx.send(Request::Scan { generation: 7 }).await.unwrap();
     let Event::Scanned { generation, scan } =

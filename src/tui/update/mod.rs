@@ -331,6 +331,10 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
                 .push(format!("invalid: {id}: {reason} (never written)"));
             vec![]
         }
+        SyncEvent::Following => {
+            model.sync.push("sync started: following both sides".into());
+            vec![]
+        }
         SyncEvent::Trouble(t) => {
             model.sync.push(format!("retrying: {t}"));
             vec![]
@@ -550,7 +554,8 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
                 return vec![];
             }
             model.sync.running = true;
-            model.sync.push("sync started: following both sides".into());
+            // "started" waits for both watches (`SyncEvent::Following`).
+            model.sync.push("sync starting: reading both sides".into());
             model.screen = Screen::Sync;
             vec![Command::Send(ServiceRequest::StartSync {
                 accept_proposals: false,

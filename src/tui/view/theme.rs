@@ -41,6 +41,9 @@ impl Theme {
     pub fn bad(&self) -> Style {
         self.fg(Color::Red).add_modifier(Modifier::BOLD)
     }
+    pub fn warn(&self) -> Style {
+        self.fg(Color::Yellow)
+    }
     pub fn good(&self) -> Style {
         self.fg(Color::Green)
     }

@@ -99,6 +99,23 @@ pub(crate) fn root_cause(cause: &(dyn std::error::Error + 'static)) -> (String, 
     (text, unreachable)
 }
 
+/// `"{what}: {innermost cause}"`, with `unreachable_hint` when the server could not be
+/// reached at all, and the cause kept as the source.
+fn server_failure(
+    what: &str,
+    cause: impl Into<BoxError>,
+    unreachable_hint: &str,
+) -> (String, Option<BoxError>) {
+    let cause = cause.into();
+    let (root, unreachable) = root_cause(cause.as_ref());
+    let message = if unreachable {
+        format!("{what}: {root}; {unreachable_hint}")
+    } else {
+        format!("{what}: {root}")
+    };
+    (message, Some(cause))
+}
+
 /// `"{what}: {cause}"`, and the cause kept as the source.
 fn with_cause(what: &str, cause: impl Into<BoxError>) -> (String, Option<BoxError>) {
     let cause = cause.into();
@@ -135,17 +152,13 @@ impl Error {
         }
     }
 
-    /// An etcd failure, worded by its innermost cause (see `root_cause`).
+    /// An etcd failure, worded by its innermost cause (see `server_failure`).
     pub fn etcd(endpoints: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
-        let cause = cause.into();
-        let (root, unreachable) = root_cause(cause.as_ref());
-        let hint = if unreachable {
-            "; check that etcd is up and that --etcd-endpoints (or --etcd-config) names it"
-        } else {
-            ""
-        };
-        let message = format!("{what}: {root}{hint}");
-        let source = Some(cause);
+        let (message, source) = server_failure(
+            what,
+            cause,
+            "check that etcd is up and that --etcd-endpoints (or --etcd-config) names it",
+        );
         Error::Etcd {
             endpoints: endpoints.into(),
             message,
@@ -155,15 +168,11 @@ impl Error {
 
     /// A Kubernetes API failure, worded like `etcd`'s.
     pub fn kube(server: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
-        let cause = cause.into();
-        let (root, unreachable) = root_cause(cause.as_ref());
-        let hint = if unreachable {
-            "; check that the API server is up and that --kubeconfig (or --context) names it"
-        } else {
-            ""
-        };
-        let message = format!("{what}: {root}{hint}");
-        let source = Some(cause);
+        let (message, source) = server_failure(
+            what,
+            cause,
+            "check that the API server is up and that --kubeconfig (or --context) names it",
+        );
         Error::Kube {
             server: server.into(),
             message,

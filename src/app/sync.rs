@@ -253,16 +253,16 @@ pub async fn run(
         ));
     };
     let range = cfg.scope.range;
-    // A restart resumes the decisions recorded so far (and any --resume logs).
+    // A restart resumes the decisions recorded so far (and any --resume logs). A log that
+    // cannot be read is an error: going on without its decisions could create what the
+    // operator skipped.
     let mut steps = Vec::new();
     for p in cfg
         .resume
         .iter()
         .chain(std::iter::once(&cfg.log.path().to_path_buf()))
     {
-        if let Ok(c) = crate::io::decision_log::read(p) {
-            steps.extend(c.steps());
-        }
+        steps.extend(flows::read_log(p)?.steps());
     }
     let mut decisions = resume::replay(steps);
     let mut backoff = Backoff::default();

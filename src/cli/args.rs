@@ -152,6 +152,15 @@ pub enum CliCommand {
         /// Latency the sandbox adds to every identity request, to feel a slow API server (e.g. 20ms).
         #[arg(long, value_parser = parse_duration)]
         sandbox_latency: Option<Duration>,
+        /// Rehearse on your own cluster's identities: a kvstore dump made with
+        /// `etcdctl get --prefix cilium/state/identities/v1 -w json > kvstore.json`
+        /// (read-only), loaded instead of generated data.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["identities", "seed"])]
+        from_snapshot: Option<PathBuf>,
+        /// With --from-snapshot: the cluster's CiliumIdentity objects, dumped with
+        /// `kubectl get ciliumidentities -o json > identities.json` (read-only).
+        #[arg(long, value_name = "FILE", requires = "from_snapshot")]
+        k8s_snapshot: Option<PathBuf>,
     },
     /// Carry the cluster through the rollout window: apply what is decided, then follow both
     /// sides, mirror every new kvstore identity within seconds, report conflicts and split
@@ -168,8 +177,8 @@ pub enum CliCommand {
         /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
         #[arg(long)]
         accept_proposals: bool,
-        /// Exit 0 at cutover (no value/ key left, nothing pending, verify passes); exit 1 if
-        /// stopped before with anything pending or failed.
+        /// End at cutover (no value/ key left, nothing pending, verify passes), exit 0; a stop
+        /// (SIGINT, SIGTERM, SIGHUP) before it also exits 0 unless a write failed.
         #[arg(long)]
         until_cutover: bool,
         /// Serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9464.

@@ -4,18 +4,25 @@
 
 use std::io::{self, Write};
 
+/// A failed write to stdout. Its own type, so that only a closed stdout ends a command
+/// quietly: a broken pipe to etcd or the API server is a failure like any other.
+#[derive(Debug, thiserror::Error)]
+#[error("writing to stdout: {0}")]
+pub struct StdoutError(#[source] pub io::Error);
+
 /// Writes to stdout; the error is the pipe's, for `?`.
-pub fn write(args: std::fmt::Arguments<'_>) -> io::Result<()> {
+pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
     let mut out = io::stdout().lock();
-    out.write_fmt(args)?;
-    out.flush()
+    out.write_fmt(args)
+        .and_then(|()| out.flush())
+        .map_err(StdoutError)
 }
 
-/// Whether an error is, somewhere in its chain, a write to a closed pipe.
+/// Whether an error is a write to a closed stdout.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+        c.downcast_ref::<StdoutError>()
+            .is_some_and(|s| s.0.kind() == io::ErrorKind::BrokenPipe)
     })
 }
 
@@ -31,3 +38,21 @@ macro_rules! outln {
 }
 
 pub(crate) use {out, outln};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_closed_stdout_is_quiet_never_a_servers_broken_pipe() {
+        let pipe = || io::Error::new(io::ErrorKind::BrokenPipe, "Broken pipe");
+        let stdout = anyhow::Error::new(StdoutError(pipe())).context("writing the manual page");
+        assert!(is_broken_pipe(&stdout));
+        // etcd killed mid-request: the transport's broken pipe is a failure (exit 2), not
+        // a reader that has had enough.
+        let etcd = anyhow::Error::new(cilium_idmig::Error::etcd("http://e:2379", "range", pipe()));
+        assert!(!is_broken_pipe(&etcd));
+        let full = anyhow::Error::new(StdoutError(io::Error::other("disk full")));
+        assert!(!is_broken_pipe(&full));
+    }
+}

@@ -225,9 +225,27 @@ impl LogContents {
 }
 
 /// Reads a log, tolerating (and reporting) a torn last line.
+/// Reads a decision log, the one way every command does (apply, sync, verify, rollback).
+/// A torn last line (a write cut short by a crash) is tolerated; any other line that does
+/// not parse is an error naming it: a log is the record of what was done and decided, and
+/// reading around a damaged line would silently drop a decision (a skip turned into a create
+/// under `--accept-proposals`) or an object rollback must delete.
 pub fn read(path: &Path) -> Result<LogContents> {
     let f = File::open(path).map_err(|e| Error::file_io(path, "cannot read decision log", e))?;
-    read_from(BufReader::new(f)).map_err(|e| Error::file_cause(path, e))
+    let c = read_from(BufReader::new(f)).map_err(|e| Error::file_cause(path, e))?;
+    if let Some((line, why)) = c.bad_lines.first() {
+        let more = match c.bad_lines.len() {
+            1 => String::new(),
+            n => format!(" (and {} more lines)", n - 1),
+        };
+        return Err(Error::file(
+            path,
+            format!(
+                "line {line} of the decision log is damaged{more}: {why}; repair or remove it and run again (nothing was done)"
+            ),
+        ));
+    }
+    Ok(c)
 }
 
 pub fn read_from(mut r: impl BufRead) -> std::io::Result<LogContents> {
@@ -363,6 +381,24 @@ mod tests {
         assert!(text.contains("\"uid\":\"u-1\""), "{text}");
         let back = read_from(format!("{text}\n").as_bytes()).unwrap();
         assert_eq!(back.records[0], created);
+    }
+
+    #[test]
+    fn a_damaged_line_other_than_the_last_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        let good = serde_json::to_string(&rec("1", Some(Outcome::Created), Some(1))).unwrap();
+        std::fs::write(&path, format!("{good}\n{good}\n{{\"ts\":\"20")).unwrap();
+        assert_eq!(
+            read(&path).unwrap().records.len(),
+            2,
+            "a torn tail is tolerated"
+        );
+        std::fs::write(&path, format!("{good}\nnot json\n{good}\n")).unwrap();
+        let err = read(&path).unwrap_err();
+        assert!(err.is_usage(), "exit 2: {err}");
+        let e = err.to_string();
+        assert!(e.contains("d.jsonl") && e.contains("line 2"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The only code that talks to the outside: etcd (read only), the Kubernetes API server,
-//! and the files the tool writes (plan, decision log, exports).
+//! the files the tool writes (plan, decision log, exports) and the dumps it rehearses on.
 
 pub mod decision_log;
 pub mod etcd;
@@ -9,3 +9,4 @@ pub mod list_stream;
 pub mod operator;
 pub mod plan_file;
 pub mod private_file;
+pub mod snapshot_file;

@@ -1,6 +1,8 @@
 //! The demo's world: a sandbox API server and an in-memory kvstore, seeded from the
-//! generator with identities of every kind. Needs no etcd, no Kubernetes, no network.
+//! generator with identities of every kind, or, for a rehearsal, from dumps of the
+//! operator's own cluster. Needs no etcd, no Kubernetes, no network.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::generator::{self, GenConfig};
@@ -8,9 +10,10 @@ use super::{FaultConfig, Sandbox, SandboxConfig};
 use crate::core::kvstore::{DEFAULT_PREFIX, KvSnapshot, SourceInfo};
 use crate::error::Result;
 use crate::io::kv_source::KvSource;
+use crate::io::snapshot_file;
 
 /// How the demo world is made.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct DemoConfig {
     pub identities: usize,
     pub seed: u64,
@@ -18,22 +21,50 @@ pub struct DemoConfig {
     pub port: u16,
     /// Latency the sandbox adds to every identity request.
     pub latency: Option<Duration>,
+    /// A rehearsal: the kvstore from this `etcdctl get -w json` dump instead of generated data.
+    pub kvstore_dump: Option<PathBuf>,
+    /// With `kvstore_dump`: the Kubernetes side from this `kubectl get -o json` dump (else
+    /// the sandbox starts with no identity, as a cluster that never ran CRD mode).
+    pub k8s_dump: Option<PathBuf>,
 }
 
 /// Starts the sandbox seeded with the Kubernetes side of a generated dataset, and returns
 /// it with the kvstore side as an in-memory source.
 pub async fn world(cfg: DemoConfig) -> Result<(Sandbox, KvSource)> {
-    let data = generator::generate(&GenConfig {
-        identities: cfg.identities,
-        seed: cfg.seed,
-        ..Default::default()
-    })?;
+    // Read (and refuse) the dumps before anything starts.
+    let (snapshot, k8s) = match &cfg.kvstore_dump {
+        Some(path) => {
+            let snap = snapshot_file::read_etcd_dump(path, DEFAULT_PREFIX)?;
+            let k8s = match &cfg.k8s_dump {
+                Some(p) => snapshot_file::read_k8s_dump(p)?,
+                None => Vec::new(),
+            };
+            (snap, k8s)
+        }
+        None => {
+            let data = generator::generate(&GenConfig {
+                identities: cfg.identities,
+                seed: cfg.seed,
+                ..Default::default()
+            })?;
+            let snap = KvSnapshot {
+                source: SourceInfo {
+                    endpoints: vec!["in-memory demo kvstore".into()],
+                    revision: 1,
+                    prefix: DEFAULT_PREFIX.into(),
+                },
+                masters: data.masters,
+                node_counts: (&data.node_counts).into(),
+            };
+            (snap, data.k8s)
+        }
+    };
     let sandbox = Sandbox::start(SandboxConfig {
         port: cfg.port,
         ..Default::default()
     })
     .await?;
-    for (id, labels) in &data.k8s {
+    for (id, labels) in &k8s {
         sandbox.seed_identity(*id, labels);
     }
     if let Some(latency) = cfg.latency {
@@ -42,14 +73,5 @@ pub async fn world(cfg: DemoConfig) -> Result<(Sandbox, KvSource)> {
             ..Default::default()
         });
     }
-    let kv = KvSource::Memory(KvSnapshot {
-        source: SourceInfo {
-            endpoints: vec!["in-memory demo kvstore".into()],
-            revision: 1,
-            prefix: DEFAULT_PREFIX.into(),
-        },
-        masters: data.masters,
-        node_counts: (&data.node_counts).into(),
-    });
-    Ok((sandbox, kv))
+    Ok((sandbox, KvSource::Memory(snapshot)))
 }

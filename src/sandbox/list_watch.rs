@@ -72,17 +72,21 @@ fn decode_continue(token: &str) -> Option<(u64, String)> {
 /// Objects per streamed chunk of a cache list or of a streaming list's initial events.
 const CHUNK: usize = 500;
 
-pub(super) async fn list(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
+pub(super) async fn list(
+    shared: &Shared,
+    params: &[(String, String)],
+    as_table: bool,
+) -> Response<Body> {
     let sel = match selector(params) {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    if param(params, "resourceVersion") == Some("0") {
+    if param(params, "resourceVersion") == Some("0") && !as_table {
         shared.count("LIST from cache");
         return cache_list(shared, &sel);
     }
     shared.count("LIST quorum");
-    let (res, sent) = quorum_list(shared, &sel, params);
+    let (res, sent) = quorum_list(shared, &sel, params, as_table);
     let cost = shared.config.reads.quorum_per_object * sent as u32;
     if !cost.is_zero() {
         tokio::time::sleep(cost).await;
@@ -95,6 +99,7 @@ fn quorum_list(
     shared: &Shared,
     sel: &Selector,
     params: &[(String, String)],
+    as_table: bool,
 ) -> (Response<Body>, usize) {
     let limit = param(params, "limit")
         .and_then(|l| l.parse::<usize>().ok())
@@ -147,11 +152,16 @@ fn quorum_list(
         meta["remainingItemCount"] = json!(remaining);
     }
     let sent = items.len();
-    let res = json_response(
-        StatusCode::OK,
-        &json!({"apiVersion": format!("{GROUP}/{VERSION}"), "kind": format!("{KIND}List"), "metadata": meta, "items": items}),
-    );
-    (res, sent)
+    let body = if as_table {
+        // kubectl's `get`: the same page, printed by the server.
+        let objects: Vec<&Value> = items.iter().collect();
+        let mut t = super::discovery::table(&objects, &rv.to_string(), jiff::Timestamp::now());
+        t["metadata"] = meta;
+        t
+    } else {
+        json!({"apiVersion": format!("{GROUP}/{VERSION}"), "kind": format!("{KIND}List"), "metadata": meta, "items": items})
+    };
+    (json_response(StatusCode::OK, &body), sent)
 }
 
 /// `resourceVersion=0`: everything from the watch cache in one response (no `limit`, no

@@ -1,9 +1,11 @@
 //! The sandbox Kubernetes API server: an in-process HTTP server that follows the API
 //! conventions for CRDs and `ciliumidentities` (Status bodies, resourceVersion, uid,
-//! creationTimestamp, list limit/continue, label selectors, watch) and can inject faults.
-//! Tests and `cilium-idmig demo` run against it exactly as against a real cluster.
+//! creationTimestamp, managedFields, list limit/continue, label selectors, watch, dry runs,
+//! discovery and server-side tables for kubectl) and can inject faults. Tests and
+//! `cilium-idmig demo` run against it exactly as against a real cluster.
 
 pub mod demo;
+mod discovery;
 mod faults;
 pub mod generator;
 mod http;

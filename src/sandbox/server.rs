@@ -10,6 +10,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
+use super::discovery;
 use super::faults::Fault;
 use super::http::{Body, full, json_response, page_not_found, query_params, status};
 use super::list_watch::{list, watch};
@@ -115,12 +116,34 @@ async fn handle(
         }
     }
 
+    // Server-side printing, as `kubectl get` asks for it.
+    let table = req
+        .headers()
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(discovery::wants_table);
+    let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
+    // The field manager a real server records: the client's program name.
+    let manager = req
+        .headers()
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|m| !m.is_empty())
+        .unwrap_or("unknown")
+        .to_string();
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return Err(DropConnection),
     };
 
     let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    // Discovery documents only; every other path under /api and /apis has its own route.
+    let discovery_doc = if method == Method::GET && !is_identity && path.starts_with("/api") {
+        discovery::document(&path, shared.store().crd_established())
+    } else {
+        None
+    };
     Ok(match (method, path.as_str()) {
         (Method::GET, "/version") => json_response(
             StatusCode::OK,
@@ -128,6 +151,10 @@ async fn handle(
         ),
         (Method::GET, "/healthz") | (Method::GET, "/readyz") => {
             full(StatusCode::OK, b"ok".to_vec(), "text/plain")
+        }
+        (Method::GET, p) if discovery::is_events_list(p) => discovery::empty_events(),
+        (Method::GET, _) if discovery_doc.is_some() => {
+            json_response(StatusCode::OK, &discovery_doc.unwrap_or_default())
         }
         (Method::POST, p) if p == crd_path => create_crd(&shared, &body),
         (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match shared
@@ -164,13 +191,20 @@ async fn handle(
                 {
                     watch(&shared, &params)
                 }
-                (Method::GET, true) => list(&shared, &params).await,
-                (Method::POST, true) => create_identity(&shared, &body),
+                (Method::GET, true) => list(&shared, &params, table).await,
+                (Method::POST, true) => create_identity(&shared, &body, &manager, dry_run),
                 (Method::GET, false) => match shared.store().objects.get(&name) {
+                    Some(o) if table => {
+                        let rv = o["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                        json_response(
+                            StatusCode::OK,
+                            &discovery::table(&[o], rv, jiff::Timestamp::now()),
+                        )
+                    }
                     Some(o) => json_response(StatusCode::OK, o),
                     None => not_found(&name),
                 },
-                (Method::DELETE, false) => delete_identity(&shared, &name, &body),
+                (Method::DELETE, false) => delete_identity(&shared, &name, &body, dry_run),
                 _ => status(
                     405,
                     "MethodNotAllowed",
@@ -256,7 +290,7 @@ fn invalid(name: &str, causes: Vec<(String, String)>) -> Response<Body> {
 
 /// DELETE, honouring `DeleteOptions.preconditions` (uid, resourceVersion) as the API server
 /// does: a mismatch is a 409 Conflict, and the object stays.
-fn delete_identity(shared: &Shared, name: &str, body: &[u8]) -> Response<Body> {
+fn delete_identity(shared: &Shared, name: &str, body: &[u8], dry_run: bool) -> Response<Body> {
     let options: Value = if body.is_empty() {
         Value::Null
     } else {
@@ -301,13 +335,23 @@ fn delete_identity(shared: &Shared, name: &str, body: &[u8]) -> Response<Body> {
             }
         }
     }
+    // `--dry-run=server`: every check made, nothing deleted, the object as it would go.
+    if dry_run || is_dry_run(&options["dryRun"]) {
+        return json_response(StatusCode::OK, obj);
+    }
     match store.delete(name) {
         Some(o) => json_response(StatusCode::OK, &o),
         None => not_found(name),
     }
 }
 
-fn create_identity(shared: &Shared, body: &[u8]) -> Response<Body> {
+/// `dryRun: ["All"]` in a body's options (the query's `dryRun=All` is read by the router).
+fn is_dry_run(v: &Value) -> bool {
+    v.as_array()
+        .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("All")))
+}
+
+fn create_identity(shared: &Shared, body: &[u8], manager: &str, dry_run: bool) -> Response<Body> {
     let obj: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -384,7 +428,11 @@ fn create_identity(shared: &Shared, body: &[u8]) -> Response<Body> {
             Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
         );
     }
-    let created = store.insert(name, obj);
+    if dry_run {
+        // Validated and answered as created; nothing stored, no resourceVersion spent.
+        return json_response(StatusCode::CREATED, &obj);
+    }
+    let created = store.insert_by(name, obj, manager);
     json_response(StatusCode::CREATED, &created)
 }
 

@@ -16,6 +16,7 @@ use crate::app::service::{
     Check, CheckStatus, PreflightReport, ScanResult, ServiceEvent as Event,
     ServiceRequest as Request,
 };
+use crate::app::sync::{SyncEvent, SyncStatus};
 use crate::apply::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
 use crate::core::kvstore::{MasterEntry, SourceInfo};
 use crate::core::labels::parse_label_key;
@@ -661,7 +662,11 @@ fn pause_stays_and_r_resumes_what_is_left() {
 // ---- snapshots ---------------------------------------------------------------------------
 
 fn render(m: &Model) -> String {
-    let mut t = Terminal::new(TestBackend::new(100, 30)).unwrap();
+    render_at(m, 100, 30)
+}
+
+fn render_at(m: &Model, width: u16, height: u16) -> String {
+    let mut t = Terminal::new(TestBackend::new(width, height)).unwrap();
     t.draw(|f| super::view::view(m, f)).unwrap();
     let buf = t.backend().buffer().clone();
     let mut out = String::new();
@@ -673,6 +678,19 @@ fn render(m: &Model) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The screen at the two sizes every screen is checked at: the smallest terminal the TUI
+/// supports and a common large one. The model is told each size, as a resize would.
+fn check_screen(name: &str, m: &mut Model) {
+    for (width, height) in [(80, 24), (120, 35)] {
+        update(m, Msg::Resize { rows: height });
+        check_snapshot(
+            &format!("{name}-{width}x{height}"),
+            &render_at(m, width, height),
+        );
+    }
+    update(m, Msg::Resize { rows: 30 });
 }
 
 fn check_snapshot(name: &str, text: &str) {
@@ -736,24 +754,24 @@ fn screens_match_their_snapshots() {
     let mut m = scanned_model();
     m.status = "scanned 7 identities at revision 42".into();
     update(&mut m, Msg::Engine(Event::Preflight(preflight())));
-    check_snapshot("preflight", &render(&m));
+    check_screen("preflight", &mut m);
     update(&mut m, key('2'));
-    check_snapshot("identities", &render(&m));
+    check_screen("identities", &mut m);
     update(&mut m, key('3'));
-    check_snapshot("conflict", &render(&m));
+    check_screen("conflict", &mut m);
     update(&mut m, key('?'));
-    check_snapshot("help", &render(&m));
+    check_screen("help", &mut m);
     update(&mut m, code(KeyCode::Esc));
     update(&mut m, key('A'));
     update(&mut m, key('y'));
     m.status.clear();
     update(&mut m, key('4'));
-    check_snapshot("commit-summary", &render(&m));
+    check_screen("commit-summary", &mut m);
     update(&mut m, code(KeyCode::Enter));
     for c in "ye".chars() {
         update(&mut m, key(c));
     }
-    check_snapshot("commit-confirm", &render(&m));
+    check_screen("commit-confirm", &mut m);
     m.modal = None;
     m.commit.phase = CommitPhase::Done;
     m.commit.total = 7;
@@ -764,8 +782,45 @@ fn screens_match_their_snapshots() {
         .failures
         .push(("304".into(), "HTTP 422 Invalid: metadata.labels".into()));
     m.commit.elapsed = Duration::from_millis(3500);
-    check_snapshot("commit-done", &render(&m));
+    check_screen("commit-done", &mut m);
     let _ = Instant::now();
+
+    // The Sync screen while a rollout goes on, its reports newest last.
+    m.commit.phase = CommitPhase::Done;
+    update(&mut m, key('y'));
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Following)));
+    let status = SyncStatus {
+        kvstore_nodes: 2,
+        identities: 7,
+        mirrored: 12,
+        pending: 1,
+        splits: 1,
+        lag_last: Some(Duration::from_millis(85)),
+        lag_p50: Some(Duration::from_millis(60)),
+        lag_p99: Some(Duration::from_millis(140)),
+        watching: true,
+        ..Default::default()
+    };
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Status(status))));
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Split(
+            crate::app::sync::SplitAllocation {
+                id: 4100,
+                kvstore_labels: "k8s:app=cart;k8s:io.kubernetes.pod.namespace=shop;".into(),
+                k8s_labels: "k8s:app=search;k8s:io.kubernetes.pod.namespace=shop;".into(),
+                nodes: vec!["node-3".into(), "node-5".into()],
+            },
+        ))),
+    );
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Trouble(
+            "Kubernetes watch: connection reset; watching again".into(),
+        ))),
+    );
+    m.modal = None;
+    check_screen("sync", &mut m);
 }
 
 #[test]
@@ -812,6 +867,7 @@ fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
         &mut m,
         Msg::Engine(Event::RollbackPlanned { generation: 1, ops }),
     );
+    check_screen("rollback", &mut m);
     let screen = render(&m);
     for expected in [
         "1 to delete",
@@ -937,7 +993,7 @@ fn the_table_shows_while_kubernetes_is_listed() {
 
 #[test]
 fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
-    use crate::app::sync::{SyncEnd, SyncEvent, SyncStatus};
+    use crate::app::sync::SyncEnd;
     let mut m = scanned_model();
     accept_all_and_commit(&mut m);
     m.commit.phase = CommitPhase::Done;

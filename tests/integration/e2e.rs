@@ -528,3 +528,150 @@ async fn bad_input_is_one_clear_line_with_exit_2() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cluster ID 300"), "{}", r.stderr);
 }
+
+/// Runs a dump command of the operator's (etcdctl, kubectl) and writes its output to `path`.
+async fn dump_to(path: &str, program: &str, args: &[&str]) {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{program} ({e}); scripts/need test installs it"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(path, &out.stdout).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rehearsal_plays_the_clusters_own_dumps() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    let (kv, ids, kc) = (w.path("kv.json"), w.path("ids.json"), w.path("kubeconfig"));
+    // Exactly the read-only commands the README gives.
+    dump_to(
+        &kv,
+        "etcdctl",
+        &[
+            "--endpoints",
+            &w.etcd.endpoint,
+            "get",
+            "--prefix",
+            P,
+            "-w",
+            "json",
+        ],
+    )
+    .await;
+    let cache = w.path("kube-cache");
+    dump_to(
+        &ids,
+        "kubectl",
+        &[
+            "--kubeconfig",
+            &kc,
+            "--cache-dir",
+            &cache,
+            "get",
+            "ciliumidentities",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    // The plan of the real cluster, and the rehearsal's plan of its dumps, are the same.
+    let real = w.cli(&["plan"]).await;
+    assert_eq!(real.code, 0, "{}", real.stderr);
+    let log = w.path("rehearsal.jsonl");
+    let r = run(
+        w.dir.path(),
+        &[
+            "demo",
+            "--headless",
+            "--from-snapshot",
+            &kv,
+            "--k8s-snapshot",
+            &ids,
+            "--decision-log",
+            &log,
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let counts = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("create") || l.contains("remap") || l.contains("invalid"))
+            .map(str::to_string)
+            .take(3)
+            .collect()
+    };
+    assert!(!counts(&real.stdout).is_empty(), "{}", real.stdout);
+    assert_eq!(counts(&r.stdout), counts(&real.stdout), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("rehearsal on the identities in"),
+        "{}",
+        r.stdout
+    );
+    // Nothing of the real cluster was touched: the rehearsal wrote to its own sandbox.
+    assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
+    assert!(!log_records(std::path::Path::new(&log)).is_empty());
+
+    // A dump of another prefix, a partial dump, and a file that is no dump are refused.
+    w.etcd
+        .put("cilium/state/nodes/v1/default/node-1", b"{}")
+        .await;
+    let nodes = w.path("nodes.json");
+    dump_to(
+        &nodes,
+        "etcdctl",
+        &[
+            "--endpoints",
+            &w.etcd.endpoint,
+            "get",
+            "--prefix",
+            "cilium/state/nodes",
+            "-w",
+            "json",
+        ],
+    )
+    .await;
+    let partial = w.path("partial.json");
+    dump_to(
+        &partial,
+        "etcdctl",
+        &[
+            "--endpoints",
+            &w.etcd.endpoint,
+            "get",
+            "--prefix",
+            P,
+            "--limit",
+            "2",
+            "-w",
+            "json",
+        ],
+    )
+    .await;
+    for (file, why) in [
+        (&nodes, "another prefix"),
+        (&partial, "partial"),
+        (&ids, "no header"),
+    ] {
+        let r = run(
+            w.dir.path(),
+            &["demo", "--headless", "--from-snapshot", file],
+        )
+        .await;
+        assert_eq!(r.code, 2, "{file}: {}", r.stderr);
+        assert!(
+            r.stderr.starts_with("error: ")
+                && r.stderr.contains(file.as_str())
+                && r.stderr.contains(why),
+            "{file}: {}",
+            r.stderr
+        );
+        assert!(r.stderr.contains("etcdctl get --prefix"), "{}", r.stderr);
+        assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
+    }
+}

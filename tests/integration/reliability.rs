@@ -169,7 +169,16 @@ async fn etcd_stopped_during_the_snapshot_read_writes_nothing() {
             .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Killed once the read has begun (both sides are read at once: the first list marks it),
+    // not after a fixed time, which a fast run could finish within.
+    let start = std::time::Instant::now();
+    while sb.request_count("GET ciliumidentities") == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "apply never read"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     etcd.kill();
     let r = child.await.unwrap();
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);

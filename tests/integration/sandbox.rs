@@ -450,3 +450,105 @@ async fn a_cache_read_cut_short_is_read_again() {
     let snap = target.list_identities(ReadMode::Cache, None).await.unwrap();
     assert_eq!(snap.identities.len(), 800);
 }
+
+/// Runs the real `kubectl` against the sandbox, with a discovery cache of its own.
+async fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> crate::harness::Run {
+    let dir = kubeconfig.parent().unwrap();
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(dir.join("kube-cache"))
+        .args(args)
+        .env("HOME", dir)
+        .output()
+        .await
+        .expect("kubectl (Debian package kubernetes-client; scripts/need test installs it)");
+    crate::harness::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_gets_describes_selects_and_deletes() {
+    let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
+    let ns = |app: &str| -> SecurityLabels {
+        [
+            ("k8s:app".to_string(), app.to_string()),
+            (
+                "k8s:io.kubernetes.pod.namespace".to_string(),
+                "shop".to_string(),
+            ),
+        ]
+        .into()
+    };
+    sb.seed_identity(300, &ns("a"));
+    sb.seed_identity(301, &ns("b"));
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    sb.write_kubeconfig(&kc).unwrap();
+
+    // The server's own table: the CRD's printer columns.
+    let r = kubectl(&kc, &["get", "ciliumidentities"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let header = r.stdout.lines().next().unwrap_or("");
+    for col in ["NAME", "NAMESPACE", "AGE"] {
+        assert!(header.contains(col), "{}", r.stdout);
+    }
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.starts_with("300") && l.contains("shop")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stderr.contains("couldn't get"),
+        "discovery failed: {}",
+        r.stderr
+    );
+
+    // The short name, one object, as YAML.
+    let r = kubectl(&kc, &["get", "ciliumid", "301", "-o", "yaml"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("kind: CiliumIdentity"), "{}", r.stdout);
+    assert!(r.stdout.contains("k8s:app: b"), "{}", r.stdout);
+
+    let r = kubectl(&kc, &["describe", "ciliumidentity", "300"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("Name:") && r.stdout.contains("300"),
+        "{}",
+        r.stdout
+    );
+
+    // Label selectors reach the server.
+    let r = kubectl(&kc, &["get", "ciliumid", "-l", "app=b", "-o", "name"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout.trim(),
+        "ciliumidentity.cilium.io/301",
+        "{}",
+        r.stdout
+    );
+
+    // A server-side dry run deletes nothing; a real delete does.
+    let r = kubectl(&kc, &["delete", "ciliumid", "300", "--dry-run=server"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("server dry run"), "{}", r.stdout);
+    assert!(sb.objects().contains_key("300"));
+    let r = kubectl(&kc, &["delete", "ciliumid", "300"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!sb.objects().contains_key("300"));
+
+    // A missing object is kubectl's own NotFound message, from the Status body.
+    let r = kubectl(&kc, &["get", "ciliumid", "300"]).await;
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("NotFound") && r.stderr.contains("\"300\" not found"),
+        "{}",
+        r.stderr
+    );
+}

@@ -377,3 +377,61 @@ async fn deleted_objects_come_back_once_and_an_outage_is_caught_up() {
         "two, one created again, five after the outage:\n{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/1000"), b"k8s:app=x;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=x;/node-1"), b"1000")
+        .await;
+    let s = Sync::start(&w, &["--until-cutover"]);
+    // "started" is said once both watches are established.
+    s.wait_for_line("sync started: following both sides", 20)
+        .await;
+    wait_for(20, "mirrored", || {
+        w.sb.objects().contains_key("1000").then_some(())
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "a stop is a clean shutdown:\n{text}");
+    assert!(
+        text.contains("cutover not reached: 1 kvstore-mode nodes, 0 pending"),
+        "{text}"
+    );
+
+    // A log with a damaged line (not a torn last one) is refused by every command that
+    // reads logs, naming the file and the line, before anything is done.
+    let good = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    let bad = w.path("damaged.jsonl");
+    std::fs::write(&bad, format!("{good}this is not a decision\n{good}")).unwrap();
+    let line = good.lines().count() + 1;
+    let before = w.sb.request_count("POST ciliumidentities");
+    for args in [
+        vec![
+            "sync",
+            "--resume",
+            bad.as_str(),
+            "--accept-proposals",
+            "--until-cutover",
+        ],
+        vec!["apply", "--yes", "--resume", bad.as_str()],
+        vec!["verify", "--decision-log", bad.as_str()],
+        vec!["rollback", "--decision-log", bad.as_str()],
+    ] {
+        let r = tokio::time::timeout(Duration::from_secs(30), w.cli(&args))
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} went on with a damaged log"));
+        assert_eq!(r.code, 2, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains("damaged.jsonl") && r.stderr.contains(&format!("line {line} ")),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(
+        w.sb.request_count("POST ciliumidentities"),
+        before,
+        "nothing written"
+    );
+}

@@ -151,6 +151,8 @@ pub struct ReviewState {
 #[derive(Debug, Clone, Default)]
 pub struct SyncView {
     pub running: bool,
+    /// Both watches are established (running alone means sync is still reading both sides).
+    pub following: bool,
     pub stopping: bool,
     pub status: Option<crate::app::sync::SyncStatus>,
     /// The latest reports, newest last (at most 200: bounded over days).

@@ -147,6 +147,7 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                 }
                 Task::Sync => {
                     model.sync.running = false;
+                    model.sync.following = false;
                     model.sync.stopping = false;
                     if model.quit_after_commit {
                         model.quit = true;
@@ -270,6 +271,7 @@ fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
         ServiceEvent::Sync(ev) => on_sync(model, ev),
         ServiceEvent::SyncEnded { end } => {
             model.sync.running = false;
+            model.sync.following = false;
             model.sync.stopping = false;
             model.sync.push(format!("sync ended: {}", end.status));
             if model.quit_after_commit {
@@ -332,6 +334,7 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             vec![]
         }
         SyncEvent::Following => {
+            model.sync.following = true;
             model.sync.push("sync started: following both sides".into());
             vec![]
         }

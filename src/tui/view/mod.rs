@@ -86,29 +86,57 @@ fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
             Span::raw(label)
         });
     }
-    let mut counts = vec![Span::raw(format!(
-        " {} identities: ",
-        model.cluster.items.len()
-    ))];
-    for kind in Kind::ALL {
-        counts.push(Span::styled(
-            format!(
-                "{} {} {}  ",
-                symbol(kind),
-                short_kind(kind),
-                model.count(kind)
-            ),
-            t.kind(kind),
-        ));
-    }
-    let undecided = model.undecided();
-    if undecided > 0 {
-        counts.push(Span::styled(format!("| {undecided} undecided"), t.bad()));
-    }
+    // A rollback session plans no identities: its screen says what it will delete.
+    let counts = if model.rollback.is_some() {
+        vec![Span::raw(" rollback: deletes only what this tool created")]
+    } else {
+        kind_counts(model, usize::from(area.width))
+    };
     frame.render_widget(
         Paragraph::new(vec![Line::from(tabs), Line::from(counts)]),
         area,
     );
+}
+
+/// The count of each kind, named; at a width where the names do not fit (80 columns), by
+/// symbol alone, as the Identities screen shows them.
+fn kind_counts(model: &Model, width: usize) -> Vec<Span<'static>> {
+    let t = Theme::of(model);
+    let undecided = model.undecided();
+    let named = |named: bool| -> Vec<Span<'static>> {
+        let mut spans = vec![Span::raw(format!(
+            " {} identities: ",
+            model.cluster.items.len()
+        ))];
+        for kind in Kind::ALL {
+            let text = if named {
+                format!(
+                    "{} {} {}  ",
+                    symbol(kind),
+                    short_kind(kind),
+                    model.count(kind)
+                )
+            } else {
+                format!("{}{} ", symbol(kind), model.count(kind))
+            };
+            spans.push(Span::styled(text, t.kind(kind)));
+        }
+        if undecided > 0 {
+            spans.push(Span::styled(format!("| {undecided} undecided"), t.bad()));
+        }
+        spans
+    };
+    let full = named(true);
+    if full
+        .iter()
+        .map(|s| s.content.chars().count())
+        .sum::<usize>()
+        <= width
+    {
+        full
+    } else {
+        named(false)
+    }
 }
 
 fn draw_footer(model: &Model, frame: &mut Frame, area: Rect) {

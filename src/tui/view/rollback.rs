@@ -5,7 +5,7 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::theme::Theme;
 use crate::app::rollback::summarize;
@@ -20,7 +20,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         return super::commit::progress(model, frame, area);
     }
     let t = Theme::of(model);
-    let [head, list] = Layout::vertical([Constraint::Length(5), Constraint::Min(3)]).areas(area);
+    let [head, list] = Layout::vertical([Constraint::Length(7), Constraint::Min(3)]).areas(area);
     let logs: Vec<String> = rb.logs.iter().map(|p| p.display().to_string()).collect();
     let Some(ops) = &rb.ops else {
         frame.render_widget(
@@ -43,13 +43,13 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             Span::styled(format!("{:>6} to delete", s.delete), t.bad()),
             Span::raw(format!(
-                " · {} already gone · {} kept (not this tool's object as it created it)",
+                " · {} already gone · {} kept (no longer the object this tool created)",
                 s.gone, s.keep
             )),
         ]),
         Line::styled(
             if s.delete + s.gone > 0 {
-                "Enter deletes them (you type yes); each only if it still has the uid and labels the run recorded"
+                "Enter deletes them (you type yes), each only if its uid and labels are as recorded"
             } else {
                 "nothing to delete"
             },
@@ -57,7 +57,9 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         ),
     ];
     frame.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" Rollback ")),
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(" Rollback ")),
         head,
     );
     // Kept objects first: they are what the operator has to read.

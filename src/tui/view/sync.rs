@@ -23,8 +23,10 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::styled("cutover reached", t.good())
         } else if s.stopping {
             Span::raw("stopping: writes in flight finish")
-        } else if s.running {
+        } else if s.running && s.following {
             Span::raw("following both sides")
+        } else if s.running {
+            Span::raw("starting: reading the kvstore and Kubernetes")
         } else {
             Span::raw("not running: y starts it (after a commit)")
         },
@@ -33,7 +35,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         lines.push(Line::from(vec![
             Span::styled("rollout  ", bold),
             Span::raw(format!(
-                "{} kvstore-mode nodes left · {} identities · {} mirrored since the snapshot",
+                "{} kvstore-mode nodes left · {} identities · {} mirrored",
                 st.kvstore_nodes, st.identities, st.mirrored
             )),
         ]));
@@ -54,7 +56,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::styled("waiting  ", bold),
             pending,
             Span::raw(format!(
-                " · {} split allocations · {} failed writes{}",
+                " · {} splits · {} failed writes{}",
                 st.splits,
                 st.failures,
                 if st.watching {
@@ -66,7 +68,9 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         ]));
     }
     frame.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" Sync ")),
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(" Sync ")),
         head,
     );
     let room = usize::from(list.height.saturating_sub(2));

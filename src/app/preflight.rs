@@ -121,10 +121,7 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         range: Some(range),
         ..Default::default()
     };
-    r.etcd = match kv {
-        KvSource::Etcd(o) => o.endpoints.join(","),
-        KvSource::Memory(s) => s.source.endpoints.join(","),
-    };
+    r.etcd = kv.endpoints().join(",");
     match kv.read_masters().await {
         Ok(s) => {
             r.checks.push(Check {

@@ -6,7 +6,7 @@
 //! never overwrites, updates or deletes a `CiliumIdentity`. Cutover: no `value/` key left,
 //! nothing pending, and a consistent `verify` passes.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -24,9 +24,9 @@ use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
-use crate::io::etcd::{EtcdConnection, KvChange, KvWatchEvent};
+use crate::io::etcd::{KvChange, KvWatchEvent};
 use crate::io::k8s::{K8sChange, ReadMode};
-use crate::io::kv_source::KvSource;
+use crate::io::kv_source::{KvFollower, KvSource};
 
 /// How sync runs.
 #[derive(Debug, Clone)]
@@ -39,6 +39,9 @@ pub struct SyncOptions {
     pub settle: Duration,
     /// How often a status is reported.
     pub status_every: Duration,
+    /// How long no kvstore-mode node (no `value/` key) must be seen before cutover: an
+    /// agent's keys can linger until its lease lapses, and one that comes back resets it.
+    pub cutover_grace: Duration,
 }
 
 impl Default for SyncOptions {
@@ -48,6 +51,7 @@ impl Default for SyncOptions {
             until_cutover: false,
             settle: Duration::from_millis(100),
             status_every: Duration::from_secs(5),
+            cutover_grace: Duration::from_secs(120),
         }
     }
 }
@@ -138,8 +142,45 @@ pub enum SyncEvent {
     Following,
     /// A watch or a read failed; sync retries.
     Trouble(String),
-    /// Cutover reached: no kvstore-mode node, nothing pending, verify passed.
-    Cutover,
+    /// A conflict that waited for a decision is closed without a write: no kvstore-mode
+    /// node uses its labels any more, so no agent can use the id it held (once per identity).
+    Moot {
+        id: String,
+        labels: String,
+    },
+    /// Cutover reached: no kvstore-mode node for the grace period, nothing pending, verify
+    /// passed.
+    Cutover(CutoverReport),
+}
+
+/// How a conflict closed as moot reads, on the terminal and in the TUI.
+pub fn moot_text(id: &str, labels: &str) -> String {
+    format!(
+        "moot: {id} ({labels}) waited for a decision, but no kvstore-mode node uses it any more: closed without a write"
+    )
+}
+
+/// What carried each kvstore identity over, when cutover was reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CutoverReport {
+    /// Objects this sync created.
+    pub mirrored: u64,
+    /// Identities served at another id that holds their labels.
+    pub mapped: usize,
+    /// Identities the operator skipped.
+    pub skipped: usize,
+    /// Conflicts closed as moot.
+    pub moot: usize,
+}
+
+impl std::fmt::Display for CutoverReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes ({} mirrored by sync, {} mapped to an id holding their labels, {} skipped by decision, {} closed as moot)",
+            self.mirrored, self.mapped, self.skipped, self.moot
+        )
+    }
 }
 
 /// How sync ended.
@@ -169,6 +210,12 @@ struct State {
     failed: HashMap<u32, Instant>,
     reported: HashSet<String>,
     splits: HashSet<u32>,
+    /// From the latest plan: kvstore ids served at another id that holds their labels.
+    reused: BTreeMap<String, u32>,
+    /// Conflicts closed as moot (no node uses their labels any more).
+    moot: BTreeSet<String>,
+    /// Since when no kvstore-mode node has been seen.
+    no_nodes_since: Option<Instant>,
     lags: VecDeque<Duration>,
     status: SyncStatus,
 }
@@ -247,11 +294,11 @@ pub async fn run(
     stop: StopFlag,
     mut decided: Option<mpsc::Receiver<LoggedDecision>>,
 ) -> Result<SyncEnd> {
-    let KvSource::Etcd(etcd) = &cfg.kv else {
-        return Err(Error::Config(
-            "sync follows a live etcd: pass --etcd-endpoints or --etcd-config".into(),
-        ));
-    };
+    if let KvSource::Memory(_) = &cfg.kv {
+        // Refused before anything is read or written (`follower` says why).
+        cfg.kv.follower().await?;
+    }
+    let prefix = cfg.kv.prefix();
     let range = cfg.scope.range;
     // A restart resumes the decisions recorded so far (and any --resume logs). A log that
     // cannot be read is an error: going on without its decisions could create what the
@@ -270,7 +317,7 @@ pub async fn run(
         if stop.is_stopped() {
             return Ok(SyncEnd::default());
         }
-        let conn = match EtcdConnection::connect(etcd).await {
+        let conn = match cfg.kv.follower().await {
             Ok(c) => c,
             // No endpoints, an unreadable certificate: waiting will not fix those.
             Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(e),
@@ -280,7 +327,7 @@ pub async fn run(
                 continue;
             }
         };
-        let snap = match conn.read_snapshot(&etcd.prefix, etcd.page_size).await {
+        let snap = match conn.read_snapshot(&prefix).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
@@ -305,7 +352,7 @@ pub async fn run(
         let (k8s_tx, mut k8s_rx) = mpsc::channel::<K8sChange>(1024);
         let kv_watch = tokio::spawn(follow_kvstore(
             conn.clone(),
-            etcd.prefix.clone(),
+            prefix.clone(),
             state.kv_revision,
             kv_tx,
             metrics.clone(),
@@ -325,6 +372,8 @@ pub async fn run(
         let mut batch_running = false;
         let mut last_verify: Option<Instant> = None;
         let mut cutover_announced = false;
+        // The latest plan, for the cutover's checks.
+        let mut last_items: Vec<PlanItem> = Vec::new();
         // Announced once both watches are established, not when they are asked for.
         let (mut kv_up, mut k8s_up, mut following) = (false, false, false);
         let end = loop {
@@ -338,7 +387,7 @@ pub async fn run(
                     Some(KvWatchEvent::Changes { changes, revision }) => {
                         state.kv_revision = revision;
                         for c in changes {
-                            apply_kv_change(&mut state, c, &conn, &etcd.prefix, &events, &cfg).await;
+                            apply_kv_change(&mut state, c, &conn, &prefix, &events, &cfg).await;
                         }
                         dirty = true;
                     }
@@ -357,7 +406,7 @@ pub async fn run(
                     Some(K8sChange::Upsert { id, labels, resource_version }) => {
                         state.k8s_version = resource_version;
                         state.k8s.insert(id, labels.clone());
-                        check_split(&mut state, id, &conn, &etcd.prefix, &events, &cfg).await;
+                        check_split(&mut state, id, &conn, &prefix, &events, &cfg).await;
                         dirty = true;
                     }
                     Some(K8sChange::Deleted { id, resource_version }) => {
@@ -402,9 +451,10 @@ pub async fn run(
                     }
                     if dirty && !batch_running {
                         dirty = false;
-                        let items = state.plan(&decisions, range);
-                        let ops = select_writes(&mut state, &items, &opts, &events, &cfg).await;
-                        publish(&mut state, &items, &metrics);
+                        last_items = state.plan(&decisions, range);
+                        let items = &last_items;
+                        let ops = select_writes(&mut state, items, &opts, &events, &cfg).await;
+                        publish(&mut state, items, &metrics);
                         if !ops.is_empty() {
                             batch_running = true;
                             for op in &ops {
@@ -421,12 +471,35 @@ pub async fn run(
                     }
                 }
                 _ = status_tick.tick() => {
+                    // A failed write is tried again when its wait is over, even when nothing
+                    // else happens (at the quiet end of a rollout, nothing else would).
+                    let now = Instant::now();
+                    if state.failed.values().any(|until| *until <= now) {
+                        state.failed.retain(|_, until| *until > now);
+                        dirty = true;
+                    }
                     state.refresh_lag_percentiles();
                     return_freed_memory();
                     state.status.watching = metrics.healthy();
                     metrics.splits.set(state.status.splits as i64);
                     let _ = events.send(SyncEvent::Status(state.status.clone())).await;
-                    let ready = state.status.kvstore_nodes == 0
+                    // The grace starts when the last kvstore-mode node goes. In the demo's
+                    // in-memory kvstore a node's keys go the moment it moves (its lease is
+                    // revoked, none lapses later), so a few seconds do.
+                    let grace = match &cfg.kv {
+                        KvSource::Live(_) => Duration::from_secs(5).min(opts.cutover_grace),
+                        _ => opts.cutover_grace,
+                    };
+                    if state.status.kvstore_nodes > 0 {
+                        state.no_nodes_since = None;
+                    } else if state.no_nodes_since.is_none() {
+                        state.no_nodes_since = Some(now);
+                    }
+                    let rollout_over = state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace);
+                    if rollout_over && close_moot(&mut state, &last_items, &events, &cfg).await {
+                        dirty = true;
+                    }
+                    let ready = rollout_over
                         && state.status.pending == 0
                         && state.in_flight.is_empty()
                         && state.failed.is_empty()
@@ -441,9 +514,15 @@ pub async fn run(
                     let due = last_verify.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
                     if ready && due && !cutover_announced {
                         last_verify = Some(Instant::now());
-                        if cutover_verified(&cfg).await {
+                        if cutover_verified(&cfg, &state.reused, &state.moot).await {
                             cutover_announced = true;
-                            let _ = events.send(SyncEvent::Cutover).await;
+                            let report = CutoverReport {
+                                mirrored: state.status.mirrored,
+                                mapped: state.reused.len(),
+                                skipped: last_items.iter().filter(|i| i.decided && i.action == Action::Skip).count(),
+                                moot: state.moot.len(),
+                            };
+                            let _ = events.send(SyncEvent::Cutover(report)).await;
                             if opts.until_cutover {
                                 break SyncEnd { cutover: true, status: state.status.clone() };
                             }
@@ -458,6 +537,47 @@ pub async fn run(
     }
 }
 
+/// Once the rollout is over, closes each conflict still waiting for a decision whose labels
+/// no kvstore-mode node uses: no agent will use the id the kvstore held for them, so there is
+/// nothing left to carry over. Logged and reported once each; true if any was closed.
+async fn close_moot(
+    state: &mut State,
+    items: &[PlanItem],
+    events: &mpsc::Sender<SyncEvent>,
+    cfg: &ServiceConfig,
+) -> bool {
+    let mut closed = false;
+    for item in items {
+        let waiting = item.kind.needs_decision() && !item.decided && item.action == Action::Create;
+        if !waiting || state.moot.contains(&item.id) || state.counts.get(item.labels.as_bytes()) > 0
+        {
+            continue;
+        }
+        let mut r = Record::new(
+            &item.id,
+            &item.labels,
+            item.kind,
+            "moot (rule)".into(),
+            None,
+        );
+        r.outcome = Some(Outcome::Skipped);
+        r.error =
+            Some("no kvstore-mode node uses these labels any more: closed without a write".into());
+        if cfg.log.append(r).is_err() {
+            return closed;
+        }
+        state.moot.insert(item.id.clone());
+        closed = true;
+        let _ = events
+            .send(SyncEvent::Moot {
+                id: item.id.clone(),
+                labels: item.labels.clone(),
+            })
+            .await;
+    }
+    closed
+}
+
 /// The next decision made while sync runs; never, when nobody can make one.
 async fn next_decision(
     decided: &mut Option<mpsc::Receiver<LoggedDecision>>,
@@ -468,20 +588,44 @@ async fn next_decision(
     }
 }
 
-/// The cutover's last check: a consistent verify against what the decision log expects.
-async fn cutover_verified(cfg: &ServiceConfig) -> bool {
-    let Ok(expect) = flows::expectations_from_logs(&[cfg.log.path().to_path_buf()]) else {
+/// The cutover's last check: a consistent verify. Every kvstore identity must be in
+/// Kubernetes with its labels at its own id, at the id a decision in any log given maps it
+/// to, or at the id the plan reuses for it (labels a CRD-mode agent already holds); one
+/// the operator skipped is a decision, not a problem.
+async fn cutover_verified(
+    cfg: &ServiceConfig,
+    reused: &BTreeMap<String, u32>,
+    moot: &BTreeSet<String>,
+) -> bool {
+    let logs: Vec<std::path::PathBuf> = cfg
+        .resume
+        .iter()
+        .cloned()
+        .chain(std::iter::once(cfg.log.path().to_path_buf()))
+        .collect();
+    let Ok(mut expect) = flows::expectations_from_logs(&logs) else {
         return false;
     };
+    for (id, target) in reused {
+        expect.mappings.entry(id.clone()).or_insert(Some(*target));
+    }
+    // Closed as moot: like a skip, a decision recorded in the log, not a problem.
+    for id in moot {
+        expect.mappings.insert(id.clone(), None);
+    }
     flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
         .await
-        .is_ok_and(|r| r.passed())
+        .is_ok_and(|r| {
+            r.problems
+                .iter()
+                .all(|p| p.problem == crate::core::verify::ProblemKind::Skipped)
+        })
 }
 
 async fn apply_kv_change(
     state: &mut State,
     change: KvChange,
-    conn: &EtcdConnection,
+    conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
@@ -535,7 +679,7 @@ async fn apply_kv_change(
 async fn check_split(
     state: &mut State,
     id: u32,
-    conn: &EtcdConnection,
+    conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
@@ -611,6 +755,9 @@ async fn select_writes(
             continue;
         }
         let waiting = item.kind.needs_decision() && !item.decided && !opts.accept_proposals;
+        if waiting && state.moot.contains(&item.id) {
+            continue;
+        }
         if waiting && item.action == Action::Create {
             pending += 1;
             if state.reported.insert(item.id.clone()) {
@@ -666,6 +813,13 @@ async fn select_writes(
 }
 
 fn publish(state: &mut State, items: &[PlanItem], metrics: &Metrics) {
+    // Kvstore ids the plan serves at another id that already holds their labels.
+    state.reused = items
+        .iter()
+        .filter(|i| i.action == Action::None)
+        .filter_map(|i| i.target_id.map(|t| (i.id.clone(), t)))
+        .filter(|(id, t)| *id != t.to_string())
+        .collect();
     state.status.identities = items.len();
     state.status.kvstore_nodes = state.counts.nodes().count();
     metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
@@ -736,7 +890,7 @@ fn take_results(state: &mut State, ops: Vec<Op>, result: Result<ApplyReport>, me
 
 /// Follows the kvstore, watching again from the last revision after a failure.
 async fn follow_kvstore(
-    conn: EtcdConnection,
+    conn: KvFollower,
     prefix: String,
     mut revision: i64,
     tx: mpsc::Sender<KvWatchEvent>,

@@ -161,6 +161,17 @@ pub enum CliCommand {
         /// `kubectl get ciliumidentities -o json > identities.json` (read-only).
         #[arg(long, value_name = "FILE", requires = "from_snapshot")]
         k8s_snapshot: Option<PathBuf>,
+        /// Kvstore-mode nodes of the generated cluster; the rollout moves them to CRD mode
+        /// one by one once sync runs.
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+        nodes: u32,
+        /// How fast the rollout plays: 1 takes about two minutes, 10 about twelve seconds.
+        #[arg(long, default_value_t = 1.0, value_parser = parse_speed)]
+        rollout_speed: f64,
+        /// With --headless: after the apply, follow the rollout with sync (every proposal
+        /// accepted) until cutover.
+        #[arg(long, requires = "headless")]
+        sync: bool,
     },
     /// Carry the cluster through the rollout window: apply what is decided, then follow both
     /// sides, mirror every new kvstore identity within seconds, report conflicts and split
@@ -184,6 +195,10 @@ pub enum CliCommand {
         /// Serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9464.
         #[arg(long)]
         status_addr: Option<std::net::SocketAddr>,
+        /// How long no kvstore-mode node (no value/ key) must be seen before cutover: an
+        /// agent's keys can linger until its lease lapses (Cilium's is 15 minutes at most).
+        #[arg(long, default_value = "2m", value_parser = parse_duration)]
+        cutover_grace: Duration,
         #[command(flatten)]
         tuning: Tuning,
     },
@@ -304,5 +319,15 @@ impl Tuning {
             burst: self.k8s_burst,
             ..Default::default()
         }
+    }
+}
+
+/// A rollout speed: a positive factor, at most 1000.
+pub fn parse_speed(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1000.0 => Ok(x),
+        _ => Err(format!(
+            "{s:?} is not a speed: a factor above 0 and at most 1000 (1 plays the rollout in about two minutes)"
+        )),
     }
 }

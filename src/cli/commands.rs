@@ -23,6 +23,7 @@ use cilium_idmig::io::k8s::K8sTarget;
 use cilium_idmig::io::kv_source::KvSource;
 use cilium_idmig::io::plan_file::PlanFile;
 use cilium_idmig::sandbox::demo::{self, DemoConfig};
+use cilium_idmig::sandbox::rollout::{self, RolloutConfig};
 use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
 
 /// Outcome of a command: exit code 0 or 1 (errors are 1 or 2, see `main`).
@@ -122,6 +123,9 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             sandbox_latency,
             from_snapshot,
             k8s_snapshot,
+            nodes,
+            rollout_speed,
+            sync: then_sync,
         } => {
             let what = match &from_snapshot {
                 Some(p) => format!("a rehearsal on the identities in {}", p.display()),
@@ -134,24 +138,76 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 latency: sandbox_latency,
                 kvstore_dump: from_snapshot,
                 k8s_dump: k8s_snapshot,
+                nodes,
             };
-            let (sandbox, kv) = demo::world(cfg).await?;
-            let world = World {
-                kv,
-                target: K8sTarget::from_url(&sandbox.url())?,
-                scope: ClusterScope::new(0, MaxConnectedClusters::default())
-                    .map_err(cilium_idmig::Error::Config)?,
+            let demo = demo::world(cfg).await?;
+            let world = || -> anyhow::Result<World> {
+                Ok(World {
+                    kv: demo.kv_source(),
+                    target: K8sTarget::from_url(&demo.sandbox.url())?,
+                    scope: ClusterScope::new(0, MaxConnectedClusters::default())
+                        .map_err(cilium_idmig::Error::Config)?,
+                })
             };
-            if headless {
+            // The rollout plays once sync follows the kvstore (`y` after a commit, or --sync).
+            let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
+            let rollout = tokio::spawn(rollout::run(
+                demo.kv.clone(),
+                demo.sandbox.agent(),
+                demo.leases.clone(),
+                RolloutConfig {
+                    speed: rollout_speed,
+                    ..Default::default()
+                },
+                rollout_tx,
+            ));
+            let result = if headless {
                 outln!(
                     "demo: {what} against the sandbox API server at {}\n",
-                    sandbox.url()
+                    demo.sandbox.url()
                 )?;
-                demo_headless(world, decision_log).await
+                let log_path = decision_log.unwrap_or_else(decision_log::default_path);
+                let exit = demo_headless(world()?, log_path.clone()).await?;
+                if then_sync {
+                    outln!(
+                        "\nsync: following the rollout until cutover (every proposal accepted) ..."
+                    )?;
+                    // What the simulated cluster does, beside what sync reports.
+                    tokio::spawn(async move {
+                        while let Some(line) = rollout_rx.recv().await {
+                            let _ = outln!("{line}");
+                        }
+                    });
+                    let opts = cilium_idmig::app::sync::SyncOptions {
+                        accept_proposals: true,
+                        until_cutover: true,
+                        ..Default::default()
+                    };
+                    sync(
+                        world()?,
+                        Some(log_path),
+                        Vec::new(),
+                        opts,
+                        None,
+                        ApplyOptions::default(),
+                    )
+                    .await
+                } else {
+                    Ok(exit)
+                }
             } else {
                 let opts = ApplyOptions::default();
-                interactive(world, decision_log, opts, Session::default(), Finish::Demo).await
-            }
+                interactive(
+                    world()?,
+                    decision_log,
+                    opts,
+                    Session::default(),
+                    Finish::Demo,
+                )
+                .await
+            };
+            rollout.abort();
+            result
         }
         CliCommand::Tui(TuiArgs {
             conn,
@@ -178,6 +234,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             accept_proposals,
             until_cutover,
             status_addr,
+            cutover_grace,
             tuning,
         } => {
             let world = World {
@@ -188,6 +245,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let opts = cilium_idmig::app::sync::SyncOptions {
                 accept_proposals,
                 until_cutover,
+                cutover_grace,
                 ..Default::default()
             };
             sync(
@@ -451,9 +509,8 @@ async fn sync(
                 Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
                 Some(SyncEvent::Following) => { let _ = outln!("sync started: following both sides"); },
                 Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
-                Some(SyncEvent::Cutover) => { let _ = outln!(
-                    "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes"
-                ); },
+                Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
+                Some(SyncEvent::Cutover(report)) => { let _ = outln!("{report}"); },
                 None => break,
             },
             sig = signals.recv() => {
@@ -583,14 +640,13 @@ fn shell_quote(a: &str) -> String {
 }
 
 /// `demo --headless`: plan, apply with every proposal accepted, verify.
-async fn demo_headless(world: World, log_path: Option<PathBuf>) -> anyhow::Result<Exit> {
+async fn demo_headless(world: World, log_path: PathBuf) -> anyhow::Result<Exit> {
     let scan = flows::scan(&world.kv, &world.target, world.scope.range).await?;
     out!(
         "{}",
         report::plan_summary(&flows::plan_file(scan, &world.target, world.scope))
     )?;
     outln!("\napplying with --accept-proposals ...")?;
-    let log_path = log_path.unwrap_or_else(decision_log::default_path);
     // Kept for the verification after the apply, which consumes the world.
     let (kv, target, range) = (world.kv.clone(), world.target.clone(), world.scope.range);
     let spec = ApplySpec {

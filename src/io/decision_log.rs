@@ -224,7 +224,6 @@ impl LogContents {
     }
 }
 
-/// Reads a log, tolerating (and reporting) a torn last line.
 /// Reads a decision log, the one way every command does (apply, sync, verify, rollback).
 /// A torn last line (a write cut short by a crash) is tolerated; any other line that does
 /// not parse is an error naming it: a log is the record of what was done and decided, and

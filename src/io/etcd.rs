@@ -373,6 +373,31 @@ pub enum KvChange {
     },
 }
 
+/// What one key's event means for sync: `value` is `None` for a delete; `created` when the
+/// write made the key (a rewrite of a `value/` key is not a change of who uses what).
+/// Shared by the etcd watch and the in-memory kvstore's.
+pub fn kv_change(
+    prefix: &str,
+    key: &[u8],
+    value: Option<&[u8]>,
+    created: bool,
+) -> Option<KvChange> {
+    let delete = value.is_none();
+    match classify_key(prefix, key) {
+        KeyKind::Master { id } => Some(KvChange::Master {
+            id: id.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+            created: !delete && created,
+        }),
+        KeyKind::Slave { label_key, node } if delete || created => Some(KvChange::Slave {
+            label_key: label_key.to_vec(),
+            node: node.to_vec(),
+            present: !delete,
+        }),
+        _ => None,
+    }
+}
+
 /// What the identities watch reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvWatchEvent {
@@ -432,23 +457,9 @@ impl EtcdConnection {
                 let Some(kv) = ev.kv() else { continue };
                 rev = rev.max(kv.mod_revision());
                 let delete = ev.event_type() == etcd_client::EventType::Delete;
-                match classify_key(&prefix, kv.key()) {
-                    KeyKind::Master { id } => changes.push(KvChange::Master {
-                        id: id.to_vec(),
-                        value: (!delete).then(|| kv.value().to_vec()),
-                        created: !delete && kv.create_revision() == kv.mod_revision(),
-                    }),
-                    KeyKind::Slave { label_key, node }
-                        if delete || kv.create_revision() == kv.mod_revision() =>
-                    {
-                        changes.push(KvChange::Slave {
-                            label_key: label_key.to_vec(),
-                            node: node.to_vec(),
-                            present: !delete,
-                        })
-                    }
-                    _ => {}
-                }
+                let value = (!delete).then(|| kv.value());
+                let created = kv.create_revision() == kv.mod_revision();
+                changes.extend(kv_change(&prefix, kv.key(), value, created));
             }
             if !changes.is_empty()
                 && tx

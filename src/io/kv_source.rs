@@ -1,16 +1,22 @@
-//! Where the kvstore identities come from: a real etcd (read only), or an in-memory snapshot
-//! (the demo's, or a test's). Both answer the same two reads.
+//! Where the kvstore identities come from: a real etcd (read only), an in-memory snapshot
+//! (a test's, a rehearsal's), or the demo's live in-memory kvstore. All answer the same two
+//! reads; etcd and the live kvstore can also be followed (`KvFollower`), as sync does.
 
-use crate::core::kvstore::{KvSnapshot, NodeCounts};
-use crate::error::Result;
-use crate::io::etcd::{self, EtcdOptions};
+use std::sync::Arc;
+
+use crate::core::kvstore::{DEFAULT_PREFIX, KvSnapshot, NodeCounts};
+use crate::error::{Error, Result};
+use crate::io::etcd::{self, EtcdConnection, EtcdOptions, KvWatchEvent};
+use crate::io::mem_kv::{self, MemKv};
 
 /// Where the kvstore identities come from.
 #[derive(Debug, Clone)]
 pub enum KvSource {
     Etcd(EtcdOptions),
-    /// An in-memory kvstore (the demo's, or a test's).
+    /// An in-memory snapshot (a test's, or a rehearsal's dump): read, never followed.
     Memory(KvSnapshot),
+    /// The demo's live in-memory kvstore, which its simulated agents write to.
+    Live(Arc<MemKv>),
 }
 
 impl KvSource {
@@ -19,6 +25,7 @@ impl KvSource {
         match self {
             KvSource::Etcd(o) => o.endpoints.clone(),
             KvSource::Memory(s) => s.source.endpoints.clone(),
+            KvSource::Live(_) => vec![mem_kv::ENDPOINT.into()],
         }
     }
 
@@ -27,6 +34,7 @@ impl KvSource {
         match self {
             KvSource::Etcd(o) => o.prefix.trim_end_matches('/').to_string(),
             KvSource::Memory(s) => s.source.prefix.clone(),
+            KvSource::Live(_) => DEFAULT_PREFIX.into(),
         }
     }
 
@@ -34,6 +42,7 @@ impl KvSource {
         match self {
             KvSource::Etcd(opts) => etcd::read_snapshot(opts).await,
             KvSource::Memory(s) => Ok(s.clone()),
+            KvSource::Live(kv) => Ok(kv.snapshot(DEFAULT_PREFIX)),
         }
     }
 
@@ -50,6 +59,10 @@ impl KvSource {
                 node_counts: Default::default(),
                 ..s.clone()
             }),
+            KvSource::Live(kv) => Ok(KvSnapshot {
+                node_counts: Default::default(),
+                ..kv.snapshot(DEFAULT_PREFIX)
+            }),
         }
     }
 
@@ -63,6 +76,65 @@ impl KvSource {
                     .await
             }
             KvSource::Memory(s) => Ok(s.node_counts.clone()),
+            KvSource::Live(kv) => Ok(kv.snapshot(DEFAULT_PREFIX).node_counts),
+        }
+    }
+
+    /// A connection that follows this kvstore as it changes (sync's).
+    pub async fn follower(&self) -> Result<KvFollower> {
+        match self {
+            KvSource::Etcd(opts) => Ok(KvFollower::Etcd {
+                conn: Box::new(EtcdConnection::connect(opts).await?),
+                page_size: opts.page_size,
+            }),
+            KvSource::Live(kv) => Ok(KvFollower::Live(kv.clone())),
+            KvSource::Memory(_) => Err(Error::Config(
+                "sync follows a live kvstore, and this snapshot does not change: pass --etcd-endpoints or --etcd-config".into(),
+            )),
+        }
+    }
+}
+
+/// A kvstore that can be followed: etcd, or the demo's live in-memory kvstore.
+#[derive(Clone)]
+pub enum KvFollower {
+    Etcd {
+        conn: Box<EtcdConnection>,
+        page_size: i64,
+    },
+    Live(Arc<MemKv>),
+}
+
+impl KvFollower {
+    /// Identities and node counts at one revision.
+    pub async fn read_snapshot(&self, prefix: &str) -> Result<KvSnapshot> {
+        match self {
+            KvFollower::Etcd { conn, page_size } => conn.read_snapshot(prefix, *page_size).await,
+            KvFollower::Live(kv) => Ok(kv.snapshot(prefix)),
+        }
+    }
+
+    /// Every change under `prefix` after `revision`, until the receiver goes or it fails.
+    pub async fn watch_identities(
+        &self,
+        prefix: &str,
+        revision: i64,
+        tx: tokio::sync::mpsc::Sender<KvWatchEvent>,
+    ) -> Result<()> {
+        match self {
+            KvFollower::Etcd { conn, .. } => conn.watch_identities(prefix, revision, tx).await,
+            KvFollower::Live(kv) => {
+                kv.watch_identities(prefix, revision, tx).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The nodes whose `value/` keys use `label_key`, now.
+    pub async fn nodes_using(&self, prefix: &str, label_key: &[u8]) -> Result<Vec<String>> {
+        match self {
+            KvFollower::Etcd { conn, .. } => conn.nodes_using(prefix, label_key).await,
+            KvFollower::Live(kv) => Ok(kv.nodes_using(prefix, label_key)),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod etcd;
 pub mod k8s;
 pub mod kv_source;
 pub mod list_stream;
+pub mod mem_kv;
 pub mod operator;
 pub mod plan_file;
 pub mod private_file;

@@ -12,10 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::core::identity::{KIND, parse_identity};
-use crate::core::kvstore::{
-    KeyKind, KvSnapshot, MasterEntry, NodeCounts, SourceInfo, classify_key, normalize_prefix,
-    parse_id,
-};
+use crate::core::kvstore::{KeyKind, classify_key, normalize_prefix, parse_id};
 use crate::core::labels::SecurityLabels;
 use crate::error::{Error, Result};
 
@@ -50,9 +47,12 @@ struct EtcdKv {
     value: String,
 }
 
+/// The keys of a kvstore dump, with their values, as they were in etcd.
+pub type DumpedKeys = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Reads a kvstore dump: every key must lie under `prefix` (a dump of another prefix is not
 /// this cluster's identities), and the dump must be whole.
-pub fn read_etcd_dump(path: &Path, prefix: &str) -> Result<KvSnapshot> {
+pub fn read_etcd_dump(path: &Path, prefix: &str) -> Result<DumpedKeys> {
     let text = std::fs::read(path).map_err(|e| Error::file_cause(path, e))?;
     parse_etcd_dump(&text, prefix).map_err(|why| {
         Error::file(
@@ -62,7 +62,7 @@ pub fn read_etcd_dump(path: &Path, prefix: &str) -> Result<KvSnapshot> {
     })
 }
 
-fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<KvSnapshot, String> {
+fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<DumpedKeys, String> {
     let dump: EtcdDump = serde_json::from_slice(text)
         .map_err(|e| format!("not the JSON etcdctl prints with -w json ({e})"))?;
     let Some(header) = dump.header else {
@@ -81,8 +81,8 @@ fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<KvSnapshot,
     }
     let prefix = normalize_prefix(prefix);
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut masters = Vec::new();
-    let mut counts = NodeCounts::default();
+    let mut keys = Vec::with_capacity(dump.kvs.len());
+    let mut identities = 0;
     for (n, kv) in dump.kvs.iter().enumerate() {
         let key = b64
             .decode(&kv.key)
@@ -91,30 +91,23 @@ fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<KvSnapshot,
             .decode(&kv.value)
             .map_err(|e| format!("the value of key {} is not base64 ({e})", n + 1))?;
         match classify_key(&prefix, &key) {
-            KeyKind::Master { id } => masters.push(MasterEntry::new(id, value)),
-            KeyKind::Slave { label_key, node } => counts.add_key(label_key, node),
-            KeyKind::Lock => {}
-            KeyKind::Other if key.starts_with(prefix.as_bytes()) => {}
-            KeyKind::Other => {
+            KeyKind::Master { .. } => identities += 1,
+            KeyKind::Other if !key.starts_with(prefix.as_bytes()) => {
                 return Err(format!(
                     "key {:?} is not under {prefix}: this is a dump of another prefix",
                     String::from_utf8_lossy(&key)
                 ));
             }
+            _ => {}
         }
+        keys.push((key, value));
     }
-    if masters.is_empty() {
+    if identities == 0 {
         return Err(format!("no identity (no {prefix}id/ key) in it"));
     }
-    Ok(KvSnapshot {
-        source: SourceInfo {
-            endpoints: vec!["kvstore dump (rehearsal)".into()],
-            revision: header.revision,
-            prefix: prefix.trim_end_matches('/').to_string(),
-        },
-        masters,
-        node_counts: counts,
-    })
+    // etcd's revision is not carried over: the rehearsal's kvstore counts its own.
+    let _ = header.revision;
+    Ok(keys)
 }
 
 /// Reads a Kubernetes dump: the identities it holds, by id, with their labels.
@@ -184,9 +177,15 @@ mod tests {
             ],
             None,
         );
-        let snap = parse_etcd_dump(text.as_bytes(), P).unwrap();
-        assert_eq!(snap.source.revision, 77);
-        assert_eq!(snap.masters, vec![MasterEntry::new("300", "k8s:app=a;")]);
+        let keys = parse_etcd_dump(text.as_bytes(), P).unwrap();
+        assert_eq!(keys.len(), 4);
+        let (kv, leases) = crate::io::mem_kv::seeded(keys);
+        assert_eq!(leases.len(), 2, "one lease per node");
+        let snap = kv.snapshot(P);
+        assert_eq!(
+            snap.masters,
+            vec![crate::core::kvstore::MasterEntry::new("300", "k8s:app=a;")]
+        );
         assert_eq!(snap.node_counts.get(b"k8s:app=a;"), 2);
         assert_eq!(snap.node_counts.nodes().count(), 2);
     }

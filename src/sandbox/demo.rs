@@ -1,15 +1,19 @@
-//! The demo's world: a sandbox API server and an in-memory kvstore, seeded from the
+//! The demo's world: a sandbox API server and a live in-memory kvstore, seeded from the
 //! generator with identities of every kind, or, for a rehearsal, from dumps of the
-//! operator's own cluster. Needs no etcd, no Kubernetes, no network.
+//! operator's own cluster; `rollout` plays the rollout on it. Needs no etcd, no
+//! Kubernetes, no network.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::generator::{self, GenConfig};
 use super::{FaultConfig, Sandbox, SandboxConfig};
-use crate::core::kvstore::{DEFAULT_PREFIX, KvSnapshot, SourceInfo};
+use crate::core::kvstore::{DEFAULT_PREFIX, normalize_prefix};
 use crate::error::Result;
 use crate::io::kv_source::KvSource;
+use crate::io::mem_kv::{self, MemKv};
 use crate::io::snapshot_file;
 
 /// How the demo world is made.
@@ -21,6 +25,8 @@ pub struct DemoConfig {
     pub port: u16,
     /// Latency the sandbox adds to every identity request.
     pub latency: Option<Duration>,
+    /// Kvstore-mode nodes of the generated cluster (each uses some of its identities).
+    pub nodes: u32,
     /// A rehearsal: the kvstore from this `etcdctl get -w json` dump instead of generated data.
     pub kvstore_dump: Option<PathBuf>,
     /// With `kvstore_dump`: the Kubernetes side from this `kubectl get -o json` dump (else
@@ -30,35 +36,28 @@ pub struct DemoConfig {
 
 /// Starts the sandbox seeded with the Kubernetes side of a generated dataset, and returns
 /// it with the kvstore side as an in-memory source.
-pub async fn world(cfg: DemoConfig) -> Result<(Sandbox, KvSource)> {
+pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
     // Read (and refuse) the dumps before anything starts.
-    let (snapshot, k8s) = match &cfg.kvstore_dump {
+    let (keys, k8s) = match &cfg.kvstore_dump {
         Some(path) => {
-            let snap = snapshot_file::read_etcd_dump(path, DEFAULT_PREFIX)?;
+            let keys = snapshot_file::read_etcd_dump(path, DEFAULT_PREFIX)?;
             let k8s = match &cfg.k8s_dump {
                 Some(p) => snapshot_file::read_k8s_dump(p)?,
                 None => Vec::new(),
             };
-            (snap, k8s)
+            (keys, k8s)
         }
         None => {
             let data = generator::generate(&GenConfig {
                 identities: cfg.identities,
                 seed: cfg.seed,
+                nodes: cfg.nodes.max(1),
                 ..Default::default()
             })?;
-            let snap = KvSnapshot {
-                source: SourceInfo {
-                    endpoints: vec!["in-memory demo kvstore".into()],
-                    revision: 1,
-                    prefix: DEFAULT_PREFIX.into(),
-                },
-                masters: data.masters,
-                node_counts: (&data.node_counts).into(),
-            };
-            (snap, data.k8s)
+            (generated_keys(&data), data.k8s)
         }
     };
+    let (kv, leases) = mem_kv::seeded(keys);
     let sandbox = Sandbox::start(SandboxConfig {
         port: cfg.port,
         ..Default::default()
@@ -73,5 +72,43 @@ pub async fn world(cfg: DemoConfig) -> Result<(Sandbox, KvSource)> {
             ..Default::default()
         });
     }
-    Ok((sandbox, KvSource::Memory(snapshot)))
+    Ok(DemoWorld {
+        sandbox,
+        kv: Arc::new(kv),
+        leases,
+    })
+}
+
+/// The demo's world: the sandbox API server, the live in-memory kvstore, and the leases of
+/// its kvstore-mode nodes (which the rollout revokes as each node moves to CRD mode).
+pub struct DemoWorld {
+    pub sandbox: Sandbox,
+    pub kv: Arc<MemKv>,
+    pub leases: BTreeMap<String, i64>,
+}
+
+impl DemoWorld {
+    pub fn kv_source(&self) -> KvSource {
+        KvSource::Live(self.kv.clone())
+    }
+}
+
+/// The kvstore keys of a generated cluster: each identity's master key, and for a label key
+/// used by `n` nodes, the `value/` keys of `node-1` to `node-n`.
+fn generated_keys(data: &generator::Generated) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let prefix = normalize_prefix(DEFAULT_PREFIX);
+    let mut keys = Vec::new();
+    for m in &data.masters {
+        let mut key = format!("{prefix}id/").into_bytes();
+        key.extend_from_slice(&m.id);
+        keys.push((key, m.value.clone()));
+        let users = data.node_counts.get(&m.value).copied().unwrap_or(0);
+        for n in 1..=users {
+            let mut key = format!("{prefix}value/").into_bytes();
+            key.extend_from_slice(&m.value);
+            key.extend_from_slice(format!("/node-{n}").as_bytes());
+            keys.push((key, m.id.clone()));
+        }
+    }
+    keys
 }

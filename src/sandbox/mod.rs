@@ -10,6 +10,7 @@ mod faults;
 pub mod generator;
 mod http;
 mod list_watch;
+pub mod rollout;
 mod selector;
 mod server;
 mod state;
@@ -116,6 +117,11 @@ impl Sandbox {
         self.store().objects.clone()
     }
 
+    /// A handle that writes and reads the store as a CRD-mode agent would (the demo's rollout).
+    pub fn agent(&self) -> AgentHandle {
+        AgentHandle(self.shared.clone())
+    }
+
     pub fn crd_installed(&self) -> bool {
         self.store().crd.is_some()
     }
@@ -150,6 +156,39 @@ impl Sandbox {
     /// Stops serving and drops every open connection: the API server is gone.
     pub fn shutdown(&self) {
         self.task.abort();
+    }
+}
+
+/// What a simulated CRD-mode agent does to the API server: list the identities, create one
+/// by name (refused when the name is taken, as the API server answers 409). Watchers see
+/// its writes as they see any client's.
+#[derive(Clone)]
+pub struct AgentHandle(Arc<Shared>);
+
+impl AgentHandle {
+    /// Every identity with a numeric name, with its labels.
+    pub fn identities(&self) -> BTreeMap<u32, SecurityLabels> {
+        self.0
+            .store()
+            .objects
+            .iter()
+            .filter_map(|(name, o)| {
+                let id = crate::core::kvstore::parse_id(name.as_bytes()).ok()?;
+                let labels = crate::core::identity::parse_identity(o).ok()?.labels;
+                Some((id, labels))
+            })
+            .collect()
+    }
+
+    /// Creates identity `id` unless an object of that name exists (false: a 409).
+    pub fn create(&self, id: u32, labels: &SecurityLabels, agent: &str) -> bool {
+        let mut store = self.0.store();
+        let name = id.to_string();
+        if store.objects.contains_key(&name) {
+            return false;
+        }
+        store.insert_by(name, identity_object(id, labels), agent);
+        true
     }
 }
 

@@ -1084,3 +1084,24 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     );
     assert!(m.quit && !m.sync.running);
 }
+
+#[test]
+fn the_sync_screen_shows_its_newest_reports_whole_however_long_the_older_ones() {
+    let mut m = scanned_model();
+    update(&mut m, key('5'));
+    for n in 0..30 {
+        m.sync.push(format!(
+            "split allocation at id {n}: {}",
+            "k8s:app=long;k8s:io.kubernetes.pod.namespace=shop; ".repeat(4)
+        ));
+    }
+    m.sync
+        .push("cutover reached: the newest report, at the very end".into());
+    for (w, h) in [(80, 24), (120, 35)] {
+        let screen = render_at(&m, w, h);
+        assert!(
+            screen.contains("cutover reached: the newest report, at the very end"),
+            "{w}x{h}:\n{screen}"
+        );
+    }
+}

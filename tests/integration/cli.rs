@@ -387,3 +387,50 @@ async fn every_failure_is_one_line_in_one_style_naming_what_to_do() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_plays_a_whole_rollout_to_cutover() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        run(
+            dir.path(),
+            &[
+                "demo",
+                "--headless",
+                "--sync",
+                "--identities",
+                "300",
+                "--nodes",
+                "4",
+                "--rollout-speed",
+                "20",
+            ],
+        ),
+    )
+    .await
+    .expect("the demo's rollout reaches cutover");
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for n in 1..=4 {
+        assert!(
+            r.stdout
+                .contains(&format!("rollout: node-{n} moved to CRD mode")),
+            "node-{n}: {}",
+            r.stdout
+        );
+    }
+    // Sync follows the nodes as they drain, mirrors what kvstore-mode nodes allocate, and
+    // reports the split allocations the two blind allocators make in a narrow pool.
+    assert!(r.stdout.contains("sync started: following both sides"));
+    assert!(r.stdout.contains("split allocation at id"), "{}", r.stdout);
+    assert!(r.stdout.contains("cutover reached"), "{}", r.stdout);
+    let last_status = r
+        .stdout
+        .lines()
+        .rfind(|l| l.starts_with("sync: "))
+        .unwrap_or_default();
+    assert!(
+        last_status.starts_with("sync: 0 kvstore-mode nodes"),
+        "{last_status}"
+    );
+}

@@ -186,7 +186,15 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
 
     // A restart resumes; with --accept-proposals the remaps are written, and once the last
     // value/ key is gone cutover ends the run.
-    let s = Sync::start(&w, &["--accept-proposals", "--until-cutover"]);
+    let s = Sync::start(
+        &w,
+        &[
+            "--accept-proposals",
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+        ],
+    );
     wait_for(20, "remaps written", || {
         let o = w.sb.objects();
         (o.len() >= 5).then_some(())
@@ -434,4 +442,41 @@ async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere(
         before,
         "nothing written"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cutover_arrives_once_no_node_uses_what_still_waits_for_a_decision() {
+    let w = World::new(SandboxConfig::default()).await;
+    // The kvstore holds 400 for `a`, used by node-1; Kubernetes holds 400 for other labels:
+    // a remap that waits for a decision (no --accept-proposals).
+    w.etcd.put(&format!("{P}/id/400"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/node-1"), b"400")
+        .await;
+    w.sb.seed_identity(
+        400,
+        &to_security_labels(&parse_label_key("k8s:app=squatter;").unwrap()),
+    );
+    let mut s = Sync::start(&w, &["--until-cutover", "--cutover-grace", "2s"]);
+    s.wait_for_line("conflict: 400", 20).await;
+    // node-1 moves to CRD mode: its key goes, and nothing uses `a` any more.
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(
+        format!("{P}/value/"),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    let line = s.wait_for_line("cutover reached", 60).await;
+    assert!(line.contains("1 closed as moot"), "{line}");
+    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+        .await
+        .expect("sync ends at cutover")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", s.text());
+    assert!(s.text().contains("moot: 400"), "{}", s.text());
+    // Closed without a write, and recorded.
+    assert_eq!(w.sb.objects().len(), 1);
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(log.contains("moot (rule)"), "{log}");
 }

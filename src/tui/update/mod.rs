@@ -342,12 +342,13 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             model.sync.push(format!("retrying: {t}"));
             vec![]
         }
-        SyncEvent::Cutover => {
+        SyncEvent::Moot { id, labels } => {
+            model.sync.push(crate::app::sync::moot_text(&id, &labels));
+            vec![]
+        }
+        SyncEvent::Cutover(report) => {
             model.sync.cutover = true;
-            model.sync.push(
-                "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes"
-                    .into(),
-            );
+            model.sync.push(report.to_string());
             vec![]
         }
     }

@@ -9,6 +9,7 @@ mod preflight;
 mod rollback;
 mod sync;
 mod theme;
+mod wrap;
 
 pub use theme::{Theme, symbol};
 

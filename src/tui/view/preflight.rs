@@ -7,6 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph};
 
 use super::theme::Theme;
+use super::wrap;
 use crate::app::service::CheckStatus;
 use crate::tui::model::Model;
 
@@ -66,7 +67,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             CheckStatus::Fail => ("[FAIL]", t.bad()),
         };
         let text = format!("{}: {}", c.name, c.detail);
-        for (i, part) in hanging(&text, width - INDENT).into_iter().enumerate() {
+        for (i, part) in wrap::words(&text, width - INDENT).into_iter().enumerate() {
             lines.push(if i == 0 {
                 Line::from(vec![
                     Span::styled(mark, style),
@@ -85,7 +86,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             let text = format!("{label}: {fix}");
             // Continuation lines start under the fix's text, after `fix: ` or `note: `.
             let under = FIX_INDENT + label.len() + 2;
-            for (i, part) in hanging(&text, width - under).into_iter().enumerate() {
+            for (i, part) in wrap::words(&text, width - under).into_iter().enumerate() {
                 let indent = if i == 0 { FIX_INDENT } else { under };
                 lines.push(Line::raw(format!("{:indent$}{part}", "")));
             }
@@ -98,58 +99,3 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
 const INDENT: usize = 7;
 /// Where a fix (or a warning's note) starts, one column in from its check's text.
 const FIX_INDENT: usize = INDENT + 1;
-
-/// Splits `text` into lines of at most `width` columns at spaces (a longer word is cut).
-fn hanging(text: &str, width: usize) -> Vec<String> {
-    let width = width.max(10);
-    let mut out = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ') {
-        let mut word = word.to_string();
-        loop {
-            let used = line.chars().count();
-            let need = word.chars().count() + usize::from(used > 0);
-            if used + need <= width {
-                if used > 0 {
-                    line.push(' ');
-                }
-                line.push_str(&word);
-                break;
-            }
-            if used > 0 {
-                out.push(std::mem::take(&mut line));
-                continue;
-            }
-            // A word longer than a line.
-            let head: String = word.chars().take(width).collect();
-            word = word.chars().skip(width).collect();
-            out.push(head);
-            if word.is_empty() {
-                break;
-            }
-        }
-    }
-    if !line.is_empty() || out.is_empty() {
-        out.push(line);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hanging_lines_fit_and_keep_every_word() {
-        let text = "RBAC: create ciliumidentities.cilium.io: denied because the service account has no binding";
-        for width in [30, 45, 80] {
-            let lines = super::hanging(text, width);
-            assert!(
-                lines.iter().all(|l| l.chars().count() <= width.max(10)),
-                "{width}: {lines:?}"
-            );
-            assert_eq!(lines.join(" "), text, "{width}");
-        }
-        assert_eq!(super::hanging("", 20), vec![String::new()]);
-        // A word longer than the line is cut, never lost.
-        assert_eq!(super::hanging("abcdefghijkl", 10), vec!["abcdefghij", "kl"]);
-    }
-}

@@ -73,17 +73,20 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             .block(Block::default().borders(Borders::ALL).title(" Sync ")),
         head,
     );
+    // The newest reports that fit, counting the rows each takes once wrapped.
     let room = usize::from(list.height.saturating_sub(2));
-    let shown: Vec<Line> = s
-        .lines
-        .iter()
-        .skip(s.lines.len().saturating_sub(room))
-        .map(|l| Line::raw(l.clone()))
-        .collect();
+    let width = usize::from(list.width.saturating_sub(2)).max(1);
+    let mut shown: Vec<Line> = Vec::new();
+    for l in s.lines.iter().rev() {
+        let rows = super::wrap::words(l, width);
+        if shown.len() + rows.len() > room {
+            break;
+        }
+        shown.extend(rows.into_iter().rev().map(Line::raw));
+    }
+    shown.reverse();
     frame.render_widget(
-        Paragraph::new(shown)
-            .wrap(Wrap { trim: false })
-            .block(Block::default().borders(Borders::ALL).title(" Reports ")),
+        Paragraph::new(shown).block(Block::default().borders(Borders::ALL).title(" Reports ")),
         list,
     );
 }

@@ -182,6 +182,7 @@ async fn main() {
             apply: ApplyOptions::default(),
             command: "bench",
             resume: Vec::new(),
+            sync_reserve_in_kvstore: false,
         });
         let service::Handle {
             requests,

@@ -21,6 +21,8 @@ pub struct ServiceConfig {
     pub command: &'static str,
     /// Decision logs to resume on the first scan (`--resume`).
     pub resume: Vec<PathBuf>,
+    /// A sync started from the TUI reserves in the kvstore (`--reserve-in-kvstore`).
+    pub sync_reserve_in_kvstore: bool,
 }
 
 impl ServiceConfig {

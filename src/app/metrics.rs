@@ -25,6 +25,9 @@ pub struct Metrics {
     pub splits: IntGauge,
     pub lag: Histogram,
     pub write_failures: IntCounter,
+    /// `--reserve-in-kvstore`: ids reserved now, and every kvstore write and delete made.
+    pub kvstore_reservations: IntGauge,
+    pub kvstore_writes: IntCounter,
     /// Whether each watch is connected and streaming.
     pub etcd_live: AtomicBool,
     pub k8s_live: AtomicBool,
@@ -65,6 +68,14 @@ impl Metrics {
                 "cilium_idmig_write_failures_total",
                 "Creates that failed after their retries",
             )?,
+            kvstore_reservations: gauge(
+                "cilium_idmig_kvstore_reservations",
+                "Ids sync holds in the kvstore for CiliumIdentities it does not hold (--reserve-in-kvstore)",
+            )?,
+            kvstore_writes: counter(
+                "cilium_idmig_kvstore_writes_total",
+                "Writes and deletes sync made in the kvstore: its reservations and their release",
+            )?,
             etcd_live: AtomicBool::new(false),
             k8s_live: AtomicBool::new(false),
             registry,
@@ -84,6 +95,12 @@ impl Metrics {
         m.registry.register(Box::new(m.lag.clone())).map_err(err)?;
         m.registry
             .register(Box::new(m.write_failures.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.kvstore_reservations.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.kvstore_writes.clone()))
             .map_err(err)?;
         Ok(m)
     }

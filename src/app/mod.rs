@@ -7,6 +7,7 @@ pub mod flows;
 pub mod metrics;
 pub mod preflight;
 pub mod report;
+pub mod reserve;
 pub mod rollback;
 pub mod service;
 pub mod signals;

@@ -336,6 +336,7 @@ async fn run(
                 tokio::spawn(async move {
                     let opts = super::sync::SyncOptions {
                         accept_proposals,
+                        reserve_in_kvstore: cfg.sync_reserve_in_kvstore,
                         ..Default::default()
                     };
                     let ev =

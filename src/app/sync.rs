@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::config::ServiceConfig;
 use super::flows;
 use super::metrics::Metrics;
+use super::reserve::Reservations;
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
 use crate::core::kvstore::{KvSnapshot, MasterEntry, NodeCounts};
@@ -42,6 +43,11 @@ pub struct SyncOptions {
     /// How long no kvstore-mode node (no `value/` key) must be seen before cutover: an
     /// agent's keys can linger until its lease lapses, and one that comes back resets it.
     pub cutover_grace: Duration,
+    /// Reserve in the kvstore the ids Kubernetes holds and it does not (`app::reserve`).
+    pub reserve_in_kvstore: bool,
+    /// On a clean stop, release the reservations (as at cutover) instead of leaving them to
+    /// lapse with the lease.
+    pub release_reservations: bool,
 }
 
 impl Default for SyncOptions {
@@ -52,6 +58,8 @@ impl Default for SyncOptions {
             settle: Duration::from_millis(100),
             status_every: Duration::from_secs(5),
             cutover_grace: Duration::from_secs(120),
+            reserve_in_kvstore: false,
+            release_reservations: false,
         }
     }
 }
@@ -100,6 +108,8 @@ pub struct SyncStatus {
     pub lag_p50: Option<Duration>,
     pub lag_p99: Option<Duration>,
     pub watching: bool,
+    /// Ids reserved in the kvstore now (`--reserve-in-kvstore`).
+    pub reservations: usize,
 }
 
 impl std::fmt::Display for SyncStatus {
@@ -118,7 +128,11 @@ impl std::fmt::Display for SyncStatus {
             ms(self.lag_p50),
             ms(self.lag_p99),
             if self.watching { "" } else { " · catching up" }
-        )
+        )?;
+        if self.reservations > 0 {
+            write!(f, " · {} reserved in the kvstore", self.reservations)?;
+        }
+        Ok(())
     }
 }
 
@@ -142,6 +156,8 @@ pub enum SyncEvent {
     Following,
     /// A watch or a read failed; sync retries.
     Trouble(String),
+    /// Something done that is worth a line (the reservations released).
+    Note(String),
     /// A conflict that waited for a decision is closed without a write: no kvstore-mode
     /// node uses its labels any more, so no agent can use the id it held (once per identity).
     Moot {
@@ -313,6 +329,7 @@ pub async fn run(
     }
     let mut decisions = resume::replay(steps);
     let mut backoff = Backoff::default();
+    let mut reservations: Option<Reservations> = None;
     'snapshot: loop {
         if stop.is_stopped() {
             return Ok(SyncEnd::default());
@@ -335,6 +352,10 @@ pub async fn run(
                 continue;
             }
         };
+        if opts.reserve_in_kvstore && reservations.is_none() {
+            // A write the credentials may not make is the operator's to fix: exit 2.
+            reservations = Some(Reservations::start(&conn, &prefix, events.clone()).await?);
+        }
         let mut state = State::from_snapshot(snap);
         match cfg.target.list_identities(ReadMode::Cache, None).await {
             Ok(k) => {
@@ -348,6 +369,22 @@ pub async fn run(
             }
         }
         backoff = Backoff::default();
+        // Reserved before the watches start, so the ids are taken from the first moment on.
+        let mut reserved_all = false;
+        if let Some(r) = reservations.as_mut() {
+            match r
+                .reserve_missing(&state.k8s, &state.masters, range, &cfg.log, &metrics)
+                .await
+            {
+                Ok(()) => reserved_all = true,
+                Err(e) => {
+                    let _ = events
+                        .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
+                        .await;
+                }
+            }
+            state.status.reservations = r.count();
+        }
         let (kv_tx, mut kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, mut k8s_rx) = mpsc::channel::<K8sChange>(1024);
         let kv_watch = tokio::spawn(follow_kvstore(
@@ -407,6 +444,13 @@ pub async fn run(
                         state.k8s_version = resource_version;
                         state.k8s.insert(id, labels.clone());
                         check_split(&mut state, id, &conn, &prefix, &events, &cfg).await;
+                        // At once, not at the next plan: the window in which a kvstore-mode
+                        // agent can hand the id out again is as short as the watch's lag.
+                        if let Some(r) = reservations.as_mut()
+                            && let Err(e) = r.reserve_one(id, &labels, &state.masters, range, &cfg.log, &metrics).await
+                        {
+                            let _ = events.send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}"))).await;
+                        }
                         dirty = true;
                     }
                     Some(K8sChange::Deleted { id, resource_version }) => {
@@ -414,6 +458,9 @@ pub async fn run(
                         state.k8s.remove(&id);
                         if state.created.contains(&id) {
                             state.deleted_after_create.insert(id);
+                        }
+                        if let Some(r) = reservations.as_mut() {
+                            r.object_deleted(id, &cfg.log, &metrics).await;
                         }
                         dirty = true;
                     }
@@ -424,6 +471,7 @@ pub async fn run(
                             Ok(k) => {
                                 state.k8s = k.identities;
                                 state.k8s_version = k.resource_version;
+                                reserved_all = false;
                                 dirty = true;
                             }
                             Err(e) => { let _ = events.send(SyncEvent::Trouble(e.to_string())).await; }
@@ -454,6 +502,19 @@ pub async fn run(
                         last_items = state.plan(&decisions, range);
                         let items = &last_items;
                         let ops = select_writes(&mut state, items, &opts, &events, &cfg).await;
+                        if let Some(r) = reservations.as_mut() {
+                            // The whole view once per snapshot or list (and again after a
+                            // failure); each object that arrives is reserved as it arrives.
+                            if !reserved_all {
+                                match r.reserve_missing(&state.k8s, &state.masters, range, &cfg.log, &metrics).await {
+                                    Ok(()) => reserved_all = true,
+                                    Err(e) => {
+                                        let _ = events.send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}"))).await;
+                                    }
+                                }
+                            }
+                            state.status.reservations = r.count();
+                        }
                         publish(&mut state, items, &metrics);
                         if !ops.is_empty() {
                             batch_running = true;
@@ -523,6 +584,11 @@ pub async fn run(
                                 moot: state.moot.len(),
                             };
                             let _ = events.send(SyncEvent::Cutover(report)).await;
+                            // No kvstore-mode node is left to need them.
+                            if let Some(r) = reservations.take() {
+                                release(r, &cfg, &metrics, &events).await;
+                                state.status.reservations = 0;
+                            }
                             if opts.until_cutover {
                                 break SyncEnd { cutover: true, status: state.status.clone() };
                             }
@@ -533,8 +599,32 @@ pub async fn run(
         };
         kv_watch.abort();
         k8s_watch.abort();
+        if let Some(r) = reservations.take()
+            && opts.release_reservations
+        {
+            release(r, &cfg, &metrics, &events).await;
+        }
         return Ok(end);
     }
+}
+
+/// Releases the reservations, reporting how many master keys went.
+async fn release(
+    r: Reservations,
+    cfg: &ServiceConfig,
+    metrics: &Metrics,
+    events: &mpsc::Sender<SyncEvent>,
+) {
+    let held = r.count();
+    let ev = match r.release(&cfg.log, metrics).await {
+        Ok(deleted) => SyncEvent::Note(format!(
+            "released the kvstore reservations: lease revoked, {deleted} of {held} master keys deleted (the rest is in use or changed)"
+        )),
+        Err(e) => SyncEvent::Trouble(format!(
+            "releasing the kvstore reservations: {e}; they lapse with the lease"
+        )),
+    };
+    let _ = events.send(ev).await;
 }
 
 /// Once the rollout is over, closes each conflict still waiting for a decision whose labels

@@ -172,6 +172,10 @@ pub enum CliCommand {
         /// accepted) until cutover.
         #[arg(long, requires = "headless")]
         sync: bool,
+        /// The demo's sync reserves in the kvstore (see `sync --reserve-in-kvstore`): the
+        /// same rollout without split allocations.
+        #[arg(long)]
+        reserve_in_kvstore: bool,
     },
     /// Carry the cluster through the rollout window: apply what is decided, then follow both
     /// sides, mirror every new kvstore identity within seconds, report conflicts and split
@@ -199,6 +203,17 @@ pub enum CliCommand {
         /// agent's keys can linger until its lease lapses (Cilium's is 15 minutes at most).
         #[arg(long, default_value = "2m", value_parser = parse_duration)]
         cutover_grace: Duration,
+        /// Prevent split allocations: reserve in the kvstore every id Kubernetes holds and it
+        /// does not (a master key and a value/ key of the tool's own, on its lease), so
+        /// kvstore-mode agents neither hand the id out for other labels nor allocate a second
+        /// id for those labels. The only way this tool ever writes to etcd; needs readwrite
+        /// on the identities prefix. Released at cutover.
+        #[arg(long)]
+        reserve_in_kvstore: bool,
+        /// With --reserve-in-kvstore: on a clean stop before cutover, release the
+        /// reservations too (otherwise they lapse with the lease, 15 minutes after the stop).
+        #[arg(long, requires = "reserve_in_kvstore")]
+        release_reservations: bool,
         #[command(flatten)]
         tuning: Tuning,
     },

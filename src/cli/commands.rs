@@ -126,6 +126,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             nodes,
             rollout_speed,
             sync: then_sync,
+            reserve_in_kvstore,
         } => {
             let what = match &from_snapshot {
                 Some(p) => format!("a rehearsal on the identities in {}", p.display()),
@@ -181,6 +182,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                     let opts = cilium_idmig::app::sync::SyncOptions {
                         accept_proposals: true,
                         until_cutover: true,
+                        reserve_in_kvstore,
                         ..Default::default()
                     };
                     sync(
@@ -197,14 +199,11 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 }
             } else {
                 let opts = ApplyOptions::default();
-                interactive(
-                    world()?,
-                    decision_log,
-                    opts,
-                    Session::default(),
-                    Finish::Demo,
-                )
-                .await
+                let session = Session {
+                    reserve_in_kvstore,
+                    ..Session::default()
+                };
+                interactive(world()?, decision_log, opts, session, Finish::Demo).await
             };
             rollout.abort();
             result
@@ -224,7 +223,11 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let finish = Finish::Apply {
                 bin_name: bin_name.to_string(),
             };
-            let session = Session { resume, rollback };
+            let session = Session {
+                resume,
+                rollback,
+                reserve_in_kvstore: false,
+            };
             interactive(world, decision_log, tuning.options(), session, finish).await
         }
         CliCommand::Sync {
@@ -235,6 +238,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             until_cutover,
             status_addr,
             cutover_grace,
+            reserve_in_kvstore,
+            release_reservations,
             tuning,
         } => {
             let world = World {
@@ -246,6 +251,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 accept_proposals,
                 until_cutover,
                 cutover_grace,
+                reserve_in_kvstore,
+                release_reservations,
                 ..Default::default()
             };
             sync(
@@ -306,6 +313,7 @@ impl World {
         log: Arc<DecisionLog>,
         apply: ApplyOptions,
         resume: Vec<PathBuf>,
+        sync_reserve_in_kvstore: bool,
     ) -> service::Handle {
         service::spawn(ServiceConfig {
             kv: self.kv,
@@ -315,6 +323,7 @@ impl World {
             apply,
             command,
             resume,
+            sync_reserve_in_kvstore,
         })
     }
 }
@@ -346,7 +355,7 @@ async fn apply(
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
-    let mut handle = world.service("apply", log, spec.options.clone(), Vec::new());
+    let mut handle = world.service("apply", log, spec.options.clone(), Vec::new(), false);
     let run = printer::apply(&mut handle, spec).await?;
     match json {
         true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
@@ -420,7 +429,7 @@ async fn rollback(
         target,
         scope: conn.scope()?,
     };
-    let mut handle = world.service("rollback", log, tuning.options(), Vec::new());
+    let mut handle = world.service("rollback", log, tuning.options(), Vec::new(), false);
     let req = ServiceRequest::Rollback {
         generation: 1,
         logs,
@@ -467,6 +476,7 @@ async fn sync(
         apply,
         command: "sync",
         resume,
+        sync_reserve_in_kvstore: opts.reserve_in_kvstore,
     });
     cfg.log.begin_session(cfg.session())?;
     let metrics = Arc::new(Metrics::new()?);
@@ -509,6 +519,7 @@ async fn sync(
                 Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
                 Some(SyncEvent::Following) => { let _ = outln!("sync started: following both sides"); },
                 Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
+                Some(SyncEvent::Note(n)) => { let _ = outln!("{n}"); },
                 Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
                 Some(SyncEvent::Cutover(report)) => { let _ = outln!("{report}"); },
                 None => break,
@@ -554,6 +565,8 @@ enum Finish {
 struct Session {
     resume: Vec<PathBuf>,
     rollback: Vec<PathBuf>,
+    /// A sync started in the TUI reserves in the kvstore (the demo's `--reserve-in-kvstore`).
+    reserve_in_kvstore: bool,
 }
 
 async fn interactive(
@@ -574,7 +587,13 @@ async fn interactive(
     } else {
         "rollback"
     };
-    let handle = world.service(command, log, apply, session.resume);
+    let handle = world.service(
+        command,
+        log,
+        apply,
+        session.resume,
+        session.reserve_in_kvstore,
+    );
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let summary = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
     // What stays on the terminal: what the last commit did, and how to finish it.

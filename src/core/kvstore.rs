@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 /// Cilium's base path for identities in etcd.
 pub const DEFAULT_PREFIX: &str = "cilium/state/identities/v1";
 
+/// The "node" of the `value/` keys that `sync --reserve-in-kvstore` writes: no node can have
+/// this name (Kubernetes node names are DNS subdomains, and Cilium names its keys after
+/// them, but never with this tool's name). They are not a node's use of an identity, so
+/// node counts, node lists and cutover leave them out.
+pub const RESERVATION_NODE: &str = "cilium-idmig-sync";
+
 /// What a key under the identities prefix is.
 #[derive(Debug, PartialEq, Eq)]
 pub enum KeyKind<'a> {
@@ -142,8 +148,11 @@ impl NodeCounts {
         *self.by_label.entry(Self::hash(label_key)).or_default() += n;
     }
 
-    /// One `value/` key: `node` uses `label_key`.
+    /// One `value/` key: `node` uses `label_key` (sync's own reservations are no node's use).
     pub fn add_key(&mut self, label_key: &[u8], node: &[u8]) {
+        if node == RESERVATION_NODE.as_bytes() {
+            return;
+        }
         self.add(label_key, 1);
         *self
             .by_node
@@ -153,6 +162,9 @@ impl NodeCounts {
 
     /// One `value/` key gone (its lease lapsed, or the agent released the identity).
     pub fn remove_key(&mut self, label_key: &[u8], node: &[u8]) {
+        if node == RESERVATION_NODE.as_bytes() {
+            return;
+        }
         let h = Self::hash(label_key);
         if let Some(n) = self.by_label.get_mut(&h) {
             *n = n.saturating_sub(1);

@@ -38,6 +38,10 @@ pub struct Record {
     pub uid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_version: Option<String>,
+    /// A write or delete in the kvstore (`sync --reserve-in-kvstore` only): the keys, the
+    /// revision and what happened. Such a line carries no outcome: it serves no identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore: Option<String>,
 }
 
 impl Record {
@@ -61,6 +65,7 @@ impl Record {
             error: None,
             uid: None,
             resource_version: None,
+            kvstore: None,
         }
     }
 }

@@ -125,6 +125,16 @@ impl EtcdConnection {
         })
     }
 
+    /// The endpoints this connection reaches.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The client itself, for `reservation` (the only writer, opt-in).
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     fn err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {
         let e = e.into();
         // etcd-client hides the status's transport error from `source()`: hand on the status
@@ -494,6 +504,7 @@ impl EtcdConnection {
             .kvs()
             .iter()
             .map(|k| String::from_utf8_lossy(&k.key()[key.len()..]).into_owned())
+            .filter(|node| node != crate::core::kvstore::RESERVATION_NODE)
             .collect())
     }
 

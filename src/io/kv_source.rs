@@ -106,6 +106,14 @@ pub enum KvFollower {
 }
 
 impl KvFollower {
+    /// Where `--reserve-in-kvstore` writes: the same kvstore.
+    pub fn reserver(&self) -> crate::io::reservation::Reserver {
+        match self {
+            KvFollower::Etcd { conn, .. } => crate::io::reservation::Reserver::Etcd(conn.clone()),
+            KvFollower::Live(kv) => crate::io::reservation::Reserver::Memory(kv.clone()),
+        }
+    }
+
     /// Identities and node counts at one revision.
     pub async fn read_snapshot(&self, prefix: &str) -> Result<KvSnapshot> {
         match self {

@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::core::kvstore::{
-    DEFAULT_PREFIX, KeyKind, KvSnapshot, MasterEntry, NodeCounts, SourceInfo, classify_key,
-    normalize_prefix,
+    DEFAULT_PREFIX, KeyKind, KvSnapshot, MasterEntry, NodeCounts, RESERVATION_NODE, SourceInfo,
+    classify_key, normalize_prefix,
 };
 use crate::io::etcd::{KvWatchEvent, kv_change};
 
@@ -39,6 +39,7 @@ struct KeyEvent {
 struct Entry {
     value: Vec<u8>,
     create_rev: i64,
+    mod_rev: i64,
     lease: Option<i64>,
 }
 
@@ -121,6 +122,7 @@ impl MemKv {
             Entry {
                 value: value.to_vec(),
                 create_rev,
+                mod_rev: rev,
                 lease,
             },
         );
@@ -147,6 +149,34 @@ impl MemKv {
             return None;
         }
         Some(self.write(&mut inner, key, value, lease))
+    }
+
+    /// One transaction: if `master` does not exist, writes it and `slave` (on `lease`) and
+    /// returns the revision of the master's write; otherwise the master's value.
+    pub fn create_pair(
+        &self,
+        master: &[u8],
+        master_value: &[u8],
+        slave: &[u8],
+        slave_value: &[u8],
+        lease: i64,
+    ) -> Result<i64, Vec<u8>> {
+        let mut inner = self.lock();
+        if let Some(e) = inner.keys.get(master) {
+            return Err(e.value.clone());
+        }
+        let rev = self.write(&mut inner, master, master_value, None);
+        self.write(&mut inner, slave, slave_value, Some(lease));
+        Ok(rev)
+    }
+
+    /// Deletes `key` only if it was last written at `revision`.
+    pub fn delete_if_unchanged(&self, key: &[u8], revision: i64) -> bool {
+        let mut inner = self.lock();
+        if inner.keys.get(key).is_none_or(|e| e.mod_rev != revision) {
+            return false;
+        }
+        self.remove(&mut inner, key)
     }
 
     fn remove(&self, inner: &mut Inner, key: &[u8]) -> bool {
@@ -259,6 +289,7 @@ impl MemKv {
             .0
             .into_iter()
             .map(|(k, _)| String::from_utf8_lossy(&k[key.len()..]).into_owned())
+            .filter(|node| node != RESERVATION_NODE)
             .collect()
     }
 

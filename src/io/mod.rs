@@ -10,4 +10,5 @@ pub mod mem_kv;
 pub mod operator;
 pub mod plan_file;
 pub mod private_file;
+pub mod reservation;
 pub mod snapshot_file;

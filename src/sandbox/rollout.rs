@@ -20,6 +20,9 @@ use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
 use crate::core::range::IdRange;
 use crate::io::mem_kv::MemKv;
 
+/// Time between two agents' allocations within a step.
+const AGENT_GAP: Duration = Duration::from_millis(20);
+
 /// How the rollout plays.
 #[derive(Debug, Clone)]
 pub struct RolloutConfig {
@@ -103,6 +106,10 @@ pub async fn run(
                 } else {
                     sim.crd_allocate(node, &labels);
                 }
+                // Nodes are separate machines: one agent's allocation (a few round trips to
+                // the kvstore or the API server) does not start in the same instant as the
+                // last one's ended.
+                tokio::time::sleep(AGENT_GAP).await;
             }
             tokio::time::sleep(step).await;
         }

@@ -67,6 +67,7 @@ async fn preflight_scan_drift_commit_and_export() {
         apply: ApplyOptions::default(),
         command: "test",
         resume: Vec::new(),
+        sync_reserve_in_kvstore: false,
     });
 
     tx.send(Request::Preflight).await.unwrap();
@@ -270,6 +271,7 @@ async fn sync_in_place_takes_decisions_made_while_it_runs() {
         apply: ApplyOptions::default(),
         command: "test",
         resume: Vec::new(),
+        sync_reserve_in_kvstore: false,
     });
     tx.send(Request::StartSync {
         accept_proposals: false,

@@ -480,3 +480,150 @@ async fn cutover_arrives_once_no_node_uses_what_still_waits_for_a_decision() {
     let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
     assert!(log.contains("moot (rule)"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reserving_in_the_kvstore_prevents_the_split_allocations_sync_alone_reports() {
+    // The same rollout twice (same seed): two blind allocators in a narrow pool, with sync
+    // alone, then with sync reserving in the kvstore what Kubernetes holds.
+    let alone = crate::support::play_rollout(300, 4, 8.0, 11, false).await;
+    assert!(alone.cutover);
+    assert!(
+        !alone.divergence.splits.is_empty() && alone.reported_splits > 0,
+        "sync alone: the rollout should collide ({:?}, {} reported)",
+        alone.divergence,
+        alone.reported_splits
+    );
+    let reserved = crate::support::play_rollout(300, 4, 8.0, 11, true).await;
+    assert!(reserved.cutover);
+    assert!(reserved.counts.kvstore_allocations > 0 && reserved.counts.crd_allocations > 0);
+    assert_eq!(
+        (
+            reserved.divergence.splits.len(),
+            reserved.divergence.doubles.len()
+        ),
+        (0, 0),
+        "with reservation: {:?}",
+        reserved.divergence
+    );
+    assert_eq!(reserved.reported_splits, 0);
+    assert!(reserved.took > std::time::Duration::ZERO);
+}
+
+/// Every key in etcd with its version and mod revision.
+async fn all_keys(w: &World) -> std::collections::BTreeMap<String, (i64, i64)> {
+    let mut c = w.etcd.client().await.unwrap();
+    c.get("", Some(etcd_client::GetOptions::new().with_all_keys()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                (kv.version(), kv.mod_revision()),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover() {
+    let w = World::new(SandboxConfig::default()).await;
+    let sl = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    let (a, b, e) = ("k8s:app=a;", "k8s:app=b;", "k8s:app=e;");
+    w.etcd.put(&format!("{P}/id/300"), a.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{a}/node-1"), b"300").await;
+    // The kvstore holds 5000 for `e`; a CRD-mode agent created 5000 for other labels.
+    w.etcd.put(&format!("{P}/id/5000"), e.as_bytes()).await;
+    w.etcd
+        .put("cilium/state/nodes/v1/default/node-1", b"{}")
+        .await;
+    w.sb.seed_identity(300, &sl(a));
+    w.sb.seed_identity(4000, &sl(b)); // created by a CRD-mode agent: not in the kvstore
+    w.sb.seed_identity(5000, &sl("k8s:app=other;"));
+    let before = all_keys(&w).await;
+    let mut s = Sync::start(
+        &w,
+        &[
+            "--reserve-in-kvstore",
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+            "--accept-proposals",
+        ],
+    );
+    let reserved_master = format!("{P}/id/4000");
+    let reserved_slave = format!("{P}/value/{b}/cilium-idmig-sync");
+    let start = Instant::now();
+    loop {
+        let keys = all_keys(&w).await;
+        if keys.contains_key(&reserved_master) && keys.contains_key(&reserved_slave) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not reserved:\n{}",
+            s.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = w.etcd.client().await.unwrap();
+    let get = |r: etcd_client::GetResponse| r.kvs().first().map(|kv| kv.value().to_vec());
+    assert_eq!(
+        get(c.get(reserved_master.as_str(), None).await.unwrap()),
+        Some(b.as_bytes().to_vec())
+    );
+    // A kvstore-mode agent allocating `b` looks the labels up under value/ and finds 4000.
+    let users = c
+        .get(
+            format!("{P}/value/{b}/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(users.kvs()[0].value(), b"4000");
+    // Its pool, fed by id/, no longer offers 4000 for other labels.
+    assert!(c.get(reserved_master.as_str(), None).await.unwrap().count() == 1);
+    // 5000 is held for other labels: nothing written there.
+    assert_eq!(
+        get(c.get(format!("{P}/id/5000"), None).await.unwrap()),
+        Some(e.as_bytes().to_vec())
+    );
+    // Sync's key is no node: one kvstore-mode node, not two.
+    s.wait_for_line("sync: 1 kvstore-mode nodes", 20).await;
+    assert!(s.text().contains("reserved in the kvstore"), "{}", s.text());
+
+    // node-1 moves to CRD mode: cutover, and the reservation is released.
+    c.delete(format!("{P}/value/{a}/node-1"), None)
+        .await
+        .unwrap();
+    s.wait_for_line("cutover reached", 60).await;
+    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("sync ends at cutover")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", s.text());
+    // 4000, and the id sync remapped `e` to (its own remap target, also not in the kvstore).
+    assert!(
+        s.text()
+            .contains("lease revoked, 2 of 2 master keys deleted"),
+        "{}",
+        s.text()
+    );
+    // Every other key, inside the prefix and outside, is exactly as it was.
+    let after = all_keys(&w).await;
+    let mut expected = before.clone();
+    expected.remove(&format!("{P}/value/{a}/node-1"));
+    assert_eq!(after, expected);
+    // Each kvstore write and delete is a decision-log line with its revision.
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    let reserve_line = log
+        .lines()
+        .find(|l| l.contains("reserve-in-kvstore (rule)") && l.contains("\"4000\""))
+        .expect("reservation logged");
+    assert!(reserve_line.contains("at revision"), "{reserve_line}");
+    assert!(
+        log.contains("release-reservation (rule)") && log.contains("deleted id/4000"),
+        "{log}"
+    );
+}

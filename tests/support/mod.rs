@@ -350,3 +350,110 @@ async fn commit(client: &mut etcd_client::Client, ops: Vec<etcd_client::TxnOp>) 
         .await
         .expect("loading the dataset into the test etcd");
 }
+
+/// What one played rollout did: the simulated agents' allocations, how far the two backends
+/// diverged, and the split allocations sync reported.
+pub struct PlayedRollout {
+    pub counts: cilium_idmig::sandbox::rollout::RolloutCounts,
+    pub divergence: cilium_idmig::sandbox::rollout::Divergence,
+    pub reported_splits: usize,
+    pub cutover: bool,
+    pub took: Duration,
+}
+
+/// Plays the demo's rollout (`identities` generated, `nodes` kvstore-mode nodes moving to CRD
+/// mode at `speed`) with sync following it in-process (every proposal accepted, until
+/// cutover), with or without `--reserve-in-kvstore`.
+pub async fn play_rollout(
+    identities: usize,
+    nodes: u32,
+    speed: f64,
+    seed: u64,
+    reserve: bool,
+) -> PlayedRollout {
+    use std::sync::Arc;
+
+    use cilium_idmig::app::config::ServiceConfig;
+    use cilium_idmig::app::metrics::Metrics;
+    use cilium_idmig::app::sync::{self, SyncEvent, SyncOptions};
+    use cilium_idmig::apply::executor::{ApplyOptions, StopFlag};
+    use cilium_idmig::core::range::ClusterScope;
+    use cilium_idmig::io::decision_log::DecisionLog;
+    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::sandbox::demo::{self, DemoConfig};
+    use cilium_idmig::sandbox::rollout::{self, RolloutConfig};
+
+    let world = demo::world(DemoConfig {
+        identities,
+        seed,
+        nodes,
+        ..Default::default()
+    })
+    .await
+    .expect("demo world");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Arc::new(ServiceConfig {
+        kv: world.kv_source(),
+        target: K8sTarget::from_url(&world.sandbox.url()).expect("target"),
+        scope: ClusterScope::new(0, Default::default()).expect("scope"),
+        log: Arc::new(DecisionLog::open(&dir.path().join("sync.jsonl")).expect("log")),
+        apply: ApplyOptions::default(),
+        command: "rollout",
+        resume: Vec::new(),
+        sync_reserve_in_kvstore: reserve,
+    });
+    // Conflicts the generated cluster starts with are not the rollout's.
+    let before = rollout::divergence(&world.kv, &world.sandbox.agent());
+    let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move { while rollout_rx.recv().await.is_some() {} });
+    let rollout = tokio::spawn(rollout::run(
+        world.kv.clone(),
+        world.sandbox.agent(),
+        world.leases.clone(),
+        RolloutConfig {
+            speed,
+            seed,
+            ..Default::default()
+        },
+        rollout_tx,
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let splits = tokio::spawn(async move {
+        let mut n = 0;
+        while let Some(ev) = rx.recv().await {
+            if matches!(ev, SyncEvent::Split(_)) {
+                n += 1;
+            }
+        }
+        n
+    });
+    let start = Instant::now();
+    let opts = SyncOptions {
+        accept_proposals: true,
+        until_cutover: true,
+        reserve_in_kvstore: reserve,
+        ..Default::default()
+    };
+    let end = sync::run(
+        cfg,
+        opts,
+        Arc::new(Metrics::new().expect("metrics")),
+        tx,
+        StopFlag::default(),
+        None,
+    )
+    .await
+    .expect("sync");
+    let took = start.elapsed();
+    let counts = rollout.await.expect("rollout");
+    let mut divergence = rollout::divergence(&world.kv, &world.sandbox.agent());
+    divergence.splits.retain(|id| !before.splits.contains(id));
+    divergence.doubles.retain(|l| !before.doubles.contains(l));
+    PlayedRollout {
+        counts,
+        divergence,
+        reported_splits: splits.await.expect("splits"),
+        cutover: end.cutover,
+        took,
+    }
+}

@@ -342,6 +342,10 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             model.sync.push(format!("retrying: {t}"));
             vec![]
         }
+        SyncEvent::Note(n) => {
+            model.sync.push(n);
+            vec![]
+        }
         SyncEvent::Moot { id, labels } => {
             model.sync.push(crate::app::sync::moot_text(&id, &labels));
             vec![]

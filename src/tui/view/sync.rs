@@ -56,9 +56,14 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::styled("waiting  ", bold),
             pending,
             Span::raw(format!(
-                " · {} splits · {} failed writes{}",
+                " · {} splits · {} failed writes{}{}",
                 st.splits,
                 st.failures,
+                if st.reservations > 0 {
+                    format!(" · {} reserved in the kvstore", st.reservations)
+                } else {
+                    String::new()
+                },
                 if st.watching {
                     ""
                 } else {

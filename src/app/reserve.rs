@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
-use super::sync::SyncEvent;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::Kind;
@@ -57,10 +56,11 @@ fn line(id: u32, labels: &str, decision: &str, kvstore: String) -> Record {
 impl Reservations {
     /// Checks that these credentials may write under the prefix (a key of the tool's own,
     /// deleted at once), takes a lease and keeps it alive.
+    /// A keep-alive that fails is said on `troubles` (and tried again at the next interval).
     pub async fn start(
         conn: &KvFollower,
         prefix: &str,
-        events: mpsc::Sender<SyncEvent>,
+        troubles: mpsc::Sender<String>,
     ) -> Result<Self> {
         let reserver = conn.reserver();
         reserver.probe_write(prefix).await?;
@@ -71,9 +71,7 @@ impl Reservations {
                 loop {
                     tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECS as u64 / 3)).await;
                     if let Err(e) = reserver.keep_alive(lease).await {
-                        let _ = events
-                            .send(SyncEvent::Trouble(format!("{e}; trying again")))
-                            .await;
+                        let _ = troubles.send(format!("{e}; trying again")).await;
                     }
                 }
             })

@@ -354,7 +354,16 @@ pub async fn run(
         };
         if opts.reserve_in_kvstore && reservations.is_none() {
             // A write the credentials may not make is the operator's to fix: exit 2.
-            reservations = Some(Reservations::start(&conn, &prefix, events.clone()).await?);
+            let (troubles, mut trouble_rx) = mpsc::channel::<String>(8);
+            let fwd = events.clone();
+            tokio::spawn(async move {
+                while let Some(t) = trouble_rx.recv().await {
+                    if fwd.send(SyncEvent::Trouble(t)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            reservations = Some(Reservations::start(&conn, &prefix, troubles).await?);
         }
         let mut state = State::from_snapshot(snap);
         match cfg.target.list_identities(ReadMode::Cache, None).await {

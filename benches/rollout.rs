@@ -33,7 +33,7 @@ async fn main() {
         for reserve in [false, true] {
             let p = support::play_rollout(1000, 6, speed, seed, reserve).await;
             println!(
-                "| {seed} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
+                "| {seed} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
                 if reserve {
                     "--reserve-in-kvstore"
                 } else {
@@ -43,6 +43,7 @@ async fn main() {
                 p.counts.crd_allocations,
                 p.counts.reused,
                 p.divergence.splits.len(),
+                p.splits_at_held_ids,
                 p.divergence.doubles.len(),
                 p.reported_splits,
                 p.took.as_secs_f64()

@@ -773,8 +773,8 @@ async fn apply_kv_change(
     }
 }
 
-/// A split allocation: Kubernetes holds `id` for other labels than the kvstore, and not
-/// because this sync wrote it. Reported once, with the nodes that use the kvstore's labels.
+/// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Reported
+/// once, with the nodes that use the kvstore's labels.
 async fn check_split(
     state: &mut State,
     id: u32,
@@ -792,7 +792,9 @@ async fn check_split(
     let Ok(kv_labels) = valid_label_key(&kv_value) else {
         return;
     };
-    if kv_labels == k8s_labels || state.created.contains(&id) || !state.splits.insert(id) {
+    // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that sync
+    // used as a remap target (the kvstore did not hold it), and that is a split too.
+    if kv_labels == k8s_labels || !state.splits.insert(id) {
         return;
     }
     let nodes = conn

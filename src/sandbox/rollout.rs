@@ -20,6 +20,9 @@ use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
 use crate::core::range::IdRange;
 use crate::io::mem_kv::MemKv;
 
+/// The app label of every label set the rollout's agents allocate.
+const ROLLOUT_APP: &str = "k8s:app=rollout-";
+
 /// Time between two agents' allocations within a step.
 const AGENT_GAP: Duration = Duration::from_millis(20);
 
@@ -168,7 +171,7 @@ impl Sim {
         self.next_app += 1;
         let ns = ["shop", "payments", "search", "data"][self.rng.below(4) as usize];
         let key = format!(
-            "k8s:app=rollout-{};k8s:io.kubernetes.pod.namespace={ns};",
+            "{ROLLOUT_APP}{};k8s:io.kubernetes.pod.namespace={ns};",
             self.next_app
         );
         self.recent.push_back(key.clone());
@@ -247,7 +250,12 @@ impl Sim {
     }
 }
 
-/// How far the two backends diverge now (see `Divergence`).
+/// Whether a label key is one the rollout's agents allocate.
+fn is_rollouts(label_key: &str) -> bool {
+    label_key.starts_with(ROLLOUT_APP)
+}
+
+/// How far the two backends diverge now over what the rollout allocated (see `Divergence`).
 pub fn divergence(kv: &MemKv, api: &AgentHandle) -> Divergence {
     let snap = kv.snapshot(DEFAULT_PREFIX);
     let objects: BTreeMap<u32, String> = api
@@ -259,6 +267,15 @@ pub fn divergence(kv: &MemKv, api: &AgentHandle) -> Divergence {
     for (id, labels) in &objects {
         by_labels.entry(labels.clone()).or_default().insert(*id);
     }
+    let kv_held: BTreeMap<u32, String> = snap
+        .masters
+        .iter()
+        .filter_map(|m| {
+            let id = parse_id(&m.id).ok()?;
+            let parsed = parse_label_key(std::str::from_utf8(&m.value).ok()?).ok()?;
+            Some((id, canonical_key(&to_security_labels(&parsed))))
+        })
+        .collect();
     let mut out = Divergence::default();
     for m in &snap.masters {
         let (Ok(id), Ok(labels)) = (parse_id(&m.id), std::str::from_utf8(&m.value)) else {
@@ -268,13 +285,22 @@ pub fn divergence(kv: &MemKv, api: &AgentHandle) -> Divergence {
             continue;
         };
         let key = canonical_key(&to_security_labels(&parsed));
+        // Only what the rollout's agents allocated: the generated cluster's own conflicts,
+        // and the remaps sync makes for them, are not the rollout's doing.
         match objects.get(&id) {
-            Some(k8s) if *k8s != key => out.splits.push(id),
+            Some(k8s) if *k8s != key && (is_rollouts(&key) || is_rollouts(k8s)) => {
+                out.splits.push(id)
+            }
             _ => {}
         }
+        if !is_rollouts(&key) {
+            continue;
+        }
+        // Kubernetes holds these labels at an id the kvstore does not hold for them: agents
+        // on the two sides use two ids for one label set.
         if by_labels
             .get(&key)
-            .is_some_and(|ids| !ids.contains(&id) && !objects.contains_key(&id))
+            .is_some_and(|ids| ids.iter().any(|y| *y != id && kv_held.get(y) != Some(&key)))
         {
             out.doubles.push(key);
         }
@@ -294,7 +320,7 @@ mod tests {
         let lease = kv.grant_lease();
         let mut sim = Sim::new(kv.clone(), sb.agent(), RolloutConfig::default());
         sim.cfg.pool = 1;
-        let a = "k8s:app=a;";
+        let a = "k8s:app=rollout-a;";
         sim.kvstore_allocate("node-1", lease, a);
         sim.kvstore_allocate("node-2", lease, a);
         assert_eq!(sim.counts.kvstore_allocations, 1);
@@ -305,15 +331,15 @@ mod tests {
         assert_eq!(kv.nodes_using(DEFAULT_PREFIX, a.as_bytes()).len(), 2);
         // A CRD-mode agent blind to the kvstore takes an id from the objects' pool: with a
         // pool of one, the same lowest id: one id, two label sets.
-        sim.crd_allocate("node-3", "k8s:app=b;");
+        sim.crd_allocate("node-3", "k8s:app=rollout-b;");
         assert_eq!(sim.counts.crd_allocations, 1);
         let d = divergence(&kv, &sb.agent());
         assert_eq!(d.splits, vec![256], "{d:?}");
         // A second CRD agent finds the labels among the objects.
-        sim.crd_allocate("node-4", "k8s:app=b;");
+        sim.crd_allocate("node-4", "k8s:app=rollout-b;");
         assert_eq!(sim.counts.reused, 2);
         // The kvstore-mode agent allocating `b` cannot see the object: a double allocation.
-        sim.kvstore_allocate("node-1", lease, "k8s:app=b;");
+        sim.kvstore_allocate("node-1", lease, "k8s:app=rollout-b;");
         let d = divergence(&kv, &sb.agent());
         assert_eq!(d.doubles.len(), 1, "{d:?}");
         assert_eq!(kv.revoke_lease(lease), 3);

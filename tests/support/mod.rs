@@ -357,6 +357,8 @@ pub struct PlayedRollout {
     pub counts: cilium_idmig::sandbox::rollout::RolloutCounts,
     pub divergence: cilium_idmig::sandbox::rollout::Divergence,
     pub reported_splits: usize,
+    /// Splits at ids Kubernetes held (and the kvstore did not) when sync started.
+    pub splits_at_held_ids: usize,
     pub cutover: bool,
     pub took: Duration,
 }
@@ -402,8 +404,22 @@ pub async fn play_rollout(
         resume: Vec::new(),
         sync_reserve_in_kvstore: reserve,
     });
-    // Conflicts the generated cluster starts with are not the rollout's.
-    let before = rollout::divergence(&world.kv, &world.sandbox.agent());
+    // Ids Kubernetes holds and the kvstore does not when sync starts: with reservations,
+    // no kvstore-mode agent may ever hand one out for other labels.
+    let kv_ids: std::collections::BTreeSet<u32> = world
+        .kv
+        .snapshot(cilium_idmig::core::kvstore::DEFAULT_PREFIX)
+        .masters
+        .iter()
+        .filter_map(|m| cilium_idmig::core::kvstore::parse_id(&m.id).ok())
+        .collect();
+    let k8s_only: std::collections::BTreeSet<u32> = world
+        .sandbox
+        .agent()
+        .identities()
+        .into_keys()
+        .filter(|id| !kv_ids.contains(id))
+        .collect();
     let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move { while rollout_rx.recv().await.is_some() {} });
     let rollout = tokio::spawn(rollout::run(
@@ -446,13 +462,17 @@ pub async fn play_rollout(
     .expect("sync");
     let took = start.elapsed();
     let counts = rollout.await.expect("rollout");
-    let mut divergence = rollout::divergence(&world.kv, &world.sandbox.agent());
-    divergence.splits.retain(|id| !before.splits.contains(id));
-    divergence.doubles.retain(|l| !before.doubles.contains(l));
+    let divergence = rollout::divergence(&world.kv, &world.sandbox.agent());
+    let splits_at_held_ids = divergence
+        .splits
+        .iter()
+        .filter(|id| k8s_only.contains(id))
+        .count();
     PlayedRollout {
         counts,
         divergence,
         reported_splits: splits.await.expect("splits"),
+        splits_at_held_ids,
         cutover: end.cutover,
         took,
     }

@@ -26,9 +26,9 @@ async fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     println!(
-        "| seed | sync | kvstore allocations | CRD allocations | reused | split allocations | double allocations | splits sync reported | cutover after |"
+        "| seed | sync | kvstore allocations | CRD allocations | reused | split allocations | of which at ids Kubernetes held at start | double allocations | splits sync reported | cutover after |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for seed in seeds {
         for reserve in [false, true] {
             let p = support::play_rollout(1000, 6, speed, seed, reserve).await;

@@ -226,6 +226,34 @@ async fn rbac_checks(
     checks
 }
 
+/// With `--reserve-in-kvstore`: whether these etcd credentials may write under the
+/// identities prefix (a key of the tool's own, written and deleted at once; none of the
+/// cluster's is touched).
+pub async fn reservation_check(kv: &KvSource) -> Check {
+    let name = "kvstore writable (--reserve-in-kvstore)".to_string();
+    let prefix = kv.prefix();
+    let result = match kv.follower().await {
+        Ok(f) => f.reserver().probe_write(&prefix).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => Check {
+            name,
+            status: CheckStatus::Ok,
+            detail: format!("may write under {prefix}/ (checked with a key of the tool's own)"),
+            fix: None,
+        },
+        Err(e) => Check {
+            name,
+            status: CheckStatus::Fail,
+            detail: e.to_string(),
+            fix: Some(format!(
+                "grant the etcd user's role readwrite on the prefix: etcdctl role grant-permission ROLE --prefix=true readwrite {prefix}/ (or start without --reserve-in-kvstore)"
+            )),
+        },
+    }
+}
+
 /// Refuses, naming every missing rule and the role that grants it, unless the rollback role's
 /// rules are all allowed.
 pub async fn require_rollback_rights(target: &K8sTarget) -> crate::Result<()> {

@@ -254,7 +254,12 @@ async fn run(
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 let offer = resume.is_empty();
                 tokio::spawn(async move {
-                    let report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
+                    let mut report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
+                    if cfg.sync_reserve_in_kvstore {
+                        report
+                            .checks
+                            .push(super::preflight::reservation_check(&cfg.kv).await);
+                    }
                     let _ = tx.send(ServiceEvent::Preflight(report)).await;
                     if offer && let Some(ev) = resume_offer(&cfg) {
                         let _ = tx.send(ev).await;

@@ -63,6 +63,10 @@ pub struct TuiArgs {
     /// a migration: review what would be deleted, then type yes.
     #[arg(long, conflicts_with = "resume")]
     pub rollback: Vec<PathBuf>,
+    /// A sync started here (`y` after a commit) reserves in the kvstore what Kubernetes holds
+    /// and it does not (see `sync --reserve-in-kvstore`); preflight checks the write right.
+    #[arg(long, conflicts_with = "rollback")]
+    pub reserve_in_kvstore: bool,
 }
 
 #[derive(Subcommand)]

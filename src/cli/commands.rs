@@ -214,6 +214,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             decision_log,
             resume,
             rollback,
+            reserve_in_kvstore,
         }) => {
             let world = World {
                 scope: conn.scope()?,
@@ -226,7 +227,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let session = Session {
                 resume,
                 rollback,
-                reserve_in_kvstore: false,
+                reserve_in_kvstore,
             };
             interactive(world, decision_log, tuning.options(), session, finish).await
         }

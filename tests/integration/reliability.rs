@@ -283,6 +283,20 @@ async fn read_only_etcd_user_over_tls_suffices_and_secrets_stay_out_of_files() {
     let r = run(d, &apply).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(sb.objects().len(), 2);
+    // Read-only credentials cannot reserve: sync says what to grant and writes nothing.
+    let mut reserve = vec!["sync", "--reserve-in-kvstore", "--decision-log", "s.jsonl"];
+    reserve.extend(common);
+    let r = tokio::time::timeout(Duration::from_secs(60), run(d, &reserve))
+        .await
+        .expect("sync refuses at once");
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("--reserve-in-kvstore")
+            && r.stderr.contains("grant-permission")
+            && r.stderr.contains("readwrite"),
+        "{}",
+        r.stderr
+    );
     let log = std::fs::read_to_string(d.join("tool.log")).unwrap();
     assert!(
         log.contains("read kvstore snapshot"),

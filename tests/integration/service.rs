@@ -331,3 +331,60 @@ async fn sync_in_place_takes_decisions_made_while_it_runs() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preflight_checks_the_kvstore_write_right_only_when_sync_will_reserve() {
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let all_keys = || async {
+        let mut c = etcd.client().await.unwrap();
+        c.get("", Some(etcd_client::GetOptions::new().with_all_keys()))
+            .await
+            .unwrap()
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+            .collect::<Vec<_>>()
+    };
+    let before = all_keys().await;
+    for reserve in [false, true] {
+        let log =
+            Arc::new(DecisionLog::open(&dir.path().join(format!("log-{reserve}.jsonl"))).unwrap());
+        let service::Handle {
+            requests: tx,
+            events: mut rx,
+            ..
+        } = service::spawn(ServiceConfig {
+            kv: KvSource::Etcd(opts(&etcd)),
+            target: K8sTarget::from_url(&sb.url()).unwrap(),
+            scope: ClusterScope::new(0, Default::default()).unwrap(),
+            log,
+            apply: ApplyOptions::default(),
+            command: "test",
+            resume: Vec::new(),
+            sync_reserve_in_kvstore: reserve,
+        });
+        tx.send(Request::Preflight).await.unwrap();
+        let Event::Preflight(p) =
+            next(&mut rx, "preflight", |e| matches!(e, Event::Preflight(_))).await
+        else {
+            unreachable!()
+        };
+        let check = p
+            .checks
+            .iter()
+            .find(|c| c.name.contains("kvstore writable"));
+        match reserve {
+            false => assert!(check.is_none(), "{check:?}"),
+            true => assert_eq!(
+                check.map(|c| c.status),
+                Some(cilium_idmig::app::preflight::CheckStatus::Ok),
+                "{check:?}"
+            ),
+        }
+    }
+    // The check's key of the tool's own is gone: the cluster's keys are as they were.
+    assert_eq!(all_keys().await, before);
+}

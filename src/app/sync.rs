@@ -495,7 +495,9 @@ pub async fn run(
                 }
                 Some((ops, result)) = done_rx.recv() => {
                     batch_running = false;
-                    take_results(&mut state, ops, result, &metrics);
+                    if let Some(trouble) = take_results(&mut state, ops, result, &metrics) {
+                        let _ = events.send(SyncEvent::Trouble(trouble)).await;
+                    }
                     dirty = true;
                 }
                 _ = settle.tick() => {
@@ -929,21 +931,44 @@ fn publish(state: &mut State, items: &[PlanItem], metrics: &Metrics) {
 }
 
 /// Writes one round's creates through the executor, logging each decision and outcome.
+///
+/// The batch has a stop switch of its own: when the API server keeps failing past apply's
+/// retry budget the executor halts the batch, not sync. What it did not write is retried on
+/// sync's timer, however long the outage lasts; sync's own stop still stops the batch.
 async fn write(cfg: &ServiceConfig, ops: Vec<Op>, stop: StopFlag) -> Result<ApplyReport> {
     executor::log_decisions(&cfg.log, &ops)?;
-    executor::apply(
+    let batch = StopFlag::default();
+    let relay = {
+        let batch = batch.clone();
+        tokio::spawn(async move {
+            while !stop.is_stopped() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            batch.stop();
+        })
+    };
+    let report = executor::apply(
         &cfg.target,
         ops,
         false,
         &cfg.apply,
         Some(&cfg.log),
         Watchers::default(),
-        stop,
+        batch,
     )
-    .await
+    .await;
+    relay.abort();
+    report
 }
 
-fn take_results(state: &mut State, ops: Vec<Op>, result: Result<ApplyReport>, metrics: &Metrics) {
+/// Folds a batch's outcomes into the state; returns what to report when the batch as a
+/// whole failed or was halted (it is retried on the timer either way).
+fn take_results(
+    state: &mut State,
+    ops: Vec<Op>,
+    result: Result<ApplyReport>,
+    metrics: &Metrics,
+) -> Option<String> {
     let now = Instant::now();
     let labels: HashMap<u32, (String, String)> = ops
         .into_iter()
@@ -954,13 +979,21 @@ fn take_results(state: &mut State, ops: Vec<Op>, result: Result<ApplyReport>, me
     }
     let report = match result {
         Ok(r) => r,
-        Err(_) => {
+        Err(e) => {
+            // No write without its log line: nothing of this batch was written.
             for t in labels.keys() {
-                state.failed.insert(*t, now + Duration::from_secs(30));
+                state.failed.insert(*t, now + RETRY_AFTER);
             }
-            return;
+            state.status.failures += labels.len() as u64;
+            metrics.write_failures.inc_by(labels.len() as u64);
+            return Some(format!(
+                "{} writes not made: {e}; trying again in {} s",
+                labels.len(),
+                RETRY_AFTER.as_secs()
+            ));
         }
     };
+    let halted = report.stopped.clone();
     for r in report.results {
         let Some(t) = r.target_id else { continue };
         let Some((id, label_key)) = labels.get(&t) else {
@@ -982,12 +1015,20 @@ fn take_results(state: &mut State, ops: Vec<Op>, result: Result<ApplyReport>, me
                 state.status.failures += 1;
                 metrics.write_failures.inc();
                 // Try again later; a conflict resolves itself once the watch shows the object.
-                state.failed.insert(t, now + Duration::from_secs(30));
+                state.failed.insert(t, now + RETRY_AFTER);
+            }
+            // Not attempted (the batch was halted): tried again with the failed ones.
+            Outcome::NotAttempted => {
+                state.failed.insert(t, now + RETRY_AFTER);
             }
             _ => {}
         }
     }
+    halted.map(|why| format!("{why}; trying again in {} s", RETRY_AFTER.as_secs()))
 }
+
+/// How long a failed write waits before it is tried again (on sync's timer).
+const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Follows the kvstore, watching again from the last revision after a failure.
 async fn follow_kvstore(

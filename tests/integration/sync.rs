@@ -628,3 +628,34 @@ async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_server_failing_past_the_retry_budget_does_not_end_sync() {
+    use cilium_idmig::sandbox::FaultConfig;
+    let w = World::new(SandboxConfig::default()).await;
+    let mut s = Sync::start(&w, &[]);
+    s.wait_for_line("sync started: following both sides", 20)
+        .await;
+    // Every create fails, for longer than apply's retry budget (about 13 s).
+    w.sb.set_faults(FaultConfig {
+        p_500: 1.0,
+        writes_only: true,
+        ..Default::default()
+    });
+    w.etcd.put(&format!("{P}/id/700"), b"k8s:app=late;").await;
+    s.wait_for_line("kept failing", 40).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "sync ended on the outage:\n{}",
+        s.text()
+    );
+    // The server recovers: what arrived meanwhile is written on sync's timer.
+    w.sb.set_faults(FaultConfig::default());
+    wait_for(45, "700 mirrored after the outage", || {
+        w.sb.objects().contains_key("700").then_some(())
+    })
+    .await;
+    assert!(s.text().contains("trying again in 30 s"), "{}", s.text());
+    s.stop().await;
+}

@@ -5,14 +5,18 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 
 use crate::error::{Error, Result};
 
@@ -31,6 +35,30 @@ pub struct Metrics {
     /// Whether each watch is connected and streaming.
     pub etcd_live: AtomicBool,
     pub k8s_live: AtomicBool,
+    /// When each watch last heard from its server (ms since `born`; 0: never).
+    etcd_heard: AtomicU64,
+    k8s_heard: AtomicU64,
+    born: Instant,
+    /// `cilium_idmig_watch_up{source}` and `cilium_idmig_last_event_age_seconds{source}`,
+    /// brought up to date at each scrape.
+    watch_up: IntGaugeVec,
+    last_event_age: GaugeVec,
+}
+
+/// Which watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Etcd,
+    Kubernetes,
+}
+
+impl Source {
+    fn label(self) -> &'static str {
+        match self {
+            Source::Etcd => "etcd",
+            Source::Kubernetes => "kubernetes",
+        }
+    }
 }
 
 impl Metrics {
@@ -78,6 +106,25 @@ impl Metrics {
             )?,
             etcd_live: AtomicBool::new(false),
             k8s_live: AtomicBool::new(false),
+            etcd_heard: AtomicU64::new(0),
+            k8s_heard: AtomicU64::new(0),
+            born: Instant::now(),
+            watch_up: IntGaugeVec::new(
+                Opts::new(
+                    "cilium_idmig_watch_up",
+                    "1 while the watch on this source is connected and streaming",
+                ),
+                &["source"],
+            )
+            .map_err(err)?,
+            last_event_age: GaugeVec::new(
+                Opts::new(
+                    "cilium_idmig_last_event_age_seconds",
+                    "Seconds since the watch on this source last heard from its server (an event, a bookmark, a connect)",
+                ),
+                &["source"],
+            )
+            .map_err(err)?,
             registry,
         };
         m.registry
@@ -102,7 +149,40 @@ impl Metrics {
         m.registry
             .register(Box::new(m.kvstore_writes.clone()))
             .map_err(err)?;
+        m.registry
+            .register(Box::new(m.watch_up.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.last_event_age.clone()))
+            .map_err(err)?;
         Ok(m)
+    }
+
+    /// The watch on `source` heard from its server now.
+    pub fn heard(&self, source: Source) {
+        let ms = (self.born.elapsed().as_millis() as u64).max(1);
+        match source {
+            Source::Etcd => self.etcd_heard.store(ms, Ordering::Relaxed),
+            Source::Kubernetes => self.k8s_heard.store(ms, Ordering::Relaxed),
+        }
+    }
+
+    /// Brings the per-source gauges up to date (at each scrape).
+    fn refresh_watches(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        for (source, live, heard) in [
+            (Source::Etcd, &self.etcd_live, &self.etcd_heard),
+            (Source::Kubernetes, &self.k8s_live, &self.k8s_heard),
+        ] {
+            let up = i64::from(live.load(Ordering::Relaxed));
+            self.watch_up.with_label_values(&[source.label()]).set(up);
+            let heard = heard.load(Ordering::Relaxed);
+            // Never heard: the age of the process, so an alert on the age fires for it too.
+            let age = now.saturating_sub(heard) as f64 / 1000.0;
+            self.last_event_age
+                .with_label_values(&[source.label()])
+                .set(age);
+        }
     }
 
     /// Both watches are live.
@@ -112,6 +192,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn text(&self) -> String {
+        self.refresh_watches();
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8_lossy(&out).into_owned()

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::config::ServiceConfig;
 use super::flows;
-use super::metrics::Metrics;
+use super::metrics::{Metrics, Source};
 use super::reserve::Reservations;
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
@@ -1048,6 +1048,7 @@ async fn follow_kvstore(
         };
         while let Some(ev) = inner_rx.recv().await {
             backoff = Backoff::default();
+            metrics.heard(Source::Etcd);
             if ev == KvWatchEvent::Connected {
                 metrics.etcd_live.store(true, Ordering::Relaxed);
             }
@@ -1091,6 +1092,7 @@ async fn follow_kubernetes(
         let mut expired = false;
         while let Some(ch) = inner_rx.recv().await {
             backoff = Backoff::default();
+            metrics.heard(Source::Kubernetes);
             match &ch {
                 K8sChange::Connected => metrics.k8s_live.store(true, Ordering::Relaxed),
                 K8sChange::Upsert {

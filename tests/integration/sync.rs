@@ -154,6 +154,10 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         "cilium_idmig_split_allocations 2",
         "cilium_idmig_sync_lag_seconds_bucket",
         "cilium_idmig_write_failures_total 0",
+        "cilium_idmig_watch_up{source=\"etcd\"} 1",
+        "cilium_idmig_watch_up{source=\"kubernetes\"} 1",
+        "cilium_idmig_last_event_age_seconds{source=\"etcd\"}",
+        "cilium_idmig_last_event_age_seconds{source=\"kubernetes\"}",
     ];
     // The gauges follow the events within a round.
     let start = Instant::now();

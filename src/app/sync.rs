@@ -474,17 +474,22 @@ pub async fn run(
                         dirty = true;
                     }
                     Some(K8sChange::Bookmark { resource_version }) => state.k8s_version = resource_version,
-                    Some(K8sChange::Expired) => {
-                        // Relisted by the watcher; the list replaces what we hold.
-                        match cfg.target.list_identities(ReadMode::Cache, None).await {
-                            Ok(k) => {
-                                state.k8s = k.identities;
-                                state.k8s_version = k.resource_version;
-                                reserved_all = false;
-                                dirty = true;
-                            }
-                            Err(e) => { let _ = events.send(SyncEvent::Trouble(e.to_string())).await; }
+                    // The follower lists again and sends `Relisted`.
+                    Some(K8sChange::Expired) => {}
+                    Some(K8sChange::Relisted { identities, resource_version }) => {
+                        let changed: Vec<u32> = identities
+                            .iter()
+                            .filter(|(id, labels)| state.k8s.get(id) != Some(labels))
+                            .map(|(id, _)| *id)
+                            .collect();
+                        state.k8s = identities;
+                        state.k8s_version = resource_version;
+                        // What arrived while the watch was gone is checked as if watched.
+                        for id in changed {
+                            check_split(&mut state, id, &conn, &prefix, &events, &cfg).await;
                         }
+                        reserved_all = false;
+                        dirty = true;
                     }
                     None => {}
                 },
@@ -1103,6 +1108,7 @@ async fn follow_kubernetes(
                 }
                 | K8sChange::Bookmark { resource_version } => version = resource_version.clone(),
                 K8sChange::Expired => expired = true,
+                K8sChange::Relisted { .. } => {}
             }
             if tx.send(ch).await.is_err() {
                 watch.abort();
@@ -1119,10 +1125,31 @@ async fn follow_kubernetes(
             backoff.wait().await;
         }
         if expired {
-            // The sync loop lists again; watch on from what that list saw.
-            match cfg.target.list_identities(ReadMode::Cache, None).await {
-                Ok(k) => version = k.resource_version,
-                Err(_) => backoff.wait().await,
+            // One consistent list (a cache list can be older than what the watch delivered),
+            // handed to the loop and watched on from: the state and the resume point come
+            // from the same list.
+            loop {
+                match cfg.target.list_identities(ReadMode::Consistent, None).await {
+                    Ok(k) => {
+                        version = k.resource_version.clone();
+                        let relisted = K8sChange::Relisted {
+                            identities: k.identities,
+                            resource_version: k.resource_version,
+                        };
+                        if tx.send(relisted).await.is_err() {
+                            return;
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = events
+                            .send(SyncEvent::Trouble(format!(
+                                "listing again after the watch expired: {e}"
+                            )))
+                            .await;
+                        backoff.wait().await;
+                    }
+                }
             }
         }
     }

@@ -202,6 +202,13 @@ pub enum K8sChange {
     },
     /// The watched version is too old (410): list again.
     Expired,
+    /// A fresh list after a 410, made by the one follower that then watches on from its
+    /// `resource_version`: what sync holds is replaced by it, so no event between the list
+    /// and the watch can fall between two lists.
+    Relisted {
+        identities: BTreeMap<u32, LabelKey>,
+        resource_version: String,
+    },
 }
 
 /// How a list reads.

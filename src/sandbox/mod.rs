@@ -107,6 +107,12 @@ impl Sandbox {
         self.store().insert(name.to_string(), obj);
     }
 
+    /// Ends every watch and forgets the event history, as an API server restart or a watch
+    /// cache that moved on does: a watch resumed from an older resourceVersion gets 410.
+    pub fn expire_watches(&self) {
+        self.store().expire_history();
+    }
+
     /// Deletes an object directly, as the cluster's identity GC would (watchers see it).
     pub fn delete_object(&self, name: &str) -> bool {
         self.store().delete(name).is_some()

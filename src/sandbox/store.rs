@@ -137,6 +137,18 @@ impl Store {
         obj
     }
 
+    /// Forgets the history (a watch from before now answers 410) and ends every open watch
+    /// (their subscription closes).
+    pub fn expire_history(&mut self) {
+        self.history.clear();
+        // The cluster moved on (other resources spend revisions too): a watch from any
+        // revision seen so far is too old; one from the next list's is not.
+        self.rv += 1;
+        self.history_floor = self.rv;
+        let (events, _) = broadcast::channel(4096);
+        self.events = events;
+    }
+
     pub fn delete(&mut self, name: &str) -> Option<Value> {
         let mut obj = self.objects.remove(name)?;
         let rv = self.next_rv();

@@ -663,3 +663,47 @@ async fn an_api_server_failing_past_the_retry_budget_does_not_end_sync() {
     assert!(s.text().contains("trying again in 30 s"), "{}", s.text());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_410_is_one_consistent_relist_that_feeds_the_state_and_the_watch() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/800"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/node-1"), b"800")
+        .await;
+    let s = Sync::start(&w, &[]);
+    s.wait_for_line("sync started: following both sides", 20)
+        .await;
+    wait_for(20, "800 mirrored", || {
+        w.sb.objects().contains_key("800").then_some(())
+    })
+    .await;
+    w.sb.reset_counts();
+    // The watch ends and its resourceVersion is too old by the time it comes back; a
+    // CRD-mode agent creates 801 meanwhile.
+    w.sb.expire_watches();
+    w.sb.seed_identity(
+        801,
+        &to_security_labels(&parse_label_key("k8s:app=crd-side;").unwrap()),
+    );
+    // The kvstore then holds 801 for other labels: sync sees the split only if the object
+    // it created meanwhile reached its state.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.etcd
+        .put(&format!("{P}/id/801"), b"k8s:app=kv-side;")
+        .await;
+    s.wait_for_line("split allocation at id 801", 20).await;
+    // One list after the 410, a consistent one, and the watch resumed from it.
+    assert_eq!(w.sb.request_count("LIST quorum"), 1, "{}", s.text());
+    assert_eq!(w.sb.request_count("LIST from cache"), 0);
+    // And sync goes on watching: a later object arrives as an event.
+    w.sb.seed_identity(
+        802,
+        &to_security_labels(&parse_label_key("k8s:app=later;").unwrap()),
+    );
+    w.etcd
+        .put(&format!("{P}/id/802"), b"k8s:app=kv-later;")
+        .await;
+    s.wait_for_line("split allocation at id 802", 20).await;
+    s.stop().await;
+}

@@ -228,6 +228,8 @@ struct State {
     splits: HashSet<u32>,
     /// From the latest plan: kvstore ids served at another id that holds their labels.
     reused: BTreeMap<String, u32>,
+    /// Splits found and not yet reported (waiting to name their nodes), with when found.
+    splits_to_report: Vec<(u32, Instant)>,
     /// Conflicts closed as moot (no node uses their labels any more).
     moot: BTreeSet<String>,
     /// Since when no kvstore-mode node has been seen.
@@ -433,7 +435,7 @@ pub async fn run(
                     Some(KvWatchEvent::Changes { changes, revision }) => {
                         state.kv_revision = revision;
                         for c in changes {
-                            apply_kv_change(&mut state, c, &conn, &prefix, &events, &cfg).await;
+                            apply_kv_change(&mut state, c);
                         }
                         dirty = true;
                     }
@@ -452,7 +454,7 @@ pub async fn run(
                     Some(K8sChange::Upsert { id, labels, resource_version }) => {
                         state.k8s_version = resource_version;
                         state.k8s.insert(id, labels.clone());
-                        check_split(&mut state, id, &conn, &prefix, &events, &cfg).await;
+                        check_split(&mut state, id);
                         // At once, not at the next plan: the window in which a kvstore-mode
                         // agent can hand the id out again is as short as the watch's lag.
                         if let Some(r) = reservations.as_mut()
@@ -486,7 +488,7 @@ pub async fn run(
                         state.k8s_version = resource_version;
                         // What arrived while the watch was gone is checked as if watched.
                         for id in changed {
-                            check_split(&mut state, id, &conn, &prefix, &events, &cfg).await;
+                            check_split(&mut state, id);
                         }
                         reserved_all = false;
                         dirty = true;
@@ -506,6 +508,9 @@ pub async fn run(
                     dirty = true;
                 }
                 _ = settle.tick() => {
+                    if !state.splits_to_report.is_empty() {
+                        report_splits(&mut state, &conn, &prefix, &events, &cfg).await;
+                    }
                     if stop.is_stopped() {
                         if !batch_running {
                             state.refresh_lag_percentiles();
@@ -728,14 +733,7 @@ async fn cutover_verified(
         })
 }
 
-async fn apply_kv_change(
-    state: &mut State,
-    change: KvChange,
-    conn: &KvFollower,
-    prefix: &str,
-    events: &mpsc::Sender<SyncEvent>,
-    cfg: &ServiceConfig,
-) {
+fn apply_kv_change(state: &mut State, change: KvChange) {
     match change {
         KvChange::Master {
             id, value: Some(v), ..
@@ -745,7 +743,7 @@ async fn apply_kv_change(
                 state.first_seen.insert(id.clone(), Instant::now());
             }
             if let Ok(n) = crate::core::kvstore::parse_id(&id) {
-                check_split(state, n, conn, prefix, events, cfg).await;
+                check_split(state, n);
             }
         }
         KvChange::Master {
@@ -782,49 +780,76 @@ async fn apply_kv_change(
 
 /// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Reported
 /// once, with the nodes that use the kvstore's labels.
-async fn check_split(
+fn check_split(state: &mut State, id: u32) {
+    let Some(k8s_labels) = state.k8s.get(&id) else {
+        return;
+    };
+    let Some(kv_value) = state.masters.get(id.to_string().as_bytes()) else {
+        return;
+    };
+    let Ok(kv_labels) = valid_label_key(kv_value) else {
+        return;
+    };
+    // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that sync
+    // used as a remap target (the kvstore did not hold it), and that is a split too.
+    if kv_labels == k8s_labels.as_str() || !state.splits.insert(id) {
+        return;
+    }
+    state.status.splits = state.splits.len();
+    // Reported once the nodes that use the kvstore's labels can be named: an agent writes
+    // its `value/` key just after the master key.
+    state.splits_to_report.push((id, Instant::now()));
+}
+
+/// How long a split waits for the `value/` keys of the nodes that use it before it is
+/// reported without them.
+const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
+
+/// Reports the splits found, each with the kvstore-mode nodes that use the kvstore's labels;
+/// one no node uses yet waits for them up to `SPLIT_NODES_WAIT`.
+async fn report_splits(
     state: &mut State,
-    id: u32,
     conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
 ) {
-    let Some(k8s_labels) = state.k8s.get(&id).cloned() else {
-        return;
-    };
-    let Some(kv_value) = state.masters.get(id.to_string().as_bytes()).cloned() else {
-        return;
-    };
-    let Ok(kv_labels) = valid_label_key(&kv_value) else {
-        return;
-    };
-    // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that sync
-    // used as a remap target (the kvstore did not hold it), and that is a split too.
-    if kv_labels == k8s_labels || !state.splits.insert(id) {
-        return;
+    let waiting = std::mem::take(&mut state.splits_to_report);
+    for (id, found) in waiting {
+        let (Some(k8s_labels), Some(kv_value)) = (
+            state.k8s.get(&id).cloned(),
+            state.masters.get(id.to_string().as_bytes()).cloned(),
+        ) else {
+            continue; // resolved meanwhile (the kvstore's GC, an object deleted)
+        };
+        let Ok(kv_labels) = valid_label_key(&kv_value) else {
+            continue;
+        };
+        let nodes = conn
+            .nodes_using(prefix, &kv_value)
+            .await
+            .unwrap_or_default();
+        if nodes.is_empty() && found.elapsed() < SPLIT_NODES_WAIT {
+            state.splits_to_report.push((id, found));
+            continue;
+        }
+        let split = SplitAllocation {
+            id,
+            kvstore_labels: kv_labels.to_string(),
+            k8s_labels,
+            nodes,
+        };
+        let mut record = Record::new(
+            &id.to_string(),
+            kv_labels,
+            Kind::Remap,
+            "split-allocation (rule)".into(),
+            Some(id),
+        );
+        record.error = Some(split.to_string());
+        let _ = cfg.log.append(record);
+        let _ = events.send(SyncEvent::Split(split)).await;
     }
-    let nodes = conn
-        .nodes_using(prefix, &kv_value)
-        .await
-        .unwrap_or_default();
-    let split = SplitAllocation {
-        id,
-        kvstore_labels: kv_labels.to_string(),
-        k8s_labels,
-        nodes,
-    };
-    let mut record = Record::new(
-        &id.to_string(),
-        kv_labels,
-        Kind::Remap,
-        "split-allocation (rule)".into(),
-        Some(id),
-    );
-    record.error = Some(split.to_string());
-    let _ = cfg.log.append(record);
-    state.status.splits = state.splits.len();
-    let _ = events.send(SyncEvent::Split(split)).await;
 }
 
 /// The creates this round makes: plain creates and decided (or accepted) remaps and

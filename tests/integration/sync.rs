@@ -707,3 +707,29 @@ async fn a_410_is_one_consistent_relist_that_feeds_the_state_and_the_watch() {
     s.wait_for_line("split allocation at id 802", 20).await;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_split_names_the_nodes_whose_keys_arrive_after_the_master_key() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.sb.seed_identity(
+        900,
+        &to_security_labels(&parse_label_key("k8s:app=crd-side;").unwrap()),
+    );
+    let s = Sync::start(&w, &[]);
+    s.wait_for_line("sync started: following both sides", 20)
+        .await;
+    // A kvstore-mode agent writes the master key, then (a moment later) its value/ key.
+    w.etcd
+        .put(&format!("{P}/id/900"), b"k8s:app=kv-side;")
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=kv-side;/node-7"), b"900")
+        .await;
+    let line = s.wait_for_line("split allocation at id 900", 20).await;
+    assert!(
+        line.contains("used by kvstore-mode nodes node-7"),
+        "the node to roll next is named: {line}"
+    );
+    s.stop().await;
+}

@@ -204,16 +204,12 @@ pub async fn apply(
         req.accept_proposals,
     )
     .map_err(|errs| {
-        let shown: Vec<String> = errs.iter().take(20).map(|e| format!("  {e}")).collect();
-        let more = if errs.len() > 20 {
-            format!("\n  ... and {} more", errs.len() - 20)
-        } else {
-            String::new()
-        };
+        // Every refused item is named, however many: the operator fixes them all at once.
+        let all: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
         Error::Refused(format!(
-            "{} item(s) refused, nothing written:\n{}{more}",
+            "{} item(s) refused, nothing written:\n{}",
             errs.len(),
-            shown.join("\n")
+            all.join("\n")
         ))
     })?;
     let planner::Reconciled {

@@ -434,3 +434,41 @@ async fn the_demo_plays_a_whole_rollout_to_cutover() {
         "{last_status}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_plan_names_every_refused_item() {
+    let w = World::new(SandboxConfig::default()).await;
+    for i in 0..30u32 {
+        w.etcd
+            .put(
+                &format!("{P}/id/{}", 500 + i),
+                format!("k8s:app=a{i};").as_bytes(),
+            )
+            .await;
+    }
+    let p = w.path("p.json");
+    let r = w.cli(&["plan", "--output", &p]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // Since the plan, CRD-mode agents took every id for other labels.
+    for i in 0..30u32 {
+        w.sb.seed_identity(
+            500 + i,
+            &cilium_idmig::core::labels::to_security_labels(
+                &cilium_idmig::core::labels::parse_label_key(&format!("k8s:app=other{i};"))
+                    .unwrap(),
+            ),
+        );
+    }
+    let r = w.cli(&["apply", "--plan", &p, "--yes"]).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("30 item(s) refused"), "{}", r.stderr);
+    for i in 0..30u32 {
+        assert!(
+            r.stderr.contains(&format!("{}", 500 + i)),
+            "item {} not named:\n{}",
+            500 + i,
+            r.stderr
+        );
+    }
+    assert!(!r.stderr.contains("more"), "{}", r.stderr);
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::generator::{self, GenConfig};
 use super::{FaultConfig, Sandbox, SandboxConfig};
-use crate::core::kvstore::{DEFAULT_PREFIX, normalize_prefix};
+use crate::core::kvstore::DEFAULT_PREFIX;
 use crate::error::Result;
 use crate::io::kv_source::KvSource;
 use crate::io::mem_kv::{self, MemKv};
@@ -54,7 +54,10 @@ pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
                 nodes: cfg.nodes.max(1),
                 ..Default::default()
             })?;
-            (generated_keys(&data), data.k8s)
+            (
+                data.kvstore_keys(DEFAULT_PREFIX, |n| format!("node-{}", n + 1)),
+                data.k8s,
+            )
         }
     };
     let (kv, leases) = mem_kv::seeded(keys);
@@ -91,24 +94,4 @@ impl DemoWorld {
     pub fn kv_source(&self) -> KvSource {
         KvSource::Live(self.kv.clone())
     }
-}
-
-/// The kvstore keys of a generated cluster: each identity's master key, and for a label key
-/// used by `n` nodes, the `value/` keys of `node-1` to `node-n`.
-fn generated_keys(data: &generator::Generated) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let prefix = normalize_prefix(DEFAULT_PREFIX);
-    let mut keys = Vec::new();
-    for m in &data.masters {
-        let mut key = format!("{prefix}id/").into_bytes();
-        key.extend_from_slice(&m.id);
-        keys.push((key, m.value.clone()));
-        let users = data.node_counts.get(&m.value).copied().unwrap_or(0);
-        for n in 1..=users {
-            let mut key = format!("{prefix}value/").into_bytes();
-            key.extend_from_slice(&m.value);
-            key.extend_from_slice(format!("/node-{n}").as_bytes());
-            keys.push((key, m.id.clone()));
-        }
-    }
-    keys
 }

@@ -53,6 +53,40 @@ pub struct Generated {
     pub k8s: Vec<(u32, SecurityLabels)>,
 }
 
+impl Generated {
+    /// The kvstore keys of this cluster under `prefix`: each identity's master key, and for a
+    /// label key used by `n` nodes, the `value/` keys of nodes `node_name(0)` to
+    /// `node_name(n - 1)`. Identities that share a label key (duplicates) share its `value/`
+    /// keys: a node's key for a label key names one id, the first.
+    pub fn kvstore_keys(
+        &self,
+        prefix: &str,
+        node_name: impl Fn(u32) -> String,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let prefix = crate::core::kvstore::normalize_prefix(prefix);
+        let mut keys = Vec::new();
+        let mut seen_label_keys = std::collections::HashSet::new();
+        for m in &self.masters {
+            let mut key = format!("{prefix}id/").into_bytes();
+            key.extend_from_slice(&m.id);
+            keys.push((key, m.value.clone()));
+            let nodes = if seen_label_keys.insert(m.value.as_slice()) {
+                self.node_counts.get(&m.value).copied().unwrap_or(0)
+            } else {
+                0
+            };
+            for node in 0..nodes {
+                let mut key = format!("{prefix}value/").into_bytes();
+                key.extend_from_slice(&m.value);
+                key.push(b'/');
+                key.extend_from_slice(node_name(node).as_bytes());
+                keys.push((key, m.id.clone()));
+            }
+        }
+        keys
+    }
+}
+
 const NAMESPACES: &[&str] = &[
     "shop",
     "payments",

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use cilium_idmig::core::kvstore::normalize_prefix;
 use cilium_idmig::sandbox::generator::Generated;
 
 pub fn free_port() -> u16 {
@@ -311,28 +310,10 @@ fn make_certs(dir: &Path) -> TlsFiles {
 /// using each identity), in transactions of at most 128 operations. For tests and benchmarks:
 /// the product never writes to etcd, which is why this lives here and not in the library.
 pub async fn load_etcd(client: &mut etcd_client::Client, prefix: &str, data: &Generated) {
-    let prefix = normalize_prefix(prefix);
     let mut ops: Vec<etcd_client::TxnOp> = Vec::new();
-    let mut puts = Vec::new();
-    // Identities that share a label key (duplicates) share its value/ keys too: a node's key
-    // for a label key names one id.
-    let mut seen_label_keys = std::collections::HashSet::new();
-    for m in &data.masters {
-        let mut key = format!("{prefix}id/").into_bytes();
-        key.extend_from_slice(&m.id);
-        puts.push((key, m.value.clone()));
-        let nodes = if seen_label_keys.insert(m.value.as_slice()) {
-            data.node_counts.get(&m.value).copied().unwrap_or(0)
-        } else {
-            0
-        };
-        for node in 0..nodes {
-            let mut vkey = format!("{prefix}value/").into_bytes();
-            vkey.extend_from_slice(&m.value);
-            vkey.extend_from_slice(format!("/10.0.{}.{}", node / 250, node % 250 + 1).as_bytes());
-            puts.push((vkey, m.id.clone()));
-        }
-    }
+    let puts = data.kvstore_keys(prefix, |node| {
+        format!("10.0.{}.{}", node / 250, node % 250 + 1)
+    });
     for (k, v) in puts {
         ops.push(etcd_client::TxnOp::put(k, v, None));
         if ops.len() == 128 {

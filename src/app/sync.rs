@@ -232,6 +232,11 @@ struct State {
     splits_to_report: Vec<(u32, Instant)>,
     /// Conflicts closed as moot (no node uses their labels any more).
     moot: BTreeSet<String>,
+    /// From the latest round: the conflicts waiting for a decision (id, labels, kind), and
+    /// how many identities the operator skipped. Kept instead of the whole plan, which at
+    /// 65,280 identities is tens of MiB.
+    waiting: Vec<(String, LabelKey, Kind)>,
+    skipped: usize,
     /// Since when no kvstore-mode node has been seen.
     no_nodes_since: Option<Instant>,
     lags: VecDeque<Duration>,
@@ -383,18 +388,7 @@ pub async fn run(
         // Reserved before the watches start, so the ids are taken from the first moment on.
         let mut reserved_all = false;
         if let Some(r) = reservations.as_mut() {
-            match r
-                .reserve_missing(&state.k8s, &state.masters, range, &cfg.log, &metrics)
-                .await
-            {
-                Ok(()) => reserved_all = true,
-                Err(e) => {
-                    let _ = events
-                        .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
-                        .await;
-                }
-            }
-            state.status.reservations = r.count();
+            reserved_all = reserve_all(r, &mut state, range, &cfg, &metrics, &events).await;
         }
         let (kv_tx, mut kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, mut k8s_rx) = mpsc::channel::<K8sChange>(1024);
@@ -420,8 +414,6 @@ pub async fn run(
         let mut batch_running = false;
         let mut last_verify: Option<Instant> = None;
         let mut cutover_announced = false;
-        // The latest plan, for the cutover's checks.
-        let mut last_items: Vec<PlanItem> = Vec::new();
         // Announced once both watches are established, not when they are asked for.
         let (mut kv_up, mut k8s_up, mut following) = (false, false, false);
         let end = loop {
@@ -520,23 +512,17 @@ pub async fn run(
                     }
                     if dirty && !batch_running {
                         dirty = false;
-                        last_items = state.plan(&decisions, range);
-                        let items = &last_items;
-                        let ops = select_writes(&mut state, items, &opts, &events, &cfg).await;
+                        let items = state.plan(&decisions, range);
+                        let ops = select_writes(&mut state, &items, &opts, &events, &cfg).await;
                         if let Some(r) = reservations.as_mut() {
                             // The whole view once per snapshot or list (and again after a
                             // failure); each object that arrives is reserved as it arrives.
                             if !reserved_all {
-                                match r.reserve_missing(&state.k8s, &state.masters, range, &cfg.log, &metrics).await {
-                                    Ok(()) => reserved_all = true,
-                                    Err(e) => {
-                                        let _ = events.send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}"))).await;
-                                    }
-                                }
+                                reserved_all = reserve_all(r, &mut state, range, &cfg, &metrics, &events).await;
                             }
                             state.status.reservations = r.count();
                         }
-                        publish(&mut state, items, &metrics);
+                        publish(&mut state, &items, &metrics);
                         if !ops.is_empty() {
                             batch_running = true;
                             for op in &ops {
@@ -578,7 +564,7 @@ pub async fn run(
                         state.no_nodes_since = Some(now);
                     }
                     let rollout_over = state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace);
-                    if rollout_over && close_moot(&mut state, &last_items, &events, &cfg).await {
+                    if rollout_over && close_moot(&mut state, &events, &cfg).await {
                         dirty = true;
                     }
                     let ready = rollout_over
@@ -601,7 +587,7 @@ pub async fn run(
                             let report = CutoverReport {
                                 mirrored: state.status.mirrored,
                                 mapped: state.reused.len(),
-                                skipped: last_items.iter().filter(|i| i.decided && i.action == Action::Skip).count(),
+                                skipped: state.skipped,
                                 moot: state.moot.len(),
                             };
                             let _ = events.send(SyncEvent::Cutover(report)).await;
@@ -629,6 +615,31 @@ pub async fn run(
     }
 }
 
+/// Reserves every id Kubernetes holds and the kvstore does not; false (reported) when a
+/// write failed, so the next round tries again.
+async fn reserve_all(
+    r: &mut Reservations,
+    state: &mut State,
+    range: crate::core::range::IdRange,
+    cfg: &ServiceConfig,
+    metrics: &Metrics,
+    events: &mpsc::Sender<SyncEvent>,
+) -> bool {
+    let result = r
+        .reserve_missing(&state.k8s, &state.masters, range, &cfg.log, metrics)
+        .await;
+    state.status.reservations = r.count();
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            let _ = events
+                .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
+                .await;
+            false
+        }
+    }
+}
+
 /// Releases the reservations, reporting how many master keys went.
 async fn release(
     r: Reservations,
@@ -653,38 +664,24 @@ async fn release(
 /// nothing left to carry over. Logged and reported once each; true if any was closed.
 async fn close_moot(
     state: &mut State,
-    items: &[PlanItem],
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
 ) -> bool {
     let mut closed = false;
-    for item in items {
-        let waiting = item.kind.needs_decision() && !item.decided && item.action == Action::Create;
-        if !waiting || state.moot.contains(&item.id) || state.counts.get(item.labels.as_bytes()) > 0
-        {
+    for (id, labels, kind) in std::mem::take(&mut state.waiting) {
+        if state.moot.contains(&id) || state.counts.get(labels.as_bytes()) > 0 {
             continue;
         }
-        let mut r = Record::new(
-            &item.id,
-            &item.labels,
-            item.kind,
-            "moot (rule)".into(),
-            None,
-        );
+        let mut r = Record::new(&id, &labels, kind, "moot (rule)".into(), None);
         r.outcome = Some(Outcome::Skipped);
         r.error =
             Some("no kvstore-mode node uses these labels any more: closed without a write".into());
         if cfg.log.append(r).is_err() {
             return closed;
         }
-        state.moot.insert(item.id.clone());
+        state.moot.insert(id.clone());
         closed = true;
-        let _ = events
-            .send(SyncEvent::Moot {
-                id: item.id.clone(),
-                labels: item.labels.clone(),
-            })
-            .await;
+        let _ = events.send(SyncEvent::Moot { id, labels }).await;
     }
     closed
 }
@@ -864,6 +861,7 @@ async fn select_writes(
 ) -> Vec<Op> {
     let now = Instant::now();
     state.failed.retain(|_, until| *until > now);
+    state.waiting.clear();
     let mut ops = Vec::new();
     let mut pending = 0;
     for item in items {
@@ -893,6 +891,9 @@ async fn select_writes(
         }
         if waiting && item.action == Action::Create {
             pending += 1;
+            state
+                .waiting
+                .push((item.id.clone(), item.labels.clone(), item.kind));
             if state.reported.insert(item.id.clone()) {
                 let ev = SyncEvent::Conflict {
                     id: item.id.clone(),
@@ -946,6 +947,10 @@ async fn select_writes(
 }
 
 fn publish(state: &mut State, items: &[PlanItem], metrics: &Metrics) {
+    state.skipped = items
+        .iter()
+        .filter(|i| i.decided && i.action == Action::Skip)
+        .count();
     // Kvstore ids the plan serves at another id that already holds their labels.
     state.reused = items
         .iter()

@@ -20,6 +20,10 @@ use prometheus::{
 
 use crate::error::{Error, Result};
 
+/// A watch that has not heard from its server this long is not healthy, even if its
+/// connection is open.
+pub const HEARD_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What sync publishes.
 pub struct Metrics {
     registry: Registry,
@@ -185,9 +189,19 @@ impl Metrics {
         }
     }
 
-    /// Both watches are live.
+    /// Both watches are connected and have heard from their servers within `HEARD_WITHIN`
+    /// (etcd answers a progress request every 10 s, Kubernetes sends a bookmark or ends the
+    /// watch every 45 s, so a live watch is never quiet that long).
     pub fn healthy(&self) -> bool {
-        self.etcd_live.load(Ordering::Relaxed) && self.k8s_live.load(Ordering::Relaxed)
+        let now = self.born.elapsed().as_millis() as u64;
+        let recent = |heard: &AtomicU64| {
+            let at = heard.load(Ordering::Relaxed);
+            at > 0 && now.saturating_sub(at) <= HEARD_WITHIN.as_millis() as u64
+        };
+        self.etcd_live.load(Ordering::Relaxed)
+            && self.k8s_live.load(Ordering::Relaxed)
+            && recent(&self.etcd_heard)
+            && recent(&self.k8s_heard)
     }
 
     /// The Prometheus text exposition of every metric.

@@ -204,6 +204,9 @@ impl std::fmt::Display for CutoverReport {
 pub struct SyncEnd {
     pub cutover: bool,
     pub status: SyncStatus,
+    /// Writes that failed and had not been made when sync stopped (a failure retried
+    /// successfully later is not among them).
+    pub unwritten: usize,
 }
 
 /// What sync knows of both sides.
@@ -424,6 +427,7 @@ pub async fn run(
             tokio::select! {
                 ev = kv_rx.recv() => match ev {
                     Some(KvWatchEvent::Connected) => kv_up = true,
+                    Some(KvWatchEvent::Progress) => {}
                     Some(KvWatchEvent::Changes { changes, revision }) => {
                         state.kv_revision = revision;
                         for c in changes {
@@ -442,7 +446,15 @@ pub async fn run(
                     None => {}
                 },
                 ch = k8s_rx.recv() => match ch {
-                    Some(K8sChange::Connected) => k8s_up = true,
+                    Some(K8sChange::Connected) => {
+                        k8s_up = true;
+                        // The API server is back: what failed while it was gone is tried
+                        // now, not when its wait is over.
+                        if !state.failed.is_empty() {
+                            state.failed.clear();
+                            dirty = true;
+                        }
+                    }
                     Some(K8sChange::Upsert { id, labels, resource_version }) => {
                         state.k8s_version = resource_version;
                         state.k8s.insert(id, labels.clone());
@@ -506,7 +518,7 @@ pub async fn run(
                     if stop.is_stopped() {
                         if !batch_running {
                             state.refresh_lag_percentiles();
-                            break SyncEnd { cutover: false, status: state.status.clone() };
+                            break SyncEnd { cutover: false, status: state.status.clone(), unwritten: state.failed.len() };
                         }
                         continue;
                     }
@@ -597,7 +609,7 @@ pub async fn run(
                                 state.status.reservations = 0;
                             }
                             if opts.until_cutover {
-                                break SyncEnd { cutover: true, status: state.status.clone() };
+                                break SyncEnd { cutover: true, status: state.status.clone(), unwritten: 0 };
                             }
                         }
                     }
@@ -1063,7 +1075,7 @@ fn take_results(
 }
 
 /// How long a failed write waits before it is tried again (on sync's timer).
-const RETRY_AFTER: Duration = Duration::from_secs(30);
+const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// Follows the kvstore, watching again from the last revision after a failure.
 async fn follow_kvstore(
@@ -1084,8 +1096,11 @@ async fn follow_kvstore(
         while let Some(ev) = inner_rx.recv().await {
             backoff = Backoff::default();
             metrics.heard(Source::Etcd);
-            if ev == KvWatchEvent::Connected {
-                metrics.etcd_live.store(true, Ordering::Relaxed);
+            match ev {
+                KvWatchEvent::Connected => metrics.etcd_live.store(true, Ordering::Relaxed),
+                // Heard; nothing for the loop.
+                KvWatchEvent::Progress => continue,
+                _ => {}
             }
             if let KvWatchEvent::Changes { revision: r, .. } = &ev {
                 revision = *r;
@@ -1185,13 +1200,14 @@ async fn follow_kubernetes(
     }
 }
 
-/// Exponential waits from 200 ms to 30 s between retries.
+/// Exponential waits from 200 ms to 5 s between tries, for as long as it takes: sync never
+/// gives up on a server, and sees it back within 5 s of its return.
 #[derive(Default)]
 struct Backoff(u32);
 
 impl Backoff {
     async fn wait(&mut self) {
-        let ms = (200u64 << self.0.min(8)).min(30_000);
+        let ms = (200u64 << self.0.min(5)).min(5_000);
         self.0 += 1;
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }

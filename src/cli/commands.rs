@@ -543,10 +543,17 @@ async fn sync(
             end.status.pending
         )?;
     }
+    if end.unwritten > 0 {
+        outln!(
+            "{} writes failed and were not made before the stop; run sync again to make them",
+            end.unwritten
+        )?;
+    }
     outln!("decision log: {}", log_path.display())?;
-    // A stop (SIGINT, SIGTERM, SIGHUP) with nothing failed is a success, `--until-cutover`
-    // included: a service manager must not read a normal shutdown as a crash.
-    Ok(if end.cutover || end.status.failures == 0 {
+    // A stop (SIGINT, SIGTERM, SIGHUP) with nothing left failing is a success,
+    // `--until-cutover` included: a service manager must not read a normal shutdown as a
+    // crash, nor an outage that sync outlived and caught up.
+    Ok(if end.cutover || end.unwritten == 0 {
         Exit::Ok
     } else {
         Exit::Failed

@@ -84,9 +84,13 @@ impl EtcdConnection {
                 "no etcd endpoints: pass --etcd-endpoints URL[,URL] or --etcd-config FILE".into(),
             ));
         }
+        // HTTP/2 pings while a stream is open (sync's watch): a connection that stays open
+        // but carries nothing is closed within 20 s, and the channel connects again. Not
+        // while idle: etcd counts pings without a stream as abuse and sends GOAWAY.
         let mut co = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(opts.timeout);
+            .with_timeout(opts.timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10));
         let uses_tls = file.trusted_ca_file.is_some()
             || file.cert_file.is_some()
             || endpoints.iter().any(|e| e.starts_with("https://"));
@@ -420,7 +424,18 @@ pub enum KvWatchEvent {
     },
     /// etcd compacted past the watched revision: read a fresh snapshot.
     Compacted { compact_revision: i64 },
+    /// The server answered a progress request: the watch is alive, nothing changed.
+    Progress,
 }
+
+/// How often the watch asks etcd for a progress report, so a quiet watch still hears from
+/// its server (etcd 3.4 answers at once; its own notifications come every 10 minutes).
+pub const WATCH_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// A watch that hears nothing this long (three unanswered progress requests) is stalled:
+/// it fails, and the caller watches again from its last revision.
+pub const WATCH_IDLE: Duration = Duration::from_secs(30);
+/// Longest wait for etcd to answer a new watch.
+const WATCH_OPEN: Duration = Duration::from_secs(15);
 
 impl EtcdConnection {
     /// Follows every key under the identities prefix from `revision + 1` until the receiver
@@ -433,21 +448,46 @@ impl EtcdConnection {
     ) -> Result<()> {
         let prefix = normalize_prefix(prefix);
         let mut client = self.client.clone();
-        let mut stream = client
-            .watch(
-                prefix.clone(),
-                Some(
-                    etcd_client::WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(revision + 1),
-                ),
-            )
+        let opening = client.watch(
+            prefix.clone(),
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_progress_notify()
+                    .with_start_revision(revision + 1),
+            ),
+        );
+        // A server that takes the connection and never answers must not hold the watch.
+        let mut stream = tokio::time::timeout(WATCH_OPEN, opening)
             .await
+            .map_err(|_| self.err("watch", format!("no answer in {} s", WATCH_OPEN.as_secs())))?
             .map_err(|e| self.err("watch", e))?;
         if tx.send(KvWatchEvent::Connected).await.is_err() {
             return Ok(());
         }
-        while let Some(resp) = stream.message().await.map_err(|e| self.err("watch", e))? {
+        let mut ask = tokio::time::interval(WATCH_PROGRESS_EVERY);
+        ask.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heard = tokio::time::Instant::now();
+        loop {
+            let resp = tokio::select! {
+                m = tokio::time::timeout_at(heard + WATCH_IDLE, stream.message()) => match m {
+                    Err(_) => {
+                        return Err(self.err(
+                            "watch",
+                            format!("stalled: nothing heard in {} s", WATCH_IDLE.as_secs()),
+                        ));
+                    }
+                    Ok(m) => match m.map_err(|e| self.err("watch", e))? {
+                        Some(resp) => resp,
+                        None => return Ok(()),
+                    },
+                },
+                _ = ask.tick() => {
+                    stream.request_progress().await.map_err(|e| self.err("watch", e))?;
+                    continue;
+                }
+            };
+            heard = tokio::time::Instant::now();
             if resp.compact_revision() > 0 {
                 let ev = KvWatchEvent::Compacted {
                     compact_revision: resp.compact_revision(),
@@ -471,19 +511,18 @@ impl EtcdConnection {
                 let created = kv.create_revision() == kv.mod_revision();
                 changes.extend(kv_change(&prefix, kv.key(), value, created));
             }
-            if !changes.is_empty()
-                && tx
-                    .send(KvWatchEvent::Changes {
-                        changes,
-                        revision: rev,
-                    })
-                    .await
-                    .is_err()
-            {
+            let ev = if changes.is_empty() {
+                KvWatchEvent::Progress
+            } else {
+                KvWatchEvent::Changes {
+                    changes,
+                    revision: rev,
+                }
+            };
+            if tx.send(ev).await.is_err() {
                 return Ok(());
             }
         }
-        Ok(())
     }
 
     /// The nodes whose `value/` keys use `label_key`, now (keys only).
@@ -523,7 +562,7 @@ impl EtcdConnection {
         };
         while let Some(ev) = inner_rx.recv().await {
             let drift = match ev {
-                KvWatchEvent::Connected => continue,
+                KvWatchEvent::Connected | KvWatchEvent::Progress => continue,
                 KvWatchEvent::Compacted { compact_revision } => {
                     Drift::Compacted { compact_revision }
                 }

@@ -227,6 +227,12 @@ const WATCH_LIST_YES: u8 = 1;
 const WATCH_LIST_NO: u8 = 2;
 /// Longest wait for the next bytes of a list being streamed.
 const STREAM_IDLE: Duration = Duration::from_secs(60);
+/// How long the server keeps one watch of sync's open (`timeoutSeconds`).
+pub const WATCH_ROTATE: Duration = Duration::from_secs(45);
+/// A watch silent this long is stalled: the server should have ended it by now.
+pub const WATCH_IDLE: Duration = Duration::from_secs(55);
+/// Longest wait for a watch to be answered.
+const WATCH_OPEN: Duration = Duration::from_secs(15);
 
 impl K8sTarget {
     /// Connects with an explicit kubeconfig, `KUBECONFIG`, `~/.kube/config`, or in-cluster config.
@@ -682,7 +688,7 @@ impl K8sTarget {
             "{}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
             collection_path()
         );
-        let body = match self.send_stream(Method::GET, &path).await {
+        let body = match self.send_stream(Method::GET, &path, READ_TIMEOUT).await {
             Ok(body) => body,
             Err(RequestError::Status {
                 code: 400 | 403 | 422,
@@ -744,7 +750,7 @@ impl K8sTarget {
                 ),
                 None => format!("{}?{query}", collection_path()),
             };
-            let body = match self.send_stream(Method::GET, &path).await {
+            let body = match self.send_stream(Method::GET, &path, READ_TIMEOUT).await {
                 Ok(b) => b,
                 Err(RequestError::Status { code: 410, .. }) if restarts < 3 => {
                     restarts += 1;
@@ -787,19 +793,31 @@ impl K8sTarget {
         resource_version: &str,
         tx: tokio::sync::mpsc::Sender<K8sChange>,
     ) -> Result<(), RequestError> {
+        // The server ends the watch after `timeoutSeconds` (and sends a bookmark shortly
+        // before, and every minute when it is longer); the caller watches again from the last
+        // version. So a healthy watch is never silent longer than that, and one that is
+        // silent past `WATCH_IDLE` is a connection that stays open and carries nothing.
         let path = format!(
-            "{}?watch=1&allowWatchBookmarks=true&resourceVersion={}",
+            "{}?watch=1&allowWatchBookmarks=true&timeoutSeconds={}&resourceVersion={}",
             collection_path(),
+            WATCH_ROTATE.as_secs(),
             urlencode(resource_version)
         );
-        let body = self.send_stream(Method::GET, &path).await?;
+        // A server answers a watch at once; one that does not within this time is a
+        // connection that carries nothing, and the caller tries a new one.
+        let body = self.send_stream(Method::GET, &path, WATCH_OPEN).await?;
         if tx.send(K8sChange::Connected).await.is_err() {
             return Ok(());
         }
-        // A watch may be quiet for long: no idle deadline here; the server's own timeout
-        // ends it and the caller watches again from the last version.
-        let mut events = EventLines::new(body, None);
-        while let Some(ev) = events.next().await? {
+        let mut events = EventLines::new(body, Some(WATCH_IDLE));
+        let stalled = |e| match e {
+            RequestError::Timeout => RequestError::Transport(format!(
+                "stalled: nothing heard in {} s",
+                WATCH_IDLE.as_secs()
+            )),
+            e => e,
+        };
+        while let Some(ev) = events.next().await.map_err(stalled)? {
             let change = match ev.kind.as_str() {
                 "ADDED" | "MODIFIED" | "DELETED" => {
                     let obj = ev.object.identity;
@@ -836,14 +854,19 @@ impl K8sTarget {
     }
 
     /// Sends a request and hands back the body unread when the status is a success.
-    async fn send_stream(&self, method: Method, path: &str) -> Result<Body, RequestError> {
+    async fn send_stream(
+        &self,
+        method: Method,
+        path: &str,
+        answer_within: Duration,
+    ) -> Result<Body, RequestError> {
         let req = Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::ACCEPT, "application/json")
             .body(Body::empty())
             .map_err(|e| RequestError::Transport(e.to_string()))?;
-        let res = tokio::time::timeout(READ_TIMEOUT, self.client.send(req))
+        let res = tokio::time::timeout(answer_within, self.client.send(req))
             .await
             .map_err(|_| RequestError::Timeout)?
             .map_err(|e| RequestError::Transport(crate::error::root_cause(&e).0))?;

@@ -333,8 +333,21 @@ impl MemKv {
                 return;
             }
         }
+        // Progress reports as etcd's answers to sync's progress requests: a quiet watch
+        // still tells the follower it is alive.
+        let mut progress = tokio::time::interval(crate::io::etcd::WATCH_PROGRESS_EVERY);
+        progress.tick().await;
         loop {
-            match live.recv().await {
+            let next = tokio::select! {
+                ev = live.recv() => ev,
+                _ = progress.tick() => {
+                    if tx.send(KvWatchEvent::Progress).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            match next {
                 Ok(ev) if ev.rev > last => {
                     last = ev.rev;
                     if !forward(&prefix, ev, &tx).await {

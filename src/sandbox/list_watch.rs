@@ -216,6 +216,11 @@ fn streamed(out: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>) 
     res
 }
 
+/// How often a watch that allows bookmarks gets one, and how long before its timeout the
+/// last one comes (a real server's `bookmarkFrequency` and its two seconds).
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+const BOOKMARK_BEFORE_END: Duration = Duration::from_secs(2);
+
 pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
     let sel = match selector(params) {
         Ok(s) => s,
@@ -228,6 +233,7 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
         .and_then(|r| r.parse().ok())
         .filter(|r| *r > 0);
     let initial_events = param(params, "sendInitialEvents") == Some("true");
+    let bookmarks = param(params, "allowWatchBookmarks") == Some("true");
     if initial_events {
         if !shared.config.reads.watch_list {
             return status(
@@ -311,15 +317,56 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
             return;
         }
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        // As a real server does for a client that allows them: a bookmark every minute and
+        // one shortly before the watch's timeout, at the newest version this watch has
+        // passed, so a quiet watch still hears from its server.
+        let mut passed = start_rv;
+        let next_bookmark = |now: tokio::time::Instant| {
+            let minute = now + BOOKMARK_EVERY;
+            match deadline {
+                Some(d) if d > now + BOOKMARK_BEFORE_END => {
+                    Some(minute.min(d - BOOKMARK_BEFORE_END))
+                }
+                Some(_) => None,
+                None => Some(minute),
+            }
+        };
+        let mut bookmark_at = bookmarks
+            .then(|| next_bookmark(tokio::time::Instant::now()))
+            .flatten();
         loop {
+            let wake = match (deadline, bookmark_at) {
+                (Some(d), Some(b)) => Some(d.min(b)),
+                (d, b) => d.or(b),
+            };
             let next = async {
-                match deadline {
-                    Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok(),
+                match wake {
+                    Some(w) => tokio::time::timeout_at(w, rx.recv()).await.ok(),
                     None => Some(rx.recv().await),
                 }
             };
-            match next.await {
+            let next = next.await;
+            let now = tokio::time::Instant::now();
+            if next.is_none() && deadline.is_some_and(|d| now >= d) {
+                return;
+            }
+            if next.is_none() {
+                bookmark_at = next_bookmark(now);
+                let line = json!({"type": "BOOKMARK", "object": {"kind": KIND,
+                    "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "metadata": {"resourceVersion": passed.to_string()}}});
+                if tx
+                    .send(Ok(Frame::data(Bytes::from(line.to_string() + "\n"))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                continue;
+            }
+            match next {
                 Some(Ok(ev)) if ev.rv > start_rv => {
+                    passed = passed.max(ev.rv);
                     if event_matches(&ev.line, &sel)
                         && tx
                             .send(Ok(Frame::data(Bytes::from(ev.line + "\n"))))

@@ -1079,6 +1079,7 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
             end: SyncEnd {
                 cutover: false,
                 status,
+                unwritten: 0,
             },
         }),
     );

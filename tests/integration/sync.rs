@@ -17,18 +17,22 @@ use crate::harness::{bin, free_port, http};
 const P: &str = "cilium/state/identities/v1";
 
 /// A running `sync`, its output collected line by line.
-struct Sync {
+pub(crate) struct Sync {
     child: tokio::process::Child,
     out: Arc<Mutex<Vec<String>>>,
 }
 
 impl Sync {
     fn start(w: &World, extra: &[&str]) -> Sync {
-        let kc = w.path("kubeconfig");
+        Sync::start_via(w, &w.etcd.endpoint, &w.path("kubeconfig"), extra)
+    }
+
+    /// Started with its own etcd endpoint and kubeconfig (e.g. through a proxy).
+    pub(crate) fn start_via(w: &World, etcd: &str, kc: &str, extra: &[&str]) -> Sync {
         let mut child = tokio::process::Command::new(bin())
             .current_dir(w.dir.path())
             .arg("sync")
-            .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+            .args(["--etcd-endpoints", etcd, "--kubeconfig", kc])
             .args(["--decision-log", &w.path("sync.jsonl")])
             .args(extra)
             .stdout(Stdio::piped())
@@ -51,11 +55,11 @@ impl Sync {
         Sync { child, out }
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.out.lock().unwrap().join("\n")
     }
 
-    async fn wait_for_line(&self, text: &str, secs: u64) -> String {
+    pub(crate) async fn wait_for_line(&self, text: &str, secs: u64) -> String {
         let start = Instant::now();
         loop {
             if let Some(l) = self.out.lock().unwrap().iter().find(|l| l.contains(text)) {
@@ -70,7 +74,7 @@ impl Sync {
         }
     }
 
-    async fn stop(mut self) -> (i32, String) {
+    pub(crate) async fn stop(mut self) -> (i32, String) {
         let pid = self.child.id().unwrap() as i32;
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -80,7 +84,7 @@ impl Sync {
     }
 }
 
-async fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) async fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {

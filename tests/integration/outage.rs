@@ -1,0 +1,199 @@
+//! `sync` as production fails it: the API server and etcd gone for a minute and for five
+//! (it never gives up, `/healthz` says so within 10 s and recovers within 10 s, and what
+//! arrived meanwhile is mirrored within 30 s), and connections that stay open and carry
+//! nothing (seen within 60 s, replaced, caught up).
+
+use std::time::{Duration, Instant};
+
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::World;
+use crate::harness::free_port;
+use crate::proxy::{Mode, Proxy};
+use crate::sync::{Sync, wait_for};
+
+const P: &str = "cilium/state/identities/v1";
+
+/// `GET path` on sync's status server: the status and body, or `None` when unreachable.
+async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+/// Waits until `/healthz` answers `healthy` (200) or not (503); how long it took.
+async fn health_turns(addr: &str, healthy: bool, within: Duration, why: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let code = get(addr, "/healthz").await.map(|(c, _)| c);
+        if code.is_some_and(|c| (c == 200) == healthy) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{why}: /healthz still {code:?} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `cilium_idmig_watch_up{source}` from `/metrics`.
+async fn watch_up(addr: &str, source: &str) -> Option<i64> {
+    let (_, body) = get(addr, "/metrics").await?;
+    let key = format!("cilium_idmig_watch_up{{source=\"{source}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A kubeconfig for the sandbox reached at `url` (a proxy).
+fn kubeconfig_via(w: &World, url: &str) -> String {
+    let text = std::fs::read_to_string(w.path("kubeconfig")).unwrap();
+    let path = w.path("kubeconfig-via-proxy");
+    std::fs::write(&path, text.replace(&w.sb.url(), url)).unwrap();
+    path
+}
+
+async fn mirrored(w: &World, ids: std::ops::Range<u32>, within: Duration, what: &str) {
+    wait_for(within.as_secs(), what, || {
+        let o = w.sb.objects();
+        ids.clone()
+            .all(|i| o.contains_key(&i.to_string()))
+            .then_some(())
+    })
+    .await;
+}
+
+/// The API server (behind a proxy that drops every connection) and etcd (killed) gone for
+/// `outage`; identities arrive in etcd while the API server is gone.
+async fn outage_is_outlived(outage: Duration) {
+    let mut w = World::new(SandboxConfig::default()).await;
+    let api = Proxy::start(&w.sb.url()).await;
+    let kc = kubeconfig_via(&w, &api.url());
+    let status = format!("127.0.0.1:{}", free_port());
+    w.etcd.put(&format!("{P}/id/800"), b"k8s:app=before;").await;
+    let s = Sync::start_via(&w, &w.etcd.endpoint, &kc, &["--status-addr", &status]);
+    mirrored(&w, 800..801, Duration::from_secs(30), "800 mirrored").await;
+    health_turns(&status, true, Duration::from_secs(30), "started").await;
+
+    api.set(Mode::Down);
+    let gone = Instant::now();
+    for i in 801..806u32 {
+        let key = format!("{P}/id/{i}");
+        w.etcd
+            .put(&key, format!("k8s:app=during-{i};").as_bytes())
+            .await;
+    }
+    let seen = health_turns(&status, false, Duration::from_secs(10), "API server gone").await;
+    assert_eq!(watch_up(&status, "kubernetes").await, Some(0));
+    w.etcd.kill();
+    let remaining = outage.saturating_sub(gone.elapsed());
+    tokio::time::sleep(remaining).await;
+    assert!(
+        !w.sb.objects().contains_key("801"),
+        "nothing got through the outage"
+    );
+
+    w.etcd.restart().await;
+    api.set(Mode::Forward);
+    let back = health_turns(&status, true, Duration::from_secs(10), "both back").await;
+    let mirrored_at = Instant::now();
+    mirrored(
+        &w,
+        801..806,
+        Duration::from_secs(30),
+        "the outage's identities",
+    )
+    .await;
+    let caught_up = mirrored_at.elapsed() + back;
+    // And it goes on: a new identity after the outage.
+    w.etcd.put(&format!("{P}/id/806"), b"k8s:app=after;").await;
+    mirrored(
+        &w,
+        806..807,
+        Duration::from_secs(10),
+        "806 after the outage",
+    )
+    .await;
+    assert_eq!(watch_up(&status, "etcd").await, Some(1));
+    assert_eq!(watch_up(&status, "kubernetes").await, Some(1));
+
+    let (code, text) = s.stop().await;
+    // Failed writes during the outage were made afterwards: nothing left failing.
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("7 mirrored"), "{text}");
+    eprintln!(
+        "outage {outage:?}: unhealthy after {seen:?}, healthy {back:?} after the return, caught up in {caught_up:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_outlives_a_one_minute_outage_of_both_servers() {
+    outage_is_outlived(Duration::from_secs(60)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_outlives_a_five_minute_outage_of_both_servers() {
+    outage_is_outlived(Duration::from_secs(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_that_carry_nothing_are_seen_replaced_and_caught_up() {
+    let w = World::new(SandboxConfig::default()).await;
+    let kv = Proxy::start(&w.etcd.endpoint).await;
+    let api = Proxy::start(&w.sb.url()).await;
+    let kc = kubeconfig_via(&w, &api.url());
+    let status = format!("127.0.0.1:{}", free_port());
+    w.etcd.put(&format!("{P}/id/700"), b"k8s:app=before;").await;
+    let s = Sync::start_via(&w, &kv.url(), &kc, &["--status-addr", &status]);
+    mirrored(&w, 700..701, Duration::from_secs(30), "700 mirrored").await;
+    health_turns(&status, true, Duration::from_secs(30), "started").await;
+    // Quiet for longer than a watch's rotation: a healthy quiet watch stays healthy.
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    health_turns(&status, true, Duration::from_secs(1), "quiet but alive").await;
+
+    kv.set(Mode::Stall);
+    api.set(Mode::Stall);
+    let stalled = Instant::now();
+    w.etcd.put(&format!("{P}/id/701"), b"k8s:app=during;").await;
+    // Each watch sees its stall within 60 s.
+    let (mut etcd_seen, mut k8s_seen) = (None, None);
+    while etcd_seen.is_none() || k8s_seen.is_none() {
+        if etcd_seen.is_none() && watch_up(&status, "etcd").await == Some(0) {
+            etcd_seen = Some(stalled.elapsed());
+        }
+        if k8s_seen.is_none() && watch_up(&status, "kubernetes").await == Some(0) {
+            k8s_seen = Some(stalled.elapsed());
+        }
+        assert!(
+            stalled.elapsed() < Duration::from_secs(62),
+            "a stall unseen after 60 s: etcd {etcd_seen:?}, kubernetes {k8s_seen:?}\n{}",
+            s.text()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    health_turns(&status, false, Duration::from_secs(1), "stalled").await;
+    assert!(!w.sb.objects().contains_key("701"));
+
+    kv.set(Mode::Forward);
+    api.set(Mode::Forward);
+    let back = Instant::now();
+    mirrored(&w, 701..702, Duration::from_secs(30), "701 caught up").await;
+    health_turns(&status, true, Duration::from_secs(30), "reconnected").await;
+    eprintln!(
+        "stall seen by etcd after {etcd_seen:?}, by kubernetes after {k8s_seen:?}; caught up in {:?}",
+        back.elapsed()
+    );
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("stalled"), "the stall was reported:\n{text}");
+}

@@ -227,6 +227,9 @@ struct State {
     in_flight: HashSet<u32>,
     /// Targets whose create failed, and when to try again.
     failed: HashMap<u32, Instant>,
+    /// Targets whose create failed and has not been made since (with the kvstore id it
+    /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
+    unwritten: HashMap<u32, String>,
     reported: HashSet<String>,
     splits: HashSet<u32>,
     /// From the latest plan: kvstore ids served at another id that holds their labels.
@@ -247,6 +250,14 @@ struct State {
 }
 
 impl State {
+    /// Failed creates still not made whose kvstore identity still exists.
+    fn unwritten_now(&self) -> usize {
+        self.unwritten
+            .iter()
+            .filter(|(t, id)| !self.k8s.contains_key(t) && self.masters.contains_key(id.as_bytes()))
+            .count()
+    }
+
     fn from_snapshot(snap: KvSnapshot) -> Self {
         State {
             masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
@@ -518,7 +529,7 @@ pub async fn run(
                     if stop.is_stopped() {
                         if !batch_running {
                             state.refresh_lag_percentiles();
-                            break SyncEnd { cutover: false, status: state.status.clone(), unwritten: state.failed.len() };
+                            break SyncEnd { cutover: false, status: state.status.clone(), unwritten: state.unwritten_now() };
                         }
                         continue;
                     }
@@ -1028,8 +1039,9 @@ fn take_results(
         Ok(r) => r,
         Err(e) => {
             // No write without its log line: nothing of this batch was written.
-            for t in labels.keys() {
+            for (t, (id, _)) in &labels {
                 state.failed.insert(*t, now + RETRY_AFTER);
+                state.unwritten.insert(*t, id.clone());
             }
             state.status.failures += labels.len() as u64;
             metrics.write_failures.inc_by(labels.len() as u64);
@@ -1048,6 +1060,7 @@ fn take_results(
         };
         match r.outcome {
             Outcome::Created | Outcome::AlreadyExisted => {
+                state.unwritten.remove(&t);
                 state.k8s.insert(t, label_key.clone());
                 if r.outcome == Outcome::Created {
                     state.created.insert(t);
@@ -1063,10 +1076,12 @@ fn take_results(
                 metrics.write_failures.inc();
                 // Try again later; a conflict resolves itself once the watch shows the object.
                 state.failed.insert(t, now + RETRY_AFTER);
+                state.unwritten.insert(t, id.clone());
             }
             // Not attempted (the batch was halted): tried again with the failed ones.
             Outcome::NotAttempted => {
                 state.failed.insert(t, now + RETRY_AFTER);
+                state.unwritten.insert(t, id.clone());
             }
             _ => {}
         }

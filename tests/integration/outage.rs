@@ -197,3 +197,47 @@ async fn connections_that_carry_nothing_are_seen_replaced_and_caught_up() {
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("stalled"), "the stall was reported:\n{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_log_that_cannot_be_written_stops_the_writes_it_would_record() {
+    let w = World::new(SandboxConfig::default()).await;
+    let status = format!("127.0.0.1:{}", free_port());
+    // Room for the session line and a few dozen records, then writes fail as on a full disk.
+    let limit = 6_000;
+    let s = Sync::start_with_file_limit(&w, &["--status-addr", &status], limit);
+    health_turns(&status, true, Duration::from_secs(30), "started").await;
+    for i in 0..100u32 {
+        let key = format!("{P}/id/{}", 1000 + i);
+        w.etcd
+            .put(&key, format!("k8s:app=full-{i};").as_bytes())
+            .await;
+    }
+    s.wait_for_line("writes not made", 30).await;
+    let (_, metrics) = get(&status, "/metrics").await.unwrap();
+    let failures: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cilium_idmig_write_failures_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(failures > 0, "counted:\n{metrics}");
+    // Still following, and still not writing what it cannot record.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    health_turns(&status, true, Duration::from_secs(1), "still following").await;
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(log.len() as u64 <= limit);
+    let objects = w.sb.objects();
+    assert!(
+        !objects.is_empty() && objects.len() < 100,
+        "{} objects",
+        objects.len()
+    );
+    for name in objects.keys() {
+        assert!(
+            log.contains(&format!("\"target_id\":{name}")),
+            "{name} was created without its log line"
+        );
+    }
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 1, "writes were left unmade:\n{text}");
+    assert!(text.contains("writes failed and were not made"), "{text}");
+}

@@ -29,16 +29,48 @@ impl Sync {
 
     /// Started with its own etcd endpoint and kubeconfig (e.g. through a proxy).
     pub(crate) fn start_via(w: &World, etcd: &str, kc: &str, extra: &[&str]) -> Sync {
-        let mut child = tokio::process::Command::new(bin())
-            .current_dir(w.dir.path())
+        Sync::spawn(w, etcd, kc, extra, None)
+    }
+
+    /// Started with every file it writes limited to `bytes` (`RLIMIT_FSIZE`): a write past
+    /// it fails as on a full disk.
+    pub(crate) fn start_with_file_limit(w: &World, extra: &[&str], bytes: u64) -> Sync {
+        Sync::spawn(
+            w,
+            &w.etcd.endpoint,
+            &w.path("kubeconfig"),
+            extra,
+            Some(bytes),
+        )
+    }
+
+    fn spawn(w: &World, etcd: &str, kc: &str, extra: &[&str], file_limit: Option<u64>) -> Sync {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.current_dir(w.dir.path())
             .arg("sync")
             .args(["--etcd-endpoints", etcd, "--kubeconfig", kc])
             .args(["--decision-log", &w.path("sync.jsonl")])
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        if let Some(bytes) = file_limit {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // A write past the limit then fails with EFBIG instead of killing.
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    let lim = libc::rlimit {
+                        rlim_cur: bytes,
+                        rlim_max: bytes,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
         let out = Arc::new(Mutex::new(Vec::new()));
         for pipe in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,

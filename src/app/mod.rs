@@ -4,6 +4,7 @@
 pub mod config;
 pub mod export;
 pub mod flows;
+pub mod lease;
 pub mod metrics;
 pub mod preflight;
 pub mod report;

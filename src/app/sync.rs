@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::config::ServiceConfig;
 use super::flows;
+use super::lease::{LeaseKeeper, LeaseOptions, Writer};
 use super::metrics::{Metrics, Source};
 use super::reserve::Reservations;
 use crate::apply::executor::{self, StopFlag, Watchers};
@@ -28,6 +29,7 @@ use crate::io::decision_log::Record;
 use crate::io::etcd::{KvChange, KvWatchEvent};
 use crate::io::k8s::{K8sChange, ReadMode};
 use crate::io::kv_source::{KvFollower, KvSource};
+use crate::io::lease::LeaseApi;
 
 /// How sync runs.
 #[derive(Debug, Clone)]
@@ -48,6 +50,8 @@ pub struct SyncOptions {
     /// On a clean stop, release the reservations (as at cutover) instead of leaving them to
     /// lapse with the lease.
     pub release_reservations: bool,
+    /// The one-writer lease: sync writes only while it holds it.
+    pub lease: LeaseOptions,
 }
 
 impl Default for SyncOptions {
@@ -60,6 +64,7 @@ impl Default for SyncOptions {
             cutover_grace: Duration::from_secs(120),
             reserve_in_kvstore: false,
             release_reservations: false,
+            lease: LeaseOptions::default(),
         }
     }
 }
@@ -110,6 +115,8 @@ pub struct SyncStatus {
     pub watching: bool,
     /// Ids reserved in the kvstore now (`--reserve-in-kvstore`).
     pub reservations: usize,
+    /// Another sync holds the one-writer lease: this one follows and does not write.
+    pub standby: Option<String>,
 }
 
 impl std::fmt::Display for SyncStatus {
@@ -131,6 +138,9 @@ impl std::fmt::Display for SyncStatus {
         )?;
         if self.reservations > 0 {
             write!(f, " · {} reserved in the kvstore", self.reservations)?;
+        }
+        if let Some(holder) = &self.standby {
+            write!(f, " · standby: {holder} holds the lease")?;
         }
         Ok(())
     }
@@ -349,6 +359,8 @@ pub async fn run(
         steps.extend(flows::read_log(p)?.steps());
     }
     let mut decisions = resume::replay(steps);
+    let lease = take_lease(&cfg, &opts, &events).await?;
+    let mut writer = lease.writer.clone();
     let mut backoff = Backoff::default();
     let mut reservations: Option<Reservations> = None;
     'snapshot: loop {
@@ -401,7 +413,9 @@ pub async fn run(
         backoff = Backoff::default();
         // Reserved before the watches start, so the ids are taken from the first moment on.
         let mut reserved_all = false;
-        if let Some(r) = reservations.as_mut() {
+        if let Some(r) = reservations.as_mut()
+            && lease.holding()
+        {
             reserved_all = reserve_all(r, &mut state, range, &cfg, &metrics, &events).await;
         }
         let (kv_tx, mut kv_rx) = mpsc::channel::<KvWatchEvent>(256);
@@ -473,6 +487,7 @@ pub async fn run(
                         // At once, not at the next plan: the window in which a kvstore-mode
                         // agent can hand the id out again is as short as the watch's lag.
                         if let Some(r) = reservations.as_mut()
+                            && lease.holding()
                             && let Err(e) = r.reserve_one(id, &labels, &state.masters, range, &cfg.log, &metrics).await
                         {
                             let _ = events.send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}"))).await;
@@ -510,6 +525,31 @@ pub async fn run(
                     }
                     None => {}
                 },
+                Ok(()) = writer.changed() => {
+                    let now = writer.borrow_and_update().clone();
+                    let what = format!("lease {}/{}", opts.lease.namespace, opts.lease.name);
+                    state.status.standby = None;
+                    match now {
+                        Writer::Us => {
+                            // Everything seen while another sync wrote is planned again.
+                            reserved_all = false;
+                            dirty = true;
+                            let _ = events.send(SyncEvent::Note(format!("{what} taken: this sync writes"))).await;
+                        }
+                        Writer::Other { holder } => {
+                            state.status.standby = Some(holder.clone());
+                            let _ = events.send(SyncEvent::Note(format!(
+                                "{what} is held by {holder}: following both sides without writing until it is free"
+                            ))).await;
+                        }
+                        Writer::Unknown => {
+                            let _ = events.send(SyncEvent::Trouble(format!(
+                                "{what} could not be renewed: no writes until it is held again"
+                            ))).await;
+                        }
+                        Writer::Refused(why) => return Err(lease_refused(&opts, &why)),
+                    }
+                }
                 Some(d) = next_decision(&mut decided) => {
                     state.reported.remove(&d.id);
                     decisions.insert(d.id.clone(), d);
@@ -533,7 +573,8 @@ pub async fn run(
                         }
                         continue;
                     }
-                    if dirty && !batch_running {
+                    // Only the lease's holder writes (to the API server, the log, the kvstore).
+                    if dirty && !batch_running && lease.holding() {
                         dirty = false;
                         let items = state.plan(&decisions, range);
                         let ops = select_writes(&mut state, &items, &opts, &events, &cfg).await;
@@ -586,7 +627,8 @@ pub async fn run(
                     } else if state.no_nodes_since.is_none() {
                         state.no_nodes_since = Some(now);
                     }
-                    let rollout_over = state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace);
+                    let rollout_over = state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace)
+                        && lease.holding();
                     if rollout_over && close_moot(&mut state, &events, &cfg).await {
                         dirty = true;
                     }
@@ -631,11 +673,59 @@ pub async fn run(
         k8s_watch.abort();
         if let Some(r) = reservations.take()
             && opts.release_reservations
+            && lease.holding()
         {
             release(r, &cfg, &metrics, &events).await;
         }
+        lease.release().await;
         return Ok(end);
     }
+}
+
+/// Starts keeping the one-writer lease and waits (up to 5 s) for its first answer, so a
+/// sync that is not to write knows it before its first round. One sync per decision log
+/// on a host: the log is locked, so the lease's holder name (host and log) is one process.
+async fn take_lease(
+    cfg: &ServiceConfig,
+    opts: &SyncOptions,
+    events: &mpsc::Sender<SyncEvent>,
+) -> Result<LeaseKeeper> {
+    cfg.log.lock_for_one_writer()?;
+    let log = std::fs::canonicalize(cfg.log.path()).unwrap_or_else(|_| cfg.log.path().into());
+    let me = format!("{}:{}", crate::io::operator::hostname(), log.display());
+    let api = LeaseApi::new(&cfg.target, &opts.lease.namespace, &opts.lease.name);
+    let lease = LeaseKeeper::start(api, opts.lease.clone(), me);
+    let mut writer = lease.writer.clone();
+    let first = tokio::time::timeout(
+        Duration::from_secs(5),
+        writer.wait_for(|w| *w != Writer::Unknown),
+    )
+    .await
+    .ok()
+    .and_then(|w| w.ok().map(|w| w.clone()));
+    if let Some(w) = first {
+        match &w {
+            Writer::Refused(why) => return Err(lease_refused(opts, why)),
+            Writer::Other { holder } => {
+                let _ = events
+                    .send(SyncEvent::Note(format!(
+                        "lease {}/{} is held by {holder}: following both sides without writing until it is free",
+                        opts.lease.namespace, opts.lease.name
+                    )))
+                    .await;
+            }
+            _ => {}
+        }
+    }
+    Ok(lease)
+}
+
+fn lease_refused(opts: &SyncOptions, why: &str) -> Error {
+    Error::Config(format!(
+        "the one-writer lease {ns}/{name} is refused to these credentials ({why}): grant get, create and update on leases in namespace {ns} (the Role in assets/clusterrole.yaml), or name another with --lease-namespace/--lease-name",
+        ns = opts.lease.namespace,
+        name = opts.lease.name
+    ))
 }
 
 /// Reserves every id Kubernetes holds and the kvstore does not; false (reported) when a

@@ -218,6 +218,13 @@ pub enum CliCommand {
         /// reservations too (otherwise they lapse with the lease, 15 minutes after the stop).
         #[arg(long, requires = "reserve_in_kvstore")]
         release_reservations: bool,
+        /// Namespace of the one-writer Lease: only the sync that holds it writes; a second
+        /// sync follows and waits, and takes over within 15 s when the first dies.
+        #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+        lease_namespace: String,
+        /// Name of the one-writer Lease.
+        #[arg(long, value_name = "NAME", default_value = "cilium-idmig-sync")]
+        lease_name: String,
         #[command(flatten)]
         tuning: Tuning,
     },

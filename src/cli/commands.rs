@@ -241,6 +241,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             cutover_grace,
             reserve_in_kvstore,
             release_reservations,
+            lease_namespace,
+            lease_name,
             tuning,
         } => {
             let world = World {
@@ -254,6 +256,11 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 cutover_grace,
                 reserve_in_kvstore,
                 release_reservations,
+                lease: cilium_idmig::app::lease::LeaseOptions {
+                    namespace: lease_namespace,
+                    name: lease_name,
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             sync(

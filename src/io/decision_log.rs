@@ -117,6 +117,23 @@ impl DecisionLog {
         &self.path
     }
 
+    /// Takes an exclusive lock on the log for as long as this process runs (released by
+    /// the kernel when it exits, SIGKILL included): a second process that would write the
+    /// same log (a second `sync`) is refused instead of interleaving its lines.
+    pub fn lock_for_one_writer(&self) -> Result<()> {
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        match file.try_lock() {
+            Ok(()) => Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::Config(format!(
+                "decision log {} is in use by another process (another sync?): one sync per decision log; stop that one or pass another --decision-log",
+                self.path.display()
+            ))),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(Error::file_io(&self.path, "cannot lock decision log", e))
+            }
+        }
+    }
+
     pub fn operator(&self) -> &str {
         &self.operator
     }

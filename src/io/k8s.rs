@@ -75,6 +75,14 @@ impl RequestError {
     /// NotFound for an object: a 404 Status, by code or by reason. A plain-text 404 means the
     /// resource itself is not served (yet), which is not the same thing.
     /// A 409 Conflict (not AlreadyExists): a precondition (uid, resourceVersion) did not hold.
+    /// The HTTP status, when the server answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            RequestError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
     pub fn is_conflict(&self) -> bool {
         matches!(self, RequestError::Status { code: 409, reason, .. } if reason != "AlreadyExists")
     }
@@ -295,6 +303,11 @@ impl K8sTarget {
             consistent_reads: false,
             watch_list: Arc::new(AtomicU8::new(WATCH_LIST_UNKNOWN)),
         })
+    }
+
+    /// kube's client (auth, TLS, transport) for kube's typed `Api` (`io::lease`).
+    pub(crate) fn kube_client(&self) -> kube::Client {
+        self.client.clone()
     }
 
     fn kube_err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {

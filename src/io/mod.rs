@@ -5,6 +5,7 @@ pub mod decision_log;
 pub mod etcd;
 pub mod k8s;
 pub mod kv_source;
+pub mod lease;
 pub mod list_stream;
 pub mod mem_kv;
 pub mod operator;

@@ -64,7 +64,8 @@ fn account_name(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-fn hostname() -> String {
+/// This machine's name.
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|h| h.trim().to_string())

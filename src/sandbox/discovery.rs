@@ -54,6 +54,18 @@ fn groups(crd_established: bool) -> Vec<Group> {
             )],
         },
         Group {
+            name: "coordination.k8s.io",
+            version: "v1",
+            resources: vec![resource(
+                "leases",
+                "lease",
+                "Lease",
+                true,
+                &["create", "delete", "get", "list", "update"],
+                &[],
+            )],
+        },
+        Group {
             name: "authorization.k8s.io",
             version: "v1",
             resources: vec![resource(

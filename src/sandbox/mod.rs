@@ -9,6 +9,7 @@ mod discovery;
 mod faults;
 pub mod generator;
 mod http;
+mod leases;
 mod list_watch;
 pub mod rollout;
 mod selector;
@@ -157,6 +158,11 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// Every Lease, by namespace and name.
+    pub fn leases(&self) -> BTreeMap<(String, String), Value> {
+        self.store().leases.clone()
     }
 
     /// Stops serving and drops every open connection: the API server is gone.

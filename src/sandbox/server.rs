@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 use super::discovery;
 use super::faults::Fault;
 use super::http::{Body, full, json_response, page_not_found, query_params, status};
+use super::leases;
 use super::list_watch::{list, watch};
 use super::state::Shared;
 use crate::core::identity::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
@@ -171,6 +172,9 @@ async fn handle(
                 ),
             ),
         },
+        (m, p) if p.starts_with(leases::PREFIX) => {
+            leases::route(&shared, &m, p, &body).unwrap_or_else(page_not_found)
+        }
         (Method::POST, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") => {
             access_review(&shared, &body)
         }

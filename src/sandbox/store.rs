@@ -24,6 +24,8 @@ pub struct Store {
     pub history: Vec<WatchEvent>,
     pub history_floor: u64,
     pub events: broadcast::Sender<WatchEvent>,
+    /// Leases by namespace and name (sync's one-writer lease).
+    pub leases: BTreeMap<(String, String), Value>,
 }
 
 impl Store {
@@ -38,6 +40,7 @@ impl Store {
             history: Vec::new(),
             history_floor: 1000,
             events,
+            leases: BTreeMap::new(),
         }
     }
 
@@ -66,6 +69,11 @@ impl Store {
     fn next_rv(&mut self) -> u64 {
         self.rv += 1;
         self.rv
+    }
+
+    /// A new resourceVersion for an update (one counter for every resource, as etcd's).
+    pub fn bump_rv(&mut self) -> u64 {
+        self.next_rv()
     }
 
     fn next_uid(&mut self) -> String {

@@ -14,3 +14,4 @@ mod service;
 mod support;
 mod sync;
 mod tui;
+mod writer;

@@ -29,7 +29,13 @@ impl Sync {
 
     /// Started with its own etcd endpoint and kubeconfig (e.g. through a proxy).
     pub(crate) fn start_via(w: &World, etcd: &str, kc: &str, extra: &[&str]) -> Sync {
-        Sync::spawn(w, etcd, kc, extra, None)
+        Sync::spawn(w, etcd, kc, "sync.jsonl", extra, None)
+    }
+
+    /// Started with its own decision log (a second sync).
+    pub(crate) fn start_with_log(w: &World, log: &str, extra: &[&str]) -> Sync {
+        let kc = w.path("kubeconfig");
+        Sync::spawn(w, &w.etcd.endpoint, &kc, log, extra, None)
     }
 
     /// Started with every file it writes limited to `bytes` (`RLIMIT_FSIZE`): a write past
@@ -39,17 +45,25 @@ impl Sync {
             w,
             &w.etcd.endpoint,
             &w.path("kubeconfig"),
+            "sync.jsonl",
             extra,
             Some(bytes),
         )
     }
 
-    fn spawn(w: &World, etcd: &str, kc: &str, extra: &[&str], file_limit: Option<u64>) -> Sync {
+    fn spawn(
+        w: &World,
+        etcd: &str,
+        kc: &str,
+        log: &str,
+        extra: &[&str],
+        file_limit: Option<u64>,
+    ) -> Sync {
         let mut cmd = tokio::process::Command::new(bin());
         cmd.current_dir(w.dir.path())
             .arg("sync")
             .args(["--etcd-endpoints", etcd, "--kubeconfig", kc])
-            .args(["--decision-log", &w.path("sync.jsonl")])
+            .args(["--decision-log", &w.path(log)])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -104,6 +118,11 @@ impl Sync {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// SIGKILL: nothing is released.
+    pub(crate) async fn kill(mut self) {
+        self.child.kill().await.unwrap();
     }
 
     pub(crate) async fn stop(mut self) -> (i32, String) {

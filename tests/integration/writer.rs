@@ -1,0 +1,151 @@
+//! One writer per cluster: the sync that holds the Lease writes, a second one follows and
+//! waits, takes over within the lease's duration when the first is killed and at once when
+//! it stops cleanly; one decision log has one sync; a lease the credentials may not take
+//! is an error that says what to grant.
+
+use std::time::{Duration, Instant};
+
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::{World, log_records};
+use crate::harness::run;
+use crate::sync::{Sync, wait_for};
+
+const P: &str = "cilium/state/identities/v1";
+
+fn created_by(w: &World, log: &str) -> Vec<u64> {
+    let path = std::path::PathBuf::from(w.path(log));
+    if !path.exists() {
+        return Vec::new();
+    }
+    log_records(&path)
+        .iter()
+        .filter(|r| r["outcome"] == "created")
+        .filter_map(|r| r["target_id"].as_u64())
+        .collect()
+}
+
+fn holder(w: &World) -> Option<String> {
+    let leases = w.sb.leases();
+    let lease = leases.get(&("kube-system".to_string(), "cilium-idmig-sync".to_string()))?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_sync_writes_and_a_second_waits_then_takes_over() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/900"), b"k8s:app=first;").await;
+    let first = Sync::start_with_log(&w, "first.jsonl", &[]);
+    wait_for(20, "900 mirrored", || w.sb.objects().get("900").cloned()).await;
+    assert!(
+        holder(&w).unwrap().ends_with("first.jsonl"),
+        "{:?}",
+        holder(&w)
+    );
+
+    let second = Sync::start_with_log(&w, "second.jsonl", &[]);
+    second
+        .wait_for_line("first.jsonl holds the lease", 15)
+        .await;
+    w.etcd.put(&format!("{P}/id/901"), b"k8s:app=second;").await;
+    wait_for(10, "901 mirrored", || w.sb.objects().get("901").cloned()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(created_by(&w, "first.jsonl"), vec![900, 901]);
+    assert!(
+        created_by(&w, "second.jsonl").is_empty(),
+        "the waiting sync wrote"
+    );
+
+    // The holder dies without a word: the second takes over within the lease's 15 s.
+    first.kill().await;
+    let killed = Instant::now();
+    second.wait_for_line("taken: this sync writes", 25).await;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(20), "took over after {took:?}");
+    w.etcd.put(&format!("{P}/id/902"), b"k8s:app=third;").await;
+    wait_for(10, "902 mirrored", || w.sb.objects().get("902").cloned()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(created_by(&w, "second.jsonl"), vec![902]);
+
+    // A clean stop gives the lease up: a waiting sync takes it at once.
+    let third = Sync::start_with_log(&w, "third.jsonl", &[]);
+    third
+        .wait_for_line("second.jsonl holds the lease", 15)
+        .await;
+    let (code, text) = second.stop().await;
+    assert_eq!(code, 0, "{text}");
+    let stopped = Instant::now();
+    third.wait_for_line("taken: this sync writes", 10).await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopped.elapsed()
+    );
+    let (code, text) = third.stop().await;
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(holder(&w), None, "released at the clean stop");
+    eprintln!("took over {took:?} after a SIGKILL");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
+    let w = World::new(SandboxConfig::default()).await;
+    let first = Sync::start_with_log(&w, "sync.jsonl", &[]);
+    first.wait_for_line("taken: this sync writes", 15).await;
+    let kc = w.path("kubeconfig");
+    let log = w.path("sync.jsonl");
+    let again = run(
+        w.dir.path(),
+        &[
+            "sync",
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &kc,
+            "--decision-log",
+            &log,
+        ],
+    )
+    .await;
+    assert_eq!(again.code, 2, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("in use by another process"),
+        "{}",
+        again.stderr
+    );
+    let (code, _) = first.stop().await;
+    assert_eq!(code, 0);
+
+    let denied = World::new(SandboxConfig {
+        denied: vec![
+            ("create".into(), "leases".into()),
+            ("get".into(), "leases".into()),
+        ],
+        ..SandboxConfig::default()
+    })
+    .await;
+    let kc = denied.path("kubeconfig");
+    let refused = run(
+        denied.dir.path(),
+        &[
+            "sync",
+            "--etcd-endpoints",
+            &denied.etcd.endpoint,
+            "--kubeconfig",
+            &kc,
+        ],
+    )
+    .await;
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("lease kube-system/cilium-idmig-sync")
+            && refused
+                .stderr
+                .contains("grant get, create and update on leases"),
+        "{}",
+        refused.stderr
+    );
+    assert!(denied.sb.objects().is_empty());
+}

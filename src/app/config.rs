@@ -36,6 +36,7 @@ impl ServiceConfig {
             kvstore_prefix: self.kv.prefix(),
             cluster_id: self.scope.cluster_id,
             max_connected_clusters: self.scope.max_connected_clusters,
+            run: Some(crate::io::decision_log::run_id().to_string()),
         }
     }
 }

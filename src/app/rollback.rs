@@ -41,9 +41,24 @@ pub fn created_by_runs(paths: &[PathBuf]) -> Result<BTreeMap<u32, Record>> {
 }
 
 /// One operation per object the logs say was created: delete it if it is still exactly that
-/// object (uid, labels), keep it otherwise. Reads each object once, now.
-pub async fn plan(target: &K8sTarget, paths: &[PathBuf]) -> Result<Vec<Op>> {
+/// object (uid, labels) and no live endpoint uses it, keep it otherwise. Reads each object
+/// once, now, and the endpoints once. `include_in_use` deletes in-use identities too (the
+/// operator's explicit choice), without reading the endpoints.
+pub async fn plan(target: &K8sTarget, paths: &[PathBuf], include_in_use: bool) -> Result<Vec<Op>> {
     let created = created_by_runs(paths)?;
+    let in_use = if include_in_use || created.is_empty() {
+        BTreeMap::new()
+    } else {
+        crate::io::endpoints::identities_in_use(target)
+            .await
+            .map_err(|e| {
+                crate::Error::kube(
+                    target.server.clone(),
+                    "listing CiliumEndpoints to see which identities are in use (pass --include-in-use to delete without this check)",
+                    e,
+                )
+            })?
+    };
     let target_ref = &target;
     let mut ops: Vec<Op> = futures::stream::iter(created)
         .map(|(name, rec)| async move {
@@ -57,8 +72,45 @@ pub async fn plan(target: &K8sTarget, paths: &[PathBuf]) -> Result<Vec<Op>> {
         .await
         .into_iter()
         .collect::<Result<_>>()?;
+    for op in &mut ops {
+        let Some(users) = op.target_id.and_then(|t| in_use.get(&t)) else {
+            continue;
+        };
+        if op.op == OpKind::Delete {
+            *op = keep_in_use(op.clone(), users);
+        }
+    }
     ops.sort_by_key(|o| o.target_id);
     Ok(ops)
+}
+
+/// Kept: live endpoints use it. Deleting it would make their agents create it again (same
+/// name and labels, another uid) and leave the endpoints without an identity meanwhile.
+fn keep_in_use(mut op: Op, users: &[String]) -> Op {
+    const SHOWN: usize = 5;
+    let mut names = users
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if users.len() > SHOWN {
+        names.push_str(&format!(" and {} more", users.len() - SHOWN));
+    }
+    let namespaces: std::collections::BTreeSet<&str> = users
+        .iter()
+        .filter_map(|u| u.split_once('/').map(|(ns, _)| ns))
+        .collect();
+    op.op = OpKind::Keep;
+    op.decided_by = DecidedBy::Rule;
+    op.expect = None;
+    op.reason = Some(format!(
+        "in use by {} endpoint(s) in {} (namespaces {}): deleting it would make their agents create it again and leave them without an identity meanwhile; kept (--include-in-use deletes it anyway)",
+        users.len(),
+        names,
+        namespaces.into_iter().collect::<Vec<_>>().join(", ")
+    ));
+    op
 }
 
 /// The rule for one object, given what is there now.
@@ -168,6 +220,7 @@ mod tests {
         ObjectRef {
             uid: uid.into(),
             resource_version: rv.into(),
+            ..Default::default()
         }
     }
 

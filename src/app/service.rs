@@ -94,11 +94,14 @@ pub enum ServiceRequest {
     PlanRollback {
         generation: u64,
         logs: Vec<PathBuf>,
+        /// Delete identities live endpoints use too (the operator confirmed it).
+        include_in_use: bool,
     },
     /// Delete exactly what these logs' runs created (re-planned on a fresh read).
     Rollback {
         generation: u64,
         logs: Vec<PathBuf>,
+        include_in_use: bool,
     },
     /// Stop starting new writes.
     Stop,
@@ -273,12 +276,16 @@ async fn run(
             ServiceRequest::Resume { generation, paths } => {
                 restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
             }
-            ServiceRequest::PlanRollback { generation, logs } => {
+            ServiceRequest::PlanRollback {
+                generation,
+                logs,
+                include_in_use,
+            } => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 tokio::spawn(async move {
                     let planned = async {
                         super::preflight::require_rollback_rights(&cfg.target).await?;
-                        super::rollback::plan(&cfg.target, &logs).await
+                        super::rollback::plan(&cfg.target, &logs, include_in_use).await
                     };
                     let ev = match planned.await {
                         Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
@@ -287,12 +294,16 @@ async fn run(
                     let _ = tx.send(ev).await;
                 });
             }
-            ServiceRequest::Rollback { generation, logs } => {
+            ServiceRequest::Rollback {
+                generation,
+                logs,
+                include_in_use,
+            } => {
                 stop = StopFlag::default();
                 tokio::spawn(rollback(
                     cfg.clone(),
                     generation,
-                    logs,
+                    (logs, include_in_use),
                     tx.clone(),
                     progress.clone(),
                     stop.clone(),
@@ -644,13 +655,13 @@ fn forward_apply_events(
 async fn rollback(
     cfg: Arc<ServiceConfig>,
     generation: u64,
-    logs: Vec<PathBuf>,
+    (logs, include_in_use): (Vec<PathBuf>, bool),
     tx: mpsc::Sender<ServiceEvent>,
     progress: Arc<watch::Sender<Progress>>,
     stop: StopFlag,
 ) {
     let run = async {
-        let ops = super::rollback::plan(&cfg.target, &logs).await?;
+        let ops = super::rollback::plan(&cfg.target, &logs, include_in_use).await?;
         crate::apply::executor::log_decisions(&cfg.log, &ops)?;
         let (apply_tx, forward) = forward_apply_events(&tx);
         let watchers = Watchers {

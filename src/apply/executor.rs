@@ -256,6 +256,7 @@ async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
                 let expected = ObjectRef {
                     uid: uid.clone(),
                     resource_version: rv.clone(),
+                    ..Default::default()
                 };
                 delete_with_retries(ctx, op, t, &expected, &mut result).await
             }
@@ -365,16 +366,24 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
 }
 
 /// A 409 on create: read what is there. Identical labels count as migrated; anything else is
-/// a conflict to report, never to overwrite.
+/// a conflict to report, never to overwrite. The object this very run created, whose answer
+/// was lost (the create was applied, the response dropped, the retry found it), is
+/// `created`, with its uid, so rollback deletes it like any other this run created.
 async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
     loop {
         result.attempts += 1;
-        match attempt(ctx, ctx.target.get_identity(target_id)).await {
-            Ok(Some(existing)) if canonical_key(&existing) == op.label_key => {
-                result.outcome = Outcome::AlreadyExisted;
+        match attempt(ctx, ctx.target.get_identity_object(target_id)).await {
+            Ok(Some((meta, existing))) if canonical_key(&existing) == op.label_key => {
+                if meta.created_by_run() == Some(crate::io::decision_log::run_id()) {
+                    result.outcome = Outcome::Created;
+                    result.uid = Some(meta.uid).filter(|u| !u.is_empty());
+                    result.resource_version = Some(meta.resource_version).filter(|v| !v.is_empty());
+                } else {
+                    result.outcome = Outcome::AlreadyExisted;
+                }
                 return;
             }
-            Ok(Some(existing)) => {
+            Ok(Some((_, existing))) => {
                 result.outcome = Outcome::Conflict;
                 result.existing = Some(canonical_key(&existing));
                 return;

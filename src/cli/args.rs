@@ -124,6 +124,11 @@ pub enum CliCommand {
         /// Print the plan (without --yes) or the report (with it) as JSON.
         #[arg(long)]
         json: bool,
+        /// Delete identities that live endpoints use too. Without it they are kept and
+        /// listed: deleting one makes its agents create it again and leaves its endpoints
+        /// without an identity meanwhile.
+        #[arg(long)]
+        include_in_use: bool,
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     Verify {

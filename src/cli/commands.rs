@@ -279,7 +279,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             yes,
             tuning,
             json,
-        } => rollback(conn, decision_log, yes, tuning, json).await,
+            include_in_use,
+        } => rollback(conn, decision_log, (yes, include_in_use), tuning, json).await,
         CliCommand::Sandbox {
             port,
             kubeconfig_out,
@@ -413,7 +414,7 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
 async fn rollback(
     conn: Conn,
     logs: Vec<PathBuf>,
-    yes: bool,
+    (yes, include_in_use): (bool, bool),
     tuning: super::args::Tuning,
     json: bool,
 ) -> anyhow::Result<Exit> {
@@ -422,7 +423,7 @@ async fn rollback(
     if !yes {
         let ops = printer::reading(
             "reading the objects the runs created",
-            rollback::plan(&target, &logs),
+            rollback::plan(&target, &logs, include_in_use),
         )
         .await?;
         out!("{}", report::rollback_plan(&ops, json)?)?;
@@ -441,6 +442,7 @@ async fn rollback(
     let req = ServiceRequest::Rollback {
         generation: 1,
         logs,
+        include_in_use,
     };
     let run = printer::run(&mut handle, req).await?;
     match json {

@@ -11,6 +11,10 @@ pub const VERSION: &str = "v2";
 pub const KIND: &str = "CiliumIdentity";
 pub const PLURAL: &str = "ciliumidentities";
 pub const CRD_NAME: &str = "ciliumidentities.cilium.io";
+/// The annotation on every object this tool creates: the run (process) that created it, as
+/// its session line in the decision log names it. Cilium reads no annotation of a
+/// CiliumIdentity but its own heartbeat, so this one changes nothing for the agents.
+pub const RUN_ANNOTATION: &str = "cilium-idmig.io/run";
 /// The CRD we install when the cluster has none (apiextensions v1, schema compatible with Cilium's).
 pub const CRD_YAML: &str = include_str!("../../assets/ciliumidentities.cilium.io.yaml");
 /// The least-privilege ClusterRole the tool needs.
@@ -35,6 +39,13 @@ pub fn identity_object(id: u32, labels: &SecurityLabels) -> Value {
         },
         "security-labels": labels,
     })
+}
+
+/// The object this tool creates: `identity_object` with the run that creates it.
+pub fn identity_object_of_run(id: u32, labels: &SecurityLabels, run: &str) -> Value {
+    let mut obj = identity_object(id, labels);
+    obj["metadata"]["annotations"] = json!({ RUN_ANNOTATION: run });
+    obj
 }
 
 /// An identity as read from the API server.

@@ -83,6 +83,10 @@ pub struct Session {
     pub kvstore_prefix: String,
     pub cluster_id: u32,
     pub max_connected_clusters: MaxConnectedClusters,
+    /// This run's id, also on every object it creates (`RUN_ANNOTATION`); absent in logs
+    /// written before runs had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 /// A session line.
@@ -304,6 +308,18 @@ pub fn now() -> String {
         .unwrap_or_default()
 }
 
+/// This process's run id: when it started (UTC, to the second) and its pid, e.g.
+/// `20261201T010203Z-4f2a`. One process is one run, however many commits it makes.
+pub fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let ts = jiff::Timestamp::now()
+            .strftime("%Y%m%dT%H%M%SZ")
+            .to_string();
+        format!("{ts}-{:x}", std::process::id())
+    })
+}
+
 /// `cilium-idmig-decisions-<timestamp>.jsonl` in the working directory.
 pub fn default_path() -> PathBuf {
     let ts = jiff::Timestamp::now()
@@ -363,6 +379,7 @@ mod tests {
             kvstore_prefix: "cilium/state/identities/v1".into(),
             cluster_id: 0,
             max_connected_clusters: MaxConnectedClusters::C255,
+            run: None,
         };
         log.begin_session(session.clone()).unwrap();
         let decided =

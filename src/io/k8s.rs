@@ -14,7 +14,9 @@ use kube::client::Body;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 
-use crate::core::identity::{self, CRD_NAME, collection_path, identity_object, parse_identity};
+use crate::core::identity::{
+    self, CRD_NAME, collection_path, identity_object_of_run, parse_identity,
+};
 use crate::core::labels::{LabelKey, SecurityLabels, canonical_key};
 use crate::error::{Error, Result};
 use crate::io::list_stream::{ChunkReader, ListedObject, WatchEvent, parse_list};
@@ -138,6 +140,18 @@ pub struct ObjectRef {
     pub uid: String,
     #[serde(default)]
     pub resource_version: String,
+    /// The run of this tool that created it (`RUN_ANNOTATION`), if one did.
+    #[serde(default, skip_serializing)]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+impl ObjectRef {
+    /// The run of this tool that created the object, from its annotation.
+    pub fn created_by_run(&self) -> Option<&str> {
+        self.annotations
+            .get(crate::core::identity::RUN_ANNOTATION)
+            .map(String::as_str)
+    }
 }
 
 /// The CRD's state in the cluster.
@@ -896,19 +910,6 @@ impl K8sTarget {
     }
 
     /// Reads one identity; `Ok(None)` when it does not exist.
-    pub async fn get_identity(&self, id: u32) -> Result<Option<SecurityLabels>, RequestError> {
-        match self
-            .send(Method::GET, &format!("{}/{id}", collection_path()), None)
-            .await
-        {
-            Ok((_, v)) => parse_identity(&v)
-                .map(|o| Some(o.labels))
-                .map_err(RequestError::Transport),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Creates one identity and returns the uid and resourceVersion the server gave it. Never
     /// updates: an existing object yields an AlreadyExists error.
     pub async fn create_identity(
@@ -920,7 +921,11 @@ impl K8sTarget {
             .send_raw(
                 Method::POST,
                 &collection_path(),
-                Some(&identity_object(id, labels)),
+                Some(&identity_object_of_run(
+                    id,
+                    labels,
+                    crate::io::decision_log::run_id(),
+                )),
             )
             .await?;
         // Only the metadata is read: the rest of the answer is what was sent.
@@ -990,6 +995,26 @@ impl K8sTarget {
         Ok(v.pointer("/status/allowed")
             .and_then(Value::as_bool)
             .unwrap_or(false))
+    }
+}
+
+/// One call through kube's typed `Api`, with a deadline, its error classified like every
+/// other request's (status, reason; a transport failure by its root cause).
+pub(crate) async fn kube_call<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = kube::Result<T>>,
+) -> Result<T, RequestError> {
+    match tokio::time::timeout(deadline, call).await {
+        Err(_) => Err(RequestError::Timeout),
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(kube::Error::Api(s))) => Err(RequestError::Status {
+            code: s.code,
+            plain: false,
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            retry_after: None,
+        }),
+        Ok(Err(e)) => Err(RequestError::Transport(crate::error::root_cause(&e).0)),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 
-use super::k8s::{K8sTarget, RequestError};
+use super::k8s::{K8sTarget, RequestError, kube_call};
 
 /// Longest wait for one lease request.
 const LEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,34 +31,25 @@ impl LeaseApi {
 
     /// The lease, `None` when it does not exist.
     pub async fn get(&self) -> Result<Option<Lease>, RequestError> {
-        timed(self.api.get_opt(&self.name)).await
+        kube_call(LEASE_TIMEOUT, self.api.get_opt(&self.name)).await
     }
 
     /// Creates the lease; a 409 (`is_already_exists`) when another writer created it first.
     pub async fn create(&self, lease: &Lease) -> Result<Lease, RequestError> {
-        timed(self.api.create(&PostParams::default(), lease)).await
+        kube_call(
+            LEASE_TIMEOUT,
+            self.api.create(&PostParams::default(), lease),
+        )
+        .await
     }
 
     /// Replaces the lease at the resourceVersion in `lease.metadata`; a 409 (`is_conflict`)
     /// when it changed since.
     pub async fn replace(&self, lease: &Lease) -> Result<Lease, RequestError> {
-        timed(self.api.replace(&self.name, &PostParams::default(), lease)).await
-    }
-}
-
-async fn timed<T>(
-    call: impl std::future::Future<Output = kube::Result<T>>,
-) -> Result<T, RequestError> {
-    match tokio::time::timeout(LEASE_TIMEOUT, call).await {
-        Err(_) => Err(RequestError::Timeout),
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(kube::Error::Api(s))) => Err(RequestError::Status {
-            code: s.code,
-            plain: false,
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-            retry_after: None,
-        }),
-        Ok(Err(e)) => Err(RequestError::Transport(crate::error::root_cause(&e).0)),
+        kube_call(
+            LEASE_TIMEOUT,
+            self.api.replace(&self.name, &PostParams::default(), lease),
+        )
+        .await
     }
 }

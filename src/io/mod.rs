@@ -2,6 +2,7 @@
 //! the files the tool writes (plan, decision log, exports) and the dumps it rehearses on.
 
 pub mod decision_log;
+pub mod endpoints;
 pub mod etcd;
 pub mod k8s;
 pub mod kv_source;

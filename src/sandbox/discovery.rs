@@ -88,10 +88,19 @@ fn groups(crd_established: bool) -> Vec<Group> {
             &["ciliumid"],
         );
         r["categories"] = json!(["cilium"]);
+        let mut endpoints = resource(
+            "ciliumendpoints",
+            "ciliumendpoint",
+            "CiliumEndpoint",
+            true,
+            &["list"],
+            &["cep", "ciliumep"],
+        );
+        endpoints["categories"] = json!(["cilium"]);
         groups.push(Group {
             name: GROUP,
             version: VERSION,
-            resources: vec![r],
+            resources: vec![r, endpoints],
         });
     }
     groups

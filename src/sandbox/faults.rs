@@ -1,5 +1,5 @@
 //! Fault injection for the sandbox API server: latency, spikes, 500s, 429 with Retry-After,
-//! dropped connections, and a queue of exact faults for deterministic tests.
+//! dropped connections, answers lost after the request was carried out, and a queue of exact faults for deterministic tests.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -8,9 +8,14 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     Status(u16),
-    TooManyRequests { retry_after_secs: u64 },
+    TooManyRequests {
+        retry_after_secs: u64,
+    },
     Drop,
     Delay(Duration),
+    /// The request is carried out, then the connection is dropped before the answer: the
+    /// client cannot tell a create that was applied from one that was not.
+    LoseResponse,
 }
 
 /// Probabilistic faults, applied to `ciliumidentities` requests only, so the CRD and
@@ -23,6 +28,8 @@ pub struct FaultConfig {
     pub p_429: f64,
     pub retry_after_secs: u64,
     pub p_drop: f64,
+    /// Probability that a request is carried out and its answer lost (`LoseResponse`).
+    pub p_lost_response: f64,
     /// Probability of a latency spike of `spike` (e.g. beyond the client's op timeout).
     pub p_spike: f64,
     pub spike: Duration,
@@ -84,6 +91,8 @@ impl FaultConfig {
             })
         } else if r < self.p_500 + self.p_429 + self.p_drop {
             Some(Fault::Drop)
+        } else if r < self.p_500 + self.p_429 + self.p_drop + self.p_lost_response {
+            Some(Fault::LoseResponse)
         } else {
             None
         };

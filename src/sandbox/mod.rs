@@ -6,6 +6,7 @@
 
 pub mod demo;
 mod discovery;
+pub mod endpoints;
 mod faults;
 pub mod generator;
 mod http;
@@ -158,6 +159,14 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// Publishes an endpoint in `namespace` that uses `identity`, as an agent does.
+    pub fn add_endpoint(&self, namespace: &str, name: &str, identity: u32) {
+        self.store().endpoints.insert(
+            (namespace.to_string(), name.to_string()),
+            endpoints::endpoint_object(namespace, name, identity),
+        );
     }
 
     /// Every Lease, by namespace and name.

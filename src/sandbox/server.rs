@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use super::discovery;
+use super::endpoints;
 use super::faults::Fault;
 use super::http::{Body, full, json_response, page_not_found, query_params, status};
 use super::leases;
@@ -82,6 +83,7 @@ async fn handle(
         }
     }
 
+    let mut lose_response = false;
     if is_identity {
         let (delay, fault) = {
             let mut f = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,6 +115,7 @@ async fn handle(
                 }
                 return Ok(res);
             }
+            Some(Fault::LoseResponse) => lose_response = true,
             Some(Fault::Delay(_)) | None => {}
         }
     }
@@ -145,7 +148,7 @@ async fn handle(
     } else {
         None
     };
-    Ok(match (method, path.as_str()) {
+    let res = match (method, path.as_str()) {
         (Method::GET, "/version") => json_response(
             StatusCode::OK,
             &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-sandbox", "platform": "linux/amd64"}),
@@ -172,6 +175,9 @@ async fn handle(
                 ),
             ),
         },
+        (m, p) if endpoints::route(&shared, &m, p, &params).is_some() => {
+            endpoints::route(&shared, &m, p, &params).unwrap_or_else(page_not_found)
+        }
         (m, p) if p.starts_with(leases::PREFIX) => {
             leases::route(&shared, &m, p, &body).unwrap_or_else(page_not_found)
         }
@@ -218,7 +224,11 @@ async fn handle(
             }
         }
         _ => page_not_found(),
-    })
+    };
+    if lose_response {
+        return Err(DropConnection);
+    }
+    Ok(res)
 }
 
 fn not_found(name: &str) -> Response<Body> {

@@ -26,6 +26,8 @@ pub struct Store {
     pub events: broadcast::Sender<WatchEvent>,
     /// Leases by namespace and name (sync's one-writer lease).
     pub leases: BTreeMap<(String, String), Value>,
+    /// CiliumEndpoints by namespace and name.
+    pub endpoints: BTreeMap<(String, String), Value>,
 }
 
 impl Store {
@@ -41,6 +43,7 @@ impl Store {
             history_floor: 1000,
             events,
             leases: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
         }
     }
 

@@ -39,6 +39,7 @@ pub enum KeyAction {
     Retry,
     Rescan,
     Export,
+    IncludeInUse,
 }
 
 /// Where a binding applies.
@@ -358,6 +359,14 @@ pub const BINDINGS: &[Binding] = &[
         short: "delete",
         action: KeyAction::Commit,
         help: "delete what is marked delete: asks you to type yes",
+    },
+    Binding {
+        scope: ROLLBACK,
+        keys: &[(Char('I'), S), (Char('I'), N)],
+        label: "I",
+        short: "in use too",
+        action: KeyAction::IncludeInUse,
+        help: "mark identities live endpoints use for deletion too: asks you to type in use",
     },
     Binding {
         scope: ROLLBACK,

@@ -824,6 +824,41 @@ fn screens_match_their_snapshots() {
 }
 
 #[test]
+fn identities_in_use_are_deleted_only_after_typing_in_use() {
+    let logs = vec![std::path::PathBuf::from("run.jsonl")];
+    let mut m = Model::for_rollback(IdRange::for_cluster(0).unwrap(), true, logs);
+    update(&mut m, Msg::Resize { rows: 30 });
+    init(&mut m);
+    update(&mut m, key('I'));
+    assert!(matches!(m.modal, Some(Modal::ConfirmIncludeInUse { .. })));
+    check_screen("rollback-in-use", &mut m);
+    // `yes` is not the word here: the field clears and nothing is asked for.
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    assert!(update(&mut m, code(KeyCode::Enter)).is_empty());
+    assert!(!m.rollback.as_ref().unwrap().include_in_use);
+    for c in "in use".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    assert!(
+        matches!(
+            &cmds[..],
+            [Command::Send(Request::PlanRollback {
+                generation: 2,
+                include_in_use: true,
+                ..
+            })]
+        ),
+        "{cmds:?}"
+    );
+    // Asked once: the key does nothing more.
+    update(&mut m, key('I'));
+    assert!(m.modal.is_none());
+}
+
+#[test]
 fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
     use crate::core::planner::{DecidedBy, Op, OpKind};
     let logs = vec![std::path::PathBuf::from("run.jsonl")];
@@ -831,7 +866,7 @@ fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
     update(&mut m, Msg::Resize { rows: 30 });
     let cmds = init(&mut m);
     assert!(
-        matches!(&cmds[..], [Command::Send(Request::PlanRollback { generation: 1, logs: l })] if *l == logs),
+        matches!(&cmds[..], [Command::Send(Request::PlanRollback { generation: 1, logs: l, include_in_use: false })] if *l == logs),
         "{cmds:?}"
     );
     let op = |id: &str, op: OpKind, expect: Option<(&str, &str)>, reason: Option<&str>| Op {

@@ -445,3 +445,174 @@ async fn the_tui_reviews_a_rollback_then_deletes_on_yes() {
             .any(|r| r["session"]["command"] == "rollback")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creates_whose_answers_were_lost_are_recorded_as_created_and_rolled_back() {
+    let w = World::new(SandboxConfig::default()).await;
+    for i in 0..20u32 {
+        let key = format!("{P}/id/{}", 500 + i);
+        w.etcd
+            .put(&key, format!("k8s:app=lost-{i};").as_bytes())
+            .await;
+    }
+    // Half the creates are carried out and their answers lost: the retry meets a 409.
+    w.sb.set_faults(FaultConfig {
+        p_lost_response: 0.5,
+        writes_only: true,
+        ..Default::default()
+    });
+    let log = w.path("lost.jsonl");
+    let r = w.cli(&["apply", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    w.sb.set_faults(FaultConfig::default());
+    assert!(
+        w.sb.request_count("POST ciliumidentities") > 25,
+        "answers were lost and retried"
+    );
+    let records = log_records(Path::new(&log));
+    let run = records
+        .iter()
+        .find_map(|r| r["session"]["run"].as_str())
+        .expect("the session line names the run")
+        .to_string();
+    let created: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["outcome"] == "created")
+        .collect();
+    assert_eq!(
+        created.len(),
+        20,
+        "every create is ours, lost answers included"
+    );
+    assert!(
+        created
+            .iter()
+            .all(|r| r["uid"].as_str().is_some_and(|u| !u.is_empty()))
+    );
+    for (name, o) in w.sb.objects() {
+        assert_eq!(
+            o["metadata"]["annotations"]["cilium-idmig.io/run"], run,
+            "{name} names its run"
+        );
+    }
+    let r = w.cli(&["rollback", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(w.sb.objects().is_empty(), "all 20 rolled back");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_409_reads_what_is_there_and_never_overwrites() {
+    use cilium_idmig::apply::executor::{self, ApplyOptions, StopFlag, Watchers};
+    use cilium_idmig::core::outcome::Outcome;
+    use cilium_idmig::core::planner::{DecidedBy, Kind, Op, OpKind};
+    let w = World::new(SandboxConfig::default()).await;
+    let labels = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    // Taken by other labels; by the same labels (another writer); by the same labels and
+    // this very run (a create of ours whose answer was lost).
+    w.sb.seed_identity(600, &labels("k8s:app=other;"));
+    w.sb.seed_identity(601, &labels("k8s:app=same;"));
+    let mut ours = cilium_idmig::core::identity::identity_object(602, &labels("k8s:app=ours;"));
+    ours["metadata"]["annotations"] =
+        serde_json::json!({"cilium-idmig.io/run": cilium_idmig::io::decision_log::run_id()});
+    w.sb.seed_raw("602", ours);
+    let op = |id: u32, key: &str| Op {
+        id: id.to_string(),
+        label_key: key.into(),
+        kind: Kind::Create,
+        op: OpKind::Create,
+        target_id: Some(id),
+        decided_by: DecidedBy::Rule,
+        expect: None,
+        reason: None,
+    };
+    let ops = vec![
+        op(600, "k8s:app=mine;"),
+        op(601, "k8s:app=same;"),
+        op(602, "k8s:app=ours;"),
+    ];
+    let target = cilium_idmig::io::k8s::K8sTarget::from_url(&w.sb.url()).unwrap();
+    let before = w.sb.objects();
+    let report = executor::apply(
+        &target,
+        ops,
+        false,
+        &ApplyOptions::default(),
+        None,
+        Watchers::default(),
+        StopFlag::default(),
+    )
+    .await
+    .unwrap();
+    let outcome = |id: u32| {
+        report
+            .results
+            .iter()
+            .find(|r| r.target_id == Some(id))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(outcome(600).outcome, Outcome::Conflict);
+    assert_eq!(outcome(600).existing.as_deref(), Some("k8s:app=other;"));
+    assert_eq!(outcome(601).outcome, Outcome::AlreadyExisted);
+    assert_eq!(outcome(602).outcome, Outcome::Created);
+    assert_eq!(
+        outcome(602).uid.as_deref(),
+        before["602"]["metadata"]["uid"].as_str()
+    );
+    assert_eq!(w.sb.objects(), before, "nothing overwritten");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rollback_keeps_identities_that_live_endpoints_use_unless_told() {
+    let w = World::new(SandboxConfig::default()).await;
+    for (id, app) in [(700, "web"), (701, "api"), (702, "gone")] {
+        let key = format!("{P}/id/{id}");
+        w.etcd.put(&key, format!("k8s:app={app};").as_bytes()).await;
+    }
+    let log = w.path("run.jsonl");
+    let r = w.cli(&["apply", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // CRD-mode agents use two of them: 700 by many pods (more than one page of the list).
+    for i in 0..600 {
+        w.sb.add_endpoint("shop", &format!("web-{i:03}"), 700);
+    }
+    w.sb.add_endpoint("pay", "api-0", 701);
+    let review = w.cli(&["rollback", "--decision-log", &log]).await;
+    assert_eq!(review.code, 0, "{}", review.stderr);
+    assert!(
+        review
+            .stdout
+            .contains("in use by 600 endpoint(s) in shop/web-000, shop/web-001")
+            && review.stdout.contains("and 595 more (namespaces shop)")
+            && review
+                .stdout
+                .contains("in use by 1 endpoint(s) in pay/api-0"),
+        "{}",
+        review.stdout
+    );
+    let r = w.cli(&["rollback", "--yes", "--decision-log", &log]).await;
+    assert_eq!(r.code, 1, "two were kept: {}", r.stdout);
+    let left: Vec<String> = w.sb.objects().into_keys().collect();
+    assert_eq!(left, ["700", "701"]);
+    let r = w
+        .cli(&[
+            "rollback",
+            "--yes",
+            "--include-in-use",
+            "--decision-log",
+            &log,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(w.sb.objects().is_empty());
+
+    // Without the right to list endpoints, rollback says so before it reads anything.
+    let denied = World::new(SandboxConfig {
+        denied: vec![("list".into(), "ciliumendpoints".into())],
+        ..SandboxConfig::default()
+    })
+    .await;
+    let r = denied.cli(&["rollback", "--decision-log", &log]).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("ciliumendpoints"), "{}", r.stderr);
+}

@@ -235,7 +235,7 @@ async fn crd_lifecycle_plain_404_until_established() {
             .iter()
             .any(|(k, v)| k == "content-type" && v.starts_with("text/plain"))
     );
-    let err = target.get_identity(1).await.unwrap_err();
+    let err = target.get_identity_object(1).await.unwrap_err();
     assert!(
         matches!(&err, RequestError::Status { code: 404, reason, .. } if reason.is_empty()),
         "{err:?}"
@@ -249,7 +249,14 @@ async fn crd_lifecycle_plain_404_until_established() {
         CrdState::Present { established: true }
     );
     target.create_identity(300, &labels("web")).await.unwrap();
-    assert_eq!(target.get_identity(300).await.unwrap(), Some(labels("web")));
+    assert_eq!(
+        target
+            .get_identity_object(300)
+            .await
+            .unwrap()
+            .map(|(_, l)| l),
+        Some(labels("web"))
+    );
     // Creating it again is harmless.
     target.create_crd().await.unwrap();
 }
@@ -292,12 +299,12 @@ async fn injects_429_500_drops_and_latency() {
     ]);
     sb.set_faults(f);
     let target = K8sTarget::from_url(&sb.url()).unwrap();
-    let e = target.get_identity(1).await.unwrap_err();
+    let e = target.get_identity_object(1).await.unwrap_err();
     assert!(
         e.is_retryable() && e.retry_after() == Some(Duration::from_secs(2)),
         "{e:?}"
     );
-    let e = target.get_identity(1).await.unwrap_err();
+    let e = target.get_identity_object(1).await.unwrap_err();
     assert!(matches!(e, RequestError::Transport(_)), "{e:?}");
     // Bearer tokens are enforced when configured.
     let sb = Sandbox::start(SandboxConfig {
@@ -354,6 +361,7 @@ async fn delete_preconditions_are_honoured_as_the_api_server_does() {
     let wrong = cilium_idmig::io::k8s::ObjectRef {
         uid: "other".into(),
         resource_version: rv.clone(),
+        ..Default::default()
     };
     let e = target.delete_identity(300, &wrong).await.unwrap_err();
     assert!(e.is_conflict(), "{e}");

@@ -715,7 +715,7 @@ async fn an_api_server_failing_past_the_retry_budget_does_not_end_sync() {
         w.sb.objects().contains_key("700").then_some(())
     })
     .await;
-    assert!(s.text().contains("trying again in 30 s"), "{}", s.text());
+    assert!(s.text().contains("trying again in 10 s"), "{}", s.text());
     s.stop().await;
 }
 

@@ -63,6 +63,8 @@ pub struct RollbackState {
     pub ops: Option<Vec<crate::core::planner::Op>>,
     /// First row shown.
     pub offset: usize,
+    /// Identities live endpoints use are deleted too (after their own typed confirmation).
+    pub include_in_use: bool,
 }
 
 /// A popup that owns the keyboard while open.
@@ -90,6 +92,10 @@ pub enum Modal {
     },
     /// So does a rollback.
     ConfirmRollback {
+        typed: TextField,
+    },
+    /// Deleting identities live endpoints use needs its own typed `in use`.
+    ConfirmIncludeInUse {
         typed: TextField,
     },
     Export {

@@ -104,7 +104,17 @@ pub(super) fn plan_rollback(model: &mut Model) -> Vec<Command> {
     vec![Command::Send(ServiceRequest::PlanRollback {
         generation: rb.generation,
         logs: rb.logs.clone(),
+        include_in_use: rb.include_in_use,
     })]
+}
+
+/// The operator typed `in use`: identities live endpoints use are planned for deletion too.
+pub(super) fn include_in_use(model: &mut Model) -> Vec<Command> {
+    let Some(rb) = &mut model.rollback else {
+        return vec![];
+    };
+    rb.include_in_use = true;
+    plan_rollback(model)
 }
 
 /// Enter on the rollback screen: the typed-`yes` popup, once there is something to delete.
@@ -137,6 +147,7 @@ pub(super) fn start_rollback(model: &mut Model) -> Vec<Command> {
     };
     let generation = model.commit.generation + 1;
     let logs = rb.logs.clone();
+    let include_in_use = rb.include_in_use;
     model.commit = CommitState {
         phase: CommitPhase::Running,
         generation,
@@ -144,7 +155,11 @@ pub(super) fn start_rollback(model: &mut Model) -> Vec<Command> {
         rollback: true,
         ..Default::default()
     };
-    vec![Command::Send(ServiceRequest::Rollback { generation, logs })]
+    vec![Command::Send(ServiceRequest::Rollback {
+        generation,
+        logs,
+        include_in_use,
+    })]
 }
 
 /// Scrolls the rollback plan.

@@ -527,6 +527,14 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             vec![]
         }
         KeyAction::Commit if model.screen == Screen::Rollback => commit::confirm_rollback(model),
+        KeyAction::IncludeInUse => {
+            if model.rollback.as_ref().is_some_and(|rb| !rb.include_in_use) {
+                model.modal = Some(Modal::ConfirmIncludeInUse {
+                    typed: Default::default(),
+                });
+            }
+            vec![]
+        }
         KeyAction::Commit => {
             if matches!(
                 model.commit.phase,

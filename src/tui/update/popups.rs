@@ -120,19 +120,26 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             };
             decide_bulk(model, &targets, decision)
         }
-        Modal::ConfirmCommit { typed } => typed_yes(
+        Modal::ConfirmCommit { typed } => typed_word(
             model,
-            typed,
+            (typed, "yes"),
             &key,
             |typed| Modal::ConfirmCommit { typed },
             start_commit,
         ),
-        Modal::ConfirmRollback { typed } => typed_yes(
+        Modal::ConfirmRollback { typed } => typed_word(
             model,
-            typed,
+            (typed, "yes"),
             &key,
             |typed| Modal::ConfirmRollback { typed },
             super::commit::start_rollback,
+        ),
+        Modal::ConfirmIncludeInUse { typed } => typed_word(
+            model,
+            (typed, "in use"),
+            &key,
+            |typed| Modal::ConfirmIncludeInUse { typed },
+            super::commit::include_in_use,
         ),
         Modal::Export { mut input } => match key.code {
             KeyCode::Esc => vec![],
@@ -151,18 +158,18 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
     }
 }
 
-/// A popup that asks for the typed word `yes` before a write: Enter with `yes` runs
+/// A popup that asks for a typed word (`yes` before a write) : Enter with the word runs
 /// `confirm`, Enter with anything else clears the field, Esc cancels; other keys edit.
-fn typed_yes(
+fn typed_word(
     model: &mut Model,
-    mut typed: TextField,
+    (mut typed, word): (TextField, &str),
     key: &KeyEvent,
     popup: fn(TextField) -> Modal,
     confirm: fn(&mut Model) -> Vec<Command>,
 ) -> Vec<Command> {
     match key.code {
         KeyCode::Esc => vec![],
-        KeyCode::Enter if typed.text() == "yes" => confirm(model),
+        KeyCode::Enter if typed.text() == word => confirm(model),
         KeyCode::Enter => {
             model.modal = Some(popup(TextField::default()));
             vec![]

@@ -199,6 +199,20 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
                 5,
             )
         }
+        Modal::ConfirmIncludeInUse { typed } => (
+            " Delete identities in use ",
+            vec![
+                Line::raw(
+                    "Identities that live endpoints use are kept. Deleting one makes its agents create it again (another uid) and leaves its endpoints without an identity meanwhile.",
+                ),
+                Line::raw("To mark them delete too, type in use and press Enter (Esc cancels)."),
+                Line::styled(
+                    format!("> {}", with_cursor(typed)),
+                    Style::default().add_modifier(Modifier::BOLD),
+                ),
+            ],
+            7,
+        ),
         Modal::Export { input } => (
             " Export ",
             vec![

@@ -43,8 +43,14 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             Span::styled(format!("{:>6} to delete", s.delete), t.bad()),
             Span::raw(format!(
-                " · {} already gone · {} kept (no longer the object this tool created)",
-                s.gone, s.keep
+                " · {} already gone · {} kept ({})",
+                s.gone,
+                s.keep,
+                if rb.include_in_use {
+                    "not the object this tool created; identities in use included"
+                } else {
+                    "not the object this tool created, or in use: I includes those"
+                }
             )),
         ]),
         Line::styled(

@@ -137,9 +137,9 @@ pub enum CliCommand {
         /// Decision log(s) whose recorded mappings count as the expected ids.
         #[arg(long)]
         decision_log: Vec<PathBuf>,
-        /// `text` or `json`.
-        #[arg(long, default_value = "text")]
-        output: String,
+        /// How the report is printed.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// The interactive migrator on the embedded sandbox: an in-memory kvstore and the
     /// in-process API server, seeded with generated identities of every kind. Needs no etcd,
@@ -361,4 +361,11 @@ pub fn parse_speed(s: &str) -> Result<f64, String> {
             "{s:?} is not a speed: a factor above 0 and at most 1000 (1 plays the rollout in about two minutes)"
         )),
     }
+}
+
+/// How a report is printed: a typo is refused by the parser, never printed as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
 }

@@ -107,7 +107,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 flows::verify(&kv, &target, range, &mappings),
             )
             .await?;
-            print_verify(&report, output == "json")?;
+            print_verify(&report, output == super::args::Output::Json)?;
             Ok(if report.passed() {
                 Exit::Ok
             } else {

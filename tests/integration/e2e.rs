@@ -473,7 +473,7 @@ async fn api_server_gone_mid_apply_stops_cleanly_and_a_rerun_finishes() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn bad_input_is_one_clear_line_with_exit_2() {
+async fn bad_input_is_one_clear_line_with_exit_2_and_a_dead_server_exit_1() {
     let w = World::new(SandboxConfig::default()).await;
     let dead = format!("http://127.0.0.1:{}", crate::harness::free_port());
     let kc = w.path("kubeconfig");
@@ -482,7 +482,8 @@ async fn bad_input_is_one_clear_line_with_exit_2() {
         &["plan", "--etcd-endpoints", &dead, "--kubeconfig", &kc],
     )
     .await;
-    assert_eq!(r.code, 2, "{}", r.stderr);
+    // Unreachable is failed work, not a usage error: a script retries it.
+    assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(
         r.stderr.contains(&dead.replace("http://", "")),
         "{}",
@@ -527,6 +528,48 @@ async fn bad_input_is_one_clear_line_with_exit_2() {
     let r = w.cli(&["plan", "--cluster-id", "300"]).await;
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("cluster ID 300"), "{}", r.stderr);
+    // A typo in a value is refused, not printed as text.
+    let r = w.cli(&["verify", "--output", "jsn"]).await;
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("jsn") && r.stderr.contains("json"),
+        "{}",
+        r.stderr
+    );
+    // A server that refuses the credentials is configuration (2); one that fails, work (1).
+    let locked = World::new(SandboxConfig {
+        token: Some("right".into()),
+        ..SandboxConfig::default()
+    })
+    .await;
+    let wrong = w.path("wrong-token");
+    std::fs::write(
+        &wrong,
+        std::fs::read_to_string(locked.path("kubeconfig"))
+            .unwrap()
+            .replace("token: right", "token: wrong"),
+    )
+    .unwrap();
+    let r = run(
+        w.dir.path(),
+        &[
+            "plan",
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &wrong,
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("401"), "{}", r.stderr);
+    w.sb.set_faults(cilium_idmig::sandbox::FaultConfig {
+        p_500: 1.0,
+        ..Default::default()
+    });
+    let r = w.cli(&["plan"]).await;
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("500"), "{}", r.stderr);
 }
 
 /// Runs a dump command of the operator's (etcdctl, kubectl) and writes its output to `path`.

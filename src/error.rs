@@ -99,39 +99,6 @@ pub(crate) fn root_cause(cause: &(dyn std::error::Error + 'static)) -> (String, 
     (text, unreachable)
 }
 
-/// Whether a server's answer in this chain is a refusal (credentials, permissions, a bad
-/// request): a 4xx from Kubernetes other than 408 and 429, or etcd's PermissionDenied,
-/// Unauthenticated, InvalidArgument or FailedPrecondition.
-fn refused_by_server(cause: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(cause);
-    while let Some(e) = cur {
-        if let Some(r) = e.downcast_ref::<crate::io::k8s::RequestError>() {
-            return r.code().is_some_and(refusal_code);
-        }
-        if let Some(kube::Error::Api(s)) = e.downcast_ref::<kube::Error>() {
-            return refusal_code(s.code);
-        }
-        if let Some(kube::Error::Auth(_)) = e.downcast_ref::<kube::Error>() {
-            return true;
-        }
-        if let Some(etcd) = e.downcast_ref::<etcd_client::Error>() {
-            return match etcd {
-                // gRPC codes: InvalidArgument 3, PermissionDenied 7, FailedPrecondition 9,
-                // Unauthenticated 16.
-                etcd_client::Error::GRpcStatus(s) => matches!(s.code() as i32, 3 | 7 | 9 | 16),
-                etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => true,
-                _ => false,
-            };
-        }
-        cur = e.source();
-    }
-    false
-}
-
-fn refusal_code(code: u16) -> bool {
-    (400..500).contains(&code) && code != 408 && code != 429
-}
-
 /// `"{what}: {innermost cause}"`, with `unreachable_hint` when the server could not be
 /// reached at all, and the cause kept as the source.
 fn server_failure(
@@ -255,12 +222,8 @@ impl Error {
             | Error::Config(_)
             | Error::Refused(_)
             | Error::File { .. } => true,
-            // A server that refused these credentials or this request is the operator's to
-            // fix; one that could not be reached, failed or timed out (after the retries)
-            // is failed work, so a script can tell a typo from a flaky server.
-            Error::Etcd { source, .. } | Error::Kube { source, .. } => {
-                source.as_deref().is_some_and(|e| refused_by_server(e))
-            }
+            // A server's failure is failed work unless the server refused these
+            // credentials or this request (`io::refusal` tells, for the exit code).
             _ => false,
         }
     }

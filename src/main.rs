@@ -70,7 +70,8 @@ fn main() -> ExitCode {
                 // The library's messages already quote their cause: one line, no chain.
                 tracing::debug!(error = ?le, "command failed");
                 eprintln!("error: {le}");
-                ExitCode::from(if le.is_usage() { 2 } else { 1 })
+                let usage = le.is_usage() || cilium_idmig::io::refusal::refused_by_server(le);
+                ExitCode::from(if usage { 2 } else { 1 })
             }
             None => {
                 eprintln!("error: {e:#}");

@@ -41,12 +41,13 @@ impl Drop for Reservations {
     }
 }
 
-fn line(id: u32, labels: &str, decision: &str, kvstore: String) -> Record {
-    let mut r = Record::new(
+/// A line about a kvstore write: `action` is what sync did (a rule's, never a person's).
+fn line(id: u32, labels: &str, action: &str, kvstore: String) -> Record {
+    let mut r = Record::decision(
         &id.to_string(),
         labels,
         Kind::Create,
-        decision.into(),
+        (action, "rule"),
         Some(id),
     );
     r.kvstore = Some(kvstore);
@@ -137,7 +138,7 @@ impl Reservations {
                 log.append(line(
                     id,
                     labels,
-                    "reserve-in-kvstore (rule)",
+                    "reserve-in-kvstore",
                     format!(
                         "put id/{id} and value/{labels}/{RESERVATION_NODE} at revision {revision}: reserved"
                     ),
@@ -149,7 +150,7 @@ impl Reservations {
                 log.append(line(
                     id,
                     labels,
-                    "reserve-in-kvstore (rule)",
+                    "reserve-in-kvstore",
                     format!(
                         "id/{id} already held for {}: nothing written",
                         String::from_utf8_lossy(&other)
@@ -176,7 +177,7 @@ impl Reservations {
             let _ = log.append(line(
                 id,
                 labels,
-                "unreserve (rule)",
+                "unreserve",
                 format!(
                     "deleted value/{labels}/{RESERVATION_NODE}: its CiliumIdentity was deleted"
                 ),
@@ -202,7 +203,7 @@ impl Reservations {
                 }
                 Released::Kept(why) => format!("kept id/{id}: {why}"),
             };
-            let _ = log.append(line(*id, labels, "release-reservation (rule)", what));
+            let _ = log.append(line(*id, labels, "release-reservation", what));
         }
         metrics.kvstore_reservations.set(0);
         Ok(deleted)

@@ -424,6 +424,11 @@ async fn run(
 
 /// The decision log line for an operator's decision in a front end.
 fn decision_record(name: &str, item: &PlanItem) -> Record {
+    let action = if name == "undo" {
+        "undo"
+    } else {
+        item.action.as_str()
+    };
     Record::new(
         &item.id,
         &item.labels,
@@ -431,6 +436,7 @@ fn decision_record(name: &str, item: &PlanItem) -> Record {
         describe(name, item),
         item.target_id,
     )
+    .with_fields(crate::core::planner::DecidedBy::Operator.as_str(), action)
 }
 
 /// Starts a scan (resuming `paths` onto it, if any) with a fresh drift watch.

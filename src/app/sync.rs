@@ -785,7 +785,7 @@ async fn close_moot(
         if state.moot.contains(&id) || state.counts.get(labels.as_bytes()) > 0 {
             continue;
         }
-        let mut r = Record::new(&id, &labels, kind, "moot (rule)".into(), None);
+        let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
         r.outcome = Some(Outcome::Skipped);
         r.error =
             Some("no kvstore-mode node uses these labels any more: closed without a write".into());
@@ -980,11 +980,11 @@ async fn select_writes(
     for item in items {
         if item.kind == Kind::Invalid {
             if state.reported.insert(item.id.clone()) {
-                let mut r = Record::new(
+                let mut r = Record::decision(
                     &item.id,
                     &item.labels,
                     Kind::Invalid,
-                    "skip (rule)".into(),
+                    ("skip", "rule"),
                     None,
                 );
                 r.outcome = Some(Outcome::Skipped);

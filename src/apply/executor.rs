@@ -218,8 +218,8 @@ fn decision_name(op: &Op) -> &'static str {
 
 /// The log line for an operation: its decision, and its outcome once there is one.
 fn record(op: &Op, result: Option<&OpResult>) -> Record {
-    let decision = format!("{} ({})", decision_name(op), op.decided_by);
-    let mut r = Record::new(&op.id, &op.label_key, op.kind, decision, op.target_id);
+    let decided = (decision_name(op), op.decided_by.as_str());
+    let mut r = Record::decision(&op.id, &op.label_key, op.kind, decided, op.target_id);
     if let Some(res) = result {
         r.outcome = Some(res.outcome);
         r.error = res.problem();

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
-use crate::core::planner::resume::{LogStep, step_of};
+use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
 use crate::core::range::MaxConnectedClusters;
 use crate::core::verify::Expectations;
 use crate::error::{Error, Result};
@@ -26,8 +26,17 @@ pub struct Record {
     pub id: String,
     pub labels: String,
     pub kind: Kind,
-    /// `create`, `map`, `none`, `skip`, or an operator's action in the TUI.
+    /// The decision as text, for a person: `create (operator)`, or an operator's action in
+    /// the TUI, `edit (create 4000)`.
     pub decision: String,
+    /// The same decision as fields, which a resume reads: who decided (`operator`,
+    /// `accept-proposals`, `proposal`, `rule`) and the action (`create`, `none`, `map`,
+    /// `skip`, `undo`, or what a rollback, a moot closing or a reservation did), the target
+    /// being `target_id`. Absent in logs written before; those are read from the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
     pub target_id: Option<u32>,
     /// Absent on a pure decision record.
     pub outcome: Option<Outcome>,
@@ -66,6 +75,38 @@ impl Record {
             uid: None,
             resource_version: None,
             kvstore: None,
+            decided_by: None,
+            action: None,
+        }
+    }
+
+    /// A decision line: the text `"<action> (<decided_by>)"` and the same as fields.
+    pub fn decision(
+        id: &str,
+        labels: &str,
+        kind: Kind,
+        (action, decided_by): (&str, &str),
+        target_id: Option<u32>,
+    ) -> Self {
+        let text = format!("{action} ({decided_by})");
+        Record::new(id, labels, kind, text, target_id).with_fields(decided_by, action)
+    }
+
+    /// Sets the structured fields of the decision.
+    pub fn with_fields(mut self, decided_by: &str, action: &str) -> Self {
+        self.decided_by = Some(decided_by.to_string());
+        self.action = Some(action.to_string());
+        self
+    }
+
+    /// What this line means for a resume: from the fields, or from the text in logs
+    /// written before the fields.
+    pub fn step(&self) -> Option<LogStep> {
+        match (&self.decided_by, &self.action) {
+            (Some(by), Some(action)) => {
+                step_of_fields(&self.id, &self.labels, by, action, self.target_id)
+            }
+            _ => step_of(&self.id, &self.labels, &self.decision, self.target_id),
         }
     }
 }
@@ -230,9 +271,7 @@ impl LogContents {
 
     /// Every decision and undo, in order, as a resume replays them.
     pub fn steps(&self) -> impl Iterator<Item = LogStep> + '_ {
-        self.records
-            .iter()
-            .filter_map(|r| step_of(&r.id, &r.labels, &r.decision, r.target_id))
+        self.records.iter().filter_map(Record::step)
     }
 
     /// Decisions made and never followed by an outcome for their identity: a review that
@@ -242,7 +281,7 @@ impl LogContents {
         for r in &self.records {
             if r.outcome.is_some() {
                 pending.remove(r.id.as_str());
-            } else if step_of(&r.id, &r.labels, &r.decision, r.target_id).is_some() {
+            } else if r.step().is_some() {
                 pending.insert(r.id.as_str());
             }
         }
@@ -331,6 +370,7 @@ pub fn default_path() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::planner::Action;
     use std::os::unix::fs::PermissionsExt;
 
     fn rec(id: &str, outcome: Option<Outcome>, target: Option<u32>) -> Record {
@@ -448,5 +488,116 @@ mod tests {
         assert!(c.torn_tail);
         assert_eq!(c.bad_lines.len(), 1);
         assert_eq!(c.bad_lines[0].0, 2);
+    }
+
+    /// A log written before decisions had fields (checked in as it was written) reads back
+    /// the same decisions as one written now with them.
+    #[test]
+    fn logs_written_before_the_fields_resume_as_logs_written_with_them() {
+        let old = include_str!("../../tests/data/decision-log-before-fields.jsonl");
+        let c = read_from(std::io::Cursor::new(old)).unwrap();
+        assert!(c.bad_lines.is_empty());
+        let before = crate::core::planner::resume::replay(c.steps());
+        let got: Vec<(&str, Action, Option<u32>)> = before
+            .values()
+            .map(|d| (d.id.as_str(), d.action, d.target_id))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("302", Action::Create, Some(4000)),
+                ("304", Action::Skip, None),
+                ("305", Action::None, Some(910)),
+                ("306", Action::Create, Some(5000)),
+                ("307", Action::None, Some(911)),
+            ]
+        );
+        // The same decisions written as today's code writes them.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        let c = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
+        let tui = |id: &str, labels: &str, kind, text: &str, action: &str, t| {
+            Record::new(id, labels, kind, text.into(), t).with_fields("operator", action)
+        };
+        for r in [
+            tui(
+                "302",
+                c,
+                Kind::Remap,
+                "edit (create 4000)",
+                "create",
+                Some(4000),
+            ),
+            tui(
+                "302",
+                c,
+                Kind::Remap,
+                "edit (create 4001)",
+                "create",
+                Some(4001),
+            ),
+            tui(
+                "302",
+                c,
+                Kind::Remap,
+                "undo (create 4000)",
+                "undo",
+                Some(4000),
+            ),
+            tui(
+                "304",
+                "k8s:app=e;k8s:io.kubernetes.pod.namespace=shop;",
+                Kind::Duplicate,
+                "bulk-skip (skip -)",
+                "skip",
+                None,
+            ),
+            tui(
+                "305",
+                "k8s:app=f;k8s:io.kubernetes.pod.namespace=shop;",
+                Kind::Duplicate,
+                "accept (none 910)",
+                "none",
+                Some(910),
+            ),
+            Record::decision(
+                "300",
+                "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;",
+                Kind::Create,
+                ("create", "proposal"),
+                Some(300),
+            ),
+            Record::decision(
+                "306",
+                "k8s:app=g;k8s:io.kubernetes.pod.namespace=shop;",
+                Kind::Remap,
+                ("create", "accept-proposals"),
+                Some(5000),
+            ),
+            Record::decision(
+                "307",
+                "k8s:app=h;k8s:io.kubernetes.pod.namespace=shop;",
+                Kind::Duplicate,
+                ("map", "operator"),
+                Some(911),
+            ),
+        ] {
+            log.append(r).unwrap();
+        }
+        let now = read(&path).unwrap();
+        assert!(now.records.iter().all(|r| r.action.is_some()));
+        assert_eq!(crate::core::planner::resume::replay(now.steps()), before);
+        // The fields win over the text: a line whose text says skip but whose fields say
+        // create is a create (the fields are what the writer knew).
+        let mut r = Record::new(
+            "309",
+            "k8s:a=b;",
+            Kind::Duplicate,
+            "skip (operator)".into(),
+            Some(9),
+        );
+        r = r.with_fields("operator", "create");
+        assert!(matches!(r.step(), Some(LogStep::Decide(d)) if d.action == Action::Create));
     }
 }

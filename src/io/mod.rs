@@ -12,5 +12,6 @@ pub mod mem_kv;
 pub mod operator;
 pub mod plan_file;
 pub mod private_file;
+pub mod refusal;
 pub mod reservation;
 pub mod snapshot_file;

@@ -78,6 +78,37 @@ pub fn step_of(id: &str, labels: &str, decision: &str, target_id: Option<u32>) -
     decide(action, target_id)
 }
 
+/// Reads a log line's structured decision: `decided_by` and `action`, the target being the
+/// line's `target_id`. As with the text, only a person's decisions (or
+/// `--accept-proposals`) are resumed, and `undo` takes back the last one.
+pub fn step_of_fields(
+    id: &str,
+    labels: &str,
+    decided_by: &str,
+    action: &str,
+    target_id: Option<u32>,
+) -> Option<LogStep> {
+    let person = [DecidedBy::Operator, DecidedBy::AcceptProposals]
+        .iter()
+        .any(|who| who.as_str() == decided_by);
+    if !person {
+        return None;
+    }
+    let action = match action {
+        "undo" => return Some(LogStep::Undo { id: id.to_string() }),
+        "create" => Action::Create,
+        "map" | "none" => Action::None,
+        "skip" => Action::Skip,
+        _ => return None,
+    };
+    Some(LogStep::Decide(LoggedDecision {
+        id: id.to_string(),
+        labels: labels.to_string(),
+        action,
+        target_id,
+    }))
+}
+
 /// The decision in force per id after replaying `steps` in order (an undo takes back the
 /// last decision on its id).
 pub fn replay(steps: impl IntoIterator<Item = LogStep>) -> BTreeMap<String, LoggedDecision> {

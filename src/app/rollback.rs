@@ -40,12 +40,58 @@ pub fn created_by_runs(paths: &[PathBuf]) -> Result<BTreeMap<u32, Record>> {
     Ok(created)
 }
 
-/// One operation per object the logs say was created: delete it if it is still exactly that
+/// What to roll back: the runs of these decision logs, and the runs with these ids (found
+/// by their annotation, for a log that is lost).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RollbackSpec {
+    pub logs: Vec<PathBuf>,
+    pub runs: Vec<String>,
+    /// Delete identities live endpoints use too (the operator's explicit choice).
+    pub include_in_use: bool,
+}
+
+/// The objects runs created: from their logs, and from their annotation for `runs`.
+async fn created_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<BTreeMap<u32, Record>> {
+    let mut created = created_by_runs(&spec.logs)?;
+    if spec.runs.is_empty() {
+        return Ok(created);
+    }
+    let runs = spec.runs.iter().cloned().collect();
+    let found = crate::io::runs::objects_of_runs(target, &runs)
+        .await
+        .map_err(|e| {
+            crate::Error::kube(
+                target.server.clone(),
+                "listing CiliumIdentities to find the runs' objects",
+                e,
+            )
+        })?;
+    for o in found {
+        created.entry(o.id).or_insert_with(|| {
+            let labels = canonical_key(&o.labels);
+            let mut r = Record::decision(
+                &o.id.to_string(),
+                &labels,
+                crate::core::planner::Kind::Create,
+                ("create", DecidedBy::Rule.as_str()),
+                Some(o.id),
+            );
+            r.outcome = Some(Outcome::Created);
+            r.uid = Some(o.object.uid);
+            r.error = Some(format!("found by its annotation: run {}", o.run));
+            r
+        });
+    }
+    Ok(created)
+}
+
+/// One operation per object the runs created: delete it if it is still exactly that
 /// object (uid, labels) and no live endpoint uses it, keep it otherwise. Reads each object
 /// once, now, and the endpoints once. `include_in_use` deletes in-use identities too (the
 /// operator's explicit choice), without reading the endpoints.
-pub async fn plan(target: &K8sTarget, paths: &[PathBuf], include_in_use: bool) -> Result<Vec<Op>> {
-    let created = created_by_runs(paths)?;
+pub async fn plan(target: &K8sTarget, spec: &RollbackSpec) -> Result<Vec<Op>> {
+    let created = created_by(target, spec).await?;
+    let include_in_use = spec.include_in_use;
     let in_use = if include_in_use || created.is_empty() {
         BTreeMap::new()
     } else {

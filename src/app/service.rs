@@ -25,6 +25,7 @@ use crate::io::etcd::{Drift, EtcdConnection};
 use crate::io::kv_source::KvSource;
 
 pub use super::config::ServiceConfig;
+use super::rollback::RollbackSpec;
 
 /// The service's jobs, named in failures so a front end can tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,15 +94,12 @@ pub enum ServiceRequest {
     /// Read what these logs' runs created and plan its deletion; changes nothing.
     PlanRollback {
         generation: u64,
-        logs: Vec<PathBuf>,
-        /// Delete identities live endpoints use too (the operator confirmed it).
-        include_in_use: bool,
+        spec: RollbackSpec,
     },
-    /// Delete exactly what these logs' runs created (re-planned on a fresh read).
+    /// Delete exactly what these runs created (re-planned on a fresh read).
     Rollback {
         generation: u64,
-        logs: Vec<PathBuf>,
-        include_in_use: bool,
+        spec: RollbackSpec,
     },
     /// Stop starting new writes.
     Stop,
@@ -276,16 +274,12 @@ async fn run(
             ServiceRequest::Resume { generation, paths } => {
                 restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
             }
-            ServiceRequest::PlanRollback {
-                generation,
-                logs,
-                include_in_use,
-            } => {
+            ServiceRequest::PlanRollback { generation, spec } => {
                 let (cfg, tx) = (cfg.clone(), tx.clone());
                 tokio::spawn(async move {
                     let planned = async {
                         super::preflight::require_rollback_rights(&cfg.target).await?;
-                        super::rollback::plan(&cfg.target, &logs, include_in_use).await
+                        super::rollback::plan(&cfg.target, &spec).await
                     };
                     let ev = match planned.await {
                         Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
@@ -294,16 +288,12 @@ async fn run(
                     let _ = tx.send(ev).await;
                 });
             }
-            ServiceRequest::Rollback {
-                generation,
-                logs,
-                include_in_use,
-            } => {
+            ServiceRequest::Rollback { generation, spec } => {
                 stop = StopFlag::default();
                 tokio::spawn(rollback(
                     cfg.clone(),
                     generation,
-                    (logs, include_in_use),
+                    spec,
                     tx.clone(),
                     progress.clone(),
                     stop.clone(),
@@ -661,13 +651,13 @@ fn forward_apply_events(
 async fn rollback(
     cfg: Arc<ServiceConfig>,
     generation: u64,
-    (logs, include_in_use): (Vec<PathBuf>, bool),
+    spec: RollbackSpec,
     tx: mpsc::Sender<ServiceEvent>,
     progress: Arc<watch::Sender<Progress>>,
     stop: StopFlag,
 ) {
     let run = async {
-        let ops = super::rollback::plan(&cfg.target, &logs, include_in_use).await?;
+        let ops = super::rollback::plan(&cfg.target, &spec).await?;
         crate::apply::executor::log_decisions(&cfg.log, &ops)?;
         let (apply_tx, forward) = forward_apply_events(&tx);
         let watchers = Watchers {

@@ -114,8 +114,14 @@ pub enum CliCommand {
         conn: Conn,
         /// Decision logs of the runs to roll back (repeatable); the rollback's own decisions
         /// and outcomes are appended to the last one.
-        #[arg(long, required = true)]
+        #[arg(long, required_unless_present = "run")]
         decision_log: Vec<PathBuf>,
+        /// A run to roll back by the annotation on its objects (repeatable), when its log
+        /// is lost: the id from the log's session line or an object's
+        /// `cilium-idmig.io/run` annotation. Each object is still checked (uid, labels) and
+        /// deleted with preconditions.
+        #[arg(long, value_name = "RUN_ID")]
+        run: Vec<String>,
         /// Required to delete anything.
         #[arg(long)]
         yes: bool,

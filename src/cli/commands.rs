@@ -280,7 +280,15 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             tuning,
             json,
             include_in_use,
-        } => rollback(conn, decision_log, (yes, include_in_use), tuning, json).await,
+            run,
+        } => {
+            let spec = rollback::RollbackSpec {
+                logs: decision_log,
+                runs: run,
+                include_in_use,
+            };
+            rollback(conn, spec, yes, tuning, json).await
+        }
         CliCommand::Sandbox {
             port,
             kubeconfig_out,
@@ -413,8 +421,8 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
 /// exactly what the runs created, through the same service and printer as an apply.
 async fn rollback(
     conn: Conn,
-    logs: Vec<PathBuf>,
-    (yes, include_in_use): (bool, bool),
+    spec: rollback::RollbackSpec,
+    yes: bool,
     tuning: super::args::Tuning,
     json: bool,
 ) -> anyhow::Result<Exit> {
@@ -423,15 +431,20 @@ async fn rollback(
     if !yes {
         let ops = printer::reading(
             "reading the objects the runs created",
-            rollback::plan(&target, &logs, include_in_use),
+            rollback::plan(&target, &spec),
         )
         .await?;
         out!("{}", report::rollback_plan(&ops, json)?)?;
         outln!("nothing was changed; pass --yes to delete what is marked delete")?;
         return Ok(Exit::Ok);
     }
-    // The rollback's own lines go to the newest log, so verify sees them with the rest.
-    let log_path = logs.last().cloned().context("--decision-log is required")?;
+    // The rollback's own lines go to the newest log, so verify sees them with the rest (a
+    // rollback by --run alone gets a log of its own).
+    let log_path = spec
+        .logs
+        .last()
+        .cloned()
+        .unwrap_or_else(decision_log::default_path);
     let log = Arc::new(DecisionLog::open(&log_path)?);
     let world = World {
         kv: KvSource::Memory(Default::default()),
@@ -441,8 +454,7 @@ async fn rollback(
     let mut handle = world.service("rollback", log, tuning.options(), Vec::new(), false);
     let req = ServiceRequest::Rollback {
         generation: 1,
-        logs,
-        include_in_use,
+        spec,
     };
     let run = printer::run(&mut handle, req).await?;
     match json {

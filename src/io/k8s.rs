@@ -998,6 +998,41 @@ impl K8sTarget {
     }
 }
 
+/// Every object `api` lists, in pages of 500, handed to `each`. A continue token that expired
+/// between pages (410) starts the list over, as kubectl does, after `restart` (a few times).
+pub(crate) async fn for_each_listed<K>(
+    api: &kube::Api<K>,
+    mut restart: impl FnMut(),
+    mut each: impl FnMut(K),
+) -> Result<(), RequestError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    const PAGE: u32 = 500;
+    const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 0;
+    'list: loop {
+        attempt += 1;
+        let mut params = kube::api::ListParams::default().limit(PAGE);
+        loop {
+            let page = match kube_call(PAGE_TIMEOUT, api.list(&params)).await {
+                Ok(p) => p,
+                Err(e) if e.code() == Some(410) && attempt < ATTEMPTS => {
+                    restart();
+                    continue 'list;
+                }
+                Err(e) => return Err(e),
+            };
+            page.items.into_iter().for_each(&mut each);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
 /// One call through kube's typed `Api`, with a deadline, its error classified like every
 /// other request's (status, reason; a transport failure by its root cause).
 pub(crate) async fn kube_call<T>(

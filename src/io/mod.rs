@@ -14,4 +14,5 @@ pub mod plan_file;
 pub mod private_file;
 pub mod refusal;
 pub mod reservation;
+pub mod runs;
 pub mod snapshot_file;

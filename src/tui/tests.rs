@@ -845,11 +845,7 @@ fn identities_in_use_are_deleted_only_after_typing_in_use() {
     assert!(
         matches!(
             &cmds[..],
-            [Command::Send(Request::PlanRollback {
-                generation: 2,
-                include_in_use: true,
-                ..
-            })]
+            [Command::Send(Request::PlanRollback { generation: 2, spec })] if spec.include_in_use
         ),
         "{cmds:?}"
     );
@@ -866,7 +862,7 @@ fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
     update(&mut m, Msg::Resize { rows: 30 });
     let cmds = init(&mut m);
     assert!(
-        matches!(&cmds[..], [Command::Send(Request::PlanRollback { generation: 1, logs: l, include_in_use: false })] if *l == logs),
+        matches!(&cmds[..], [Command::Send(Request::PlanRollback { generation: 1, spec })] if spec.logs == logs && !spec.include_in_use),
         "{cmds:?}"
     );
     let op = |id: &str, op: OpKind, expect: Option<(&str, &str)>, reason: Option<&str>| Op {

@@ -616,3 +616,53 @@ async fn rollback_keeps_identities_that_live_endpoints_use_unless_told() {
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("ciliumendpoints"), "{}", r.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_log_is_lost_is_rolled_back_by_its_annotation() {
+    let w = World::new(SandboxConfig::default()).await;
+    let put = |id: u32| {
+        let key = format!("{P}/id/{id}");
+        let etcd = &w.etcd;
+        async move { etcd.put(&key, format!("k8s:app=r{id};").as_bytes()).await }
+    };
+    for id in 800..803 {
+        put(id).await;
+    }
+    let first = w.path("first.jsonl");
+    assert_eq!(
+        w.cli(&["apply", "--yes", "--decision-log", &first])
+            .await
+            .code,
+        0
+    );
+    for id in 803..805 {
+        put(id).await;
+    }
+    let second = w.path("second.jsonl");
+    assert_eq!(
+        w.cli(&["apply", "--yes", "--decision-log", &second])
+            .await
+            .code,
+        0
+    );
+    // Someone else's object, without the annotation.
+    w.sb.seed_identity(
+        900,
+        &to_security_labels(&parse_label_key("k8s:app=x;").unwrap()),
+    );
+    let run = log_records(Path::new(&first))
+        .iter()
+        .find_map(|r| r["session"]["run"].as_str().map(str::to_string))
+        .unwrap();
+    std::fs::remove_file(&first).unwrap();
+    let review = w.cli(&["rollback", "--run", &run]).await;
+    assert_eq!(review.code, 0, "{}", review.stderr);
+    assert!(review.stdout.contains("3 to delete"), "{}", review.stdout);
+    let r = w.cli(&["rollback", "--run", &run, "--yes"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let left: Vec<String> = w.sb.objects().into_keys().collect();
+    assert_eq!(left, ["803", "804", "900"], "only the lost run's objects");
+    let r = w.cli(&["rollback", "--run", "no-such-run"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(w.sb.objects().len(), 3);
+}

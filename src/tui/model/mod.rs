@@ -67,6 +67,17 @@ pub struct RollbackState {
     pub include_in_use: bool,
 }
 
+impl RollbackState {
+    /// What the service is asked to roll back.
+    pub fn spec(&self) -> crate::app::rollback::RollbackSpec {
+        crate::app::rollback::RollbackSpec {
+            logs: self.logs.clone(),
+            runs: Vec::new(),
+            include_in_use: self.include_in_use,
+        }
+    }
+}
+
 /// A popup that owns the keyboard while open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Modal {

@@ -103,8 +103,7 @@ pub(super) fn plan_rollback(model: &mut Model) -> Vec<Command> {
     model.status = "reading the objects the runs created…".into();
     vec![Command::Send(ServiceRequest::PlanRollback {
         generation: rb.generation,
-        logs: rb.logs.clone(),
-        include_in_use: rb.include_in_use,
+        spec: rb.spec(),
     })]
 }
 
@@ -146,8 +145,7 @@ pub(super) fn start_rollback(model: &mut Model) -> Vec<Command> {
         return vec![];
     };
     let generation = model.commit.generation + 1;
-    let logs = rb.logs.clone();
-    let include_in_use = rb.include_in_use;
+    let spec = rb.spec();
     model.commit = CommitState {
         phase: CommitPhase::Running,
         generation,
@@ -155,11 +153,7 @@ pub(super) fn start_rollback(model: &mut Model) -> Vec<Command> {
         rollback: true,
         ..Default::default()
     };
-    vec![Command::Send(ServiceRequest::Rollback {
-        generation,
-        logs,
-        include_in_use,
-    })]
+    vec![Command::Send(ServiceRequest::Rollback { generation, spec })]
 }
 
 /// Scrolls the rollback plan.

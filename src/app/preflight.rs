@@ -69,7 +69,7 @@ fn rules_of(yaml: &str) -> Vec<(String, String, String)> {
     // The file's first document is the ClusterRole; what follows (sync's lease Role) is
     // namespaced and checked where it is used.
     let first = yaml.split("\n---\n").next().unwrap_or(yaml);
-    let role: Role = match serde_yaml::from_str(first) {
+    let role: Role = match serde_yaml_ng::from_str(first) {
         Ok(r) => r,
         Err(_) => return Vec::new(),
     };

@@ -30,6 +30,7 @@ use crate::io::etcd::{KvChange, KvWatchEvent};
 use crate::io::k8s::{K8sChange, ReadMode};
 use crate::io::kv_source::{KvFollower, KvSource};
 use crate::io::lease::LeaseApi;
+use crate::io::retry::{Backoff, Policy};
 
 /// How sync runs.
 #[derive(Debug, Clone)]
@@ -361,7 +362,7 @@ pub async fn run(
     let mut decisions = resume::replay(steps);
     let lease = take_lease(&cfg, &opts, &events).await?;
     let mut writer = lease.writer.clone();
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(Policy::FOLLOW);
     let mut reservations: Option<Reservations> = None;
     'snapshot: loop {
         if stop.is_stopped() {
@@ -410,7 +411,7 @@ pub async fn run(
                 continue;
             }
         }
-        backoff = Backoff::default();
+        backoff.reset();
         // Reserved before the watches start, so the ids are taken from the first moment on.
         let mut reserved_all = false;
         if let Some(r) = reservations.as_mut()
@@ -1191,7 +1192,7 @@ async fn follow_kvstore(
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
 ) {
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
         let (inner_tx, mut inner_rx) = mpsc::channel(256);
         let watch = {
@@ -1199,7 +1200,7 @@ async fn follow_kvstore(
             tokio::spawn(async move { conn.watch_identities(&prefix, revision, inner_tx).await })
         };
         while let Some(ev) = inner_rx.recv().await {
-            backoff = Backoff::default();
+            backoff.reset();
             metrics.heard(Source::Etcd);
             match ev {
                 KvWatchEvent::Connected => metrics.etcd_live.store(true, Ordering::Relaxed),
@@ -1237,7 +1238,7 @@ async fn follow_kubernetes(
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
 ) {
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
         let (inner_tx, mut inner_rx) = mpsc::channel(1024);
         let watch = {
@@ -1246,7 +1247,7 @@ async fn follow_kubernetes(
         };
         let mut expired = false;
         while let Some(ch) = inner_rx.recv().await {
-            backoff = Backoff::default();
+            backoff.reset();
             metrics.heard(Source::Kubernetes);
             match &ch {
                 K8sChange::Connected => metrics.k8s_live.store(true, Ordering::Relaxed),
@@ -1302,18 +1303,5 @@ async fn follow_kubernetes(
                 }
             }
         }
-    }
-}
-
-/// Exponential waits from 200 ms to 5 s between tries, for as long as it takes: sync never
-/// gives up on a server, and sees it back within 5 s of its return.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    async fn wait(&mut self) {
-        let ms = (200u64 << self.0.min(5)).min(5_000);
-        self.0 += 1;
-        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }

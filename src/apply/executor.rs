@@ -310,15 +310,6 @@ fn fail(result: &mut OpResult, error: String) {
     result.error = Some(error);
 }
 
-fn backoff(attempt: u32, id: &str, max: Duration) -> Duration {
-    // Exponential from 100 ms with a little per-item jitter so retries do not march in step.
-    let base = 100u64.saturating_mul(1 << attempt.min(10).saturating_sub(1));
-    let jitter = id.bytes().fold(u64::from(attempt), |h, b| {
-        h.wrapping_mul(31).wrapping_add(u64::from(b))
-    }) % 50;
-    Duration::from_millis(base + jitter).min(max)
-}
-
 async fn attempt<T>(
     ctx: &Ctx<'_>,
     fut: impl Future<Output = Result<T, RequestError>>,
@@ -407,10 +398,11 @@ async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpR
 async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestError) {
     ctx.retries.fetch_add(1, Ordering::SeqCst);
     ctx.update(|p| p.retries += 1);
-    let wait = e
-        .retry_after()
-        .map(|d| d.min(ctx.opts.max_backoff))
-        .unwrap_or_else(|| backoff(attempt_no, &op.id, ctx.opts.max_backoff));
+    let policy = crate::io::retry::Policy {
+        first: Duration::from_millis(100),
+        cap: ctx.opts.max_backoff,
+    };
+    let wait = policy.wait(attempt_no, e.retry_after(), &op.id);
     tracing::debug!(id = %op.id, attempt = attempt_no, error = %e, ?wait, "retrying");
     ctx.emit(ApplyEvent::Retrying {
         id: op.id.clone(),

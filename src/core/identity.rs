@@ -116,7 +116,7 @@ mod tests {
 
     #[test]
     fn crd_asset_is_cilium_compatible() {
-        let crd: Value = serde_yaml::from_str(CRD_YAML).unwrap();
+        let crd: Value = serde_yaml_ng::from_str(CRD_YAML).unwrap();
         assert_eq!(crd["apiVersion"], "apiextensions.k8s.io/v1");
         assert_eq!(crd["metadata"]["name"], CRD_NAME);
         assert_eq!(crd["spec"]["scope"], "Cluster");

@@ -52,7 +52,8 @@ pub struct EtcdConfigFile {
 impl EtcdConfigFile {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::file_cause(path, e))?;
-        serde_yaml::from_str(&text).map_err(|e| Error::file_io(path, "not a valid etcd config", e))
+        serde_yaml_ng::from_str(&text)
+            .map_err(|e| Error::file_io(path, "not a valid etcd config", e))
     }
 }
 

@@ -14,5 +14,6 @@ pub mod plan_file;
 pub mod private_file;
 pub mod refusal;
 pub mod reservation;
+pub mod retry;
 pub mod runs;
 pub mod snapshot_file;

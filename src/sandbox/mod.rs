@@ -45,7 +45,8 @@ impl Sandbox {
     pub async fn start(config: SandboxConfig) -> Result<Self> {
         let mut store = store::Store::new(config.crd_establish_delay);
         if config.with_crd {
-            let crd: Value = serde_yaml::from_str(CRD_YAML).map_err(|e| Error::sandbox("", e))?;
+            let crd: Value =
+                serde_yaml_ng::from_str(CRD_YAML).map_err(|e| Error::sandbox("", e))?;
             store.install_crd(crd);
             // Installed at start means established from the start.
             if let Some((_, at)) = store.crd.as_mut() {

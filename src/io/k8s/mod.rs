@@ -1,0 +1,21 @@
+//! The Kubernetes side: connect like kubectl, list and follow CiliumIdentity objects, get,
+//! create (never update) and delete them with preconditions, install the CRD, ask what the
+//! credentials may do. kube's typed `Api` for single objects, access reviews, Leases and
+//! small lists; raw streaming only for the big list and the watch, where reading as the
+//! bytes arrive is what keeps a 100 MB list out of memory.
+
+mod access;
+mod errors;
+mod lists;
+mod objects;
+mod target;
+mod transport;
+mod watch;
+
+pub use errors::RequestError;
+pub(crate) use errors::kube_call;
+pub(crate) use lists::for_each_listed;
+pub use lists::{K8sSnapshot, ReadMode};
+pub use objects::{CrdState, ObjectRef};
+pub use target::{K8sOptions, K8sTarget, urlencode};
+pub use watch::{K8sChange, WATCH_IDLE, WATCH_ROTATE};

@@ -1,0 +1,119 @@
+//! Following CiliumIdentity changes (sync's watch): bookmarks asked for, the watch rotated
+//! by the server's `timeoutSeconds`, and an idle deadline past which a silent connection is
+//! a stalled one.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::Method;
+
+use super::errors::{RequestError, status_of};
+use super::target::{K8sTarget, urlencode};
+use super::transport::EventLines;
+use crate::core::identity::collection_path;
+use crate::core::labels::{LabelKey, canonical_key};
+
+/// One CiliumIdentity change, as `sync` follows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum K8sChange {
+    /// The watch is established: the server answered 200 and streams from here.
+    Connected,
+    Upsert {
+        id: u32,
+        labels: LabelKey,
+        resource_version: String,
+    },
+    Deleted {
+        id: u32,
+        resource_version: String,
+    },
+    /// Progress without a change (`allowWatchBookmarks`).
+    Bookmark {
+        resource_version: String,
+    },
+    /// The watched version is too old (410): list again.
+    Expired,
+    /// A fresh list after a 410, made by the one follower that then watches on from its
+    /// `resource_version`: what sync holds is replaced by it, so no event between the list
+    /// and the watch can fall between two lists.
+    Relisted {
+        identities: BTreeMap<u32, LabelKey>,
+        resource_version: String,
+    },
+}
+
+/// How long the server keeps one watch of sync's open (`timeoutSeconds`).
+pub const WATCH_ROTATE: Duration = Duration::from_secs(45);
+/// A watch silent this long is stalled: the server should have ended it by now.
+pub const WATCH_IDLE: Duration = Duration::from_secs(55);
+/// Longest wait for a watch to be answered.
+const WATCH_OPEN: Duration = Duration::from_secs(15);
+
+impl K8sTarget {
+    /// Follows CiliumIdentity changes after `resource_version` until the receiver goes away:
+    /// `Expired` when the server no longer has that version (list again, then watch on).
+    pub async fn watch_identities(
+        &self,
+        resource_version: &str,
+        tx: tokio::sync::mpsc::Sender<K8sChange>,
+    ) -> Result<(), RequestError> {
+        // The server ends the watch after `timeoutSeconds` (and sends a bookmark shortly
+        // before, and every minute when it is longer); the caller watches again from the last
+        // version. So a healthy watch is never silent longer than that, and one that is
+        // silent past `WATCH_IDLE` is a connection that stays open and carries nothing.
+        let path = format!(
+            "{}?watch=1&allowWatchBookmarks=true&timeoutSeconds={}&resourceVersion={}",
+            collection_path(),
+            WATCH_ROTATE.as_secs(),
+            urlencode(resource_version)
+        );
+        // A server answers a watch at once; one that does not within this time is a
+        // connection that carries nothing, and the caller tries a new one.
+        let body = self.send_stream(Method::GET, &path, WATCH_OPEN).await?;
+        if tx.send(K8sChange::Connected).await.is_err() {
+            return Ok(());
+        }
+        let mut events = EventLines::new(body, Some(WATCH_IDLE));
+        let stalled = |e| match e {
+            RequestError::Timeout => RequestError::Transport(format!(
+                "stalled: nothing heard in {} s",
+                WATCH_IDLE.as_secs()
+            )),
+            e => e,
+        };
+        while let Some(ev) = events.next().await.map_err(stalled)? {
+            let change = match ev.kind.as_str() {
+                "ADDED" | "MODIFIED" | "DELETED" => {
+                    let obj = ev.object.identity;
+                    let rv = obj.metadata.resource_version.clone();
+                    let Ok(id) = crate::core::kvstore::parse_id(obj.metadata.name.as_bytes())
+                    else {
+                        continue;
+                    };
+                    if ev.kind == "DELETED" {
+                        K8sChange::Deleted {
+                            id,
+                            resource_version: rv,
+                        }
+                    } else {
+                        K8sChange::Upsert {
+                            id,
+                            labels: canonical_key(&obj.labels()),
+                            resource_version: rv,
+                        }
+                    }
+                }
+                "BOOKMARK" => K8sChange::Bookmark {
+                    resource_version: ev.object.identity.metadata.resource_version,
+                },
+                _ if ev.object.code == Some(410) => K8sChange::Expired,
+                _ => return Err(status_of(ev.object)),
+            };
+            let expired = change == K8sChange::Expired;
+            if tx.send(change).await.is_err() || expired {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}

@@ -11,11 +11,7 @@ pub mod app;
 pub mod apply;
 pub mod core;
 pub mod error;
-#[cfg(test)]
-mod hostile_input;
 pub mod io;
-#[cfg(test)]
-mod layers;
 pub mod sandbox;
 pub mod tui;
 

@@ -1,6 +1,7 @@
 //! The flows behind the commands: scan both sides, plan, apply a plan, verify. Every apply,
 //! headless or from the TUI, goes through `apply` here and then the executor.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -26,39 +27,52 @@ pub struct Scan {
     pub items: Vec<PlanItem>,
 }
 
-/// Reads the kvstore and Kubernetes concurrently and plans.
+/// How a scan reads both sides.
+#[derive(Default)]
+pub struct ScanOptions {
+    /// Count the nodes using each identity with the read (slower); otherwise counts stay
+    /// at zero and a front end reads them afterwards (`KvSource::count_nodes`).
+    pub node_counts: bool,
+    /// Counts the Kubernetes objects listed so far, for a progress display.
+    pub listed: Option<Arc<AtomicUsize>>,
+    /// Gets the kvstore's own plan (no Kubernetes side yet) as soon as the kvstore is read,
+    /// so a front end shows the table while Kubernetes is still listed.
+    pub kv_first: Option<tokio::sync::mpsc::Sender<Vec<PlanItem>>>,
+}
+
+/// The one way both sides are read: the kvstore and Kubernetes at once, then planned.
+pub async fn read_both(
+    kv: &KvSource,
+    target: &K8sTarget,
+    range: IdRange,
+    opts: ScanOptions,
+) -> Result<Scan> {
+    let list = target.list_identities(target.read_mode(), opts.listed);
+    let read_kv = async {
+        let kv = if opts.node_counts {
+            kv.read().await?
+        } else {
+            kv.read_masters().await?
+        };
+        if let Some(tx) = &opts.kv_first {
+            let preview = planner::plan(&kv.masters, &HashMap::new(), &BTreeMap::new(), range);
+            let _ = tx.send(preview).await;
+        }
+        Ok::<_, crate::Error>(kv)
+    };
+    let (mut kv, k8s) = tokio::try_join!(read_kv, list)?;
+    let masters = std::mem::take(&mut kv.masters);
+    let items = planner::plan_taking(masters, &kv.node_counts, &k8s.identities, range);
+    Ok(Scan { kv, k8s, items })
+}
+
+/// Reads both sides with node counts and plans (the headless commands).
 pub async fn scan(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<Scan> {
-    let (mut kv, k8s) =
-        tokio::try_join!(kv.read(), target.list_identities(target.read_mode(), None))?;
-    let masters = std::mem::take(&mut kv.masters);
-    let items = planner::plan_taking(masters, &kv.node_counts, &k8s.identities, range);
-    Ok(Scan { kv, k8s, items })
-}
-
-/// Reads the identities and Kubernetes and plans, leaving node counts at zero: what a front
-/// end shows first, while `KvSource::count_nodes` runs.
-pub async fn scan_without_counts(
-    kv: &KvSource,
-    target: &K8sTarget,
-    range: IdRange,
-) -> Result<Scan> {
-    scan_listing(kv, target, range, None).await
-}
-
-/// `scan_without_counts`, counting the Kubernetes objects listed so far into `listed`.
-pub async fn scan_listing(
-    kv: &KvSource,
-    target: &K8sTarget,
-    range: IdRange,
-    listed: Option<Arc<AtomicUsize>>,
-) -> Result<Scan> {
-    let (mut kv, k8s) = tokio::try_join!(
-        kv.read_masters(),
-        target.list_identities(target.read_mode(), listed)
-    )?;
-    let masters = std::mem::take(&mut kv.masters);
-    let items = planner::plan_taking(masters, &kv.node_counts, &k8s.identities, range);
-    Ok(Scan { kv, k8s, items })
+    let opts = ScanOptions {
+        node_counts: true,
+        ..Default::default()
+    };
+    read_both(kv, target, range, opts).await
 }
 
 pub fn target_info(target: &K8sTarget) -> TargetInfo {
@@ -168,7 +182,7 @@ pub async fn apply(
     }
     let range = scope.range;
     // Node counts inform the operator, not the writes: apply skips that pass.
-    let mut scan = scan_without_counts(kv, target, range).await?;
+    let mut scan = read_both(kv, target, range, ScanOptions::default()).await?;
     tracing::info!(identities = scan.items.len(), "scanned both sides");
     if let Some(plan) = &req.plan
         && plan.source.prefix != scan.kv.source.prefix

@@ -3,7 +3,7 @@
 //! channels. Results carry the generation of the request so a front end can drop stale ones.
 //! It only relays: the work itself is in `flows`, the executor and `export`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -479,9 +479,9 @@ fn resume_offer(cfg: &ServiceConfig) -> Option<ServiceEvent> {
     })
 }
 
-/// Reads both sides at once. The kvstore side, usually read first, goes out on its own
-/// (`KvRead`), so the table shows while Kubernetes is still listed; meanwhile `Listing`
-/// events count the objects listed so far.
+/// Reads both sides at once (`flows::read_both`). The kvstore side, usually read first,
+/// goes out on its own (`KvRead`, planned without Kubernetes: one extra plan, so the table
+/// shows while a large list is still read), and `Listing` events count the objects listed.
 async fn read_both(
     cfg: &ServiceConfig,
     generation: u64,
@@ -489,13 +489,6 @@ async fn read_both(
 ) -> Result<flows::Scan> {
     let listed = Arc::new(AtomicUsize::new(0));
     let started = std::time::Instant::now();
-    let target = cfg.target.clone();
-    let counter = listed.clone();
-    let k8s = tokio::spawn(async move {
-        target
-            .list_identities(target.read_mode(), Some(counter))
-            .await
-    });
     let ticker = {
         let (tx, listed) = (tx.clone(), listed.clone());
         tokio::spawn(async move {
@@ -513,28 +506,23 @@ async fn read_both(
             }
         })
     };
-    let read = async {
-        let kv = cfg.kv.read_masters().await?;
-        let items = crate::core::planner::plan(
-            &kv.masters,
-            &HashMap::new(),
-            &BTreeMap::new(),
-            cfg.scope.range,
-        );
-        let _ = tx.send(ServiceEvent::KvRead { generation, items }).await;
-        let k8s = k8s
-            .await
-            .map_err(|e| crate::Error::Config(format!("the Kubernetes list stopped: {e}")))??;
-        let items = crate::core::planner::plan(
-            &kv.masters,
-            &kv.node_counts,
-            &k8s.identities,
-            cfg.scope.range,
-        );
-        Ok(flows::Scan { kv, k8s, items })
+    let (preview_tx, mut preview_rx) = mpsc::channel(1);
+    let relay = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            if let Some(items) = preview_rx.recv().await {
+                let _ = tx.send(ServiceEvent::KvRead { generation, items }).await;
+            }
+        })
     };
-    let out = read.await;
+    let opts = flows::ScanOptions {
+        node_counts: false,
+        listed: Some(listed),
+        kv_first: Some(preview_tx),
+    };
+    let out = flows::read_both(&cfg.kv, &cfg.target, cfg.scope.range, opts).await;
     ticker.abort();
+    let _ = relay.await;
     out
 }
 

@@ -4,6 +4,8 @@ mod cli;
 mod e2e;
 mod etcd;
 mod harness;
+mod hostile_input;
+mod layers;
 mod outage;
 mod proxy;
 mod record;

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 
-use crate::core::kvstore::{MasterEntry, classify_key, parse_id};
-use crate::core::labels::{encode_label_key, parse_label_key, parse_label_key_bytes};
-use crate::core::planner::{Action, Kind, plan, reconcile};
-use crate::core::range::IdRange;
-use crate::io::decision_log;
-use crate::io::plan_file::PlanFile;
+use cilium_idmig::core::kvstore::{MasterEntry, classify_key, parse_id};
+use cilium_idmig::core::labels::{encode_label_key, parse_label_key, parse_label_key_bytes};
+use cilium_idmig::core::planner::{Action, Kind, plan, reconcile};
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::io::decision_log;
+use cilium_idmig::io::plan_file::PlanFile;
 
 fn cases() -> u32 {
     std::env::var("IDMIG_FUZZ_CASES")
@@ -46,7 +46,7 @@ fn sample_plan_json() -> String {
     let p = PlanFile::new(
         Default::default(),
         Default::default(),
-        crate::core::range::ClusterScope::new(0, Default::default()).unwrap(),
+        cilium_idmig::core::range::ClusterScope::new(0, Default::default()).unwrap(),
         true,
         items,
     );
@@ -87,7 +87,7 @@ proptest! {
             prop_assert_eq!(items[0].kind, Kind::Invalid);
             prop_assert_eq!(items[0].action, Action::Skip);
             let ops = reconcile(&items, &items, &BTreeMap::new(), IdRange::for_cluster(0).unwrap(), true).unwrap().ops;
-            prop_assert!(ops.iter().all(|o| o.op == crate::core::planner::OpKind::Skip));
+            prop_assert!(ops.iter().all(|o| o.op == cilium_idmig::core::planner::OpKind::Skip));
         }
     }
 

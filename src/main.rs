@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     }
     let interactive = match &cli.command {
         None | Some(CliCommand::Tui(_)) => true,
-        Some(CliCommand::Demo { headless, .. }) => !headless,
+        Some(CliCommand::Demo(args)) => !args.headless,
         _ => false,
     };
     let _guard = match init_logging(&cli, interactive) {

@@ -150,95 +150,11 @@ pub enum CliCommand {
     /// The interactive migrator on the embedded sandbox: an in-memory kvstore and the
     /// in-process API server, seeded with generated identities of every kind. Needs no etcd,
     /// no Kubernetes, no network.
-    Demo {
-        #[arg(long, default_value_t = 2000)]
-        identities: usize,
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Where the demo's decision log goes.
-        #[arg(long)]
-        decision_log: Option<PathBuf>,
-        /// Serve the sandbox API server on this port (0 picks one), e.g. to inspect it with kubectl.
-        #[arg(long, default_value_t = 0)]
-        port: u16,
-        /// Run plan, apply (accepting every proposal) and verify without the TUI.
-        #[arg(long)]
-        headless: bool,
-        /// Latency the sandbox adds to every identity request, to feel a slow API server (e.g. 20ms).
-        #[arg(long, value_parser = parse_duration)]
-        sandbox_latency: Option<Duration>,
-        /// Rehearse on your own cluster's identities: a kvstore dump made with
-        /// `etcdctl get --prefix cilium/state/identities/v1 -w json > kvstore.json`
-        /// (read-only), loaded instead of generated data.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["identities", "seed"])]
-        from_snapshot: Option<PathBuf>,
-        /// With --from-snapshot: the cluster's CiliumIdentity objects, dumped with
-        /// `kubectl get ciliumidentities -o json > identities.json` (read-only).
-        #[arg(long, value_name = "FILE", requires = "from_snapshot")]
-        k8s_snapshot: Option<PathBuf>,
-        /// Kvstore-mode nodes of the generated cluster; the rollout moves them to CRD mode
-        /// one by one once sync runs.
-        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
-        nodes: u32,
-        /// How fast the rollout plays: 1 takes about two minutes, 10 about twelve seconds.
-        #[arg(long, default_value_t = 1.0, value_parser = parse_speed)]
-        rollout_speed: f64,
-        /// With --headless: after the apply, follow the rollout with sync (every proposal
-        /// accepted) until cutover.
-        #[arg(long, requires = "headless")]
-        sync: bool,
-        /// The demo's sync reserves in the kvstore (see `sync --reserve-in-kvstore`): the
-        /// same rollout without split allocations.
-        #[arg(long)]
-        reserve_in_kvstore: bool,
-    },
+    Demo(DemoArgs),
     /// Carry the cluster through the rollout window: apply what is decided, then follow both
     /// sides, mirror every new kvstore identity within seconds, report conflicts and split
     /// allocations, and know when cutover is reached.
-    Sync {
-        #[command(flatten)]
-        conn: Conn,
-        /// Where decisions and outcomes go; a restart with the same log resumes its decisions.
-        #[arg(long)]
-        decision_log: Option<PathBuf>,
-        /// Also resume the decisions recorded in these decision logs (repeatable).
-        #[arg(long)]
-        resume: Vec<PathBuf>,
-        /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
-        #[arg(long)]
-        accept_proposals: bool,
-        /// End at cutover (no value/ key left, nothing pending, verify passes), exit 0; a stop
-        /// (SIGINT, SIGTERM, SIGHUP) before it also exits 0 unless a write failed.
-        #[arg(long)]
-        until_cutover: bool,
-        /// Serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9464.
-        #[arg(long)]
-        status_addr: Option<std::net::SocketAddr>,
-        /// How long no kvstore-mode node (no value/ key) must be seen before cutover: an
-        /// agent's keys can linger until its lease lapses (Cilium's is 15 minutes at most).
-        #[arg(long, default_value = "2m", value_parser = parse_duration)]
-        cutover_grace: Duration,
-        /// Prevent split allocations: reserve in the kvstore every id Kubernetes holds and it
-        /// does not (a master key and a value/ key of the tool's own, on its lease), so
-        /// kvstore-mode agents neither hand the id out for other labels nor allocate a second
-        /// id for those labels. The only way this tool ever writes to etcd; needs readwrite
-        /// on the identities prefix. Released at cutover.
-        #[arg(long)]
-        reserve_in_kvstore: bool,
-        /// With --reserve-in-kvstore: on a clean stop before cutover, release the
-        /// reservations too (otherwise they lapse with the lease, 15 minutes after the stop).
-        #[arg(long, requires = "reserve_in_kvstore")]
-        release_reservations: bool,
-        /// Namespace of the one-writer Lease: only the sync that holds it writes; a second
-        /// sync follows and waits, and takes over within 15 s when the first dies.
-        #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
-        lease_namespace: String,
-        /// Name of the one-writer Lease.
-        #[arg(long, value_name = "NAME", default_value = "cilium-idmig-sync")]
-        lease_name: String,
-        #[command(flatten)]
-        tuning: Tuning,
-    },
+    Sync(SyncArgs),
     /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff), e.g. `cilium-idmig man > cilium-idmig.1`.
@@ -374,4 +290,96 @@ pub fn parse_speed(s: &str) -> Result<f64, String> {
 pub enum Output {
     Text,
     Json,
+}
+
+/// The flags of `demo`.
+#[derive(Args, Clone)]
+pub struct DemoArgs {
+    #[arg(long, default_value_t = 2000)]
+    pub identities: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where the demo's decision log goes.
+    #[arg(long)]
+    pub decision_log: Option<PathBuf>,
+    /// Serve the sandbox API server on this port (0 picks one), e.g. to inspect it with kubectl.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Run plan, apply (accepting every proposal) and verify without the TUI.
+    #[arg(long)]
+    pub headless: bool,
+    /// Latency the sandbox adds to every identity request, to feel a slow API server (e.g. 20ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub sandbox_latency: Option<Duration>,
+    /// Rehearse on your own cluster's identities: a kvstore dump made with
+    /// `etcdctl get --prefix cilium/state/identities/v1 -w json > kvstore.json`
+    /// (read-only), loaded instead of generated data.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["identities", "seed"])]
+    pub from_snapshot: Option<PathBuf>,
+    /// With --from-snapshot: the cluster's CiliumIdentity objects, dumped with
+    /// `kubectl get ciliumidentities -o json > identities.json` (read-only).
+    #[arg(long, value_name = "FILE", requires = "from_snapshot")]
+    pub k8s_snapshot: Option<PathBuf>,
+    /// Kvstore-mode nodes of the generated cluster; the rollout moves them to CRD mode
+    /// one by one once sync runs.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
+    /// How fast the rollout plays: 1 takes about two minutes, 10 about twelve seconds.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_speed)]
+    pub rollout_speed: f64,
+    /// With --headless: after the apply, follow the rollout with sync (every proposal
+    /// accepted) until cutover.
+    #[arg(long, requires = "headless")]
+    pub sync: bool,
+    /// The demo's sync reserves in the kvstore (see `sync --reserve-in-kvstore`): the
+    /// same rollout without split allocations.
+    #[arg(long)]
+    pub reserve_in_kvstore: bool,
+}
+
+/// The flags of `sync`.
+#[derive(Args, Clone)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Where decisions and outcomes go; a restart with the same log resumes its decisions.
+    #[arg(long)]
+    pub decision_log: Option<PathBuf>,
+    /// Also resume the decisions recorded in these decision logs (repeatable).
+    #[arg(long)]
+    pub resume: Vec<PathBuf>,
+    /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
+    #[arg(long)]
+    pub accept_proposals: bool,
+    /// End at cutover (no value/ key left, nothing pending, verify passes), exit 0; a stop
+    /// (SIGINT, SIGTERM, SIGHUP) before it also exits 0 unless a write failed.
+    #[arg(long)]
+    pub until_cutover: bool,
+    /// Serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub status_addr: Option<std::net::SocketAddr>,
+    /// How long no kvstore-mode node (no value/ key) must be seen before cutover: an
+    /// agent's keys can linger until its lease lapses (Cilium's is 15 minutes at most).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub cutover_grace: Duration,
+    /// Prevent split allocations: reserve in the kvstore every id Kubernetes holds and it
+    /// does not (a master key and a value/ key of the tool's own, on its lease), so
+    /// kvstore-mode agents neither hand the id out for other labels nor allocate a second
+    /// id for those labels. The only way this tool ever writes to etcd; needs readwrite
+    /// on the identities prefix. Released at cutover.
+    #[arg(long)]
+    pub reserve_in_kvstore: bool,
+    /// With --reserve-in-kvstore: on a clean stop before cutover, release the
+    /// reservations too (otherwise they lapse with the lease, 15 minutes after the stop).
+    #[arg(long, requires = "reserve_in_kvstore")]
+    pub release_reservations: bool,
+    /// Namespace of the one-writer Lease: only the sync that holds it writes; a second
+    /// sync follows and waits, and takes over within 15 s when the first dies.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// Name of the one-writer Lease.
+    #[arg(long, value_name = "NAME", default_value = "cilium-idmig-sync")]
+    pub lease_name: String,
+    #[command(flatten)]
+    pub tuning: Tuning,
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use super::args::{CliCommand, Conn, TuiArgs};
+use super::args::{CliCommand, Conn, DemoArgs, SyncArgs, TuiArgs};
 use super::out::{out, outln};
 use super::printer;
 use cilium_idmig::app::flows::{self, ApplySpec};
@@ -36,32 +36,8 @@ pub enum Exit {
 /// plugin), for completions and the commands it suggests.
 pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
     match cmd {
-        CliCommand::Completions { shell } => {
-            // Completions are for the file the shell runs: `cilium-idmig`, or the plugin's
-            // `kubectl-cilium_idmig`.
-            let file = std::env::args_os()
-                .next()
-                .and_then(|a| {
-                    std::path::Path::new(&a)
-                        .file_name()
-                        .map(|f| f.to_string_lossy().into_owned())
-                })
-                .unwrap_or_else(|| "cilium-idmig".into());
-            let mut cmd = super::args::Cli::command();
-            // Into a buffer first: `generate` panics when its writer fails (a closed pipe).
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut cmd, file, &mut script);
-            out!("{}", String::from_utf8_lossy(&script)).context("writing the completions")?;
-            Ok(Exit::Ok)
-        }
-        CliCommand::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(super::args::Cli::command())
-                .render(&mut page)
-                .context("rendering the manual page")?;
-            out!("{}", String::from_utf8_lossy(&page)).context("writing the manual page")?;
-            Ok(Exit::Ok)
-        }
+        CliCommand::Completions { shell } => completions(shell),
+        CliCommand::Man => man(),
         CliCommand::Plan { conn, output } => plan(conn, output).await,
         CliCommand::Apply {
             conn,
@@ -79,200 +55,22 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 )
                 .into());
             }
-            let plan = plan.map(|p| PlanFile::load(&p)).transpose()?;
-            let world = World {
-                kv: KvSource::Etcd(conn.etcd()),
-                target: conn.target().await?,
-                scope: conn.scope()?,
-            };
             let spec = ApplySpec {
-                plan,
+                plan: plan.map(|p| PlanFile::load(&p)).transpose()?,
                 resume,
                 accept_proposals,
                 options: tuning.options(),
             };
-            apply(world, spec, decision_log, json).await
+            apply(World::of(&conn).await?, spec, decision_log, json).await
         }
         CliCommand::Verify {
             conn,
             decision_log,
             output,
-        } => {
-            let range = conn.scope()?.range;
-            let mappings = flows::expectations_from_logs(&decision_log)?;
-            let target = conn.target().await?;
-            let kv = KvSource::Etcd(conn.etcd());
-            let report = printer::reading(
-                "reading the kvstore and Kubernetes",
-                flows::verify(&kv, &target, range, &mappings),
-            )
-            .await?;
-            print_verify(&report, output == super::args::Output::Json)?;
-            Ok(if report.passed() {
-                Exit::Ok
-            } else {
-                Exit::Failed
-            })
-        }
-        CliCommand::Demo {
-            identities,
-            seed,
-            decision_log,
-            port,
-            headless,
-            sandbox_latency,
-            from_snapshot,
-            k8s_snapshot,
-            nodes,
-            rollout_speed,
-            sync: then_sync,
-            reserve_in_kvstore,
-        } => {
-            let what = match &from_snapshot {
-                Some(p) => format!("a rehearsal on the identities in {}", p.display()),
-                None => format!("{identities} generated identities (seed {seed})"),
-            };
-            let cfg = DemoConfig {
-                identities,
-                seed,
-                port,
-                latency: sandbox_latency,
-                kvstore_dump: from_snapshot,
-                k8s_dump: k8s_snapshot,
-                nodes,
-            };
-            let demo = demo::world(cfg).await?;
-            let world = || -> anyhow::Result<World> {
-                Ok(World {
-                    kv: demo.kv_source(),
-                    target: K8sTarget::from_url(&demo.sandbox.url())?,
-                    scope: ClusterScope::new(0, MaxConnectedClusters::default())
-                        .map_err(cilium_idmig::Error::Config)?,
-                })
-            };
-            // The rollout plays once sync follows the kvstore (`y` after a commit, or --sync).
-            let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
-            let rollout = tokio::spawn(rollout::run(
-                demo.kv.clone(),
-                demo.sandbox.agent(),
-                demo.leases.clone(),
-                RolloutConfig {
-                    speed: rollout_speed,
-                    ..Default::default()
-                },
-                rollout_tx,
-            ));
-            let result = if headless {
-                outln!(
-                    "demo: {what} against the sandbox API server at {}\n",
-                    demo.sandbox.url()
-                )?;
-                let log_path = decision_log.unwrap_or_else(decision_log::default_path);
-                let exit = demo_headless(world()?, log_path.clone()).await?;
-                if then_sync {
-                    outln!(
-                        "\nsync: following the rollout until cutover (every proposal accepted) ..."
-                    )?;
-                    // What the simulated cluster does, beside what sync reports.
-                    tokio::spawn(async move {
-                        while let Some(line) = rollout_rx.recv().await {
-                            let _ = outln!("{line}");
-                        }
-                    });
-                    let opts = cilium_idmig::app::sync::SyncOptions {
-                        accept_proposals: true,
-                        until_cutover: true,
-                        reserve_in_kvstore,
-                        ..Default::default()
-                    };
-                    sync(
-                        world()?,
-                        Some(log_path),
-                        Vec::new(),
-                        opts,
-                        None,
-                        ApplyOptions::default(),
-                    )
-                    .await
-                } else {
-                    Ok(exit)
-                }
-            } else {
-                let opts = ApplyOptions::default();
-                let session = Session {
-                    reserve_in_kvstore,
-                    ..Session::default()
-                };
-                interactive(world()?, decision_log, opts, session, Finish::Demo).await
-            };
-            rollout.abort();
-            result
-        }
-        CliCommand::Tui(TuiArgs {
-            conn,
-            tuning,
-            decision_log,
-            resume,
-            rollback,
-            reserve_in_kvstore,
-        }) => {
-            let world = World {
-                scope: conn.scope()?,
-                target: conn.target().await?,
-                kv: KvSource::Etcd(conn.etcd()),
-            };
-            let finish = Finish::Apply {
-                bin_name: bin_name.to_string(),
-            };
-            let session = Session {
-                resume,
-                rollback,
-                reserve_in_kvstore,
-            };
-            interactive(world, decision_log, tuning.options(), session, finish).await
-        }
-        CliCommand::Sync {
-            conn,
-            decision_log,
-            resume,
-            accept_proposals,
-            until_cutover,
-            status_addr,
-            cutover_grace,
-            reserve_in_kvstore,
-            release_reservations,
-            lease_namespace,
-            lease_name,
-            tuning,
-        } => {
-            let world = World {
-                kv: KvSource::Etcd(conn.etcd()),
-                target: conn.target().await?,
-                scope: conn.scope()?,
-            };
-            let opts = cilium_idmig::app::sync::SyncOptions {
-                accept_proposals,
-                until_cutover,
-                cutover_grace,
-                reserve_in_kvstore,
-                release_reservations,
-                lease: cilium_idmig::app::lease::LeaseOptions {
-                    namespace: lease_namespace,
-                    name: lease_name,
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            sync(
-                world,
-                decision_log,
-                resume,
-                opts,
-                status_addr,
-                tuning.options(),
-            )
-            .await
-        }
+        } => verify(conn, decision_log, output).await,
+        CliCommand::Demo(args) => demo_command(args).await,
+        CliCommand::Tui(args) => tui(args, bin_name).await,
+        CliCommand::Sync(args) => sync_command(args).await,
         CliCommand::Rollback {
             conn,
             decision_log,
@@ -293,27 +91,242 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             port,
             kubeconfig_out,
             no_crd,
-        } => {
-            let sb = Sandbox::start(SandboxConfig {
-                port,
-                with_crd: !no_crd,
-                ..Default::default()
-            })
-            .await?;
-            if let Some(p) = &kubeconfig_out {
-                sb.write_kubeconfig(p)?;
-                outln!("kubeconfig written to {}", p.display())?;
-            }
-            outln!(
-                "sandbox API server listening on {} (Ctrl-C to stop)",
-                sb.url()
-            )?;
-            tokio::signal::ctrl_c()
-                .await
-                .context("waiting for Ctrl-C")?;
-            Ok(Exit::Ok)
-        }
+        } => sandbox(port, kubeconfig_out, no_crd).await,
     }
+}
+
+/// `completions SHELL`: the script for the file the shell runs.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<Exit> {
+    // Completions are for the file the shell runs: `cilium-idmig`, or the plugin's
+    // `kubectl-cilium_idmig`.
+    let file = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "cilium-idmig".into());
+    let mut cmd = super::args::Cli::command();
+    // Into a buffer first: `generate` panics when its writer fails (a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, file, &mut script);
+    out!("{}", String::from_utf8_lossy(&script)).context("writing the completions")?;
+    Ok(Exit::Ok)
+}
+
+/// `man`: the manual page in roff.
+fn man() -> anyhow::Result<Exit> {
+    let mut page = Vec::new();
+    clap_mangen::Man::new(super::args::Cli::command())
+        .render(&mut page)
+        .context("rendering the manual page")?;
+    out!("{}", String::from_utf8_lossy(&page)).context("writing the manual page")?;
+    Ok(Exit::Ok)
+}
+
+/// `verify`: every valid kvstore identity has its CiliumIdentity (or its recorded mapping).
+async fn verify(
+    conn: Conn,
+    decision_log: Vec<PathBuf>,
+    output: super::args::Output,
+) -> anyhow::Result<Exit> {
+    let range = conn.scope()?.range;
+    let mappings = flows::expectations_from_logs(&decision_log)?;
+    let target = conn.target().await?;
+    let kv = KvSource::Etcd(conn.etcd());
+    let report = printer::reading(
+        "reading the kvstore and Kubernetes",
+        flows::verify(&kv, &target, range, &mappings),
+    )
+    .await?;
+    print_verify(&report, output == super::args::Output::Json)?;
+    Ok(if report.passed() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// `demo`: the embedded sandbox's world, in the TUI or headless (then, with `--sync`, the
+/// rollout followed to cutover).
+async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
+    let DemoArgs {
+        identities,
+        seed,
+        decision_log,
+        port,
+        headless,
+        sandbox_latency,
+        from_snapshot,
+        k8s_snapshot,
+        nodes,
+        rollout_speed,
+        sync: then_sync,
+        reserve_in_kvstore,
+    } = args;
+    let what = match &from_snapshot {
+        Some(p) => format!("a rehearsal on the identities in {}", p.display()),
+        None => format!("{identities} generated identities (seed {seed})"),
+    };
+    let cfg = DemoConfig {
+        identities,
+        seed,
+        port,
+        latency: sandbox_latency,
+        kvstore_dump: from_snapshot,
+        k8s_dump: k8s_snapshot,
+        nodes,
+    };
+    let demo = demo::world(cfg).await?;
+    let world = || -> anyhow::Result<World> {
+        Ok(World {
+            kv: demo.kv_source(),
+            target: K8sTarget::from_url(&demo.sandbox.url())?,
+            scope: ClusterScope::new(0, MaxConnectedClusters::default())
+                .map_err(cilium_idmig::Error::Config)?,
+        })
+    };
+    // The rollout plays once sync follows the kvstore (`y` after a commit, or --sync).
+    let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
+    let rollout = tokio::spawn(rollout::run(
+        demo.kv.clone(),
+        demo.sandbox.agent(),
+        demo.leases.clone(),
+        RolloutConfig {
+            speed: rollout_speed,
+            ..Default::default()
+        },
+        rollout_tx,
+    ));
+    let result = if headless {
+        outln!(
+            "demo: {what} against the sandbox API server at {}\n",
+            demo.sandbox.url()
+        )?;
+        let log_path = decision_log.unwrap_or_else(decision_log::default_path);
+        let exit = demo_headless(world()?, log_path.clone()).await?;
+        if then_sync {
+            outln!("\nsync: following the rollout until cutover (every proposal accepted) ...")?;
+            // What the simulated cluster does, beside what sync reports.
+            tokio::spawn(async move {
+                while let Some(line) = rollout_rx.recv().await {
+                    let _ = outln!("{line}");
+                }
+            });
+            let opts = cilium_idmig::app::sync::SyncOptions {
+                accept_proposals: true,
+                until_cutover: true,
+                reserve_in_kvstore,
+                ..Default::default()
+            };
+            sync(
+                world()?,
+                Some(log_path),
+                Vec::new(),
+                opts,
+                None,
+                ApplyOptions::default(),
+            )
+            .await
+        } else {
+            Ok(exit)
+        }
+    } else {
+        let opts = ApplyOptions::default();
+        let session = Session {
+            reserve_in_kvstore,
+            ..Session::default()
+        };
+        interactive(world()?, decision_log, opts, session, Finish::Demo).await
+    };
+    rollout.abort();
+    result
+}
+
+/// `tui` (and no command): the interactive migrator on the cluster.
+async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
+    let TuiArgs {
+        conn,
+        tuning,
+        decision_log,
+        resume,
+        rollback,
+        reserve_in_kvstore,
+    } = args;
+    let world = World::of(&conn).await?;
+    let finish = Finish::Apply {
+        bin_name: bin_name.to_string(),
+    };
+    let session = Session {
+        resume,
+        rollback,
+        reserve_in_kvstore,
+    };
+    interactive(world, decision_log, tuning.options(), session, finish).await
+}
+
+/// `sync`, from its flags.
+async fn sync_command(args: SyncArgs) -> anyhow::Result<Exit> {
+    let SyncArgs {
+        conn,
+        decision_log,
+        resume,
+        accept_proposals,
+        until_cutover,
+        status_addr,
+        cutover_grace,
+        reserve_in_kvstore,
+        release_reservations,
+        lease_namespace,
+        lease_name,
+        tuning,
+    } = args;
+    let world = World::of(&conn).await?;
+    let opts = cilium_idmig::app::sync::SyncOptions {
+        accept_proposals,
+        until_cutover,
+        cutover_grace,
+        reserve_in_kvstore,
+        release_reservations,
+        lease: cilium_idmig::app::lease::LeaseOptions {
+            namespace: lease_namespace,
+            name: lease_name,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    sync(
+        world,
+        decision_log,
+        resume,
+        opts,
+        status_addr,
+        tuning.options(),
+    )
+    .await
+}
+
+/// `sandbox`: the sandbox API server until Ctrl-C.
+async fn sandbox(port: u16, kubeconfig_out: Option<PathBuf>, no_crd: bool) -> anyhow::Result<Exit> {
+    let sb = Sandbox::start(SandboxConfig {
+        port,
+        with_crd: !no_crd,
+        ..Default::default()
+    })
+    .await?;
+    if let Some(p) = &kubeconfig_out {
+        sb.write_kubeconfig(p)?;
+        outln!("kubeconfig written to {}", p.display())?;
+    }
+    outln!(
+        "sandbox API server listening on {} (Ctrl-C to stop)",
+        sb.url()
+    )?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(Exit::Ok)
 }
 
 /// Both ends and the range a command works on.
@@ -324,6 +337,15 @@ struct World {
 }
 
 impl World {
+    /// The cluster the connection flags name: etcd, the API server, the range.
+    async fn of(conn: &Conn) -> anyhow::Result<World> {
+        Ok(World {
+            kv: KvSource::Etcd(conn.etcd()),
+            target: conn.target().await?,
+            scope: conn.scope()?,
+        })
+    }
+
     fn service(
         self,
         command: &'static str,

@@ -1,0 +1,357 @@
+//! What the engine reports, folded into the model: scans, commits and rollbacks, resumes,
+//! failures, and a running sync's reports. Stale results are dropped by generation.
+
+use std::collections::HashMap;
+
+use super::super::model::{CommitPhase, Modal, Model};
+use super::super::msg::Command;
+use super::commit::{self, on_apply, start_commit};
+use crate::app::service::{ServiceEvent, ServiceRequest, Task};
+use crate::core::planner::PlanItem;
+
+pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
+    match ev {
+        ServiceEvent::Preflight(p) => {
+            model.cluster.preflight = Some(p);
+            vec![]
+        }
+        ServiceEvent::Scanned { generation, scan } => scanned(model, generation, *scan),
+        ServiceEvent::NodeCounts { generation, counts } => {
+            if generation != model.scan.generation {
+                return vec![];
+            }
+            model.scan.counting = false;
+            for item in &mut model.cluster.items {
+                item.nodes = counts.get(item.labels.as_bytes());
+            }
+            model.rebuild_view();
+            vec![]
+        }
+        ServiceEvent::Failed {
+            generation,
+            task,
+            error,
+        } => failed(model, generation, task, error),
+        ServiceEvent::Apply(ev) => {
+            on_apply(&mut model.commit, ev);
+            vec![]
+        }
+        ServiceEvent::Committed {
+            generation,
+            run,
+            verify,
+        } => committed(model, generation, *run, verify),
+        ServiceEvent::KvRead { generation, items } => {
+            // The first scan shows the kvstore side at once; a rescan keeps the table it has.
+            if generation == model.scan.generation && model.cluster.items.is_empty() {
+                model.scan.k8s_pending = true;
+                model.status = format!(
+                    "read {} kvstore identities; listing Kubernetes…",
+                    items.len()
+                );
+                model.set_items(items);
+            }
+            vec![]
+        }
+        ServiceEvent::Listing {
+            generation,
+            listed,
+            elapsed,
+        } => {
+            if generation == model.scan.generation && model.scan.scanning {
+                model.scan.listing = Some((listed, elapsed));
+            }
+            vec![]
+        }
+        ServiceEvent::Drift { added, removed } => {
+            model.scan.drift = (added, removed);
+            vec![]
+        }
+        ServiceEvent::DriftCompacted => {
+            model.status = "the kvstore was compacted past the watched revision: rescanning".into();
+            rescan(model)
+        }
+        ServiceEvent::Resumed {
+            generation,
+            from,
+            resumed,
+            dropped,
+        } => on_resumed(model, generation, from, resumed, dropped),
+        ServiceEvent::ResumeOffer {
+            path,
+            decisions,
+            operator,
+            when,
+        } => {
+            if model.modal.is_none() {
+                model.modal = Some(Modal::ResumeOffer {
+                    path,
+                    decisions,
+                    operator,
+                    when,
+                });
+            } else {
+                model.status = format!(
+                    "{} holds {decisions} decisions never committed: restart with --resume {} to resume them",
+                    path.display(),
+                    path.display()
+                );
+            }
+            vec![]
+        }
+        ServiceEvent::Sync(ev) => on_sync(model, ev),
+        ServiceEvent::SyncEnded { end } => {
+            model.sync.running = false;
+            model.sync.following = false;
+            model.sync.stopping = false;
+            model.sync.push(format!("sync ended: {}", end.status));
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+            vec![]
+        }
+        ServiceEvent::RollbackPlanned { generation, ops } => {
+            let Some(rb) = &mut model.rollback else {
+                return vec![];
+            };
+            if generation != rb.generation {
+                return vec![];
+            }
+            let s = crate::app::rollback::summarize(&ops);
+            model.status = format!(
+                "rollback plan: {} to delete, {} already gone, {} kept",
+                s.delete, s.gone, s.keep
+            );
+            rb.ops = Some(ops);
+            rb.offset = 0;
+            vec![]
+        }
+        ServiceEvent::Exported { paths } => {
+            let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
+            vec![]
+        }
+    }
+}
+
+/// Folds what a running sync reports into the Sync screen; a conflict found live joins the
+/// Conflicts screen (a rescan brings it in, keeping every decision), marked as new.
+fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
+    use crate::app::sync::SyncEvent;
+    match ev {
+        SyncEvent::Status(s) => {
+            model.sync.status = Some(s);
+            vec![]
+        }
+        SyncEvent::Conflict { id, kind, reason } => {
+            model.sync.push(format!(
+                "conflict: {id} is a {kind} and waits for a decision: {reason}"
+            ));
+            model.review.new_since_snapshot.insert(id);
+            if model.scan.scanning {
+                vec![]
+            } else {
+                rescan(model)
+            }
+        }
+        SyncEvent::Split(split) => {
+            model.sync.push(split.to_string());
+            vec![]
+        }
+        SyncEvent::Invalid { id, reason } => {
+            model
+                .sync
+                .push(format!("invalid: {id}: {reason} (never written)"));
+            vec![]
+        }
+        SyncEvent::Following => {
+            model.sync.following = true;
+            model.sync.push("sync started: following both sides".into());
+            vec![]
+        }
+        SyncEvent::Trouble(t) => {
+            model.sync.push(format!("retrying: {t}"));
+            vec![]
+        }
+        SyncEvent::Note(n) => {
+            model.sync.push(n);
+            vec![]
+        }
+        SyncEvent::Moot { id, labels } => {
+            model.sync.push(crate::app::sync::moot_text(&id, &labels));
+            vec![]
+        }
+        SyncEvent::Cutover(report) => {
+            model.sync.cutover = true;
+            model.sync.push(report.to_string());
+            vec![]
+        }
+    }
+}
+
+/// Keeps the operator's decisions for items whose id and labels did not change.
+pub fn merge_decisions(old: &[PlanItem], mut new: Vec<PlanItem>) -> Vec<PlanItem> {
+    let by_id: HashMap<&str, &PlanItem> = old
+        .iter()
+        .filter(|i| i.decided)
+        .map(|i| (i.id.as_str(), i))
+        .collect();
+    for item in &mut new {
+        if let Some(o) = by_id.get(item.id.as_str())
+            && o.labels == item.labels
+            && o.kind == item.kind
+        {
+            item.action = o.action;
+            item.target_id = o.target_id;
+            item.decided = true;
+        }
+    }
+    new
+}
+
+pub(super) fn rescan(model: &mut Model) -> Vec<Command> {
+    model.scan.generation += 1;
+    model.scan.scanning = true;
+    vec![Command::Send(ServiceRequest::Scan {
+        generation: model.scan.generation,
+    })]
+}
+
+fn scanned(
+    model: &mut Model,
+    generation: u64,
+    scan: crate::app::service::ScanResult,
+) -> Vec<Command> {
+    if generation != model.scan.generation {
+        return vec![]; // a stale scan
+    }
+    model.scan.scanning = false;
+    model.scan.counting = true;
+    model.scan.drift = (0, 0);
+    model.scan.k8s_pending = false;
+    model.scan.listing = None;
+    let kept = merge_decisions(&model.cluster.items, scan.items);
+    model.cluster.k8s = scan.k8s;
+    model.cluster.crd_present = scan.crd_present;
+    model.status = format!(
+        "scanned {} identities at revision {}{}",
+        kept.len(),
+        scan.source.revision,
+        if scan.other_names > 0 {
+            format!("; {} CiliumIdentity names are not ids", scan.other_names)
+        } else {
+            String::new()
+        }
+    );
+    model.cluster.source = Some(scan.source);
+    model.set_items(kept);
+    model.review.undo.clear();
+    let first = model.conflicts().next();
+    model.review.conflict = first;
+    // A resume asked for while this scan ran starts now, on the fresh items.
+    if std::mem::take(&mut model.commit.resume_after_scan) {
+        return start_commit(model);
+    }
+    vec![]
+}
+
+fn failed(
+    model: &mut Model,
+    generation: u64,
+    task: Task,
+    error: std::sync::Arc<crate::Error>,
+) -> Vec<Command> {
+    match task {
+        Task::Scan if generation != model.scan.generation => return vec![],
+        Task::Scan => {
+            model.scan.scanning = false;
+            model.scan.listing = None;
+        }
+        Task::NodeCount => model.scan.counting = false,
+        Task::Apply => {
+            model.commit.phase = CommitPhase::Done;
+            model.commit.started = None;
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+        }
+        Task::Rollback => {
+            if model.commit.phase != CommitPhase::Idle {
+                model.commit.phase = CommitPhase::Done;
+            }
+            model.commit.started = None;
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+        }
+        Task::Sync => {
+            model.sync.running = false;
+            model.sync.following = false;
+            model.sync.stopping = false;
+            if model.quit_after_commit {
+                model.quit = true;
+            }
+        }
+        Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
+    }
+    model.modal = Some(Modal::Message(format!("{task} failed: {error}")));
+    vec![]
+}
+
+fn committed(
+    model: &mut Model,
+    generation: u64,
+    run: crate::app::flows::ApplyRun,
+    verify: Option<crate::core::verify::VerifyReport>,
+) -> Vec<Command> {
+    let report = run.report;
+    if generation != model.commit.generation {
+        return vec![];
+    }
+    model.commit.phase = CommitPhase::Done;
+    model.commit.started = None;
+    model.commit.stop_reason = report.stopped.clone();
+    model.commit.retries = report.retries;
+    model.commit.report = Some(report);
+    model.commit.verify = verify;
+    if model.quit_after_commit {
+        model.quit = true;
+    }
+    // The cluster changed: read it again so the screen shows what is there now.
+    if model.rollback.is_some() {
+        return commit::plan_rollback(model);
+    }
+    rescan(model)
+}
+
+fn on_resumed(
+    model: &mut Model,
+    generation: u64,
+    from: Vec<std::path::PathBuf>,
+    count: usize,
+    dropped: Vec<crate::core::planner::resume::Dropped>,
+) -> Vec<Command> {
+    if generation != model.scan.generation {
+        return vec![];
+    }
+    let from: Vec<String> = from.iter().map(|p| p.display().to_string()).collect();
+    model.status = format!(
+        "resumed {count} decisions from {}; {} dropped",
+        from.join(", "),
+        dropped.len()
+    );
+    if !dropped.is_empty() {
+        let mut text = format!(
+            "Resumed {count} decisions. {} no longer fit and were dropped (their items keep the fresh proposal):",
+            dropped.len()
+        );
+        for d in dropped.iter().take(12) {
+            text.push_str(&format!("\n  {}: {}", d.id, d.reason));
+        }
+        if dropped.len() > 12 {
+            text.push_str(&format!("\n  ... and {} more", dropped.len() - 12));
+        }
+        model.modal = Some(Modal::Message(text));
+    }
+    vec![]
+}

@@ -4,7 +4,9 @@
 //! 1800) the resident memory of the real `sync` process over a soak of 20 new identities a
 //! second while the oldest 20 go (the kvstore's and the cluster's GC, so the live set stays
 //! at about 7,000), used by one kvstore-mode node (so the rollout is not over), sampled
-//! every 30 s, with its slope. `cargo bench --bench sync`.
+//! every 30 s, with its slope. A phase at the scale of a full cluster (62,280 identities
+//! mirrored, then 50/s to 65,280): start-up, CPU while quiet and under load, lag, peak RSS.
+//! `cargo bench --bench sync`.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -26,8 +28,14 @@ struct Run {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// The binary under test: `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or
+/// the one cargo built for this benchmark.
+fn bin() -> String {
+    std::env::var("IDMIG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string())
+}
+
 fn start(etcd: &Etcd, kubeconfig: &str, log: &str) -> Run {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cilium-idmig"))
+    let mut child = tokio::process::Command::new(bin())
         .args([
             "sync",
             "--etcd-endpoints",
@@ -111,6 +119,110 @@ async fn wait_count(sb: &Sandbox, n: usize, secs: u64) -> Duration {
     start.elapsed()
 }
 
+/// CPU seconds (user and system) the process has used.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / ticks
+}
+
+/// Peak resident memory (VmHWM) in MiB.
+fn peak_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map_or(-1.0, |kib| kib / 1024.0)
+}
+
+/// Sync at the scale of a full cluster: 62,280 identities in etcd, all mirrored already,
+/// one kvstore-mode node left. Start-up (until both watches follow), CPU while quiet for
+/// 30 s, then 50 new identities a second for 60 s (to 65,280): lag and peak memory.
+async fn at_scale() {
+    const LIVE: u32 = 62_280;
+    let etcd = Etcd::start().await;
+    let sb = Sandbox::start(SandboxConfig::default())
+        .await
+        .expect("sandbox");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kc = dir.path().join("kubeconfig");
+    sb.write_kubeconfig(&kc).expect("kubeconfig");
+    let kc = kc.display().to_string();
+    let log = dir.path().join("sync.jsonl").display().to_string();
+    put_range(&etcd, 256, LIVE).await;
+    for i in 256..256 + LIVE {
+        let key = format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;");
+        let labels = cilium_idmig::core::labels::to_security_labels(
+            &cilium_idmig::core::labels::parse_label_key(&key).expect("labels"),
+        );
+        sb.seed_identity(i, &labels);
+    }
+    let mut c = etcd.client().await.expect("client");
+    c.put(format!("{P}/value/k8s:app=pinned;/10.0.0.1"), "256", None)
+        .await
+        .expect("put");
+    let t = Instant::now();
+    let run = start(&etcd, &kc, &log);
+    let pid = run.child.id().expect("pid");
+    loop {
+        let following = run
+            .lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .any(|l| l.contains("sync started: following both sides"));
+        if following {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(300), "sync did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let startup = t.elapsed();
+    // Settle, then quiet.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (cpu0, t0) = (cpu_secs(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let idle = (cpu_secs(pid) - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let rss_quiet = rss_mib(pid);
+    // Steady arrivals.
+    let mut next = 256 + LIVE;
+    let (cpu1, t1) = (cpu_secs(pid), Instant::now());
+    for _ in 0..60 {
+        let tick = Instant::now();
+        put_range(&etcd, next, 50).await;
+        next += 50;
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
+    }
+    wait_count(&sb, (next - 256) as usize, 120).await;
+    let busy = (cpu_secs(pid) - cpu1) / t1.elapsed().as_secs_f64() * 100.0;
+    let peak = peak_mib(pid);
+    let (p50, p99) = stop(run).await;
+    println!();
+    println!("| at {} live identities | figure |", next - 256);
+    println!("|---|---|");
+    println!(
+        "| start-up (both sides read, both watches following) | {:.2} s |",
+        startup.as_secs_f64()
+    );
+    println!("| CPU while quiet (30 s) | {idle:.2} % of a core |");
+    println!("| RSS while quiet | {rss_quiet:.1} MiB |");
+    println!("| 50 new identities/s for 60 s: lag p50 / p99 | {p50} / {p99} |");
+    println!("| CPU under 50/s | {busy:.1} % of a core |");
+    println!("| peak RSS (VmHWM) | {peak:.1} MiB |");
+}
+
 fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -189,6 +301,10 @@ async fn main() {
     println!("|---|---|---|---|");
     for (load, took, p50, p99) in &rows {
         println!("| {load} | {took} | {p50} | {p99} |");
+    }
+
+    if std::env::var("IDMIG_SOAK_ONLY").is_err() {
+        at_scale().await;
     }
 
     let soak: u64 = std::env::var("IDMIG_SOAK_SECS")

@@ -340,17 +340,61 @@ pub async fn run(
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
     stop: StopFlag,
-    mut decided: Option<mpsc::Receiver<LoggedDecision>>,
+    decided: Option<mpsc::Receiver<LoggedDecision>>,
 ) -> Result<SyncEnd> {
     if let KvSource::Memory(_) = &cfg.kv {
         // Refused before anything is read or written (`follower` says why).
         cfg.kv.follower().await?;
     }
-    let prefix = cfg.kv.prefix();
-    let range = cfg.scope.range;
-    // A restart resumes the decisions recorded so far (and any --resume logs). A log that
-    // cannot be read is an error: going on without its decisions could create what the
-    // operator skipped.
+    let decisions = resume_decisions(&cfg)?;
+    let lease = take_lease(&cfg, &opts, &events).await?;
+    let mut sync = Sync {
+        writer: lease.writer.clone(),
+        lease,
+        cfg,
+        opts,
+        metrics,
+        events,
+        stop,
+        decided,
+        decisions,
+        reservations: None,
+    };
+    let mut backoff = Backoff::new(Policy::FOLLOW);
+    loop {
+        if sync.stop.is_stopped() {
+            return Ok(SyncEnd::default());
+        }
+        let round = match sync.start_round().await {
+            Ok(r) => r,
+            Err(Retry::Fatal(e)) => return Err(e),
+            Err(Retry::After(trouble)) => {
+                let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
+                backoff.wait().await;
+                continue;
+            }
+        };
+        backoff.reset();
+        match round.follow(&mut sync).await? {
+            RoundEnd::Resnapshot => continue,
+            RoundEnd::Done(end) => {
+                if let Some(r) = sync.reservations.take()
+                    && sync.opts.release_reservations
+                    && sync.lease.holding()
+                {
+                    release(r, &sync.cfg, &sync.metrics, &sync.events).await;
+                }
+                sync.lease.release().await;
+                return Ok(end);
+            }
+        }
+    }
+}
+
+/// The decisions recorded so far (this log and any --resume logs): a restart resumes
+/// them. A log that cannot be read is an error: going on without its decisions could
+/// create what the operator skipped.
+fn resume_decisions(cfg: &ServiceConfig) -> Result<BTreeMap<String, LoggedDecision>> {
     let mut steps = Vec::new();
     for p in cfg
         .resume
@@ -359,37 +403,79 @@ pub async fn run(
     {
         steps.extend(flows::read_log(p)?.steps());
     }
-    let mut decisions = resume::replay(steps);
-    let lease = take_lease(&cfg, &opts, &events).await?;
-    let mut writer = lease.writer.clone();
-    let mut backoff = Backoff::new(Policy::FOLLOW);
-    let mut reservations: Option<Reservations> = None;
-    'snapshot: loop {
-        if stop.is_stopped() {
-            return Ok(SyncEnd::default());
-        }
+    Ok(resume::replay(steps))
+}
+
+/// What lives across rounds: the configuration, the lease, the decisions, the
+/// reservations.
+struct Sync {
+    cfg: Arc<ServiceConfig>,
+    opts: SyncOptions,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+    stop: StopFlag,
+    lease: LeaseKeeper,
+    writer: tokio::sync::watch::Receiver<Writer>,
+    decided: Option<mpsc::Receiver<LoggedDecision>>,
+    decisions: BTreeMap<String, LoggedDecision>,
+    reservations: Option<Reservations>,
+}
+
+/// Why a round could not start.
+enum Retry {
+    /// Waiting will not fix it (no endpoints, an unreadable certificate, a refused write).
+    Fatal(Error),
+    /// A server failed: try again after a wait.
+    After(String),
+}
+
+/// How a round ended.
+enum RoundEnd {
+    /// The kvstore was compacted past the watched revision: read a fresh snapshot.
+    Resnapshot,
+    Done(SyncEnd),
+}
+
+/// One round: from a snapshot of both sides, following both watches, until a stop,
+/// cutover, or a compaction.
+struct Round {
+    conn: KvFollower,
+    prefix: String,
+    state: State,
+    kv_rx: mpsc::Receiver<KvWatchEvent>,
+    k8s_rx: mpsc::Receiver<K8sChange>,
+    watches: [tokio::task::JoinHandle<()>; 2],
+    done_tx: mpsc::Sender<(Vec<Op>, Result<ApplyReport>)>,
+    done_rx: mpsc::Receiver<(Vec<Op>, Result<ApplyReport>)>,
+    dirty: bool,
+    batch_running: bool,
+    reserved_all: bool,
+    last_verify: Option<Instant>,
+    cutover_announced: bool,
+    /// Announced once both watches are established, not when they are asked for.
+    kv_up: bool,
+    k8s_up: bool,
+    following: bool,
+}
+
+impl Sync {
+    /// Reads both sides, reserves what needs reserving (before the watches start, so the
+    /// ids are taken from the first moment on), and starts both watches.
+    async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
+        let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
         let conn = match cfg.kv.follower().await {
             Ok(c) => c,
-            // No endpoints, an unreadable certificate: waiting will not fix those.
-            Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(e),
-            Err(e) => {
-                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
-                backoff.wait().await;
-                continue;
-            }
+            Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(Retry::Fatal(e)),
+            Err(e) => return Err(Retry::After(e.to_string())),
         };
-        let snap = match conn.read_snapshot(&prefix).await {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
-                backoff.wait().await;
-                continue;
-            }
-        };
-        if opts.reserve_in_kvstore && reservations.is_none() {
+        let snap = conn
+            .read_snapshot(&prefix)
+            .await
+            .map_err(|e| Retry::After(e.to_string()))?;
+        if self.opts.reserve_in_kvstore && self.reservations.is_none() {
             // A write the credentials may not make is the operator's to fix: exit 2.
             let (troubles, mut trouble_rx) = mpsc::channel::<String>(8);
-            let fwd = events.clone();
+            let fwd = self.events.clone();
             tokio::spawn(async move {
                 while let Some(t) = trouble_rx.recv().await {
                     if fwd.send(SyncEvent::Trouble(t)).await.is_err() {
@@ -397,289 +483,387 @@ pub async fn run(
                     }
                 }
             });
-            reservations = Some(Reservations::start(&conn, &prefix, troubles).await?);
+            let started = Reservations::start(&conn, &prefix, troubles).await;
+            self.reservations = Some(started.map_err(Retry::Fatal)?);
         }
         let mut state = State::from_snapshot(snap);
-        match cfg.target.list_identities(ReadMode::Cache, None).await {
-            Ok(k) => {
-                state.k8s = k.identities;
-                state.k8s_version = k.resource_version;
-            }
-            Err(e) => {
-                let _ = events.send(SyncEvent::Trouble(e.to_string())).await;
-                backoff.wait().await;
-                continue;
-            }
-        }
-        backoff.reset();
-        // Reserved before the watches start, so the ids are taken from the first moment on.
+        let listed = cfg
+            .target
+            .list_identities(ReadMode::Cache, None)
+            .await
+            .map_err(|e| Retry::After(e.to_string()))?;
+        state.k8s = listed.identities;
+        state.k8s_version = listed.resource_version;
         let mut reserved_all = false;
-        if let Some(r) = reservations.as_mut()
-            && lease.holding()
+        if let Some(r) = self.reservations.as_mut()
+            && self.lease.holding()
         {
-            reserved_all = reserve_all(r, &mut state, range, &cfg, &metrics, &events).await;
+            let range = cfg.scope.range;
+            reserved_all =
+                reserve_all(r, &mut state, range, &cfg, &self.metrics, &self.events).await;
         }
-        let (kv_tx, mut kv_rx) = mpsc::channel::<KvWatchEvent>(256);
-        let (k8s_tx, mut k8s_rx) = mpsc::channel::<K8sChange>(1024);
+        let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
+        let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
         let kv_watch = tokio::spawn(follow_kvstore(
             conn.clone(),
             prefix.clone(),
             state.kv_revision,
             kv_tx,
-            metrics.clone(),
-            events.clone(),
+            self.metrics.clone(),
+            self.events.clone(),
         ));
         let k8s_watch = tokio::spawn(follow_kubernetes(
             cfg.clone(),
             state.k8s_version.clone(),
             k8s_tx,
-            metrics.clone(),
-            events.clone(),
+            self.metrics.clone(),
+            self.events.clone(),
         ));
-        let (done_tx, mut done_rx) = mpsc::channel::<(Vec<Op>, Result<ApplyReport>)>(4);
-        let mut settle = tokio::time::interval(opts.settle);
-        let mut status_tick = tokio::time::interval(opts.status_every);
-        let mut dirty = true;
-        let mut batch_running = false;
-        let mut last_verify: Option<Instant> = None;
-        let mut cutover_announced = false;
-        // Announced once both watches are established, not when they are asked for.
-        let (mut kv_up, mut k8s_up, mut following) = (false, false, false);
+        let (done_tx, done_rx) = mpsc::channel(4);
+        Ok(Round {
+            conn,
+            prefix,
+            state,
+            kv_rx,
+            k8s_rx,
+            watches: [kv_watch, k8s_watch],
+            done_tx,
+            done_rx,
+            dirty: true,
+            batch_running: false,
+            reserved_all,
+            last_verify: None,
+            cutover_announced: false,
+            kv_up: false,
+            k8s_up: false,
+            following: false,
+        })
+    }
+}
+
+impl Round {
+    /// Follows both sides until the round ends; every event has its handler.
+    async fn follow(mut self, sync: &mut Sync) -> Result<RoundEnd> {
+        let mut settle = tokio::time::interval(sync.opts.settle);
+        let mut status_tick = tokio::time::interval(sync.opts.status_every);
         let end = loop {
-            if kv_up && k8s_up && !following {
-                following = true;
-                let _ = events.send(SyncEvent::Following).await;
+            if self.kv_up && self.k8s_up && !self.following {
+                self.following = true;
+                let _ = sync.events.send(SyncEvent::Following).await;
             }
             tokio::select! {
-                ev = kv_rx.recv() => match ev {
-                    Some(KvWatchEvent::Connected) => kv_up = true,
-                    Some(KvWatchEvent::Progress) => {}
-                    Some(KvWatchEvent::Changes { changes, revision }) => {
-                        state.kv_revision = revision;
-                        for c in changes {
-                            apply_kv_change(&mut state, c);
-                        }
-                        dirty = true;
-                    }
-                    Some(KvWatchEvent::Compacted { compact_revision }) => {
-                        let _ = events.send(SyncEvent::Trouble(format!(
-                            "the kvstore was compacted past the watched revision ({compact_revision}): reading a fresh snapshot, keeping every decision"
-                        ))).await;
-                        kv_watch.abort();
-                        k8s_watch.abort();
-                        continue 'snapshot;
-                    }
-                    None => {}
-                },
-                ch = k8s_rx.recv() => match ch {
-                    Some(K8sChange::Connected) => {
-                        k8s_up = true;
-                        // The API server is back: what failed while it was gone is tried
-                        // now, not when its wait is over.
-                        if !state.failed.is_empty() {
-                            state.failed.clear();
-                            dirty = true;
-                        }
-                    }
-                    Some(K8sChange::Upsert { id, labels, resource_version }) => {
-                        state.k8s_version = resource_version;
-                        state.k8s.insert(id, labels.clone());
-                        check_split(&mut state, id);
-                        // At once, not at the next plan: the window in which a kvstore-mode
-                        // agent can hand the id out again is as short as the watch's lag.
-                        if let Some(r) = reservations.as_mut()
-                            && lease.holding()
-                            && let Err(e) = r.reserve_one(id, &labels, &state.masters, range, &cfg.log, &metrics).await
-                        {
-                            let _ = events.send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}"))).await;
-                        }
-                        dirty = true;
-                    }
-                    Some(K8sChange::Deleted { id, resource_version }) => {
-                        state.k8s_version = resource_version;
-                        state.k8s.remove(&id);
-                        if state.created.contains(&id) {
-                            state.deleted_after_create.insert(id);
-                        }
-                        if let Some(r) = reservations.as_mut() {
-                            r.object_deleted(id, &cfg.log, &metrics).await;
-                        }
-                        dirty = true;
-                    }
-                    Some(K8sChange::Bookmark { resource_version }) => state.k8s_version = resource_version,
-                    // The follower lists again and sends `Relisted`.
-                    Some(K8sChange::Expired) => {}
-                    Some(K8sChange::Relisted { identities, resource_version }) => {
-                        let changed: Vec<u32> = identities
-                            .iter()
-                            .filter(|(id, labels)| state.k8s.get(id) != Some(labels))
-                            .map(|(id, _)| *id)
-                            .collect();
-                        state.k8s = identities;
-                        state.k8s_version = resource_version;
-                        // What arrived while the watch was gone is checked as if watched.
-                        for id in changed {
-                            check_split(&mut state, id);
-                        }
-                        reserved_all = false;
-                        dirty = true;
-                    }
-                    None => {}
-                },
-                Ok(()) = writer.changed() => {
-                    let now = writer.borrow_and_update().clone();
-                    let what = format!("lease {}/{}", opts.lease.namespace, opts.lease.name);
-                    state.status.standby = None;
-                    match now {
-                        Writer::Us => {
-                            // Everything seen while another sync wrote is planned again.
-                            reserved_all = false;
-                            dirty = true;
-                            let _ = events.send(SyncEvent::Note(format!("{what} taken: this sync writes"))).await;
-                        }
-                        Writer::Other { holder } => {
-                            state.status.standby = Some(holder.clone());
-                            let _ = events.send(SyncEvent::Note(format!(
-                                "{what} is held by {holder}: following both sides without writing until it is free"
-                            ))).await;
-                        }
-                        Writer::Unknown => {
-                            let _ = events.send(SyncEvent::Trouble(format!(
-                                "{what} could not be renewed: no writes until it is held again"
-                            ))).await;
-                        }
-                        Writer::Refused(why) => return Err(lease_refused(&opts, &why)),
+                ev = self.kv_rx.recv() => {
+                    if let Some(ev) = ev
+                        && self.on_kvstore(sync, ev).await
+                    {
+                        break RoundEnd::Resnapshot;
                     }
                 }
-                Some(d) = next_decision(&mut decided) => {
-                    state.reported.remove(&d.id);
-                    decisions.insert(d.id.clone(), d);
-                    dirty = true;
-                }
-                Some((ops, result)) = done_rx.recv() => {
-                    batch_running = false;
-                    if let Some(trouble) = take_results(&mut state, ops, result, &metrics) {
-                        let _ = events.send(SyncEvent::Trouble(trouble)).await;
+                ch = self.k8s_rx.recv() => {
+                    if let Some(ch) = ch {
+                        self.on_kubernetes(sync, ch).await;
                     }
-                    dirty = true;
+                }
+                Ok(()) = sync.writer.changed() => {
+                    let now = sync.writer.borrow_and_update().clone();
+                    self.on_writer(sync, now).await?;
+                }
+                Some(d) = next_decision(&mut sync.decided) => {
+                    self.state.reported.remove(&d.id);
+                    sync.decisions.insert(d.id.clone(), d);
+                    self.dirty = true;
+                }
+                Some((ops, result)) = self.done_rx.recv() => {
+                    self.batch_running = false;
+                    if let Some(trouble) = take_results(&mut self.state, ops, result, &sync.metrics) {
+                        let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
+                    }
+                    self.dirty = true;
                 }
                 _ = settle.tick() => {
-                    if !state.splits_to_report.is_empty() {
-                        report_splits(&mut state, &conn, &prefix, &events, &cfg).await;
-                    }
-                    if stop.is_stopped() {
-                        if !batch_running {
-                            state.refresh_lag_percentiles();
-                            break SyncEnd { cutover: false, status: state.status.clone(), unwritten: state.unwritten_now() };
-                        }
-                        continue;
-                    }
-                    // Only the lease's holder writes (to the API server, the log, the kvstore).
-                    if dirty && !batch_running && lease.holding() {
-                        dirty = false;
-                        let items = state.plan(&decisions, range);
-                        let ops = select_writes(&mut state, &items, &opts, &events, &cfg).await;
-                        if let Some(r) = reservations.as_mut() {
-                            // The whole view once per snapshot or list (and again after a
-                            // failure); each object that arrives is reserved as it arrives.
-                            if !reserved_all {
-                                reserved_all = reserve_all(r, &mut state, range, &cfg, &metrics, &events).await;
-                            }
-                            state.status.reservations = r.count();
-                        }
-                        publish(&mut state, &items, &metrics);
-                        if !ops.is_empty() {
-                            batch_running = true;
-                            for op in &ops {
-                                if let Some(t) = op.target_id {
-                                    state.in_flight.insert(t);
-                                }
-                            }
-                            let (cfg, done_tx, stop) = (cfg.clone(), done_tx.clone(), stop.clone());
-                            tokio::spawn(async move {
-                                let result = write(&cfg, ops.clone(), stop).await;
-                                let _ = done_tx.send((ops, result)).await;
-                            });
-                        }
+                    if let Some(end) = self.on_settle(sync).await {
+                        break RoundEnd::Done(end);
                     }
                 }
                 _ = status_tick.tick() => {
-                    // A failed write is tried again when its wait is over, even when nothing
-                    // else happens (at the quiet end of a rollout, nothing else would).
-                    let now = Instant::now();
-                    if state.failed.values().any(|until| *until <= now) {
-                        state.failed.retain(|_, until| *until > now);
-                        dirty = true;
-                    }
-                    state.refresh_lag_percentiles();
-                    return_freed_memory();
-                    state.status.watching = metrics.healthy();
-                    metrics.splits.set(state.status.splits as i64);
-                    let _ = events.send(SyncEvent::Status(state.status.clone())).await;
-                    // The grace starts when the last kvstore-mode node goes. In the demo's
-                    // in-memory kvstore a node's keys go the moment it moves (its lease is
-                    // revoked, none lapses later), so a few seconds do.
-                    let grace = match &cfg.kv {
-                        KvSource::Live(_) => Duration::from_secs(5).min(opts.cutover_grace),
-                        _ => opts.cutover_grace,
-                    };
-                    if state.status.kvstore_nodes > 0 {
-                        state.no_nodes_since = None;
-                    } else if state.no_nodes_since.is_none() {
-                        state.no_nodes_since = Some(now);
-                    }
-                    let rollout_over = state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace)
-                        && lease.holding();
-                    if rollout_over && close_moot(&mut state, &events, &cfg).await {
-                        dirty = true;
-                    }
-                    let ready = rollout_over
-                        && state.status.pending == 0
-                        && state.in_flight.is_empty()
-                        && state.failed.is_empty()
-                        && !batch_running
-                        && !dirty;
-                    // Cutover is checked (a full consistent verify) at most every 30 s while it
-                    // may be near, and announced once; a kvstore-mode node coming back starts
-                    // the watch for it again.
-                    if state.status.kvstore_nodes > 0 {
-                        cutover_announced = false;
-                    }
-                    let due = last_verify.is_none_or(|t| t.elapsed() > Duration::from_secs(30));
-                    if ready && due && !cutover_announced {
-                        last_verify = Some(Instant::now());
-                        if cutover_verified(&cfg, &state.reused, &state.moot).await {
-                            cutover_announced = true;
-                            let report = CutoverReport {
-                                mirrored: state.status.mirrored,
-                                mapped: state.reused.len(),
-                                skipped: state.skipped,
-                                moot: state.moot.len(),
-                            };
-                            let _ = events.send(SyncEvent::Cutover(report)).await;
-                            // No kvstore-mode node is left to need them.
-                            if let Some(r) = reservations.take() {
-                                release(r, &cfg, &metrics, &events).await;
-                                state.status.reservations = 0;
-                            }
-                            if opts.until_cutover {
-                                break SyncEnd { cutover: true, status: state.status.clone(), unwritten: 0 };
-                            }
-                        }
+                    if let Some(end) = self.on_status(sync).await {
+                        break RoundEnd::Done(end);
                     }
                 }
             }
         };
-        kv_watch.abort();
-        k8s_watch.abort();
-        if let Some(r) = reservations.take()
-            && opts.release_reservations
-            && lease.holding()
-        {
-            release(r, &cfg, &metrics, &events).await;
+        for w in &self.watches {
+            w.abort();
         }
-        lease.release().await;
-        return Ok(end);
+        Ok(end)
+    }
+
+    /// A kvstore watch event; true when the round must start over from a fresh snapshot.
+    async fn on_kvstore(&mut self, sync: &Sync, ev: KvWatchEvent) -> bool {
+        match ev {
+            KvWatchEvent::Connected => self.kv_up = true,
+            KvWatchEvent::Progress => {}
+            KvWatchEvent::Changes { changes, revision } => {
+                self.state.kv_revision = revision;
+                for c in changes {
+                    apply_kv_change(&mut self.state, c);
+                }
+                self.dirty = true;
+            }
+            KvWatchEvent::Compacted { compact_revision } => {
+                let _ = sync.events.send(SyncEvent::Trouble(format!(
+                    "the kvstore was compacted past the watched revision ({compact_revision}): reading a fresh snapshot, keeping every decision"
+                ))).await;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A Kubernetes watch event.
+    async fn on_kubernetes(&mut self, sync: &mut Sync, ch: K8sChange) {
+        let state = &mut self.state;
+        match ch {
+            K8sChange::Connected => {
+                self.k8s_up = true;
+                // The API server is back: what failed while it was gone is tried now, not
+                // when its wait is over.
+                if !state.failed.is_empty() {
+                    state.failed.clear();
+                    self.dirty = true;
+                }
+            }
+            K8sChange::Upsert {
+                id,
+                labels,
+                resource_version,
+            } => {
+                state.k8s_version = resource_version;
+                state.k8s.insert(id, labels.clone());
+                check_split(state, id);
+                // At once, not at the next plan: the window in which a kvstore-mode agent
+                // can hand the id out again is as short as the watch's lag.
+                let range = sync.cfg.scope.range;
+                if let Some(r) = sync.reservations.as_mut()
+                    && sync.lease.holding()
+                    && let Err(e) = r
+                        .reserve_one(
+                            id,
+                            &labels,
+                            &state.masters,
+                            range,
+                            &sync.cfg.log,
+                            &sync.metrics,
+                        )
+                        .await
+                {
+                    let _ = sync
+                        .events
+                        .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
+                        .await;
+                }
+                self.dirty = true;
+            }
+            K8sChange::Deleted {
+                id,
+                resource_version,
+            } => {
+                state.k8s_version = resource_version;
+                state.k8s.remove(&id);
+                if state.created.contains(&id) {
+                    state.deleted_after_create.insert(id);
+                }
+                if let Some(r) = sync.reservations.as_mut() {
+                    r.object_deleted(id, &sync.cfg.log, &sync.metrics).await;
+                }
+                self.dirty = true;
+            }
+            K8sChange::Bookmark { resource_version } => state.k8s_version = resource_version,
+            // The follower lists again and sends `Relisted`.
+            K8sChange::Expired => {}
+            K8sChange::Relisted {
+                identities,
+                resource_version,
+            } => {
+                let changed: Vec<u32> = identities
+                    .iter()
+                    .filter(|(id, labels)| state.k8s.get(id) != Some(labels))
+                    .map(|(id, _)| *id)
+                    .collect();
+                state.k8s = identities;
+                state.k8s_version = resource_version;
+                // What arrived while the watch was gone is checked as if watched.
+                for id in changed {
+                    check_split(state, id);
+                }
+                self.reserved_all = false;
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// The lease changed hands (or could not be renewed).
+    async fn on_writer(&mut self, sync: &Sync, now: Writer) -> Result<()> {
+        let what = format!(
+            "lease {}/{}",
+            sync.opts.lease.namespace, sync.opts.lease.name
+        );
+        self.state.status.standby = None;
+        let ev = match now {
+            Writer::Us => {
+                // Everything seen while another sync wrote is planned again.
+                self.reserved_all = false;
+                self.dirty = true;
+                SyncEvent::Note(format!("{what} taken: this sync writes"))
+            }
+            Writer::Other { holder } => {
+                self.state.status.standby = Some(holder.clone());
+                SyncEvent::Note(format!(
+                    "{what} is held by {holder}: following both sides without writing until it is free"
+                ))
+            }
+            Writer::Unknown => SyncEvent::Trouble(format!(
+                "{what} could not be renewed: no writes until it is held again"
+            )),
+            Writer::Refused(why) => return Err(lease_refused(&sync.opts, &why)),
+        };
+        let _ = sync.events.send(ev).await;
+        Ok(())
+    }
+
+    /// The settle tick: report the splits that waited for their nodes, end on a stop, and
+    /// (only the lease's holder) plan and write what changed.
+    async fn on_settle(&mut self, sync: &mut Sync) -> Option<SyncEnd> {
+        let cfg = sync.cfg.clone();
+        if !self.state.splits_to_report.is_empty() {
+            report_splits(
+                &mut self.state,
+                &self.conn,
+                &self.prefix,
+                &sync.events,
+                &cfg,
+            )
+            .await;
+        }
+        if sync.stop.is_stopped() {
+            if self.batch_running {
+                return None;
+            }
+            self.state.refresh_lag_percentiles();
+            return Some(SyncEnd {
+                cutover: false,
+                status: self.state.status.clone(),
+                unwritten: self.state.unwritten_now(),
+            });
+        }
+        // Only the lease's holder writes (to the API server, the log, the kvstore).
+        if !self.dirty || self.batch_running || !sync.lease.holding() {
+            return None;
+        }
+        self.dirty = false;
+        let range = cfg.scope.range;
+        let items = self.state.plan(&sync.decisions, range);
+        let ops = select_writes(&mut self.state, &items, &sync.opts, &sync.events, &cfg).await;
+        if let Some(r) = sync.reservations.as_mut() {
+            // The whole view once per snapshot or list (and again after a failure); each
+            // object that arrives is reserved as it arrives.
+            if !self.reserved_all {
+                self.reserved_all =
+                    reserve_all(r, &mut self.state, range, &cfg, &sync.metrics, &sync.events).await;
+            }
+            self.state.status.reservations = r.count();
+        }
+        publish(&mut self.state, &items, &sync.metrics);
+        if !ops.is_empty() {
+            self.batch_running = true;
+            for op in &ops {
+                if let Some(t) = op.target_id {
+                    self.state.in_flight.insert(t);
+                }
+            }
+            let (done_tx, stop) = (self.done_tx.clone(), sync.stop.clone());
+            tokio::spawn(async move {
+                let result = write(&cfg, ops.clone(), stop).await;
+                let _ = done_tx.send((ops, result)).await;
+            });
+        }
+        None
+    }
+
+    /// The status tick: retry failed writes whose wait is over, report the status, close
+    /// moot conflicts and check for cutover once the rollout is over.
+    async fn on_status(&mut self, sync: &mut Sync) -> Option<SyncEnd> {
+        let state = &mut self.state;
+        // A failed write is tried again when its wait is over, even when nothing else
+        // happens (at the quiet end of a rollout, nothing else would).
+        let now = Instant::now();
+        if state.failed.values().any(|until| *until <= now) {
+            state.failed.retain(|_, until| *until > now);
+            self.dirty = true;
+        }
+        state.refresh_lag_percentiles();
+        return_freed_memory();
+        state.status.watching = sync.metrics.healthy();
+        sync.metrics.splits.set(state.status.splits as i64);
+        let _ = sync
+            .events
+            .send(SyncEvent::Status(state.status.clone()))
+            .await;
+        // The grace starts when the last kvstore-mode node goes. In the demo's in-memory
+        // kvstore a node's keys go the moment it moves (its lease is revoked, none lapses
+        // later), so a few seconds do.
+        let grace = match &sync.cfg.kv {
+            KvSource::Live(_) => Duration::from_secs(5).min(sync.opts.cutover_grace),
+            _ => sync.opts.cutover_grace,
+        };
+        if state.status.kvstore_nodes > 0 {
+            state.no_nodes_since = None;
+            // A kvstore-mode node coming back starts the watch for cutover again.
+            self.cutover_announced = false;
+        } else if state.no_nodes_since.is_none() {
+            state.no_nodes_since = Some(now);
+        }
+        let rollout_over =
+            state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace) && sync.lease.holding();
+        if rollout_over && close_moot(state, &sync.events, &sync.cfg).await {
+            self.dirty = true;
+        }
+        let ready = rollout_over
+            && state.status.pending == 0
+            && state.in_flight.is_empty()
+            && state.failed.is_empty()
+            && !self.batch_running
+            && !self.dirty;
+        // Cutover is checked (a full consistent verify) at most every 30 s while it may be
+        // near, and announced once.
+        let due = self
+            .last_verify
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
+        if !(ready && due && !self.cutover_announced) {
+            return None;
+        }
+        self.last_verify = Some(Instant::now());
+        if !cutover_verified(&sync.cfg, &state.reused, &state.moot).await {
+            return None;
+        }
+        self.cutover_announced = true;
+        let report = CutoverReport {
+            mirrored: state.status.mirrored,
+            mapped: state.reused.len(),
+            skipped: state.skipped,
+            moot: state.moot.len(),
+        };
+        let _ = sync.events.send(SyncEvent::Cutover(report)).await;
+        // No kvstore-mode node is left to need them.
+        if let Some(r) = sync.reservations.take() {
+            release(r, &sync.cfg, &sync.metrics, &sync.events).await;
+            state.status.reservations = 0;
+        }
+        sync.opts.until_cutover.then(|| SyncEnd {
+            cutover: true,
+            status: state.status.clone(),
+            unwritten: 0,
+        })
     }
 }
 

@@ -135,16 +135,7 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// Peak resident memory (VmHWM) in MiB.
 fn peak_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map_or(-1.0, |kib| kib / 1024.0)
+    status_mib(pid, "VmHWM:")
 }
 
 /// Sync at the scale of a full cluster: 62,280 identities in etcd, all mirrored already,
@@ -224,10 +215,15 @@ async fn at_scale() {
 }
 
 fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A memory field of `/proc/PID/status`, in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+            s.lines().find(|l| l.starts_with(field)).and_then(|l| {
                 l.split_whitespace()
                     .nth(1)
                     .and_then(|v| v.parse::<f64>().ok())

@@ -560,3 +560,27 @@ async fn kubectl_gets_describes_selects_and_deletes() {
         r.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_continue_token_that_expires_mid_list_starts_the_list_over() {
+    let sb = sandbox_with(1_500, Default::default()).await;
+    // Slow pages, so the history can move on between the first page and the next.
+    sb.set_faults(FaultConfig {
+        latency: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let target = K8sTarget::from_url(&sb.url()).unwrap();
+    let list = tokio::spawn(async move { target.list_identities(ReadMode::Consistent, None).await });
+    while sb.request_count("GET ciliumidentities") < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first page is out: its continue token is now older than the history kept.
+    sb.expire_watches();
+    let snap = list.await.unwrap().unwrap();
+    assert_eq!(snap.identities.len(), 1_500, "the whole list, once");
+    assert!(
+        sb.request_count("GET ciliumidentities") >= 5,
+        "a 410 and a list started over: {} requests",
+        sb.request_count("GET ciliumidentities")
+    );
+}

@@ -447,6 +447,11 @@ struct Round {
     watches: [tokio::task::JoinHandle<()>; 2],
     done_tx: mpsc::Sender<(Vec<Op>, Result<ApplyReport>)>,
     done_rx: mpsc::Receiver<(Vec<Op>, Result<ApplyReport>)>,
+    /// A cutover check (a full consistent verify, 18 s at 65k on a real server) runs as a
+    /// task and its verdict comes back here, so the loop keeps mirroring meanwhile.
+    verdict_tx: mpsc::Sender<bool>,
+    verdict_rx: mpsc::Receiver<bool>,
+    verifying: bool,
     dirty: bool,
     batch_running: bool,
     reserved_all: bool,
@@ -520,7 +525,11 @@ impl Sync {
             self.events.clone(),
         ));
         let (done_tx, done_rx) = mpsc::channel(4);
+        let (verdict_tx, verdict_rx) = mpsc::channel(1);
         Ok(Round {
+            verdict_tx,
+            verdict_rx,
+            verifying: false,
             conn,
             prefix,
             state,
@@ -585,8 +594,9 @@ impl Round {
                         break RoundEnd::Done(end);
                     }
                 }
-                _ = status_tick.tick() => {
-                    if let Some(end) = self.on_status(sync).await {
+                _ = status_tick.tick() => self.on_status(sync).await,
+                Some(passed) = self.verdict_rx.recv() => {
+                    if let Some(end) = self.on_verdict(sync, passed).await {
                         break RoundEnd::Done(end);
                     }
                 }
@@ -742,8 +752,7 @@ impl Round {
                 &self.prefix,
                 &sync.events,
                 &cfg,
-            )
-            .await;
+            );
         }
         if sync.stop.is_stopped() {
             if self.batch_running {
@@ -791,8 +800,8 @@ impl Round {
     }
 
     /// The status tick: retry failed writes whose wait is over, report the status, close
-    /// moot conflicts and check for cutover once the rollout is over.
-    async fn on_status(&mut self, sync: &mut Sync) -> Option<SyncEnd> {
+    /// moot conflicts and, once the rollout is over, start a cutover check.
+    async fn on_status(&mut self, sync: &mut Sync) {
         let state = &mut self.state;
         // A failed write is tried again when its wait is over, even when nothing else
         // happens (at the quiet end of a rollout, nothing else would).
@@ -828,25 +837,42 @@ impl Round {
         if rollout_over && close_moot(state, &sync.events, &sync.cfg).await {
             self.dirty = true;
         }
-        let ready = rollout_over
-            && state.status.pending == 0
-            && state.in_flight.is_empty()
-            && state.failed.is_empty()
-            && !self.batch_running
-            && !self.dirty;
         // Cutover is checked (a full consistent verify) at most every 30 s while it may be
         // near, and announced once.
         let due = self
             .last_verify
             .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
-        if !(ready && due && !self.cutover_announced) {
-            return None;
+        if !(rollout_over && self.quiet() && due && !self.cutover_announced && !self.verifying) {
+            return;
         }
         self.last_verify = Some(Instant::now());
-        if !cutover_verified(&sync.cfg, &state.reused, &state.moot).await {
+        self.verifying = true;
+        let (cfg, tx) = (sync.cfg.clone(), self.verdict_tx.clone());
+        let (reused, moot) = (self.state.reused.clone(), self.state.moot.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(cutover_verified(&cfg, &reused, &moot).await).await;
+        });
+    }
+
+    /// Nothing pending, in flight, failing or waiting to be planned.
+    fn quiet(&self) -> bool {
+        self.state.status.pending == 0
+            && self.state.in_flight.is_empty()
+            && self.state.failed.is_empty()
+            && !self.batch_running
+            && !self.dirty
+    }
+
+    /// A cutover check's verdict: announced if it passed and the rollout is still over and
+    /// quiet (a node may have come back, or something arrived, while it ran).
+    async fn on_verdict(&mut self, sync: &mut Sync, passed: bool) -> Option<SyncEnd> {
+        self.verifying = false;
+        let still_over = self.state.no_nodes_since.is_some() && sync.lease.holding();
+        if !passed || !still_over || !self.quiet() || self.cutover_announced {
             return None;
         }
         self.cutover_announced = true;
+        let state = &mut self.state;
         let report = CutoverReport {
             mirrored: state.status.mirrored,
             mapped: state.reused.len(),
@@ -1100,51 +1126,60 @@ fn check_split(state: &mut State, id: u32) {
 /// reported without them.
 const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
 
-/// Reports the splits found, each with the kvstore-mode nodes that use the kvstore's labels;
-/// one no node uses yet waits for them up to `SPLIT_NODES_WAIT`.
-async fn report_splits(
+/// Reports the splits found since the last settle, each once its kvstore labels' nodes can
+/// be named (up to `SPLIT_NODES_WAIT` for their `value/` keys): in a task, so the loop does
+/// not wait on etcd.
+fn report_splits(
     state: &mut State,
     conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
-    cfg: &ServiceConfig,
+    cfg: &Arc<ServiceConfig>,
 ) {
-    let waiting = std::mem::take(&mut state.splits_to_report);
-    for (id, found) in waiting {
-        let (Some(k8s_labels), Some(kv_value)) = (
-            state.k8s.get(&id).cloned(),
-            state.masters.get(id.to_string().as_bytes()).cloned(),
-        ) else {
-            continue; // resolved meanwhile (the kvstore's GC, an object deleted)
-        };
-        let Ok(kv_labels) = valid_label_key(&kv_value) else {
-            continue;
-        };
-        let nodes = conn
-            .nodes_using(prefix, &kv_value)
-            .await
-            .unwrap_or_default();
-        if nodes.is_empty() && found.elapsed() < SPLIT_NODES_WAIT {
-            state.splits_to_report.push((id, found));
-            continue;
+    let found: Vec<(u32, LabelKey, Vec<u8>, Instant)> = std::mem::take(&mut state.splits_to_report)
+        .into_iter()
+        .filter_map(|(id, found)| {
+            // Resolved meanwhile (the kvstore's GC, an object deleted): nothing to report.
+            let k8s_labels = state.k8s.get(&id)?.clone();
+            let kv_value = state.masters.get(id.to_string().as_bytes())?.clone();
+            Some((id, k8s_labels, kv_value, found))
+        })
+        .collect();
+    let (conn, prefix) = (conn.clone(), prefix.to_string());
+    let (events, cfg) = (events.clone(), cfg.clone());
+    tokio::spawn(async move {
+        for (id, k8s_labels, kv_value, found) in found {
+            let Ok(kv_labels) = valid_label_key(&kv_value) else {
+                continue;
+            };
+            let nodes = loop {
+                let nodes = conn
+                    .nodes_using(&prefix, &kv_value)
+                    .await
+                    .unwrap_or_default();
+                if !nodes.is_empty() || found.elapsed() >= SPLIT_NODES_WAIT {
+                    break nodes;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            };
+            let split = SplitAllocation {
+                id,
+                kvstore_labels: kv_labels.to_string(),
+                k8s_labels,
+                nodes,
+            };
+            let mut record = Record::decision(
+                &id.to_string(),
+                kv_labels,
+                Kind::Remap,
+                ("split-allocation", "rule"),
+                Some(id),
+            );
+            record.error = Some(split.to_string());
+            let _ = cfg.log.append(record);
+            let _ = events.send(SyncEvent::Split(split)).await;
         }
-        let split = SplitAllocation {
-            id,
-            kvstore_labels: kv_labels.to_string(),
-            k8s_labels,
-            nodes,
-        };
-        let mut record = Record::new(
-            &id.to_string(),
-            kv_labels,
-            Kind::Remap,
-            "split-allocation (rule)".into(),
-            Some(id),
-        );
-        record.error = Some(split.to_string());
-        let _ = cfg.log.append(record);
-        let _ = events.send(SyncEvent::Split(split)).await;
-    }
+    });
 }
 
 /// The creates this round makes: plain creates and decided (or accepted) remaps and

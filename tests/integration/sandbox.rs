@@ -570,7 +570,8 @@ async fn a_continue_token_that_expires_mid_list_starts_the_list_over() {
         ..Default::default()
     });
     let target = K8sTarget::from_url(&sb.url()).unwrap();
-    let list = tokio::spawn(async move { target.list_identities(ReadMode::Consistent, None).await });
+    let list =
+        tokio::spawn(async move { target.list_identities(ReadMode::Consistent, None).await });
     while sb.request_count("GET ciliumidentities") < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

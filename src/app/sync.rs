@@ -6,7 +6,7 @@
 //! never overwrites, updates or deletes a `CiliumIdentity`. Cutover: no `value/` key left,
 //! nothing pending, and a consistent `verify` passes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -20,13 +20,13 @@ use super::metrics::{Metrics, Source};
 use super::reserve::Reservations;
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
-use crate::core::kvstore::{KvSnapshot, MasterEntry, NodeCounts};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
-use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
+use crate::core::planner::{Kind, Op, PlanItem};
+use crate::core::sync::{BatchOutcome, SyncReport, SyncState};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
-use crate::io::etcd::{KvChange, KvWatchEvent};
+use crate::io::etcd::KvWatchEvent;
 use crate::io::k8s::{K8sChange, ReadMode};
 use crate::io::kv_source::{KvFollower, KvSource};
 use crate::io::lease::LeaseApi;
@@ -98,54 +98,7 @@ impl std::fmt::Display for SplitAllocation {
     }
 }
 
-/// Where sync stands.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SyncStatus {
-    pub kvstore_nodes: usize,
-    pub identities: usize,
-    pub mirrored: u64,
-    pub pending: usize,
-    pub splits: usize,
-    pub failures: u64,
-    pub removed_from_kvstore: u64,
-    pub recreated: u64,
-    pub deleted_not_recreated: u64,
-    pub lag_last: Option<Duration>,
-    pub lag_p50: Option<Duration>,
-    pub lag_p99: Option<Duration>,
-    pub watching: bool,
-    /// Ids reserved in the kvstore now (`--reserve-in-kvstore`).
-    pub reservations: usize,
-    /// Another sync holds the one-writer lease: this one follows and does not write.
-    pub standby: Option<String>,
-}
-
-impl std::fmt::Display for SyncStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{}ms", d.as_millis()));
-        write!(
-            f,
-            "sync: {} kvstore-mode nodes · {} identities · {} mirrored · {} pending · {} split · {} failed · lag last {} p50 {} p99 {}{}",
-            self.kvstore_nodes,
-            self.identities,
-            self.mirrored,
-            self.pending,
-            self.splits,
-            self.failures,
-            ms(self.lag_last),
-            ms(self.lag_p50),
-            ms(self.lag_p99),
-            if self.watching { "" } else { " · catching up" }
-        )?;
-        if self.reservations > 0 {
-            write!(f, " · {} reserved in the kvstore", self.reservations)?;
-        }
-        if let Some(holder) = &self.standby {
-            write!(f, " · standby: {holder} holds the lease")?;
-        }
-        Ok(())
-    }
-}
+pub use crate::core::sync::SyncStatus;
 
 /// What sync reports as it goes.
 #[derive(Debug, Clone)]
@@ -218,106 +171,6 @@ pub struct SyncEnd {
     /// Writes that failed and had not been made when sync stopped (a failure retried
     /// successfully later is not among them).
     pub unwritten: usize,
-}
-
-/// What sync knows of both sides.
-#[derive(Default)]
-struct State {
-    masters: BTreeMap<Vec<u8>, Vec<u8>>,
-    counts: NodeCounts,
-    k8s: BTreeMap<u32, LabelKey>,
-    kv_revision: i64,
-    k8s_version: String,
-    /// When each kvstore identity that appeared after the snapshot was first seen.
-    first_seen: HashMap<Vec<u8>, Instant>,
-    /// Objects this sync created; one deleted later is created again at most once.
-    created: HashSet<u32>,
-    deleted_after_create: HashSet<u32>,
-    recreated: HashSet<u32>,
-    /// Targets with a create in flight.
-    in_flight: HashSet<u32>,
-    /// Targets whose create failed, and when to try again.
-    failed: HashMap<u32, Instant>,
-    /// Targets whose create failed and has not been made since (with the kvstore id it
-    /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
-    unwritten: HashMap<u32, String>,
-    reported: HashSet<String>,
-    splits: HashSet<u32>,
-    /// From the latest plan: kvstore ids served at another id that holds their labels.
-    reused: BTreeMap<String, u32>,
-    /// Splits found and not yet reported (waiting to name their nodes), with when found.
-    splits_to_report: Vec<(u32, Instant)>,
-    /// Conflicts closed as moot (no node uses their labels any more).
-    moot: BTreeSet<String>,
-    /// From the latest round: the conflicts waiting for a decision (id, labels, kind), and
-    /// how many identities the operator skipped. Kept instead of the whole plan, which at
-    /// 65,280 identities is tens of MiB.
-    waiting: Vec<(String, LabelKey, Kind)>,
-    skipped: usize,
-    /// Since when no kvstore-mode node has been seen.
-    no_nodes_since: Option<Instant>,
-    lags: VecDeque<Duration>,
-    status: SyncStatus,
-}
-
-impl State {
-    /// Failed creates still not made whose kvstore identity still exists.
-    fn unwritten_now(&self) -> usize {
-        self.unwritten
-            .iter()
-            .filter(|(t, id)| !self.k8s.contains_key(t) && self.masters.contains_key(id.as_bytes()))
-            .count()
-    }
-
-    fn from_snapshot(snap: KvSnapshot) -> Self {
-        State {
-            masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
-            counts: snap.node_counts,
-            kv_revision: snap.source.revision,
-            ..Default::default()
-        }
-    }
-
-    fn plan(
-        &self,
-        decisions: &BTreeMap<String, LoggedDecision>,
-        scope_range: crate::core::range::IdRange,
-    ) -> Vec<PlanItem> {
-        let masters: Vec<MasterEntry> = self
-            .masters
-            .iter()
-            .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
-            .collect();
-        let items = planner::plan_taking(masters, &self.counts, &self.k8s, scope_range);
-        if decisions.is_empty() {
-            items
-        } else {
-            resume::resume(&items, decisions, &self.k8s, scope_range).items
-        }
-    }
-
-    fn observe_lag(&mut self, lag: Duration, metrics: &Metrics) {
-        metrics.lag.observe(lag.as_secs_f64());
-        self.status.lag_last = Some(lag);
-        self.lags.push_back(lag);
-        // The percentiles cover the last 10,000 creates: bounded memory over days.
-        if self.lags.len() > 10_000 {
-            self.lags.pop_front();
-        }
-    }
-
-    /// p50 and p99 of the recent lags, for a status: computed per status, not per create,
-    /// so a steady load does not sort 10,000 durations twenty times a second.
-    fn refresh_lag_percentiles(&mut self) {
-        if self.lags.is_empty() {
-            return;
-        }
-        let mut sorted: Vec<Duration> = self.lags.iter().copied().collect();
-        sorted.sort_unstable();
-        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
-        self.status.lag_p50 = Some(at(0.5));
-        self.status.lag_p99 = Some(at(0.99));
-    }
 }
 
 /// Hands memory freed since the last status back to the system. A process that runs for days
@@ -441,7 +294,7 @@ enum RoundEnd {
 struct Round {
     conn: KvFollower,
     prefix: String,
-    state: State,
+    state: SyncState,
     kv_rx: mpsc::Receiver<KvWatchEvent>,
     k8s_rx: mpsc::Receiver<K8sChange>,
     watches: [tokio::task::JoinHandle<()>; 2],
@@ -491,7 +344,7 @@ impl Sync {
             let started = Reservations::start(&conn, &prefix, troubles).await;
             self.reservations = Some(started.map_err(Retry::Fatal)?);
         }
-        let mut state = State::from_snapshot(snap);
+        let mut state = SyncState::from_snapshot(snap);
         let listed = cfg
             .target
             .list_identities(ReadMode::Cache, None)
@@ -615,8 +468,9 @@ impl Round {
             KvWatchEvent::Progress => {}
             KvWatchEvent::Changes { changes, revision } => {
                 self.state.kv_revision = revision;
+                let now = Instant::now();
                 for c in changes {
-                    apply_kv_change(&mut self.state, c);
+                    self.state.apply_kv_change(c, now);
                 }
                 self.dirty = true;
             }
@@ -648,9 +502,7 @@ impl Round {
                 labels,
                 resource_version,
             } => {
-                state.k8s_version = resource_version;
-                state.k8s.insert(id, labels.clone());
-                check_split(state, id);
+                state.k8s_upsert(id, labels.clone(), resource_version, Instant::now());
                 // At once, not at the next plan: the window in which a kvstore-mode agent
                 // can hand the id out again is as short as the watch's lag.
                 let range = sync.cfg.scope.range;
@@ -678,11 +530,7 @@ impl Round {
                 id,
                 resource_version,
             } => {
-                state.k8s_version = resource_version;
-                state.k8s.remove(&id);
-                if state.created.contains(&id) {
-                    state.deleted_after_create.insert(id);
-                }
+                state.k8s_delete(id, resource_version);
                 if let Some(r) = sync.reservations.as_mut() {
                     r.object_deleted(id, &sync.cfg.log, &sync.metrics).await;
                 }
@@ -695,17 +543,7 @@ impl Round {
                 identities,
                 resource_version,
             } => {
-                let changed: Vec<u32> = identities
-                    .iter()
-                    .filter(|(id, labels)| state.k8s.get(id) != Some(labels))
-                    .map(|(id, _)| *id)
-                    .collect();
-                state.k8s = identities;
-                state.k8s_version = resource_version;
-                // What arrived while the watch was gone is checked as if watched.
-                for id in changed {
-                    check_split(state, id);
-                }
+                state.k8s_relisted(identities, resource_version, Instant::now());
                 self.reserved_all = false;
                 self.dirty = true;
             }
@@ -785,11 +623,6 @@ impl Round {
         publish(&mut self.state, &items, &sync.metrics);
         if !ops.is_empty() {
             self.batch_running = true;
-            for op in &ops {
-                if let Some(t) = op.target_id {
-                    self.state.in_flight.insert(t);
-                }
-            }
             let (done_tx, stop) = (self.done_tx.clone(), sync.stop.clone());
             tokio::spawn(async move {
                 let result = write(&cfg, ops.clone(), stop).await;
@@ -943,7 +776,7 @@ fn lease_refused(opts: &SyncOptions, why: &str) -> Error {
 /// write failed, so the next round tries again.
 async fn reserve_all(
     r: &mut Reservations,
-    state: &mut State,
+    state: &mut SyncState,
     range: crate::core::range::IdRange,
     cfg: &ServiceConfig,
     metrics: &Metrics,
@@ -987,7 +820,7 @@ async fn release(
 /// no kvstore-mode node uses: no agent will use the id the kvstore held for them, so there is
 /// nothing left to carry over. Logged and reported once each; true if any was closed.
 async fn close_moot(
-    state: &mut State,
+    state: &mut SyncState,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
 ) -> bool {
@@ -1054,74 +887,6 @@ async fn cutover_verified(
         })
 }
 
-fn apply_kv_change(state: &mut State, change: KvChange) {
-    match change {
-        KvChange::Master {
-            id, value: Some(v), ..
-        } => {
-            let new = state.masters.insert(id.clone(), v).is_none();
-            if new {
-                state.first_seen.insert(id.clone(), Instant::now());
-            }
-            if let Ok(n) = crate::core::kvstore::parse_id(&id) {
-                check_split(state, n);
-            }
-        }
-        KvChange::Master {
-            id, value: None, ..
-        } => {
-            // The kvstore's GC: counted, never deleted from Kubernetes. What sync remembers
-            // about the identity goes with it, so memory follows the live identities over
-            // days, not every identity ever seen.
-            if state.masters.remove(&id).is_some() {
-                state.status.removed_from_kvstore += 1;
-            }
-            state.first_seen.remove(&id);
-            let text = String::from_utf8_lossy(&id).into_owned();
-            state.reported.remove(&text);
-            if let Ok(n) = crate::core::kvstore::parse_id(&id) {
-                state.created.remove(&n);
-                state.deleted_after_create.remove(&n);
-                state.recreated.remove(&n);
-                state.reported.remove(&format!("deleted:{n}"));
-            }
-        }
-        KvChange::Slave {
-            label_key,
-            node,
-            present: true,
-        } => state.counts.add_key(&label_key, &node),
-        KvChange::Slave {
-            label_key,
-            node,
-            present: false,
-        } => state.counts.remove_key(&label_key, &node),
-    }
-}
-
-/// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Reported
-/// once, with the nodes that use the kvstore's labels.
-fn check_split(state: &mut State, id: u32) {
-    let Some(k8s_labels) = state.k8s.get(&id) else {
-        return;
-    };
-    let Some(kv_value) = state.masters.get(id.to_string().as_bytes()) else {
-        return;
-    };
-    let Ok(kv_labels) = valid_label_key(kv_value) else {
-        return;
-    };
-    // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that sync
-    // used as a remap target (the kvstore did not hold it), and that is a split too.
-    if kv_labels == k8s_labels.as_str() || !state.splits.insert(id) {
-        return;
-    }
-    state.status.splits = state.splits.len();
-    // Reported once the nodes that use the kvstore's labels can be named: an agent writes
-    // its `value/` key just after the master key.
-    state.splits_to_report.push((id, Instant::now()));
-}
-
 /// How long a split waits for the `value/` keys of the nodes that use it before it is
 /// reported without them.
 const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
@@ -1130,7 +895,7 @@ const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
 /// be named (up to `SPLIT_NODES_WAIT` for their `value/` keys): in a task, so the loop does
 /// not wait on etcd.
 fn report_splits(
-    state: &mut State,
+    state: &mut SyncState,
     conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
@@ -1182,120 +947,64 @@ fn report_splits(
     });
 }
 
-/// The creates this round makes: plain creates and decided (or accepted) remaps and
-/// duplicates whose target is free, not in flight and not failing; conflicts and invalid
-/// entries are reported once.
+/// The creates this round makes (`SyncState::select_writes`); its reports logged and sent.
 async fn select_writes(
-    state: &mut State,
+    state: &mut SyncState,
     items: &[PlanItem],
     opts: &SyncOptions,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
 ) -> Vec<Op> {
-    let now = Instant::now();
-    state.failed.retain(|_, until| *until > now);
-    state.waiting.clear();
-    let mut ops = Vec::new();
-    let mut pending = 0;
-    for item in items {
-        if item.kind == Kind::Invalid {
-            if state.reported.insert(item.id.clone()) {
-                let mut r = Record::decision(
-                    &item.id,
-                    &item.labels,
-                    Kind::Invalid,
-                    ("skip", "rule"),
-                    None,
-                );
+    let (ops, reports) = state.select_writes(items, opts.accept_proposals, Instant::now());
+    for report in reports {
+        let ev = match report {
+            SyncReport::Invalid { id, labels, reason } => {
+                let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
                 r.outcome = Some(Outcome::Skipped);
-                r.error = Some(item.reason.to_string());
+                r.error = Some(reason.clone());
                 let _ = cfg.log.append(r);
-                let ev = SyncEvent::Invalid {
-                    id: item.id.clone(),
-                    reason: item.reason.to_string(),
-                };
-                let _ = events.send(ev).await;
+                SyncEvent::Invalid { id, reason }
             }
-            continue;
-        }
-        let waiting = item.kind.needs_decision() && !item.decided && !opts.accept_proposals;
-        if waiting && state.moot.contains(&item.id) {
-            continue;
-        }
-        if waiting && item.action == Action::Create {
-            pending += 1;
-            state
-                .waiting
-                .push((item.id.clone(), item.labels.clone(), item.kind));
-            if state.reported.insert(item.id.clone()) {
-                let ev = SyncEvent::Conflict {
-                    id: item.id.clone(),
-                    kind: item.kind,
-                    reason: item.reason.to_string(),
-                };
-                let _ = events.send(ev).await;
-            }
-            continue;
-        }
-        let (Action::Create, Some(t)) = (item.action, item.target_id) else {
-            continue;
+            SyncReport::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
         };
-        if state.k8s.contains_key(&t)
-            || state.in_flight.contains(&t)
-            || state.failed.contains_key(&t)
-        {
-            continue;
-        }
-        if state.deleted_after_create.contains(&t) {
-            // Created once by this sync and deleted since (the cluster's GC, or a person):
-            // again only while kvstore-mode nodes use it, and only once.
-            let used = state.counts.get(item.labels.as_bytes()) > 0;
-            if !used || !state.recreated.insert(t) {
-                if state.reported.insert(format!("deleted:{t}")) {
-                    state.status.deleted_not_recreated += 1;
-                }
-                continue;
-            }
-            state.status.recreated += 1;
-        }
-        ops.push(Op {
-            id: item.id.clone(),
-            label_key: item.labels.clone(),
-            kind: item.kind,
-            op: OpKind::Create,
-            target_id: Some(t),
-            decided_by: if item.decided {
-                DecidedBy::Operator
-            } else if item.kind.needs_decision() {
-                DecidedBy::AcceptProposals
-            } else {
-                DecidedBy::Proposal
-            },
-            expect: None,
-            reason: None,
-        });
+        let _ = events.send(ev).await;
     }
-    state.status.pending = pending;
     ops
 }
 
-fn publish(state: &mut State, items: &[PlanItem], metrics: &Metrics) {
-    state.skipped = items
-        .iter()
-        .filter(|i| i.decided && i.action == Action::Skip)
-        .count();
-    // Kvstore ids the plan serves at another id that already holds their labels.
-    state.reused = items
-        .iter()
-        .filter(|i| i.action == Action::None)
-        .filter_map(|i| i.target_id.map(|t| (i.id.clone(), t)))
-        .filter(|(id, t)| *id != t.to_string())
-        .collect();
-    state.status.identities = items.len();
-    state.status.kvstore_nodes = state.counts.nodes().count();
+fn publish(state: &mut SyncState, items: &[PlanItem], metrics: &Metrics) {
+    state.publish(items);
     metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
     metrics.pending.set(state.status.pending as i64);
     metrics.splits.set(state.status.splits as i64);
+}
+
+/// Folds a batch's outcomes into the state (`SyncState::take_results`) and the metrics;
+/// returns what to report when the batch as a whole failed or was halted.
+fn take_results(
+    state: &mut SyncState,
+    ops: Vec<Op>,
+    result: Result<ApplyReport>,
+    metrics: &Metrics,
+) -> Option<String> {
+    let outcome = match result {
+        Err(e) => BatchOutcome::Failed(e.to_string()),
+        Ok(report) => BatchOutcome::Done {
+            results: report
+                .results
+                .iter()
+                .filter_map(|r| r.target_id.map(|t| (t, r.outcome)))
+                .collect(),
+            halted: report.stopped.clone(),
+        },
+    };
+    let taken = state.take_results(ops, outcome, Instant::now());
+    metrics.mirrored.inc_by(taken.mirrored);
+    metrics.write_failures.inc_by(taken.failures);
+    for lag in &taken.lags {
+        metrics.lag.observe(lag.as_secs_f64());
+    }
+    taken.trouble
 }
 
 /// Writes one round's creates through the executor, logging each decision and outcome.
@@ -1328,79 +1037,6 @@ async fn write(cfg: &ServiceConfig, ops: Vec<Op>, stop: StopFlag) -> Result<Appl
     relay.abort();
     report
 }
-
-/// Folds a batch's outcomes into the state; returns what to report when the batch as a
-/// whole failed or was halted (it is retried on the timer either way).
-fn take_results(
-    state: &mut State,
-    ops: Vec<Op>,
-    result: Result<ApplyReport>,
-    metrics: &Metrics,
-) -> Option<String> {
-    let now = Instant::now();
-    let labels: HashMap<u32, (String, String)> = ops
-        .into_iter()
-        .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))
-        .collect();
-    for t in labels.keys() {
-        state.in_flight.remove(t);
-    }
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            // No write without its log line: nothing of this batch was written.
-            for (t, (id, _)) in &labels {
-                state.failed.insert(*t, now + RETRY_AFTER);
-                state.unwritten.insert(*t, id.clone());
-            }
-            state.status.failures += labels.len() as u64;
-            metrics.write_failures.inc_by(labels.len() as u64);
-            return Some(format!(
-                "{} writes not made: {e}; trying again in {} s",
-                labels.len(),
-                RETRY_AFTER.as_secs()
-            ));
-        }
-    };
-    let halted = report.stopped.clone();
-    for r in report.results {
-        let Some(t) = r.target_id else { continue };
-        let Some((id, label_key)) = labels.get(&t) else {
-            continue;
-        };
-        match r.outcome {
-            Outcome::Created | Outcome::AlreadyExisted => {
-                state.unwritten.remove(&t);
-                state.k8s.insert(t, label_key.clone());
-                if r.outcome == Outcome::Created {
-                    state.created.insert(t);
-                    state.status.mirrored += 1;
-                    metrics.mirrored.inc();
-                }
-                if let Some(seen) = state.first_seen.remove(id.as_bytes()) {
-                    state.observe_lag(now.duration_since(seen), metrics);
-                }
-            }
-            Outcome::Failed | Outcome::Conflict => {
-                state.status.failures += 1;
-                metrics.write_failures.inc();
-                // Try again later; a conflict resolves itself once the watch shows the object.
-                state.failed.insert(t, now + RETRY_AFTER);
-                state.unwritten.insert(t, id.clone());
-            }
-            // Not attempted (the batch was halted): tried again with the failed ones.
-            Outcome::NotAttempted => {
-                state.failed.insert(t, now + RETRY_AFTER);
-                state.unwritten.insert(t, id.clone());
-            }
-            _ => {}
-        }
-    }
-    halted.map(|why| format!("{why}; trying again in {} s", RETRY_AFTER.as_secs()))
-}
-
-/// How long a failed write waits before it is tried again (on sync's timer).
-const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// Follows the kvstore, watching again from the last revision after a failure.
 async fn follow_kvstore(

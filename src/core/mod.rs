@@ -6,4 +6,5 @@ pub mod labels;
 pub mod outcome;
 pub mod planner;
 pub mod range;
+pub mod sync;
 pub mod verify;

@@ -370,48 +370,7 @@ pub enum Drift {
     Compacted { compact_revision: i64 },
 }
 
-/// One change under the identities prefix, as `sync` follows them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvChange {
-    /// `id/<id>` written (`value`) or deleted (`None`); `created` when the write made the key.
-    Master {
-        id: Vec<u8>,
-        value: Option<Vec<u8>>,
-        created: bool,
-    },
-    /// `value/<label key>/<node>` created or deleted (a rewrite of an existing key is not a
-    /// change of who uses what).
-    Slave {
-        label_key: Vec<u8>,
-        node: Vec<u8>,
-        present: bool,
-    },
-}
-
-/// What one key's event means for sync: `value` is `None` for a delete; `created` when the
-/// write made the key (a rewrite of a `value/` key is not a change of who uses what).
-/// Shared by the etcd watch and the in-memory kvstore's.
-pub fn kv_change(
-    prefix: &str,
-    key: &[u8],
-    value: Option<&[u8]>,
-    created: bool,
-) -> Option<KvChange> {
-    let delete = value.is_none();
-    match classify_key(prefix, key) {
-        KeyKind::Master { id } => Some(KvChange::Master {
-            id: id.to_vec(),
-            value: value.map(<[u8]>::to_vec),
-            created: !delete && created,
-        }),
-        KeyKind::Slave { label_key, node } if delete || created => Some(KvChange::Slave {
-            label_key: label_key.to_vec(),
-            node: node.to_vec(),
-            present: !delete,
-        }),
-        _ => None,
-    }
-}
+pub use crate::core::sync::{KvChange, kv_change};
 
 /// What the identities watch reports.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -206,11 +206,15 @@ async fn a_decision_log_that_cannot_be_written_stops_the_writes_it_would_record(
     let limit = 6_000;
     let s = Sync::start_with_file_limit(&w, &["--status-addr", &status], limit);
     health_turns(&status, true, Duration::from_secs(30), "started").await;
+    // A few written while the log has room, then many more than it can record.
     for i in 0..100u32 {
         let key = format!("{P}/id/{}", 1000 + i);
         w.etcd
             .put(&key, format!("k8s:app=full-{i};").as_bytes())
             .await;
+        if i == 4 {
+            mirrored(&w, 1000..1005, Duration::from_secs(20), "the first five").await;
+        }
     }
     s.wait_for_line("writes not made", 30).await;
     let (_, metrics) = get(&status, "/metrics").await.unwrap();

@@ -1,0 +1,768 @@
+//! What sync decides, without IO: a state machine that takes both sides' changes in (kvstore
+//! keys, Kubernetes objects, write outcomes) and gives writes and reports out: which
+//! creates a round makes, which conflicts and malformed entries it reports (once each),
+//! which ids are split allocations (found once each), what a batch's outcomes change. The
+//! clock comes in as `now`; the watches, the writes, the log and the metrics stay in
+//! `app::sync`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::core::kvstore::{KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id};
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::outcome::Outcome;
+use crate::core::planner::resume::{self, LoggedDecision};
+use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
+
+/// One change under the identities prefix, as `sync` follows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvChange {
+    /// `id/<id>` written (`value`) or deleted (`None`); `created` when the write made the key.
+    Master {
+        id: Vec<u8>,
+        value: Option<Vec<u8>>,
+        created: bool,
+    },
+    /// `value/<label key>/<node>` created or deleted (a rewrite of an existing key is not a
+    /// change of who uses what).
+    Slave {
+        label_key: Vec<u8>,
+        node: Vec<u8>,
+        present: bool,
+    },
+}
+
+/// What one key's event means for sync: `value` is `None` for a delete; `created` when the
+/// write made the key (a rewrite of a `value/` key is not a change of who uses what).
+/// Shared by the etcd watch and the in-memory kvstore's.
+pub fn kv_change(
+    prefix: &str,
+    key: &[u8],
+    value: Option<&[u8]>,
+    created: bool,
+) -> Option<KvChange> {
+    let delete = value.is_none();
+    match classify_key(prefix, key) {
+        KeyKind::Master { id } => Some(KvChange::Master {
+            id: id.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+            created: !delete && created,
+        }),
+        KeyKind::Slave { label_key, node } if delete || created => Some(KvChange::Slave {
+            label_key: label_key.to_vec(),
+            node: node.to_vec(),
+            present: !delete,
+        }),
+        _ => None,
+    }
+}
+
+/// Where sync stands.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncStatus {
+    pub kvstore_nodes: usize,
+    pub identities: usize,
+    pub mirrored: u64,
+    pub pending: usize,
+    pub splits: usize,
+    pub failures: u64,
+    pub removed_from_kvstore: u64,
+    pub recreated: u64,
+    pub deleted_not_recreated: u64,
+    pub lag_last: Option<Duration>,
+    pub lag_p50: Option<Duration>,
+    pub lag_p99: Option<Duration>,
+    pub watching: bool,
+    /// Ids reserved in the kvstore now (`--reserve-in-kvstore`).
+    pub reservations: usize,
+    /// Another sync holds the one-writer lease: this one follows and does not write.
+    pub standby: Option<String>,
+}
+
+impl std::fmt::Display for SyncStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{}ms", d.as_millis()));
+        write!(
+            f,
+            "sync: {} kvstore-mode nodes · {} identities · {} mirrored · {} pending · {} split · {} failed · lag last {} p50 {} p99 {}{}",
+            self.kvstore_nodes,
+            self.identities,
+            self.mirrored,
+            self.pending,
+            self.splits,
+            self.failures,
+            ms(self.lag_last),
+            ms(self.lag_p50),
+            ms(self.lag_p99),
+            if self.watching { "" } else { " · catching up" }
+        )?;
+        if self.reservations > 0 {
+            write!(f, " · {} reserved in the kvstore", self.reservations)?;
+        }
+        if let Some(holder) = &self.standby {
+            write!(f, " · standby: {holder} holds the lease")?;
+        }
+        Ok(())
+    }
+}
+
+/// What sync knows of both sides, and what it has done.
+#[derive(Default)]
+pub struct SyncState {
+    pub masters: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub counts: NodeCounts,
+    pub k8s: BTreeMap<u32, LabelKey>,
+    pub kv_revision: i64,
+    pub k8s_version: String,
+    /// When each kvstore identity that appeared after the snapshot was first seen.
+    pub first_seen: HashMap<Vec<u8>, Instant>,
+    /// Objects this sync created; one deleted later is created again at most once.
+    pub created: HashSet<u32>,
+    pub deleted_after_create: HashSet<u32>,
+    pub recreated: HashSet<u32>,
+    /// Targets with a create in flight.
+    pub in_flight: HashMap<u32, LabelKey>,
+    /// Targets whose create failed, and when to try again.
+    pub failed: HashMap<u32, Instant>,
+    /// Targets whose create failed and has not been made since (with the kvstore id it
+    /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
+    pub unwritten: HashMap<u32, String>,
+    pub reported: HashSet<String>,
+    pub splits: HashSet<u32>,
+    /// From the latest plan: kvstore ids served at another id that holds their labels.
+    pub reused: BTreeMap<String, u32>,
+    /// Splits found and not yet reported (waiting to name their nodes), with when found.
+    pub splits_to_report: Vec<(u32, Instant)>,
+    /// Conflicts closed as moot (no node uses their labels any more).
+    pub moot: BTreeSet<String>,
+    /// From the latest round: the conflicts waiting for a decision (id, labels, kind), and
+    /// how many identities the operator skipped. Kept instead of the whole plan, which at
+    /// 65,280 identities is tens of MiB.
+    pub waiting: Vec<(String, LabelKey, Kind)>,
+    pub skipped: usize,
+    /// Since when no kvstore-mode node has been seen.
+    pub no_nodes_since: Option<Instant>,
+    pub lags: VecDeque<Duration>,
+    pub status: SyncStatus,
+}
+
+impl SyncState {
+    /// Failed creates still not made whose kvstore identity still exists.
+    pub fn unwritten_now(&self) -> usize {
+        self.unwritten
+            .iter()
+            .filter(|(t, id)| !self.k8s.contains_key(t) && self.masters.contains_key(id.as_bytes()))
+            .count()
+    }
+
+    pub fn from_snapshot(snap: KvSnapshot) -> Self {
+        SyncState {
+            masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
+            counts: snap.node_counts,
+            kv_revision: snap.source.revision,
+            ..Default::default()
+        }
+    }
+
+    pub fn plan(
+        &self,
+        decisions: &BTreeMap<String, LoggedDecision>,
+        scope_range: crate::core::range::IdRange,
+    ) -> Vec<PlanItem> {
+        let masters: Vec<MasterEntry> = self
+            .masters
+            .iter()
+            .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
+            .collect();
+        let items = planner::plan_taking(masters, &self.counts, &self.k8s, scope_range);
+        if decisions.is_empty() {
+            items
+        } else {
+            resume::resume(&items, decisions, &self.k8s, scope_range).items
+        }
+    }
+
+    /// Records one create's lag (from the identity appearing to its object created).
+    pub fn record_lag(&mut self, lag: Duration) {
+        self.status.lag_last = Some(lag);
+        self.lags.push_back(lag);
+        // The percentiles cover the last 10,000 creates: bounded memory over days.
+        if self.lags.len() > 10_000 {
+            self.lags.pop_front();
+        }
+    }
+
+    /// p50 and p99 of the recent lags, for a status: computed per status, not per create,
+    /// so a steady load does not sort 10,000 durations twenty times a second.
+    pub fn refresh_lag_percentiles(&mut self) {
+        if self.lags.is_empty() {
+            return;
+        }
+        let mut sorted: Vec<Duration> = self.lags.iter().copied().collect();
+        sorted.sort_unstable();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        self.status.lag_p50 = Some(at(0.5));
+        self.status.lag_p99 = Some(at(0.99));
+    }
+
+    /// One kvstore change (`now`: when sync saw it, for the lag).
+    pub fn apply_kv_change(&mut self, change: KvChange, now: Instant) {
+        match change {
+            KvChange::Master {
+                id, value: Some(v), ..
+            } => {
+                let new = self.masters.insert(id.clone(), v).is_none();
+                if new {
+                    self.first_seen.insert(id.clone(), now);
+                }
+                if let Ok(n) = parse_id(&id) {
+                    self.check_split(n, now);
+                }
+            }
+            KvChange::Master {
+                id, value: None, ..
+            } => {
+                // The kvstore's GC: counted, never deleted from Kubernetes. What sync
+                // remembers about the identity goes with it, so memory follows the live
+                // identities over days, not every identity ever seen.
+                if self.masters.remove(&id).is_some() {
+                    self.status.removed_from_kvstore += 1;
+                }
+                self.first_seen.remove(&id);
+                let text = String::from_utf8_lossy(&id).into_owned();
+                self.reported.remove(&text);
+                if let Ok(n) = parse_id(&id) {
+                    self.created.remove(&n);
+                    self.deleted_after_create.remove(&n);
+                    self.recreated.remove(&n);
+                    self.reported.remove(&format!("deleted:{n}"));
+                }
+            }
+            KvChange::Slave {
+                label_key,
+                node,
+                present: true,
+            } => self.counts.add_key(&label_key, &node),
+            KvChange::Slave {
+                label_key,
+                node,
+                present: false,
+            } => self.counts.remove_key(&label_key, &node),
+        }
+    }
+
+    /// An object created or changed in Kubernetes.
+    pub fn k8s_upsert(
+        &mut self,
+        id: u32,
+        labels: LabelKey,
+        resource_version: String,
+        now: Instant,
+    ) {
+        self.k8s_version = resource_version;
+        self.k8s.insert(id, labels);
+        self.check_split(id, now);
+    }
+
+    /// An object deleted in Kubernetes.
+    pub fn k8s_delete(&mut self, id: u32, resource_version: String) {
+        self.k8s_version = resource_version;
+        self.k8s.remove(&id);
+        if self.created.contains(&id) {
+            self.deleted_after_create.insert(id);
+        }
+    }
+
+    /// A fresh list after a 410: it replaces what sync holds, and what arrived while the
+    /// watch was gone is checked for splits as if watched.
+    pub fn k8s_relisted(
+        &mut self,
+        identities: BTreeMap<u32, LabelKey>,
+        resource_version: String,
+        now: Instant,
+    ) {
+        let changed: Vec<u32> = identities
+            .iter()
+            .filter(|(id, labels)| self.k8s.get(id) != Some(labels))
+            .map(|(id, _)| *id)
+            .collect();
+        self.k8s = identities;
+        self.k8s_version = resource_version;
+        for id in changed {
+            self.check_split(id, now);
+        }
+    }
+
+    /// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Found
+    /// once per id; reported once the nodes that use the kvstore's labels can be named (an
+    /// agent writes its `value/` key just after the master key).
+    pub fn check_split(&mut self, id: u32, now: Instant) {
+        let Some(k8s_labels) = self.k8s.get(&id) else {
+            return;
+        };
+        let Some(kv_value) = self.masters.get(id.to_string().as_bytes()) else {
+            return;
+        };
+        let Ok(kv_labels) = valid_label_key(kv_value) else {
+            return;
+        };
+        // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that
+        // sync used as a remap target (the kvstore did not hold it), and that is a split too.
+        if kv_labels == k8s_labels.as_str() || !self.splits.insert(id) {
+            return;
+        }
+        self.status.splits = self.splits.len();
+        self.splits_to_report.push((id, now));
+    }
+
+    /// The creates this round makes: plain creates and decided (or accepted) remaps and
+    /// duplicates whose target is free, not in flight and not failing; conflicts and invalid
+    /// entries are reported once each.
+    pub fn select_writes(
+        &mut self,
+        items: &[PlanItem],
+        accept_proposals: bool,
+        now: Instant,
+    ) -> (Vec<Op>, Vec<SyncReport>) {
+        self.failed.retain(|_, until| *until > now);
+        self.waiting.clear();
+        let mut ops = Vec::new();
+        let mut reports = Vec::new();
+        let mut pending = 0;
+        for item in items {
+            if item.kind == Kind::Invalid {
+                if self.reported.insert(item.id.clone()) {
+                    reports.push(SyncReport::Invalid {
+                        id: item.id.clone(),
+                        labels: item.labels.clone(),
+                        reason: item.reason.to_string(),
+                    });
+                }
+                continue;
+            }
+            let waiting = item.kind.needs_decision() && !item.decided && !accept_proposals;
+            if waiting && self.moot.contains(&item.id) {
+                continue;
+            }
+            if waiting && item.action == Action::Create {
+                pending += 1;
+                self.waiting
+                    .push((item.id.clone(), item.labels.clone(), item.kind));
+                if self.reported.insert(item.id.clone()) {
+                    reports.push(SyncReport::Conflict {
+                        id: item.id.clone(),
+                        kind: item.kind,
+                        reason: item.reason.to_string(),
+                    });
+                }
+                continue;
+            }
+            let (Action::Create, Some(t)) = (item.action, item.target_id) else {
+                continue;
+            };
+            // One object per label set: not while a create of the same labels (for another
+            // kvstore id that the kvstore's GC removed since) is still in flight.
+            let labels_in_flight = || self.in_flight.values().any(|l| *l == item.labels);
+            if self.k8s.contains_key(&t)
+                || self.in_flight.contains_key(&t)
+                || self.failed.contains_key(&t)
+                || ops.iter().any(|o: &Op| o.label_key == item.labels)
+                || labels_in_flight()
+            {
+                continue;
+            }
+            if self.deleted_after_create.contains(&t) {
+                // Created once by this sync and deleted since (the cluster's GC, or a
+                // person): again only while kvstore-mode nodes use it, and only once.
+                let used = self.counts.get(item.labels.as_bytes()) > 0;
+                if !used || !self.recreated.insert(t) {
+                    if self.reported.insert(format!("deleted:{t}")) {
+                        self.status.deleted_not_recreated += 1;
+                    }
+                    continue;
+                }
+                self.status.recreated += 1;
+            }
+            ops.push(Op {
+                id: item.id.clone(),
+                label_key: item.labels.clone(),
+                kind: item.kind,
+                op: OpKind::Create,
+                target_id: Some(t),
+                decided_by: if item.decided {
+                    DecidedBy::Operator
+                } else if item.kind.needs_decision() {
+                    DecidedBy::AcceptProposals
+                } else {
+                    DecidedBy::Proposal
+                },
+                expect: None,
+                reason: None,
+            });
+        }
+        self.status.pending = pending;
+        for op in &ops {
+            if let Some(t) = op.target_id {
+                self.in_flight.insert(t, op.label_key.clone());
+            }
+        }
+        (ops, reports)
+    }
+
+    /// What the latest plan says beyond the writes: skips, reuses, counts.
+    pub fn publish(&mut self, items: &[PlanItem]) {
+        self.skipped = items
+            .iter()
+            .filter(|i| i.decided && i.action == Action::Skip)
+            .count();
+        // Kvstore ids the plan serves at another id that already holds their labels.
+        self.reused = items
+            .iter()
+            .filter(|i| i.action == Action::None)
+            .filter_map(|i| i.target_id.map(|t| (i.id.clone(), t)))
+            .filter(|(id, t)| *id != t.to_string())
+            .collect();
+        self.status.identities = items.len();
+        self.status.kvstore_nodes = self.counts.nodes().count();
+    }
+
+    /// Folds a batch's outcomes in. `batch_failed`: the batch as a whole failed (e.g. its
+    /// log lines could not be written), so nothing of it was written; `halted`: why the
+    /// executor stopped it. Everything not written is tried again after `RETRY_AFTER`.
+    pub fn take_results(&mut self, ops: Vec<Op>, outcome: BatchOutcome, now: Instant) -> Taken {
+        let labels: HashMap<u32, (String, String)> = ops
+            .into_iter()
+            .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))
+            .collect();
+        for t in labels.keys() {
+            self.in_flight.remove(t);
+        }
+        let mut taken = Taken::default();
+        let results = match outcome {
+            BatchOutcome::Failed(why) => {
+                // No write without its log line: nothing of this batch was written.
+                for (t, (id, _)) in &labels {
+                    self.failed.insert(*t, now + RETRY_AFTER);
+                    self.unwritten.insert(*t, id.clone());
+                }
+                self.status.failures += labels.len() as u64;
+                taken.failures = labels.len() as u64;
+                taken.trouble = Some(format!(
+                    "{} writes not made: {why}; trying again in {} s",
+                    labels.len(),
+                    RETRY_AFTER.as_secs()
+                ));
+                return taken;
+            }
+            BatchOutcome::Done { results, halted } => {
+                taken.trouble =
+                    halted.map(|why| format!("{why}; trying again in {} s", RETRY_AFTER.as_secs()));
+                results
+            }
+        };
+        for (t, outcome) in results {
+            let Some((id, label_key)) = labels.get(&t) else {
+                continue;
+            };
+            match outcome {
+                Outcome::Created | Outcome::AlreadyExisted => {
+                    self.unwritten.remove(&t);
+                    self.k8s.insert(t, label_key.clone());
+                    if outcome == Outcome::Created {
+                        self.created.insert(t);
+                        self.status.mirrored += 1;
+                        taken.mirrored += 1;
+                    }
+                    if let Some(seen) = self.first_seen.remove(id.as_bytes()) {
+                        let lag = now.duration_since(seen);
+                        self.record_lag(lag);
+                        taken.lags.push(lag);
+                    }
+                }
+                Outcome::Failed | Outcome::Conflict => {
+                    self.status.failures += 1;
+                    taken.failures += 1;
+                    // Try again later; a conflict resolves itself once the watch shows the
+                    // object.
+                    self.failed.insert(t, now + RETRY_AFTER);
+                    self.unwritten.insert(t, id.clone());
+                }
+                // Not attempted (the batch was halted): tried again with the failed ones.
+                Outcome::NotAttempted => {
+                    self.failed.insert(t, now + RETRY_AFTER);
+                    self.unwritten.insert(t, id.clone());
+                }
+                _ => {}
+            }
+        }
+        taken
+    }
+}
+
+/// How long a failed write waits before it is tried again (on sync's timer).
+pub const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// What a round reports besides its writes (once per identity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncReport {
+    /// A malformed kvstore entry, never written.
+    Invalid {
+        id: String,
+        labels: String,
+        reason: String,
+    },
+    /// A conflict that waits for a decision.
+    Conflict {
+        id: String,
+        kind: Kind,
+        reason: String,
+    },
+}
+
+/// How a batch of writes ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Nothing was written (the reason).
+    Failed(String),
+    /// Each target's outcome, and why the batch was halted early, if it was.
+    Done {
+        results: Vec<(u32, Outcome)>,
+        halted: Option<String>,
+    },
+}
+
+/// What folding a batch in changed, for the metrics and the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Taken {
+    pub trouble: Option<String>,
+    pub mirrored: u64,
+    pub failures: u64,
+    pub lags: Vec<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::{Duration, Instant};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::core::range::IdRange;
+
+    /// Label sets the simulated agents allocate; the last is malformed (never written).
+    const LABELS: [&str; 6] = [
+        "k8s:app=a;",
+        "k8s:app=b;",
+        "k8s:app=c;",
+        "k8s:app=d;",
+        "k8s:app=e;",
+        "not a label key",
+    ];
+
+    #[derive(Debug, Clone)]
+    enum Event {
+        /// A kvstore-mode agent writes `id/<n>`.
+        KvPut(u32, usize),
+        /// The kvstore's GC removes `id/<n>`.
+        KvDelete(u32),
+        /// A CRD-mode agent creates an object (if the name is free).
+        AgentCreate(u32, usize),
+        /// The cluster's GC deletes an object.
+        ObjectDelete(u32),
+        /// Sync's settle tick: plan and select the writes.
+        Round,
+        /// The writes in flight complete (or fail).
+        Complete { fail: bool },
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        // 250..262 straddles the range's start (256): some ids are out of range.
+        let id = 250u32..262;
+        prop_oneof![
+            3 => (id.clone(), 0..LABELS.len()).prop_map(|(i, l)| Event::KvPut(i, l)),
+            1 => id.clone().prop_map(Event::KvDelete),
+            2 => (id.clone(), 0..LABELS.len() - 1).prop_map(|(i, l)| Event::AgentCreate(i, l)),
+            1 => id.prop_map(Event::ObjectDelete),
+            3 => Just(Event::Round),
+            2 => any::<bool>().prop_map(|fail| Event::Complete { fail }),
+        ]
+    }
+
+    /// The world around sync, and what sync did in it.
+    #[derive(Default)]
+    struct World {
+        k8s: BTreeMap<u32, LabelKey>,
+        in_flight: Vec<Op>,
+        /// The objects sync created that still exist.
+        created: BTreeMap<u32, LabelKey>,
+        splits_found: Vec<u32>,
+    }
+
+    fn run(events: Vec<Event>, accept_proposals: bool) -> Result<(), TestCaseError> {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let mut w = World::default();
+        let mut now = Instant::now();
+        for ev in events {
+            now += Duration::from_millis(100);
+            match ev {
+                Event::KvPut(id, l) => {
+                    let change = KvChange::Master {
+                        id: id.to_string().into_bytes(),
+                        value: Some(LABELS[l].as_bytes().to_vec()),
+                        created: true,
+                    };
+                    sync.apply_kv_change(change, now);
+                }
+                Event::KvDelete(id) => {
+                    let change = KvChange::Master {
+                        id: id.to_string().into_bytes(),
+                        value: None,
+                        created: false,
+                    };
+                    sync.apply_kv_change(change, now);
+                }
+                Event::AgentCreate(id, l) => {
+                    if let std::collections::btree_map::Entry::Vacant(free) = w.k8s.entry(id) {
+                        free.insert(LABELS[l].to_string());
+                        sync.k8s_upsert(id, LABELS[l].to_string(), String::new(), now);
+                    }
+                }
+                Event::ObjectDelete(id) => {
+                    w.created.remove(&id);
+                    if w.k8s.remove(&id).is_some() {
+                        sync.k8s_delete(id, String::new());
+                    }
+                }
+                Event::Round => {
+                    let items = sync.plan(&BTreeMap::new(), range);
+                    let (ops, _) = sync.select_writes(&items, accept_proposals, now);
+                    sync.publish(&items);
+                    for op in &ops {
+                        let t = op.target_id.unwrap();
+                        prop_assert!(range.contains(t), "a write outside the range: {op:?}");
+                        prop_assert!(
+                            valid_label_key(op.label_key.as_bytes()).is_ok(),
+                            "a malformed write: {op:?}"
+                        );
+                        prop_assert!(parse_id(op.id.as_bytes()).is_ok(), "a malformed id: {op:?}");
+                        let elsewhere = w.k8s.iter().any(|(id, l)| *l == op.label_key && *id != t)
+                            || w.in_flight.iter().any(|o| o.label_key == op.label_key);
+                        prop_assert!(
+                            accept_proposals || !elsewhere,
+                            "a second object for {}: {op:?}, world {:?}",
+                            op.label_key,
+                            w.k8s
+                        );
+                    }
+                    w.in_flight.extend(ops);
+                }
+                Event::Complete { fail } => {
+                    let ops = std::mem::take(&mut w.in_flight);
+                    let mut results = Vec::new();
+                    for op in &ops {
+                        let t = op.target_id.unwrap();
+                        let outcome = match w.k8s.get(&t) {
+                            _ if fail => Outcome::Failed,
+                            Some(l) if *l == op.label_key => Outcome::AlreadyExisted,
+                            Some(_) => Outcome::Conflict,
+                            None => {
+                                w.k8s.insert(t, op.label_key.clone());
+                                w.created.insert(t, op.label_key.clone());
+                                Outcome::Created
+                            }
+                        };
+                        results.push((t, outcome));
+                    }
+                    let outcome = BatchOutcome::Done {
+                        results,
+                        halted: None,
+                    };
+                    sync.take_results(ops, outcome, now);
+                    // Sync's own creates reach it again through its watch.
+                    for (id, l) in &w.k8s {
+                        sync.k8s_upsert(*id, l.clone(), String::new(), now);
+                    }
+                }
+            }
+            w.splits_found
+                .extend(sync.splits_to_report.drain(..).map(|(id, _)| id));
+        }
+        // Every split found exactly once, and every split there is now was found.
+        let unique: BTreeSet<u32> = w.splits_found.iter().copied().collect();
+        prop_assert_eq!(unique.len(), w.splits_found.len(), "a split reported twice");
+        for (id, k8s_labels) in &w.k8s {
+            if let Some(v) = sync.masters.get(id.to_string().as_bytes())
+                && let Ok(kv) = valid_label_key(v)
+                && kv != k8s_labels.as_str()
+            {
+                prop_assert!(unique.contains(id), "split at {id} never reported");
+            }
+        }
+        // Of the objects sync created, at most one per label set exists (one deleted since
+        // may have been followed by another, for a kvstore id still in use).
+        if !accept_proposals {
+            let mut per_labels: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+            for (id, labels) in &w.created {
+                per_labels.entry(labels.as_str()).or_default().push(*id);
+            }
+            for (labels, ids) in per_labels {
+                prop_assert!(ids.len() <= 1, "{labels} exists at {ids:?}");
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// For any interleaving of kvstore and Kubernetes changes and write outcomes, sync
+        /// never creates two objects for one label set, never writes a malformed entry or
+        /// an id outside the range, and reports every split exactly once.
+        #[test]
+        fn any_interleaving_keeps_the_invariants(events in proptest::collection::vec(event(), 1..80)) {
+            run(events, false)?;
+        }
+
+        /// With every proposal accepted (duplicates are then created on purpose), writes stay
+        /// well-formed and in range, and splits are still reported exactly once.
+        #[test]
+        fn accepting_proposals_keeps_writes_well_formed(events in proptest::collection::vec(event(), 1..80)) {
+            run(events, true)?;
+        }
+    }
+
+    #[test]
+    fn a_failed_batch_is_retried_after_its_wait_and_counted() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        let put = KvChange::Master {
+            id: b"300".to_vec(),
+            value: Some(b"k8s:app=a;".to_vec()),
+            created: true,
+        };
+        sync.apply_kv_change(put, t0);
+        let items = sync.plan(&BTreeMap::new(), range);
+        let (ops, _) = sync.select_writes(&items, false, t0);
+        assert_eq!(ops.len(), 1);
+        let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
+        assert_eq!(taken.failures, 1);
+        assert!(taken.trouble.unwrap().contains("log full"));
+        assert_eq!(sync.unwritten_now(), 1);
+        // Not before its wait is over; then again.
+        let (ops, _) = sync.select_writes(&items, false, t0 + Duration::from_secs(1));
+        assert!(ops.is_empty());
+        let (ops, _) = sync.select_writes(&items, false, t0 + RETRY_AFTER);
+        assert_eq!(ops.len(), 1);
+        let done = BatchOutcome::Done {
+            results: vec![(300, Outcome::Created)],
+            halted: None,
+        };
+        let taken = sync.take_results(ops, done, t0 + RETRY_AFTER);
+        assert_eq!(taken.mirrored, 1);
+        assert_eq!(taken.lags, vec![RETRY_AFTER]);
+        assert_eq!(sync.unwritten_now(), 0);
+    }
+}

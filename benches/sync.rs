@@ -214,6 +214,59 @@ async fn at_scale() {
     println!("| peak RSS (VmHWM) | {peak:.1} MiB |");
 }
 
+/// One dirty tick of sync's core at 65,280 live identities: a new kvstore identity folded
+/// in, the whole world planned, the writes selected, the counts published (what the settle
+/// tick does, without IO), 50 times; median and slowest.
+fn dirty_tick() {
+    use cilium_idmig::core::outcome::Outcome;
+    use cilium_idmig::core::sync::{BatchOutcome, KvChange, SyncState};
+    let range = cilium_idmig::core::range::IdRange::for_cluster(0).expect("range");
+    let mut st = SyncState::default();
+    let labels = |i: u32| format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;");
+    // 65,230 mirrored, 50 arriving one per tick.
+    for i in 256..65_486u32 {
+        st.masters
+            .insert(i.to_string().into_bytes(), labels(i).into_bytes());
+        st.k8s.insert(i, labels(i));
+    }
+    let mut times = Vec::new();
+    let now = Instant::now();
+    for i in 65_486..65_536u32 {
+        let t = Instant::now();
+        let change = KvChange::Master {
+            id: i.to_string().into_bytes(),
+            value: Some(labels(i).into_bytes()),
+            created: true,
+        };
+        st.apply_kv_change(change, now);
+        let items = st.plan(&std::collections::BTreeMap::new(), range);
+        let (ops, _) = st.select_writes(&items, false, now);
+        st.publish(&items);
+        times.push(t.elapsed());
+        drop(items);
+        let results = ops
+            .iter()
+            .filter_map(|o| o.target_id)
+            .map(|t| (t, Outcome::Created))
+            .collect();
+        st.take_results(
+            ops,
+            BatchOutcome::Done {
+                results,
+                halted: None,
+            },
+            now,
+        );
+    }
+    times.sort();
+    println!();
+    println!(
+        "| a dirty tick of sync's core at 65,280 identities (plan, select, publish) | median {:.1} ms, slowest {:.1} ms |",
+        times[times.len() / 2].as_secs_f64() * 1000.0,
+        times[times.len() - 1].as_secs_f64() * 1000.0
+    );
+}
+
 fn rss_mib(pid: u32) -> f64 {
     status_mib(pid, "VmRSS:")
 }
@@ -237,6 +290,9 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("sync benchmark: run it with `cargo bench --bench sync`");
         return;
+    }
+    if std::env::var("IDMIG_SOAK_ONLY").is_err() {
+        dirty_tick();
     }
     let etcd = Etcd::start().await;
     let sb = Sandbox::start(SandboxConfig::default())

@@ -240,9 +240,13 @@ fn dirty_tick() {
         };
         st.apply_kv_change(change, now);
         let items = st.plan(&std::collections::BTreeMap::new(), range);
+        let planned = t.elapsed();
         let (ops, _) = st.select_writes(&items, false, now);
         st.publish(&items);
         times.push(t.elapsed());
+        if std::env::var("IDMIG_TICK_DETAIL").is_ok() {
+            eprintln!("plan {planned:?}, all {:?}", t.elapsed());
+        }
         drop(items);
         let results = ops
             .iter()

@@ -215,8 +215,8 @@ async fn at_scale() {
 }
 
 /// One dirty tick of sync's core at 65,280 live identities: a new kvstore identity folded
-/// in, the whole world planned, the writes selected, the counts published (what the settle
-/// tick does, without IO), 50 times; median and slowest.
+/// in, the plan brought up to date, the writes selected, the counts published (what the
+/// settle tick does, without IO), 50 times after a first full plan; median and slowest.
 fn dirty_tick() {
     use cilium_idmig::core::outcome::Outcome;
     use cilium_idmig::core::sync::{BatchOutcome, KvChange, SyncState};
@@ -231,6 +231,9 @@ fn dirty_tick() {
     }
     let mut times = Vec::new();
     let now = Instant::now();
+    let t = Instant::now();
+    st.round(&std::collections::BTreeMap::new(), range, false, now);
+    let first = t.elapsed();
     for i in 65_486..65_536u32 {
         let t = Instant::now();
         let change = KvChange::Master {
@@ -239,15 +242,8 @@ fn dirty_tick() {
             created: true,
         };
         st.apply_kv_change(change, now);
-        let items = st.plan(&std::collections::BTreeMap::new(), range);
-        let planned = t.elapsed();
-        let (ops, _) = st.select_writes(&items, false, now);
-        st.publish(&items);
+        let (ops, _) = st.round(&std::collections::BTreeMap::new(), range, false, now);
         times.push(t.elapsed());
-        if std::env::var("IDMIG_TICK_DETAIL").is_ok() {
-            eprintln!("plan {planned:?}, all {:?}", t.elapsed());
-        }
-        drop(items);
         let results = ops
             .iter()
             .filter_map(|o| o.target_id)
@@ -265,9 +261,10 @@ fn dirty_tick() {
     times.sort();
     println!();
     println!(
-        "| a dirty tick of sync's core at 65,280 identities (plan, select, publish) | median {:.1} ms, slowest {:.1} ms |",
+        "| a dirty tick of sync's core at 65,280 identities (plan kept up to date, select, publish) | median {:.2} ms, slowest {:.2} ms (the first, a full plan: {:.1} ms) |",
         times[times.len() / 2].as_secs_f64() * 1000.0,
-        times[times.len() - 1].as_secs_f64() * 1000.0
+        times[times.len() - 1].as_secs_f64() * 1000.0,
+        first.as_secs_f64() * 1000.0
     );
 }
 

@@ -22,7 +22,7 @@ use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
-use crate::core::planner::{Kind, Op, PlanItem};
+use crate::core::planner::{Kind, Op};
 use crate::core::sync::{BatchOutcome, SyncReport, SyncState};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
@@ -609,8 +609,14 @@ impl Round {
         }
         self.dirty = false;
         let range = cfg.scope.range;
-        let items = self.state.plan(&sync.decisions, range);
-        let ops = select_writes(&mut self.state, &items, &sync.opts, &sync.events, &cfg).await;
+        let ops = plan_round(
+            &mut self.state,
+            &sync.decisions,
+            &sync.opts,
+            &sync.events,
+            &cfg,
+        )
+        .await;
         if let Some(r) = sync.reservations.as_mut() {
             // The whole view once per snapshot or list (and again after a failure); each
             // object that arrives is reserved as it arrives.
@@ -620,7 +626,7 @@ impl Round {
             }
             self.state.status.reservations = r.count();
         }
-        publish(&mut self.state, &items, &sync.metrics);
+        publish(&self.state, &sync.metrics);
         if !ops.is_empty() {
             self.batch_running = true;
             let (done_tx, stop) = (self.done_tx.clone(), sync.stop.clone());
@@ -947,15 +953,17 @@ fn report_splits(
     });
 }
 
-/// The creates this round makes (`SyncState::select_writes`); its reports logged and sent.
-async fn select_writes(
+/// One round of sync's core (`SyncState::round`): the creates it makes; its reports logged
+/// and sent.
+async fn plan_round(
     state: &mut SyncState,
-    items: &[PlanItem],
+    decisions: &BTreeMap<String, LoggedDecision>,
     opts: &SyncOptions,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &ServiceConfig,
 ) -> Vec<Op> {
-    let (ops, reports) = state.select_writes(items, opts.accept_proposals, Instant::now());
+    let range = cfg.scope.range;
+    let (ops, reports) = state.round(decisions, range, opts.accept_proposals, Instant::now());
     for report in reports {
         let ev = match report {
             SyncReport::Invalid { id, labels, reason } => {
@@ -972,8 +980,7 @@ async fn select_writes(
     ops
 }
 
-fn publish(state: &mut SyncState, items: &[PlanItem], metrics: &Metrics) {
-    state.publish(items);
+fn publish(state: &SyncState, metrics: &Metrics) {
     metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
     metrics.pending.set(state.status.pending as i64);
     metrics.splits.set(state.status.splits as i64);

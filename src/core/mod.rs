@@ -4,6 +4,7 @@ pub mod identity;
 pub mod kvstore;
 pub mod labels;
 pub mod outcome;
+pub mod plan_cache;
 pub mod planner;
 pub mod range;
 pub mod sync;

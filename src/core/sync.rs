@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use crate::core::kvstore::{KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::outcome::Outcome;
+use crate::core::plan_cache::PlanCache;
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 
@@ -144,6 +145,9 @@ pub struct SyncState {
     pub no_nodes_since: Option<Instant>,
     pub lags: VecDeque<Duration>,
     pub status: SyncStatus,
+    /// The plan, kept up to date change by change where a change stays local
+    /// (`PlanCache`); `None`: the next round plans in full.
+    pub cache: Option<PlanCache>,
 }
 
 impl SyncState {
@@ -211,6 +215,11 @@ impl SyncState {
             KvChange::Master {
                 id, value: Some(v), ..
             } => {
+                if let Some(c) = &mut self.cache
+                    && !c.kv_put(&id, &v, (&self.masters, &self.k8s, &self.counts))
+                {
+                    self.cache = None;
+                }
                 let new = self.masters.insert(id.clone(), v).is_none();
                 if new {
                     self.first_seen.insert(id.clone(), now);
@@ -225,6 +234,12 @@ impl SyncState {
                 // The kvstore's GC: counted, never deleted from Kubernetes. What sync
                 // remembers about the identity goes with it, so memory follows the live
                 // identities over days, not every identity ever seen.
+                if let Some(c) = &mut self.cache
+                    && let Some(old) = self.masters.get(&id)
+                    && !c.kv_delete(&id, old, &self.k8s)
+                {
+                    self.cache = None;
+                }
                 if self.masters.remove(&id).is_some() {
                     self.status.removed_from_kvstore += 1;
                 }
@@ -260,13 +275,34 @@ impl SyncState {
         now: Instant,
     ) {
         self.k8s_version = resource_version;
-        self.k8s.insert(id, labels);
+        self.set_object(id, labels);
         self.check_split(id, now);
+    }
+
+    /// Kubernetes holds `labels` at `id` now (seen by the watch, or created by sync).
+    fn set_object(&mut self, id: u32, labels: LabelKey) {
+        if let Some(c) = &mut self.cache
+            && !c.k8s_set(
+                id,
+                &labels,
+                self.k8s.get(&id),
+                (&self.masters, &self.counts),
+            )
+        {
+            self.cache = None;
+        }
+        self.k8s.insert(id, labels);
     }
 
     /// An object deleted in Kubernetes.
     pub fn k8s_delete(&mut self, id: u32, resource_version: String) {
         self.k8s_version = resource_version;
+        if let Some(c) = &mut self.cache
+            && let Some(old) = self.k8s.get(&id)
+            && !c.k8s_remove(id, old, (&self.masters, &self.counts))
+        {
+            self.cache = None;
+        }
         self.k8s.remove(&id);
         if self.created.contains(&id) {
             self.deleted_after_create.insert(id);
@@ -288,6 +324,7 @@ impl SyncState {
             .collect();
         self.k8s = identities;
         self.k8s_version = resource_version;
+        self.cache = None;
         for id in changed {
             self.check_split(id, now);
         }
@@ -315,12 +352,42 @@ impl SyncState {
         self.splits_to_report.push((id, now));
     }
 
+    /// One round: the plan (kept up to date, or made in full when a change was not local,
+    /// and always with decisions to replay), the creates it makes and what it reports; the
+    /// counts published.
+    pub fn round(
+        &mut self,
+        decisions: &BTreeMap<String, LoggedDecision>,
+        range: crate::core::range::IdRange,
+        accept_proposals: bool,
+        now: Instant,
+    ) -> (Vec<Op>, Vec<SyncReport>) {
+        if !decisions.is_empty() {
+            self.cache = None;
+            let items = self.plan(decisions, range);
+            let out = self.select_writes(items.iter(), accept_proposals, now);
+            self.publish(items.iter());
+            return out;
+        }
+        let cache = match self.cache.take() {
+            Some(c) if c.range() == range => c,
+            _ => {
+                let items = self.plan(decisions, range);
+                PlanCache::build(items, &self.masters, &self.k8s, range)
+            }
+        };
+        let out = self.select_writes(cache.items(), accept_proposals, now);
+        self.publish(cache.items());
+        self.cache = Some(cache);
+        out
+    }
+
     /// The creates this round makes: plain creates and decided (or accepted) remaps and
     /// duplicates whose target is free, not in flight and not failing; conflicts and invalid
     /// entries are reported once each.
-    pub fn select_writes(
+    pub fn select_writes<'a>(
         &mut self,
-        items: &[PlanItem],
+        items: impl Iterator<Item = &'a PlanItem>,
         accept_proposals: bool,
         now: Instant,
     ) -> (Vec<Op>, Vec<SyncReport>) {
@@ -410,19 +477,20 @@ impl SyncState {
     }
 
     /// What the latest plan says beyond the writes: skips, reuses, counts.
-    pub fn publish(&mut self, items: &[PlanItem]) {
+    pub fn publish<'a>(&mut self, items: impl Iterator<Item = &'a PlanItem> + Clone) {
         self.skipped = items
-            .iter()
+            .clone()
             .filter(|i| i.decided && i.action == Action::Skip)
             .count();
         // Kvstore ids the plan serves at another id that already holds their labels.
         self.reused = items
-            .iter()
+            .clone()
             .filter(|i| i.action == Action::None)
-            .filter_map(|i| i.target_id.map(|t| (i.id.clone(), t)))
-            .filter(|(id, t)| *id != t.to_string())
+            .filter_map(|i| i.target_id.map(|t| (i, t)))
+            .filter(|(i, t)| !same_id(&i.id, *t))
+            .map(|(i, t)| (i.id.clone(), t))
             .collect();
-        self.status.identities = items.len();
+        self.status.identities = items.count();
         self.status.kvstore_nodes = self.counts.nodes().count();
     }
 
@@ -467,7 +535,7 @@ impl SyncState {
             match outcome {
                 Outcome::Created | Outcome::AlreadyExisted => {
                     self.unwritten.remove(&t);
-                    self.k8s.insert(t, label_key.clone());
+                    self.set_object(t, label_key.clone());
                     if outcome == Outcome::Created {
                         self.created.insert(t);
                         self.status.mirrored += 1;
@@ -497,6 +565,13 @@ impl SyncState {
         }
         taken
     }
+}
+
+/// Whether the kvstore id text is exactly `t` in decimal (without allocating: this runs for
+/// every identity at every round).
+fn same_id(id: &str, t: u32) -> bool {
+    let digits = t.checked_ilog10().unwrap_or(0) as usize + 1;
+    id.len() == digits && id.parse::<u32>() == Ok(t)
 }
 
 /// How long a failed write waits before it is tried again (on sync's timer).
@@ -636,9 +711,23 @@ mod tests {
                     }
                 }
                 Event::Round => {
-                    let items = sync.plan(&BTreeMap::new(), range);
-                    let (ops, _) = sync.select_writes(&items, accept_proposals, now);
-                    sync.publish(&items);
+                    let (ops, _) = sync.round(&BTreeMap::new(), range, accept_proposals, now);
+                    // The plan kept up to date change by change is the plan made in full
+                    // (node counts aside: the cache does not keep them).
+                    let full = sync.plan(&BTreeMap::new(), range);
+                    let cached: Vec<PlanItem> =
+                        sync.cache.as_ref().unwrap().items().cloned().collect();
+                    let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
+                        items
+                            .iter()
+                            .cloned()
+                            .map(|mut i| {
+                                i.nodes = 0;
+                                i
+                            })
+                            .collect()
+                    };
+                    prop_assert_eq!(strip(&cached), strip(&full));
                     for op in &ops {
                         let t = op.target_id.unwrap();
                         prop_assert!(range.contains(t), "a write outside the range: {op:?}");
@@ -745,16 +834,16 @@ mod tests {
         };
         sync.apply_kv_change(put, t0);
         let items = sync.plan(&BTreeMap::new(), range);
-        let (ops, _) = sync.select_writes(&items, false, t0);
+        let (ops, _) = sync.select_writes(items.iter(), false, t0);
         assert_eq!(ops.len(), 1);
         let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
         assert_eq!(taken.failures, 1);
         assert!(taken.trouble.unwrap().contains("log full"));
         assert_eq!(sync.unwritten_now(), 1);
         // Not before its wait is over; then again.
-        let (ops, _) = sync.select_writes(&items, false, t0 + Duration::from_secs(1));
+        let (ops, _) = sync.select_writes(items.iter(), false, t0 + Duration::from_secs(1));
         assert!(ops.is_empty());
-        let (ops, _) = sync.select_writes(&items, false, t0 + RETRY_AFTER);
+        let (ops, _) = sync.select_writes(items.iter(), false, t0 + RETRY_AFTER);
         assert_eq!(ops.len(), 1);
         let done = BatchOutcome::Done {
             results: vec![(300, Outcome::Created)],
@@ -764,5 +853,32 @@ mod tests {
         assert_eq!(taken.mirrored, 1);
         assert_eq!(taken.lags, vec![RETRY_AFTER]);
         assert_eq!(sync.unwritten_now(), 0);
+    }
+
+    #[test]
+    fn local_changes_keep_the_plan_and_others_drop_it() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        let put = |id: u32, labels: &str| KvChange::Master {
+            id: id.to_string().into_bytes(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        };
+        sync.apply_kv_change(put(300, "k8s:app=a;"), t0);
+        sync.round(&BTreeMap::new(), range, false, t0);
+        // New labels at a new id, and the object sync creates for them: kept up to date.
+        sync.apply_kv_change(put(301, "k8s:app=b;"), t0);
+        sync.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
+        assert!(sync.cache.is_some(), "local changes keep the plan");
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.iter().map(|o| o.target_id).collect::<Vec<_>>(), [Some(301)]);
+        // Labels another identity holds: the next round plans in full.
+        sync.apply_kv_change(put(302, "k8s:app=b;"), t0);
+        assert!(sync.cache.is_none(), "a duplicate is not local");
+        sync.round(&BTreeMap::new(), range, false, t0);
+        // An agent's object at a kvstore id with other labels: a split, not local either.
+        sync.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
+        assert!(sync.cache.is_none());
     }
 }

@@ -134,12 +134,7 @@ impl PlanCache {
 
     /// `id/<key>` written with `value`, the world being as before the write; false: the
     /// cache no longer holds (plan in full).
-    pub fn kv_put(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        ctx: World<'_>,
-    ) -> bool {
+    pub fn kv_put(&mut self, key: &[u8], value: &[u8], ctx: World<'_>) -> bool {
         let (masters, k8s, counts) = ctx;
         let range = self.range;
         if masters.contains_key(key) {

@@ -369,15 +369,24 @@ impl SyncState {
             self.publish(items.iter());
             return out;
         }
-        let cache = match self.cache.take() {
-            Some(c) if c.range() == range => c,
+        let (cache, rebuilt) = match self.cache.take() {
+            Some(c) if c.range() == range => (c, false),
             _ => {
                 let items = self.plan(decisions, range);
-                PlanCache::build(items, &self.masters, &self.k8s, range)
+                (
+                    PlanCache::build(items, &self.masters, &self.k8s, range),
+                    true,
+                )
             }
         };
         let out = self.select_writes(cache.items(), accept_proposals, now);
-        self.publish(cache.items());
+        if rebuilt {
+            self.publish(cache.items());
+        } else {
+            // A local change makes no skip and no reuse: only the counts move.
+            self.status.identities = cache.len();
+            self.status.kvstore_nodes = self.counts.nodes().count();
+        }
         self.cache = Some(cache);
         out
     }
@@ -393,6 +402,7 @@ impl SyncState {
     ) -> (Vec<Op>, Vec<SyncReport>) {
         self.failed.retain(|_, until| *until > now);
         self.waiting.clear();
+        let mut claimed_labels: HashSet<String> = self.in_flight.values().cloned().collect();
         let mut ops = Vec::new();
         let mut reports = Vec::new();
         let mut pending = 0;
@@ -428,13 +438,12 @@ impl SyncState {
                 continue;
             };
             // One object per label set: not while a create of the same labels (for another
-            // kvstore id that the kvstore's GC removed since) is still in flight.
-            let labels_in_flight = || self.in_flight.values().any(|l| *l == item.labels);
+            // kvstore id that the kvstore's GC removed since) is still in flight, nor twice
+            // in one round.
             if self.k8s.contains_key(&t)
                 || self.in_flight.contains_key(&t)
                 || self.failed.contains_key(&t)
-                || ops.iter().any(|o: &Op| o.label_key == item.labels)
-                || labels_in_flight()
+                || claimed_labels.contains(item.labels.as_str())
             {
                 continue;
             }
@@ -466,6 +475,7 @@ impl SyncState {
                 expect: None,
                 reason: None,
             });
+            claimed_labels.insert(item.labels.clone());
         }
         self.status.pending = pending;
         for op in &ops {
@@ -872,7 +882,10 @@ mod tests {
         sync.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
         assert!(sync.cache.is_some(), "local changes keep the plan");
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
-        assert_eq!(ops.iter().map(|o| o.target_id).collect::<Vec<_>>(), [Some(301)]);
+        assert_eq!(
+            ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+            [Some(301)]
+        );
         // Labels another identity holds: the next round plans in full.
         sync.apply_kv_change(put(302, "k8s:app=b;"), t0);
         assert!(sync.cache.is_none(), "a duplicate is not local");

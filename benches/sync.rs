@@ -383,14 +383,19 @@ async fn main() {
     let t = Instant::now();
     let mut samples: Vec<(f64, f64)> = Vec::new();
     let mut last_sample = Instant::now() - Duration::from_secs(30);
-    let mut oldest = 1000u32;
+    // Ids go round 1,000..61,000 (the allocation range ends at 65,535): at 20/s a soak
+    // passes 72,000 identities an hour, and the oldest are gone long before an id comes back.
+    let soak_id = |seq: u32| 1000 + seq % 60_000;
+    let (mut newest, mut oldest) = (next - 1000, 0u32);
     let mut c = etcd.client().await.expect("client");
     while t.elapsed() < Duration::from_secs(soak) {
         let tick = Instant::now();
-        put_range(&etcd, next, 20).await;
+        put_range(&etcd, soak_id(newest), 20).await;
+        newest += 20;
         next += 20;
         // The GCs: the kvstore's deletes the oldest master keys, the cluster's their objects.
-        for id in oldest..oldest + 20 {
+        for seq in oldest..oldest + 20 {
+            let id = soak_id(seq);
             c.delete(format!("{P}/id/{id}"), None)
                 .await
                 .expect("delete");

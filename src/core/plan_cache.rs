@@ -205,7 +205,6 @@ impl PlanCache {
         ctx: (&BTreeMap<Vec<u8>, Vec<u8>>, &NodeCounts),
     ) -> bool {
         let (masters, counts) = ctx;
-        let range = self.range;
         if old == Some(labels) {
             return true; // nothing changed (sync's own create, seen again by its watch)
         }
@@ -221,22 +220,17 @@ impl PlanCache {
             return false;
         }
         inc(&mut self.k8s_labels, hl);
-        let Some(value) = own else {
-            return self.kv_ids.get(&n).copied().unwrap_or(0) == 0;
-        };
-        // The kvstore identity at this id: only when it holds these labels (it becomes
-        // already migrated); other labels make a remap or a reuse.
-        if !own_holds || self.kv_ids.get(&n).copied().unwrap_or(0) != 1 {
+        if own.is_some()
+            && !self
+                .items
+                .get(&key_of(n.to_string().as_bytes()))
+                .is_some_and(is_local)
+        {
             return false;
         }
-        let k = key_of(n.to_string().as_bytes());
-        if !self.items.get(&k).is_some_and(is_local) {
-            return false;
-        }
-        let entry = [MasterEntry::new(n.to_string().into_bytes(), value.clone())];
-        let world = BTreeMap::from([(n, labels.clone())]);
-        let item = planner::plan(&entry, counts, &world, range);
-        self.insert_local(item)
+        // The kvstore identity at this id, when it holds these labels, becomes already
+        // migrated; other labels make a remap or a reuse.
+        self.reclassify_own(n, own, own_holds, Some(labels), counts)
     }
 
     /// Object `n` (holding `old`) deleted, the world being as before the delete.
@@ -247,7 +241,6 @@ impl PlanCache {
         ctx: (&BTreeMap<Vec<u8>, Vec<u8>>, &NodeCounts),
     ) -> bool {
         let (masters, counts) = ctx;
-        let range = self.range;
         if self.frees_below_a_target(n) {
             return false;
         }
@@ -260,14 +253,31 @@ impl PlanCache {
             return false;
         }
         dec(&mut self.k8s_labels, ho);
+        self.reclassify_own(n, own, own_holds, None, counts)
+    }
+
+    /// After a change of the object at `n` (now `object`): the kvstore identity at `n`,
+    /// if there is one, classified again. Local only when that identity is the one key
+    /// with id `n` and held the object's labels; with no kvstore identity at `n` (under any
+    /// spelling of the id), nothing in the plan changes.
+    fn reclassify_own(
+        &mut self,
+        n: u32,
+        own: Option<&Vec<u8>>,
+        own_holds: bool,
+        object: Option<&LabelKey>,
+        counts: &NodeCounts,
+    ) -> bool {
+        let keys_at_n = self.kv_ids.get(&n).copied().unwrap_or(0);
         let Some(value) = own else {
-            return self.kv_ids.get(&n).copied().unwrap_or(0) == 0;
+            return keys_at_n == 0;
         };
-        if !own_holds || self.kv_ids.get(&n).copied().unwrap_or(0) != 1 {
+        if !own_holds || keys_at_n != 1 {
             return false;
         }
         let entry = [MasterEntry::new(n.to_string().into_bytes(), value.clone())];
-        let item = planner::plan(&entry, counts, &BTreeMap::new(), range);
+        let world: BTreeMap<u32, LabelKey> = object.map(|l| (n, l.clone())).into_iter().collect();
+        let item = planner::plan(&entry, counts, &world, self.range);
         self.insert_local(item)
     }
 

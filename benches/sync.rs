@@ -28,6 +28,47 @@ struct Run {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// A real etcd, the sandbox, and a kubeconfig and decision log for `sync` in a temp dir.
+struct World {
+    etcd: Etcd,
+    sb: Sandbox,
+    dir: tempfile::TempDir,
+    kc: String,
+    log: String,
+}
+
+impl World {
+    async fn new() -> World {
+        let etcd = Etcd::start().await;
+        let sb = Sandbox::start(SandboxConfig::default())
+            .await
+            .expect("sandbox");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kc = dir.path().join("kubeconfig");
+        sb.write_kubeconfig(&kc).expect("kubeconfig");
+        let kc = kc.display().to_string();
+        let log = dir.path().join("sync.jsonl").display().to_string();
+        World {
+            etcd,
+            sb,
+            dir,
+            kc,
+            log,
+        }
+    }
+}
+
+/// Writes `per_second` new identities a second for `seconds` from id `next`; the id after.
+async fn steady(etcd: &Etcd, mut next: u32, per_second: u32, seconds: u32) -> u32 {
+    for _ in 0..seconds {
+        let tick = Instant::now();
+        put_range(etcd, next, per_second).await;
+        next += per_second;
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
+    }
+    next
+}
+
 /// The binary under test: `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or
 /// the one cargo built for this benchmark.
 fn bin() -> String {
@@ -143,15 +184,13 @@ fn peak_mib(pid: u32) -> f64 {
 /// 30 s, then 50 new identities a second for 60 s (to 65,280): lag and peak memory.
 async fn at_scale() {
     const LIVE: u32 = 62_280;
-    let etcd = Etcd::start().await;
-    let sb = Sandbox::start(SandboxConfig::default())
-        .await
-        .expect("sandbox");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kc = dir.path().join("kubeconfig");
-    sb.write_kubeconfig(&kc).expect("kubeconfig");
-    let kc = kc.display().to_string();
-    let log = dir.path().join("sync.jsonl").display().to_string();
+    let World {
+        etcd,
+        sb,
+        dir: _dir,
+        kc,
+        log,
+    } = World::new().await;
     put_range(&etcd, 256, LIVE).await;
     for i in 256..256 + LIVE {
         let key = format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;");
@@ -188,14 +227,8 @@ async fn at_scale() {
     let idle = (cpu_secs(pid) - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
     let rss_quiet = rss_mib(pid);
     // Steady arrivals.
-    let mut next = 256 + LIVE;
     let (cpu1, t1) = (cpu_secs(pid), Instant::now());
-    for _ in 0..60 {
-        let tick = Instant::now();
-        put_range(&etcd, next, 50).await;
-        next += 50;
-        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
-    }
+    let next = steady(&etcd, 256 + LIVE, 50, 60).await;
     wait_count(&sb, (next - 256) as usize, 120).await;
     let busy = (cpu_secs(pid) - cpu1) / t1.elapsed().as_secs_f64() * 100.0;
     let peak = peak_mib(pid);
@@ -295,15 +328,13 @@ async fn main() {
     if std::env::var("IDMIG_SOAK_ONLY").is_err() {
         dirty_tick();
     }
-    let etcd = Etcd::start().await;
-    let sb = Sandbox::start(SandboxConfig::default())
-        .await
-        .expect("sandbox");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kc = dir.path().join("kubeconfig");
-    sb.write_kubeconfig(&kc).expect("kubeconfig");
-    let kc = kc.display().to_string();
-    let log = dir.path().join("sync.jsonl").display().to_string();
+    let World {
+        etcd,
+        sb,
+        dir: _dir,
+        kc,
+        log,
+    } = World::new().await;
     let mut rows = Vec::new();
 
     // A burst: 2,000 new identities at once.
@@ -329,13 +360,7 @@ async fn main() {
     let run = start(&etcd, &kc, &log);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
-    let mut next = 5000;
-    for _ in 0..60 {
-        let tick = Instant::now();
-        put_range(&etcd, next, 50).await;
-        next += 50;
-        tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
-    }
+    let mut next = steady(&etcd, 5000, 50, 60).await;
     wait_count(&sb, 5000, 60).await;
     let took = t.elapsed();
     let (p50, p99) = stop(run).await;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use cilium_idmig::sandbox::SandboxConfig;
 
 use crate::e2e::{World, log_records};
-use crate::harness::run;
 use crate::sync::{Sync, wait_for};
 
 const P: &str = "cilium/state/identities/v1";
@@ -92,21 +91,8 @@ async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
     let w = World::new(SandboxConfig::default()).await;
     let first = Sync::start_with_log(&w, "sync.jsonl", &[]);
     first.wait_for_line("taken: this sync writes", 15).await;
-    let kc = w.path("kubeconfig");
     let log = w.path("sync.jsonl");
-    let again = run(
-        w.dir.path(),
-        &[
-            "sync",
-            "--etcd-endpoints",
-            &w.etcd.endpoint,
-            "--kubeconfig",
-            &kc,
-            "--decision-log",
-            &log,
-        ],
-    )
-    .await;
+    let again = w.cli(&["sync", "--decision-log", &log]).await;
     assert_eq!(again.code, 2, "{}", again.stderr);
     assert!(
         again.stderr.contains("in use by another process"),
@@ -124,18 +110,7 @@ async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
         ..SandboxConfig::default()
     })
     .await;
-    let kc = denied.path("kubeconfig");
-    let refused = run(
-        denied.dir.path(),
-        &[
-            "sync",
-            "--etcd-endpoints",
-            &denied.etcd.endpoint,
-            "--kubeconfig",
-            &kc,
-        ],
-    )
-    .await;
+    let refused = denied.cli(&["sync"]).await;
     assert_eq!(refused.code, 2, "{}", refused.stderr);
     assert!(
         refused

@@ -6,17 +6,26 @@
 //! line and counted; the lease is kept alive, revoked at cutover (or on a clean stop with
 //! `--release-reservations`), and then each master key written is deleted if it is unchanged
 //! and no node uses it. A killed sync leaves its keys to lapse with the lease.
+//!
+//! The reservations live in a task of their own (`ReservationTask`): an etcd write can take
+//! up to the client's timeout on a stalled server, and sync's loop must keep following both
+//! watches meanwhile. The loop queues what to reserve; the task writes one batch at a time
+//! and replies; what arrives meanwhile gathers for the next batch.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
+use super::config::ServiceConfig;
 use super::metrics::Metrics;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::Kind;
 use crate::core::range::IdRange;
+use crate::core::sync::SyncState;
 use crate::error::Result;
 use crate::io::decision_log::{DecisionLog, Record};
 use crate::io::kv_source::KvFollower;
@@ -91,38 +100,18 @@ impl Reservations {
         self.held.len()
     }
 
-    /// Reserves each id in range that Kubernetes holds and the kvstore does not (at start,
-    /// and after a fresh list).
-    pub async fn reserve_missing(
-        &mut self,
-        k8s: &BTreeMap<u32, LabelKey>,
-        masters: &BTreeMap<Vec<u8>, Vec<u8>>,
-        range: IdRange,
-        log: &DecisionLog,
-        metrics: &Metrics,
-    ) -> Result<()> {
-        for (id, labels) in k8s {
-            self.reserve_one(*id, labels, masters, range, log, metrics)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Reserves `id` for `labels` if it is in range, the kvstore does not hold it, and it was
-    /// neither reserved nor found held before.
-    pub async fn reserve_one(
+    /// Reserves `id` for `labels` unless it was reserved or found held before. The caller
+    /// has checked that the id is in range and that the kvstore did not hold it when last
+    /// seen; the write itself succeeds only if the master key does not exist.
+    async fn reserve_one(
         &mut self,
         id: u32,
         labels: &LabelKey,
-        masters: &BTreeMap<Vec<u8>, Vec<u8>>,
-        range: IdRange,
         log: &DecisionLog,
         metrics: &Metrics,
     ) -> Result<()> {
-        if !range.contains(id)
-            || self.held.contains_key(&id)
+        if self.held.contains_key(&id)
             || self.tried.contains(&id)
-            || masters.contains_key(id.to_string().as_bytes())
             // Labels that are no valid label key (an object no agent wrote) are never written.
             || valid_label_key(labels.as_bytes()).is_err()
         {
@@ -164,7 +153,7 @@ impl Reservations {
     }
 
     /// The reserved object went from Kubernetes (GC, a person): its `value/` key goes too.
-    pub async fn object_deleted(&mut self, id: u32, log: &DecisionLog, metrics: &Metrics) {
+    async fn object_deleted(&mut self, id: u32, log: &DecisionLog, metrics: &Metrics) {
         let Some((labels, _)) = self.held.get(&id) else {
             return;
         };
@@ -207,5 +196,168 @@ impl Reservations {
         }
         metrics.kvstore_reservations.set(0);
         Ok(deleted)
+    }
+}
+
+/// What sync's loop asks of the task that owns the reservations.
+enum Request {
+    /// Reserve these, in order; a failed write ends the batch.
+    Reserve(Vec<(u32, LabelKey)>),
+    /// The object at this id went from Kubernetes.
+    Unreserve(u32),
+}
+
+/// What the task answers.
+pub struct Reply {
+    held: usize,
+    /// The answer to a batch (not to an unreserve): the next batch may go.
+    batch: bool,
+    trouble: Option<String>,
+}
+
+/// After a failed write, how long before the whole view is tried again: a kvstore that is
+/// down is not asked ten times a second.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
+
+/// Sync's reservations, written by a task of their own (see the module's comment).
+pub struct ReservationTask {
+    requests: mpsc::UnboundedSender<Request>,
+    replies: mpsc::UnboundedReceiver<Reply>,
+    task: JoinHandle<Reservations>,
+    /// Objects that arrived since the last batch went.
+    queued: BTreeMap<u32, LabelKey>,
+    /// Every object of the view is to be looked at (a fresh snapshot or list, the lease taken,
+    /// a failure).
+    whole_view_due: bool,
+    /// No batch before this (after a failure).
+    not_before: Option<Instant>,
+    busy: bool,
+    held: usize,
+}
+
+impl ReservationTask {
+    /// Hands the reservations to a task of their own.
+    pub fn spawn(mut r: Reservations, cfg: Arc<ServiceConfig>, metrics: Arc<Metrics>) -> Self {
+        let (requests, mut rx) = mpsc::unbounded_channel::<Request>();
+        let (reply_tx, replies) = mpsc::unbounded_channel::<Reply>();
+        let task = tokio::spawn(async move {
+            while let Some(req) = rx.recv().await {
+                let (batch, mut trouble) = (matches!(req, Request::Reserve(_)), None);
+                match req {
+                    Request::Reserve(wanted) => {
+                        for (id, labels) in wanted {
+                            if let Err(e) = r.reserve_one(id, &labels, &cfg.log, &metrics).await {
+                                trouble = Some(format!("reserving in the kvstore: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    Request::Unreserve(id) => r.object_deleted(id, &cfg.log, &metrics).await,
+                }
+                let held = r.count();
+                // The loop is gone: the round or the sync ended; the reservations go back.
+                let _ = reply_tx.send(Reply {
+                    held,
+                    batch,
+                    trouble,
+                });
+            }
+            r
+        });
+        ReservationTask {
+            requests,
+            replies,
+            task,
+            queued: BTreeMap::new(),
+            whole_view_due: true,
+            not_before: None,
+            busy: false,
+            held: 0,
+        }
+    }
+
+    /// Ids reserved now (as of the last reply).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
+    pub fn want(&mut self, id: u32, labels: LabelKey) {
+        self.queued.insert(id, labels);
+    }
+
+    /// The whole view is to be looked at again at the next batch.
+    pub fn view_changed(&mut self) {
+        self.whole_view_due = true;
+    }
+
+    /// An object went from Kubernetes: its `value/` key goes (after any batch already sent,
+    /// so a reservation and its removal keep their order).
+    pub fn deleted(&mut self, id: u32) {
+        self.queued.remove(&id);
+        let _ = self.requests.send(Request::Unreserve(id));
+    }
+
+    /// Sends the next batch unless one is being written or a failure's wait is not over:
+    /// what was queued (and the whole view when due) whose id is in range and not held by
+    /// the kvstore as last seen.
+    pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
+        if self.busy || self.not_before.is_some_and(|t| now < t) {
+            return;
+        }
+        let whole_view = std::mem::take(&mut self.whole_view_due);
+        let mut wanted = std::mem::take(&mut self.queued);
+        if whole_view {
+            wanted.extend(state.k8s.iter().map(|(id, l)| (*id, l.clone())));
+        }
+        let wanted: Vec<(u32, LabelKey)> = wanted
+            .into_iter()
+            .filter(|(id, _)| {
+                range.contains(*id) && !state.masters.contains_key(id.to_string().as_bytes())
+            })
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        self.busy = true;
+        let _ = self.requests.send(Request::Reserve(wanted));
+    }
+
+    /// Folds in the task's answer; what to report when a write failed (the whole view is
+    /// tried again after a wait).
+    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<String> {
+        self.held = reply.held;
+        if reply.batch {
+            self.busy = false;
+        }
+        let trouble = reply.trouble?;
+        self.whole_view_due = true;
+        self.not_before = Some(now + RETRY_AFTER_FAILURE);
+        Some(trouble)
+    }
+
+    /// Stops taking requests and waits (up to `wait`) for the writes in flight; the
+    /// reservations come back to be released, or `None` if the kvstore did not answer in time
+    /// (they lapse with the lease).
+    pub async fn finish(self, wait: Duration) -> Option<Reservations> {
+        let ReservationTask { requests, task, .. } = self;
+        drop(requests);
+        let abort = task.abort_handle();
+        match tokio::time::timeout(wait, task).await {
+            Ok(Ok(r)) => Some(r),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                abort.abort();
+                None
+            }
+        }
+    }
+}
+
+/// The task's next answer; never, without reservations.
+pub async fn next_reply(task: &mut Option<ReservationTask>) -> Option<Reply> {
+    match task {
+        Some(t) => t.replies.recv().await,
+        None => std::future::pending().await,
     }
 }

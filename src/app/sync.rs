@@ -2,9 +2,11 @@
 //! sides: every identity that appears in the kvstore is planned against the live Kubernetes
 //! view and, when it is a plain create (or decided), written within seconds; conflicts wait
 //! for a decision; objects CRD-mode agents create at ids the kvstore holds for other labels
-//! (split allocations) are reported with the nodes they affect. It never writes to etcd and
-//! never overwrites, updates or deletes a `CiliumIdentity`. Cutover: no `value/` key left,
-//! nothing pending, and a consistent `verify` passes.
+//! (split allocations) are reported with the nodes they affect. It never overwrites, updates
+//! or deletes a `CiliumIdentity`, and writes to etcd only with `--reserve-in-kvstore`
+//! (`app::reserve`, keys of its own). Cutover: no `value/` key left, nothing pending, and a
+//! consistent `verify` passes. Nothing slow is awaited in the loop that follows both watches:
+//! writes, reservations, cutover checks and split reports run as tasks and answer as messages.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use super::config::ServiceConfig;
 use super::flows;
 use super::lease::{LeaseKeeper, LeaseOptions, Writer};
 use super::metrics::{Metrics, Source};
-use super::reserve::Reservations;
+use super::reserve::{self, ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
 use crate::core::labels::{LabelKey, valid_label_key};
@@ -212,6 +214,7 @@ pub async fn run(
         decided,
         decisions,
         reservations: None,
+        releasing: None,
     };
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
@@ -231,11 +234,14 @@ pub async fn run(
         match round.follow(&mut sync).await? {
             RoundEnd::Resnapshot => continue,
             RoundEnd::Done(end) => {
-                if let Some(r) = sync.reservations.take()
-                    && sync.opts.release_reservations
-                    && sync.lease.holding()
-                {
-                    release(r, &sync.cfg, &sync.metrics, &sync.events).await;
+                if let Some(task) = sync.reservations.take() {
+                    let kept = task.finish(FINISH_WAIT).await;
+                    if sync.opts.release_reservations && sync.lease.holding() {
+                        release(kept, &sync.cfg, &sync.metrics, &sync.events).await;
+                    }
+                }
+                if let Some(releasing) = sync.releasing.take() {
+                    let _ = releasing.await;
                 }
                 sync.lease.release().await;
                 return Ok(end);
@@ -271,7 +277,9 @@ struct Sync {
     writer: tokio::sync::watch::Receiver<Writer>,
     decided: Option<mpsc::Receiver<LoggedDecision>>,
     decisions: BTreeMap<String, LoggedDecision>,
-    reservations: Option<Reservations>,
+    reservations: Option<ReservationTask>,
+    /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
+    releasing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Why a round could not start.
@@ -307,7 +315,6 @@ struct Round {
     verifying: bool,
     dirty: bool,
     batch_running: bool,
-    reserved_all: bool,
     last_verify: Option<Instant>,
     cutover_announced: bool,
     /// Announced once both watches are established, not when they are asked for.
@@ -342,7 +349,12 @@ impl Sync {
                 }
             });
             let started = Reservations::start(&conn, &prefix, troubles).await;
-            self.reservations = Some(started.map_err(Retry::Fatal)?);
+            let started = started.map_err(Retry::Fatal)?;
+            self.reservations = Some(ReservationTask::spawn(
+                started,
+                cfg.clone(),
+                self.metrics.clone(),
+            ));
         }
         let mut state = SyncState::from_snapshot(snap);
         let listed = cfg
@@ -352,13 +364,14 @@ impl Sync {
             .map_err(|e| Retry::After(e.to_string()))?;
         state.k8s = listed.identities;
         state.k8s_version = listed.resource_version;
-        let mut reserved_all = false;
         if let Some(r) = self.reservations.as_mut()
             && self.lease.holding()
         {
-            let range = cfg.scope.range;
-            reserved_all =
-                reserve_all(r, &mut state, range, &cfg, &self.metrics, &self.events).await;
+            // A fresh view: every id in it is looked at; the first batch goes before the
+            // watches deliver anything.
+            r.view_changed();
+            r.pump(&state, cfg.scope.range, Instant::now());
+            state.status.reservations = r.held();
         }
         let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
@@ -393,7 +406,6 @@ impl Sync {
             done_rx,
             dirty: true,
             batch_running: false,
-            reserved_all,
             last_verify: None,
             cutover_announced: false,
             kv_up: false,
@@ -448,6 +460,9 @@ impl Round {
                     }
                 }
                 _ = status_tick.tick() => self.on_status(sync).await,
+                Some(reply) = reserve::next_reply(&mut sync.reservations) => {
+                    self.on_reserved(sync, reply).await;
+                }
                 Some(passed) = self.verdict_rx.recv() => {
                     if let Some(end) = self.on_verdict(sync, passed).await {
                         break RoundEnd::Done(end);
@@ -505,24 +520,11 @@ impl Round {
                 state.k8s_upsert(id, labels.clone(), resource_version, Instant::now());
                 // At once, not at the next plan: the window in which a kvstore-mode agent
                 // can hand the id out again is as short as the watch's lag.
-                let range = sync.cfg.scope.range;
                 if let Some(r) = sync.reservations.as_mut()
                     && sync.lease.holding()
-                    && let Err(e) = r
-                        .reserve_one(
-                            id,
-                            &labels,
-                            &state.masters,
-                            range,
-                            &sync.cfg.log,
-                            &sync.metrics,
-                        )
-                        .await
                 {
-                    let _ = sync
-                        .events
-                        .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
-                        .await;
+                    r.want(id, labels);
+                    r.pump(state, sync.cfg.scope.range, Instant::now());
                 }
                 self.dirty = true;
             }
@@ -532,7 +534,7 @@ impl Round {
             } => {
                 state.k8s_delete(id, resource_version);
                 if let Some(r) = sync.reservations.as_mut() {
-                    r.object_deleted(id, &sync.cfg.log, &sync.metrics).await;
+                    r.deleted(id);
                 }
                 self.dirty = true;
             }
@@ -544,14 +546,28 @@ impl Round {
                 resource_version,
             } => {
                 state.k8s_relisted(identities, resource_version, Instant::now());
-                self.reserved_all = false;
+                if let Some(r) = sync.reservations.as_mut() {
+                    r.view_changed();
+                }
                 self.dirty = true;
             }
         }
     }
 
+    /// The reservations task answered: its count is shown; a failed write is reported.
+    async fn on_reserved(&mut self, sync: &mut Sync, reply: reserve::Reply) {
+        let Some(r) = sync.reservations.as_mut() else {
+            return;
+        };
+        let trouble = r.on_reply(reply, Instant::now());
+        self.state.status.reservations = r.held();
+        if let Some(trouble) = trouble {
+            let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
+        }
+    }
+
     /// The lease changed hands (or could not be renewed).
-    async fn on_writer(&mut self, sync: &Sync, now: Writer) -> Result<()> {
+    async fn on_writer(&mut self, sync: &mut Sync, now: Writer) -> Result<()> {
         let what = format!(
             "lease {}/{}",
             sync.opts.lease.namespace, sync.opts.lease.name
@@ -559,8 +575,10 @@ impl Round {
         self.state.status.standby = None;
         let ev = match now {
             Writer::Us => {
-                // Everything seen while another sync wrote is planned again.
-                self.reserved_all = false;
+                // Everything seen while another sync wrote is planned (and reserved) again.
+                if let Some(r) = sync.reservations.as_mut() {
+                    r.view_changed();
+                }
                 self.dirty = true;
                 SyncEvent::Note(format!("{what} taken: this sync writes"))
             }
@@ -604,11 +622,16 @@ impl Round {
             });
         }
         // Only the lease's holder writes (to the API server, the log, the kvstore).
-        if !self.dirty || self.batch_running || !sync.lease.holding() {
+        if !sync.lease.holding() {
+            return None;
+        }
+        if let Some(r) = sync.reservations.as_mut() {
+            r.pump(&self.state, cfg.scope.range, Instant::now());
+        }
+        if !self.dirty || self.batch_running {
             return None;
         }
         self.dirty = false;
-        let range = cfg.scope.range;
         let ops = plan_round(
             &mut self.state,
             &sync.decisions,
@@ -617,15 +640,6 @@ impl Round {
             &cfg,
         )
         .await;
-        if let Some(r) = sync.reservations.as_mut() {
-            // The whole view once per snapshot or list (and again after a failure); each
-            // object that arrives is reserved as it arrives.
-            if !self.reserved_all {
-                self.reserved_all =
-                    reserve_all(r, &mut self.state, range, &cfg, &sync.metrics, &sync.events).await;
-            }
-            self.state.status.reservations = r.count();
-        }
         publish(&self.state, &sync.metrics);
         if !ops.is_empty() {
             self.batch_running = true;
@@ -719,9 +733,15 @@ impl Round {
             moot: state.moot.len(),
         };
         let _ = sync.events.send(SyncEvent::Cutover(report)).await;
-        // No kvstore-mode node is left to need them.
-        if let Some(r) = sync.reservations.take() {
-            release(r, &sync.cfg, &sync.metrics, &sync.events).await;
+        // No kvstore-mode node is left to need them. Released in a task; a sync that ends
+        // (`--until-cutover`) waits for it.
+        if let Some(task) = sync.reservations.take() {
+            let (cfg, metrics, events) =
+                (sync.cfg.clone(), sync.metrics.clone(), sync.events.clone());
+            sync.releasing = Some(tokio::spawn(async move {
+                let kept = task.finish(FINISH_WAIT).await;
+                release(kept, &cfg, &metrics, &events).await;
+            }));
             state.status.reservations = 0;
         }
         sync.opts.until_cutover.then(|| SyncEnd {
@@ -778,38 +798,26 @@ fn lease_refused(opts: &SyncOptions, why: &str) -> Error {
     ))
 }
 
-/// Reserves every id Kubernetes holds and the kvstore does not; false (reported) when a
-/// write failed, so the next round tries again.
-async fn reserve_all(
-    r: &mut Reservations,
-    state: &mut SyncState,
-    range: crate::core::range::IdRange,
-    cfg: &ServiceConfig,
-    metrics: &Metrics,
-    events: &mpsc::Sender<SyncEvent>,
-) -> bool {
-    let result = r
-        .reserve_missing(&state.k8s, &state.masters, range, &cfg.log, metrics)
-        .await;
-    state.status.reservations = r.count();
-    match result {
-        Ok(()) => true,
-        Err(e) => {
-            let _ = events
-                .send(SyncEvent::Trouble(format!("reserving in the kvstore: {e}")))
-                .await;
-            false
-        }
-    }
-}
+/// How long an ending sync waits for the reservation writes in flight (a stalled kvstore
+/// answers a request only at the client's timeout).
+const FINISH_WAIT: Duration = Duration::from_secs(10);
 
-/// Releases the reservations, reporting how many master keys went.
+/// Releases the reservations, reporting how many master keys went; `None` when the task did
+/// not hand them back in time.
 async fn release(
-    r: Reservations,
+    kept: Option<Reservations>,
     cfg: &ServiceConfig,
     metrics: &Metrics,
     events: &mpsc::Sender<SyncEvent>,
 ) {
+    let Some(r) = kept else {
+        let _ = events
+            .send(SyncEvent::Trouble(
+                "releasing the kvstore reservations: the kvstore did not answer; they lapse with the lease".into(),
+            ))
+            .await;
+        return;
+    };
     let held = r.count();
     let ev = match r.release(&cfg.log, metrics).await {
         Ok(deleted) => SyncEvent::Note(format!(

@@ -10,6 +10,7 @@ mod outage;
 mod proxy;
 mod record;
 mod reliability;
+mod reserve;
 mod sandbox;
 mod service;
 #[path = "../support/mod.rs"]

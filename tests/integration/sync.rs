@@ -570,7 +570,7 @@ async fn reserving_in_the_kvstore_prevents_the_split_allocations_sync_alone_repo
 }
 
 /// Every key in etcd with its version and mod revision.
-async fn all_keys(w: &World) -> std::collections::BTreeMap<String, (i64, i64)> {
+pub(crate) async fn all_keys(w: &World) -> std::collections::BTreeMap<String, (i64, i64)> {
     let mut c = w.etcd.client().await.unwrap();
     c.get("", Some(etcd_client::GetOptions::new().with_all_keys()))
         .await
@@ -651,7 +651,7 @@ async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover
     );
     // Sync's key is no node: one kvstore-mode node, not two.
     s.wait_for_line("sync: 1 kvstore-mode nodes", 20).await;
-    assert!(s.text().contains("reserved in the kvstore"), "{}", s.text());
+    s.wait_for_line("reserved in the kvstore", 20).await;
 
     // node-1 moves to CRD mode: cutover, and the reservation is released.
     c.delete(format!("{P}/value/{a}/node-1"), None)

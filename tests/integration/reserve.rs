@@ -1,0 +1,202 @@
+//! Sync's reservations in a real etcd where they race and stall: an agent that takes the id
+//! between sync's view and its write (nothing written, the log says by whom), and a kvstore
+//! that stops answering while sync reserves (the loop that follows both watches goes on).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cilium_idmig::app::config::ServiceConfig;
+use cilium_idmig::app::metrics::Metrics;
+use cilium_idmig::app::reserve::{self, ReservationTask, Reservations};
+use cilium_idmig::apply::executor::ApplyOptions;
+use cilium_idmig::core::labels::{parse_label_key, to_security_labels};
+use cilium_idmig::core::range::ClusterScope;
+use cilium_idmig::core::sync::SyncState;
+use cilium_idmig::io::decision_log::DecisionLog;
+use cilium_idmig::io::etcd::EtcdOptions;
+use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::io::kv_source::KvSource;
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::World;
+use crate::harness::free_port;
+use crate::proxy::{Mode, Proxy};
+use crate::sync::{Sync, all_keys, wait_for};
+
+const P: &str = "cilium/state/identities/v1";
+
+/// Has the task look at the whole view and waits for its answer: what it reports.
+async fn reserve_view(
+    task: &mut Option<ReservationTask>,
+    state: &SyncState,
+    cfg: &ServiceConfig,
+) -> Option<String> {
+    let t = task.as_mut().unwrap();
+    t.view_changed();
+    t.pump(state, cfg.scope.range, Instant::now());
+    let reply = tokio::time::timeout(Duration::from_secs(20), reserve::next_reply(task))
+        .await
+        .expect("the task answers")
+        .unwrap();
+    task.as_mut().unwrap().on_reply(reply, Instant::now())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
+    let w = World::new(SandboxConfig::default()).await;
+    let kv = KvSource::Etcd(EtcdOptions {
+        endpoints: vec![w.etcd.endpoint.clone()],
+        ..Default::default()
+    });
+    let log_path = w.path("reserve.jsonl");
+    let cfg = Arc::new(ServiceConfig {
+        kv: kv.clone(),
+        target: K8sTarget::from_url(&w.sb.url()).unwrap(),
+        scope: ClusterScope::new(0, Default::default()).unwrap(),
+        log: Arc::new(DecisionLog::open(std::path::Path::new(&log_path)).unwrap()),
+        apply: ApplyOptions::default(),
+        command: "test",
+        resume: Vec::new(),
+        sync_reserve_in_kvstore: true,
+    });
+    let conn = kv.follower().await.unwrap();
+    let (troubles, _keep) = tokio::sync::mpsc::channel(8);
+    let r = Reservations::start(&conn, P, troubles).await.unwrap();
+    let mut task = Some(ReservationTask::spawn(
+        r,
+        cfg.clone(),
+        Arc::new(Metrics::new().unwrap()),
+    ));
+
+    // Sync's view: Kubernetes holds 4000 (`b`) and 4001 (`c`), the kvstore neither. Between
+    // that view and the write, a kvstore-mode agent takes 4001 for `d`.
+    let mut state = SyncState::default();
+    state.k8s.insert(4000, "k8s:app=b;".into());
+    state.k8s.insert(4001, "k8s:app=c;".into());
+    w.etcd.put(&format!("{P}/id/4001"), b"k8s:app=d;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=d;/node-1"), b"4001")
+        .await;
+    let before = all_keys(&w).await;
+
+    assert_eq!(reserve_view(&mut task, &state, &cfg).await, None);
+    assert_eq!(task.as_ref().unwrap().held(), 1);
+
+    // 4000 reserved; 4001 and every other key exactly as the agent left them.
+    let after = all_keys(&w).await;
+    let mut added: Vec<&String> = after.keys().filter(|k| !before.contains_key(*k)).collect();
+    added.sort();
+    assert_eq!(
+        added,
+        [
+            &format!("{P}/id/4000"),
+            &format!("{P}/value/k8s:app=b;/cilium-idmig-sync")
+        ]
+    );
+    for (k, v) in &before {
+        assert_eq!(after.get(k), Some(v), "{k} changed");
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let held = log
+        .lines()
+        .find(|l| l.contains("\"4001\""))
+        .expect("the raced id is logged");
+    assert!(
+        held.contains("id/4001 already held for k8s:app=d;: nothing written"),
+        "{held}"
+    );
+    // Asked again (a fresh view still without the agent's key), it is not tried again.
+    assert_eq!(reserve_view(&mut task, &state, &cfg).await, None);
+    assert_eq!(all_keys(&w).await, after);
+
+    // Released: the lease's key goes, the master key written goes, the agent's stays.
+    let r = task.take().unwrap().finish(Duration::from_secs(10)).await;
+    let deleted = r
+        .unwrap()
+        .release(&cfg.log, &Metrics::new().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert_eq!(all_keys(&w).await, before);
+}
+
+/// Polls `check` until it holds; fails after `secs`, showing what sync printed.
+async fn until<F: std::future::Future<Output = bool>>(
+    secs: u64,
+    what: &str,
+    s: &Sync,
+    mut check: impl FnMut() -> F,
+) {
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "{what}: not after {secs} s\n{}",
+            s.text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `cilium_idmig_split_allocations` from `/metrics`.
+async fn splits_metric(addr: &str) -> Option<i64> {
+    let (code, _, body) = crate::harness::http(addr, "GET", "/metrics", None).await;
+    (code == 200).then_some(())?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("cilium_idmig_split_allocations "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kvstore_that_stalls_while_sync_reserves_does_not_hold_up_the_loop() {
+    let w = World::new(SandboxConfig::default()).await;
+    let sl = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    w.etcd.put(&format!("{P}/id/5000"), b"k8s:app=e;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=e;/node-1"), b"5000")
+        .await;
+    let kv = Proxy::start(&w.etcd.endpoint).await;
+    let status = format!("127.0.0.1:{}", free_port());
+    let s = Sync::start_via(
+        &w,
+        &kv.url(),
+        &w.path("kubeconfig"),
+        &["--reserve-in-kvstore", "--status-addr", &status],
+    );
+    s.wait_for_line("sync started: following both sides", 30)
+        .await;
+    assert_eq!(splits_metric(&status).await, Some(0));
+
+    // etcd stops answering. A CRD-mode agent creates 4000 (sync reserves it: the write
+    // hangs until the client's timeout), then another creates 5000 for other labels than the
+    // kvstore's (a split). The loop sees the split at once, not after the hung write.
+    kv.set(Mode::Stall);
+    w.sb.seed_identity(4000, &sl("k8s:app=b;"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.sb.seed_identity(5000, &sl("k8s:app=other;"));
+    until(
+        8,
+        "the split seen while the reservation hangs",
+        &s,
+        || async { splits_metric(&status).await == Some(1) },
+    )
+    .await;
+
+    // etcd answers again: the reservation is made.
+    kv.set(Mode::Forward);
+    let reserved = format!("{P}/id/4000");
+    until(90, "4000 reserved after the stall", &s, || async {
+        let mut c = w.etcd.client().await.unwrap();
+        let r = c.get(reserved.as_str(), None).await.unwrap();
+        r.kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == b"k8s:app=b;")
+    })
+    .await;
+    wait_for(30, "the split reported", || {
+        s.text().contains("split allocation").then_some(())
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}

@@ -83,7 +83,7 @@ pub fn reconcile(
     range: IdRange,
     accept_proposals: bool,
 ) -> Result<Reconciled, Vec<ReconcileError>> {
-    let (mut out, from) = reconcile_indexed(decisions, live, k8s, range, accept_proposals)?;
+    let (mut out, from) = reconcile_indexed(Some(decisions), live, k8s, range, accept_proposals)?;
     for (op, &i) in out.ops.iter_mut().zip(&from) {
         op.label_key = live[i].labels.clone();
     }
@@ -100,13 +100,7 @@ pub fn reconcile_taking(
     range: IdRange,
     accept_proposals: bool,
 ) -> Result<Reconciled, Vec<ReconcileError>> {
-    let (mut out, from) = reconcile_indexed(
-        decisions.unwrap_or(&live),
-        &live,
-        k8s,
-        range,
-        accept_proposals,
-    )?;
+    let (mut out, from) = reconcile_indexed(decisions, &live, k8s, range, accept_proposals)?;
     let mut labels: Vec<String> = live.into_iter().map(|l| l.labels).collect();
     // Each live item backs at most one operation (a decision's id appears once).
     for (op, &i) in out.ops.iter_mut().zip(&from) {
@@ -118,33 +112,49 @@ pub fn reconcile_taking(
 /// The operations with their label keys left empty, and for each the index of the live item
 /// it comes from (whose label key it carries).
 fn reconcile_indexed(
-    decisions: &[PlanItem],
+    decisions: Option<&[PlanItem]>,
     live: &[PlanItem],
     k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
     accept_proposals: bool,
 ) -> Result<(Reconciled, Vec<usize>), Vec<ReconcileError>> {
-    let live_by_id: HashMap<&str, usize> = live
-        .iter()
-        .enumerate()
-        .map(|(n, i)| (i.id.as_str(), n))
-        .collect();
     let kv_ids: HashSet<u32> = live.iter().filter_map(|i| i.numeric_id()).collect();
-    let decided_ids: HashSet<&str> = decisions.iter().map(|d| d.id.as_str()).collect();
     let mut out = Reconciled::default();
     let mut from: Vec<usize> = Vec::new();
     let mut errors = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::new();
-
-    for d in decisions {
-        if !seen.insert(d.id.as_str()) {
-            errors.push(err(&d.id, "appears twice in the plan"));
-            continue;
+    // Each decision with the index of its live item.
+    let mut decided: Vec<(&PlanItem, usize)> = Vec::new();
+    match decisions {
+        // No saved plan and nothing resumed: each live item is its own decision, and every
+        // one is in the plan. No index by id is needed (at 65,280 items the three would be
+        // 9 MiB of a rerun's peak).
+        None => decided.extend(live.iter().enumerate().map(|(n, item)| (item, n))),
+        Some(decisions) => {
+            let live_by_id: HashMap<&str, usize> = live
+                .iter()
+                .enumerate()
+                .map(|(n, i)| (i.id.as_str(), n))
+                .collect();
+            let mut seen: HashSet<&str> = HashSet::new();
+            for d in decisions {
+                if !seen.insert(d.id.as_str()) {
+                    errors.push(err(&d.id, "appears twice in the plan"));
+                    continue;
+                }
+                let Some(&n) = live_by_id.get(d.id.as_str()) else {
+                    out.gone_from_kvstore.push(d.id.clone());
+                    continue;
+                };
+                decided.push((d, n));
+            }
+            out.not_in_plan = live
+                .iter()
+                .filter(|l| !seen.contains(l.id.as_str()))
+                .map(|l| l.id.clone())
+                .collect();
         }
-        let Some(&n) = live_by_id.get(d.id.as_str()) else {
-            out.gone_from_kvstore.push(d.id.clone());
-            continue;
-        };
+    }
+    for (d, n) in decided {
         match decide(d, &live[n], k8s, range, &kv_ids, accept_proposals) {
             Ok(op) => {
                 out.ops.push(op);
@@ -154,11 +164,6 @@ fn reconcile_indexed(
         }
     }
     let labels_of = |k: usize| live[from[k]].labels.as_str();
-    out.not_in_plan = live
-        .iter()
-        .filter(|l| !decided_ids.contains(l.id.as_str()))
-        .map(|l| l.id.clone())
-        .collect();
 
     // No two creates may claim one id.
     let mut creates: HashMap<u32, Vec<usize>> = HashMap::new();

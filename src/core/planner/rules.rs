@@ -9,16 +9,24 @@ use crate::core::kvstore::{MasterEntry, NodesOf, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::range::IdRange;
 
-/// A kvstore identity after parsing, before classification.
+/// A kvstore identity after parsing, before classification. Kept small (40 bytes): at
+/// 65,280 identities each byte here is 64 KiB of the plan's peak memory, so the text of
+/// the id and the reasons an entry is invalid are worked out again when its item is made.
 struct Parsed<'a> {
-    raw_id: std::borrow::Cow<'a, str>,
-    /// The label key as text; `labels` says whether it is a valid (hence canonical) one.
-    raw_labels: std::borrow::Cow<'a, str>,
     entry: &'a MasterEntry,
     /// Where the entry is in the planner's input.
-    index: usize,
-    id: Result<u32, String>,
-    labels: Result<(), String>,
+    index: u32,
+    /// The numeric id; `None` when the key is no valid id.
+    id: Option<u32>,
+    /// The label key when it is a valid (hence canonical) one.
+    labels: Option<&'a str>,
+}
+
+impl Parsed<'_> {
+    /// The id as written in the kvstore key.
+    fn raw_id(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.entry.id)
+    }
 }
 
 const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a kvstore-mode node tags with the old id is read by CRD-mode nodes as the other labels, so policy between old and new nodes can allow or drop the wrong traffic; finish the rollout quickly.";
@@ -66,48 +74,39 @@ fn classify(
     let mut parsed: Vec<Parsed<'_>> = masters
         .iter()
         .enumerate()
-        .map(|(index, entry)| {
-            let checked = valid_label_key(&entry.value);
-            Parsed {
-                raw_id: String::from_utf8_lossy(&entry.id),
-                raw_labels: match checked {
-                    Ok(text) => std::borrow::Cow::Borrowed(text),
-                    Err(_) => String::from_utf8_lossy(&entry.value),
-                },
-                entry,
-                index,
-                id: parse_id(&entry.id),
-                labels: checked.map(|_| ()).map_err(|e| e.to_string()),
-            }
+        .map(|(index, entry)| Parsed {
+            entry,
+            index: index as u32,
+            id: parse_id(&entry.id).ok(),
+            labels: valid_label_key(&entry.value).ok(),
         })
         .collect();
     // Numeric order first, then the raw text, so invalid ids sort deterministically at the end.
     parsed.sort_by(|a, b| {
-        let ka = a.id.as_ref().ok().copied().unwrap_or(u32::MAX);
-        let kb = b.id.as_ref().ok().copied().unwrap_or(u32::MAX);
-        (ka, a.id.is_err(), &a.raw_id).cmp(&(kb, b.id.is_err(), &b.raw_id))
+        let ka = a.id.unwrap_or(u32::MAX);
+        let kb = b.id.unwrap_or(u32::MAX);
+        (ka, a.id.is_none(), a.raw_id()).cmp(&(kb, b.id.is_none(), b.raw_id()))
     });
 
     // Every numeric id a kvstore-mode node could be using is off limits for a new id.
     let mut used: BTreeSet<u32> = k8s.keys().copied().collect();
-    used.extend(parsed.iter().filter_map(|p| p.id.as_ref().ok().copied()));
+    used.extend(parsed.iter().filter_map(|p| p.id));
 
     // The lowest Kubernetes id per label set: the one a CRD-mode agent would settle on.
-    let mut k8s_by_labels: HashMap<&str, u32> = HashMap::with_capacity(k8s.len());
-    for (id, labels) in k8s {
-        k8s_by_labels.entry(labels.as_str()).or_insert(*id);
-    }
+    // Made when an item first needs it: in a migrated cluster none does, and it would be
+    // 3 MiB of the peak at 65,280.
+    let mut k8s_by_labels = LabelIndex::new(k8s);
 
     // Kvstore ids that will be created at their own (free) id, lowest first per label set.
     let mut kv_anchor: HashMap<&str, u32> = HashMap::new();
     let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
     for p in &parsed {
-        if let (Ok(id), Ok(())) = (&p.id, &p.labels)
-            && range.contains(*id)
-            && !k8s.contains_key(id)
-            && seen_ids.insert(*id)
+        if let (Some(id), Some(labels)) = (p.id, p.labels)
+            && range.contains(id)
+            && !k8s.contains_key(&id)
+            && seen_ids.insert(id)
         {
-            kv_anchor.entry(p.raw_labels.as_ref()).or_insert(*id);
+            kv_anchor.entry(labels).or_insert(id);
         }
     }
 
@@ -115,11 +114,11 @@ fn classify(
     let mut remapped: HashMap<&str, u32> = HashMap::new();
     let mut claimed: BTreeSet<u32> = BTreeSet::new();
     let mut items = Vec::with_capacity(parsed.len());
-    let from: Vec<usize> = parsed.iter().map(|p| p.index).collect();
+    let from: Vec<usize> = parsed.iter().map(|p| p.index as usize).collect();
     for p in &parsed {
         let nodes = node_counts.nodes_of(&p.entry.value);
         let mut item = PlanItem {
-            id: p.raw_id.to_string(),
+            id: p.raw_id().into_owned(),
             labels: String::new(),
             kind: Kind::Invalid,
             action: Action::Skip,
@@ -130,18 +129,23 @@ fn classify(
             reason: Cow::Borrowed(""),
             decided: false,
         };
-        let (id, labels) = match (&p.id, &p.labels) {
-            (Err(e), _) => {
+        let (id, labels) = match (p.id, p.labels) {
+            (Some(id), Some(labels)) => (id, labels),
+            (None, _) => {
+                let e = parse_id(&p.entry.id).err().unwrap_or_default();
                 item.reason = Cow::Owned(format!("invalid id: {e}; never written"));
                 items.push(item);
                 continue;
             }
-            (_, Err(e)) => {
+            (Some(_), None) => {
+                let e = valid_label_key(&p.entry.value)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
                 item.reason = Cow::Owned(format!("invalid labels: {e}; never written"));
                 items.push(item);
                 continue;
             }
-            (Ok(id), Ok(())) => (*id, p.raw_labels.as_ref()),
         };
         if !range.contains(id) {
             item.reason = Cow::Owned(format!(
@@ -168,8 +172,7 @@ fn classify(
             Some(existing) => {
                 item.existing_labels = Some(existing.clone());
                 let elsewhere = k8s_by_labels
-                    .get(labels)
-                    .copied()
+                    .lowest(labels)
                     .or_else(|| kv_anchor.get(labels).copied())
                     .or_else(|| remapped.get(labels).copied());
                 if let Some(x) = elsewhere {
@@ -204,8 +207,7 @@ fn classify(
             }
             None => {
                 let other = k8s_by_labels
-                    .get(labels)
-                    .copied()
+                    .lowest(labels)
                     .map(|x| (x, "in Kubernetes"))
                     .or_else(|| {
                         kv_anchor
@@ -233,4 +235,30 @@ fn classify(
         items.push(item);
     }
     (items, from)
+}
+
+/// The lowest Kubernetes id per label key, indexed on first use.
+struct LabelIndex<'a> {
+    k8s: &'a BTreeMap<u32, LabelKey>,
+    index: Option<HashMap<&'a str, u32>>,
+}
+
+impl<'a> LabelIndex<'a> {
+    fn new(k8s: &'a BTreeMap<u32, LabelKey>) -> Self {
+        LabelIndex { k8s, index: None }
+    }
+
+    /// The lowest id Kubernetes holds these labels at.
+    fn lowest(&mut self, labels: &str) -> Option<u32> {
+        let k8s = self.k8s;
+        let index = self.index.get_or_insert_with(|| {
+            let mut by_labels = HashMap::with_capacity(k8s.len());
+            // Ascending ids: the first seen per label key is the lowest.
+            for (id, l) in k8s {
+                by_labels.entry(l.as_str()).or_insert(*id);
+            }
+            by_labels
+        });
+        index.get(labels).copied()
+    }
 }

@@ -84,6 +84,17 @@ fn every_kind_is_classified() {
         );
         assert!(!i.reason.is_empty());
     }
+    // Why each is invalid, worked out from the entry when its item is made.
+    let why = |id: &str| by_id(&items, id).reason.to_string();
+    assert!(why("abc").starts_with("invalid id: "), "{}", why("abc"));
+    assert!(why("abc").len() > "invalid id: ; never written".len());
+    assert!(why("305").starts_with("invalid labels: "), "{}", why("305"));
+    assert!(why("306").starts_with("invalid labels: "), "{}", why("306"));
+    assert!(
+        why("5").contains("outside the allocation range"),
+        "{}",
+        why("5")
+    );
     let s = summarize(&items);
     assert_eq!(s[&Kind::Invalid], 4);
     assert_eq!(s[&Kind::Create], 1);
@@ -313,8 +324,10 @@ proptest! {
         let items = plan(&masters, &HashMap::new(), &k8s, range);
         // Moving the label keys instead of copying them plans and reconciles exactly the same.
         prop_assert_eq!(&plan_taking(masters.clone(), &HashMap::new(), &k8s, range), &items);
-        let copied = reconcile(&items, &items, &k8s, range, true).map(|r| r.ops);
-        let moved = reconcile_taking(None, items.clone(), &k8s, range, true).map(|r| r.ops);
+        // And the live plan deciding for itself (no index by id) as the same plan given.
+        let whole = |r: Reconciled| (r.ops, r.not_in_plan, r.gone_from_kvstore);
+        let copied = reconcile(&items, &items, &k8s, range, true).map(whole);
+        let moved = reconcile_taking(None, items.clone(), &k8s, range, true).map(whole);
         prop_assert_eq!(copied, moved);
         // Every kvstore identity appears exactly once.
         prop_assert_eq!(items.len(), masters.len());

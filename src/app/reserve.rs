@@ -306,16 +306,24 @@ impl ReservationTask {
             return;
         }
         let whole_view = std::mem::take(&mut self.whole_view_due);
-        let mut wanted = std::mem::take(&mut self.queued);
-        if whole_view {
-            wanted.extend(state.k8s.iter().map(|(id, l)| (*id, l.clone())));
-        }
-        let wanted: Vec<(u32, LabelKey)> = wanted
+        // Only ids the kvstore does not hold are copied out of the view (at 65,280 objects
+        // a copy of the whole view would be 18 MiB).
+        let needs =
+            |id: u32| range.contains(id) && !state.masters.contains_key(id.to_string().as_bytes());
+        let mut wanted: BTreeMap<u32, LabelKey> = std::mem::take(&mut self.queued)
             .into_iter()
-            .filter(|(id, _)| {
-                range.contains(*id) && !state.masters.contains_key(id.to_string().as_bytes())
-            })
+            .filter(|(id, _)| needs(*id))
             .collect();
+        if whole_view {
+            wanted.extend(
+                state
+                    .k8s
+                    .iter()
+                    .filter(|(id, _)| needs(**id))
+                    .map(|(id, l)| (*id, l.clone())),
+            );
+        }
+        let wanted: Vec<(u32, LabelKey)> = wanted.into_iter().collect();
         if wanted.is_empty() {
             return;
         }

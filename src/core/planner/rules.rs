@@ -71,6 +71,36 @@ fn classify(
     k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
 ) -> (Vec<PlanItem>, Vec<usize>) {
+    let parsed = parse_sorted(masters);
+    let mut rules = Rules::new(&parsed, k8s, range);
+    let mut claimed: BTreeSet<u32> = BTreeSet::new();
+    let mut items = Vec::with_capacity(parsed.len());
+    let from: Vec<usize> = parsed.iter().map(|p| p.index as usize).collect();
+    for p in &parsed {
+        let mut item = PlanItem {
+            id: p.raw_id().into_owned(),
+            labels: String::new(),
+            kind: Kind::Invalid,
+            action: Action::Skip,
+            target_id: None,
+            existing_labels: None,
+            labels_present_at: None,
+            nodes: node_counts.nodes_of(&p.entry.value),
+            reason: Cow::Borrowed(""),
+            decided: false,
+        };
+        match writable(p, range, &mut claimed) {
+            Ok((id, labels)) => rules.classify(id, labels, &mut item),
+            Err(reason) => item.reason = reason,
+        }
+        items.push(item);
+    }
+    (items, from)
+}
+
+/// Every entry parsed, in numeric order of id, then by the id's text, so invalid ids sort
+/// deterministically at the end.
+fn parse_sorted(masters: &[MasterEntry]) -> Vec<Parsed<'_>> {
     let mut parsed: Vec<Parsed<'_>> = masters
         .iter()
         .enumerate()
@@ -81,87 +111,97 @@ fn classify(
             labels: valid_label_key(&entry.value).ok(),
         })
         .collect();
-    // Numeric order first, then the raw text, so invalid ids sort deterministically at the end.
     parsed.sort_by(|a, b| {
         let ka = a.id.unwrap_or(u32::MAX);
         let kb = b.id.unwrap_or(u32::MAX);
         (ka, a.id.is_none(), a.raw_id()).cmp(&(kb, b.id.is_none(), b.raw_id()))
     });
+    parsed
+}
 
-    // Every numeric id a kvstore-mode node could be using is off limits for a new id.
-    let mut used: BTreeSet<u32> = k8s.keys().copied().collect();
-    used.extend(parsed.iter().filter_map(|p| p.id));
+/// The id and label key of an entry that may be written, or why it never is: an invalid
+/// id or label key, an id outside the range, or an id seen before (the first entry is used).
+fn writable<'a>(
+    p: &Parsed<'a>,
+    range: IdRange,
+    claimed: &mut BTreeSet<u32>,
+) -> Result<(u32, &'a str), Cow<'static, str>> {
+    let (id, labels) = match (p.id, p.labels) {
+        (Some(id), Some(labels)) => (id, labels),
+        (None, _) => {
+            let e = parse_id(&p.entry.id).err().unwrap_or_default();
+            return Err(Cow::Owned(format!("invalid id: {e}; never written")));
+        }
+        (Some(_), None) => {
+            let e = valid_label_key(&p.entry.value)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            return Err(Cow::Owned(format!("invalid labels: {e}; never written")));
+        }
+    };
+    if !range.contains(id) {
+        return Err(Cow::Owned(format!(
+            "id {id} is outside the allocation range {range} (reserved or another cluster's); never written"
+        )));
+    }
+    if !claimed.insert(id) {
+        return Err(Cow::Owned(format!(
+            "id {id} appears twice in the kvstore; the first entry is used"
+        )));
+    }
+    Ok((id, labels))
+}
 
-    // The lowest Kubernetes id per label set: the one a CRD-mode agent would settle on.
-    // Made when an item first needs it: in a migrated cluster none does, and it would be
-    // 3 MiB of the peak at 65,280.
-    let mut k8s_by_labels = LabelIndex::new(k8s);
+/// What classifying one valid identity needs to know of all the others: the ids in use on
+/// either side, where each label set already is, and the remaps proposed so far.
+struct Rules<'a> {
+    k8s: &'a BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    /// Every numeric id a kvstore-mode node could be using, and every remap target: off
+    /// limits for a new id.
+    used: BTreeSet<u32>,
+    /// The lowest Kubernetes id per label set: the one a CRD-mode agent would settle on.
+    k8s_by_labels: LabelIndex<'a>,
+    /// Kvstore ids that will be created at their own (free) id, lowest first per label set.
+    kv_anchor: HashMap<&'a str, u32>,
+    /// Label sets remapped so far, and where to.
+    remapped: HashMap<&'a str, u32>,
+    /// No id below this is free for a remap.
+    next_free: u32,
+}
 
-    // Kvstore ids that will be created at their own (free) id, lowest first per label set.
-    let mut kv_anchor: HashMap<&str, u32> = HashMap::new();
-    let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
-    for p in &parsed {
-        if let (Some(id), Some(labels)) = (p.id, p.labels)
-            && range.contains(id)
-            && !k8s.contains_key(&id)
-            && seen_ids.insert(id)
-        {
-            kv_anchor.entry(labels).or_insert(id);
+impl<'a> Rules<'a> {
+    fn new(parsed: &[Parsed<'a>], k8s: &'a BTreeMap<u32, LabelKey>, range: IdRange) -> Self {
+        let mut used: BTreeSet<u32> = k8s.keys().copied().collect();
+        used.extend(parsed.iter().filter_map(|p| p.id));
+        let mut kv_anchor: HashMap<&str, u32> = HashMap::new();
+        let mut seen_ids: BTreeSet<u32> = BTreeSet::new();
+        for p in parsed {
+            if let (Some(id), Some(labels)) = (p.id, p.labels)
+                && range.contains(id)
+                && !k8s.contains_key(&id)
+                && seen_ids.insert(id)
+            {
+                kv_anchor.entry(labels).or_insert(id);
+            }
+        }
+        Rules {
+            k8s,
+            range,
+            used,
+            // Made when an item first needs it: in a migrated cluster none does, and it
+            // would be 3 MiB of the peak at 65,280.
+            k8s_by_labels: LabelIndex::new(k8s),
+            kv_anchor,
+            remapped: HashMap::new(),
+            next_free: range.min,
         }
     }
 
-    let mut next_free = range.min;
-    let mut remapped: HashMap<&str, u32> = HashMap::new();
-    let mut claimed: BTreeSet<u32> = BTreeSet::new();
-    let mut items = Vec::with_capacity(parsed.len());
-    let from: Vec<usize> = parsed.iter().map(|p| p.index as usize).collect();
-    for p in &parsed {
-        let nodes = node_counts.nodes_of(&p.entry.value);
-        let mut item = PlanItem {
-            id: p.raw_id().into_owned(),
-            labels: String::new(),
-            kind: Kind::Invalid,
-            action: Action::Skip,
-            target_id: None,
-            existing_labels: None,
-            labels_present_at: None,
-            nodes,
-            reason: Cow::Borrowed(""),
-            decided: false,
-        };
-        let (id, labels) = match (p.id, p.labels) {
-            (Some(id), Some(labels)) => (id, labels),
-            (None, _) => {
-                let e = parse_id(&p.entry.id).err().unwrap_or_default();
-                item.reason = Cow::Owned(format!("invalid id: {e}; never written"));
-                items.push(item);
-                continue;
-            }
-            (Some(_), None) => {
-                let e = valid_label_key(&p.entry.value)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default();
-                item.reason = Cow::Owned(format!("invalid labels: {e}; never written"));
-                items.push(item);
-                continue;
-            }
-        };
-        if !range.contains(id) {
-            item.reason = Cow::Owned(format!(
-                "id {id} is outside the allocation range {range} (reserved or another cluster's); never written"
-            ));
-            items.push(item);
-            continue;
-        }
-        if !claimed.insert(id) {
-            item.reason = Cow::Owned(format!(
-                "id {id} appears twice in the kvstore; the first entry is used"
-            ));
-            items.push(item);
-            continue;
-        }
-        match k8s.get(&id) {
+    /// Classifies a valid identity in range against what Kubernetes holds at its id.
+    fn classify(&mut self, id: u32, labels: &'a str, item: &mut PlanItem) {
+        match self.k8s.get(&id) {
             Some(existing) if existing.as_str() == labels => {
                 item.kind = Kind::AlreadyMigrated;
                 item.action = Action::None;
@@ -171,70 +211,86 @@ fn classify(
             }
             Some(existing) => {
                 item.existing_labels = Some(existing.clone());
-                let elsewhere = k8s_by_labels
-                    .lowest(labels)
-                    .or_else(|| kv_anchor.get(labels).copied())
-                    .or_else(|| remapped.get(labels).copied());
-                if let Some(x) = elsewhere {
-                    item.kind = Kind::Reuse;
-                    item.action = Action::None;
-                    item.target_id = Some(x);
-                    item.labels_present_at = Some(x);
-                    item.reason = Cow::Owned(format!(
-                        "id {id} is taken in Kubernetes by other labels, and these labels are already at id {x}: map to {x}, create nothing. {TRANSITION_RISK}"
-                    ));
-                } else {
-                    while used.contains(&next_free) && next_free < range.max {
-                        next_free += 1;
-                    }
-                    if used.contains(&next_free) {
-                        item.reason = Cow::Owned(format!(
-                            "id {id} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
-                        ));
-                        items.push(item);
-                        continue;
-                    }
-                    let new_id = next_free;
-                    used.insert(new_id);
-                    remapped.insert(labels, new_id);
-                    item.kind = Kind::Remap;
-                    item.action = Action::Create;
-                    item.target_id = Some(new_id);
-                    item.reason = Cow::Owned(format!(
-                        "id {id} is taken in Kubernetes by other labels: create these labels at {new_id}, the lowest id free on both sides. {TRANSITION_RISK}"
-                    ));
-                }
+                self.taken_by_other_labels(id, labels, item);
             }
-            None => {
-                let other = k8s_by_labels
-                    .lowest(labels)
-                    .map(|x| (x, "in Kubernetes"))
-                    .or_else(|| {
-                        kv_anchor
-                            .get(labels)
-                            .copied()
-                            .filter(|x| *x != id)
-                            .map(|x| (x, "under another kvstore id"))
-                    });
-                item.action = Action::Create;
-                item.target_id = Some(id);
-                if let Some((x, where_)) = other {
-                    item.kind = Kind::Duplicate;
-                    item.labels_present_at = Some(x);
-                    item.reason = Cow::Owned(format!(
-                        "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}, and Cilium settles on the oldest object. Confirm to create anyway, or skip"
-                    ));
-                } else {
-                    item.kind = Kind::Create;
-                    item.reason = Cow::Borrowed(
-                        "id free and labels new to Kubernetes: create with the same id",
-                    );
-                }
-            }
+            None => self.free_in_kubernetes(id, labels, item),
         }
-        items.push(item);
     }
-    (items, from)
+
+    /// Kubernetes holds `id` for other labels: map to where these labels already are, or
+    /// remap them to the lowest id free on both sides.
+    fn taken_by_other_labels(&mut self, id: u32, labels: &'a str, item: &mut PlanItem) {
+        let elsewhere = self
+            .k8s_by_labels
+            .lowest(labels)
+            .or_else(|| self.kv_anchor.get(labels).copied())
+            .or_else(|| self.remapped.get(labels).copied());
+        if let Some(x) = elsewhere {
+            item.kind = Kind::Reuse;
+            item.action = Action::None;
+            item.target_id = Some(x);
+            item.labels_present_at = Some(x);
+            item.reason = Cow::Owned(format!(
+                "id {id} is taken in Kubernetes by other labels, and these labels are already at id {x}: map to {x}, create nothing. {TRANSITION_RISK}"
+            ));
+            return;
+        }
+        let range = self.range;
+        let Some(new_id) = self.take_free_id() else {
+            item.reason = Cow::Owned(format!(
+                "id {id} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
+            ));
+            return;
+        };
+        self.remapped.insert(labels, new_id);
+        item.kind = Kind::Remap;
+        item.action = Action::Create;
+        item.target_id = Some(new_id);
+        item.reason = Cow::Owned(format!(
+            "id {id} is taken in Kubernetes by other labels: create these labels at {new_id}, the lowest id free on both sides. {TRANSITION_RISK}"
+        ));
+    }
+
+    /// The lowest id free on both sides, taken; `None` when the range is full.
+    fn take_free_id(&mut self) -> Option<u32> {
+        while self.used.contains(&self.next_free) && self.next_free < self.range.max {
+            self.next_free += 1;
+        }
+        if self.used.contains(&self.next_free) {
+            return None;
+        }
+        self.used.insert(self.next_free);
+        Some(self.next_free)
+    }
+
+    /// Kubernetes does not hold `id`: create it there, a duplicate if these labels are
+    /// already at another id (in Kubernetes, or under another kvstore id).
+    fn free_in_kubernetes(&mut self, id: u32, labels: &str, item: &mut PlanItem) {
+        let other = self
+            .k8s_by_labels
+            .lowest(labels)
+            .map(|x| (x, "in Kubernetes"))
+            .or_else(|| {
+                self.kv_anchor
+                    .get(labels)
+                    .copied()
+                    .filter(|x| *x != id)
+                    .map(|x| (x, "under another kvstore id"))
+            });
+        item.action = Action::Create;
+        item.target_id = Some(id);
+        if let Some((x, where_)) = other {
+            item.kind = Kind::Duplicate;
+            item.labels_present_at = Some(x);
+            item.reason = Cow::Owned(format!(
+                "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}, and Cilium settles on the oldest object. Confirm to create anyway, or skip"
+            ));
+        } else {
+            item.kind = Kind::Create;
+            item.reason =
+                Cow::Borrowed("id free and labels new to Kubernetes: create with the same id");
+        }
+    }
 }
 
 /// The lowest Kubernetes id per label key, indexed on first use.

@@ -174,6 +174,14 @@ impl Reservations {
         }
     }
 
+    /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
+    /// no longer holds, so the id is reserved again if Kubernetes still holds it.
+    fn forget(&mut self, id: u32, metrics: &Metrics) {
+        self.held.remove(&id);
+        self.tried.remove(&id);
+        metrics.kvstore_reservations.set(self.held.len() as i64);
+    }
+
     /// Revokes the lease (every `value/` key of the tool's goes), then deletes each master
     /// key written that is unchanged and unused.
     pub async fn release(self, log: &DecisionLog, metrics: &Metrics) -> Result<usize> {
@@ -205,6 +213,9 @@ enum Request {
     Reserve(Vec<(u32, LabelKey)>),
     /// The object at this id went from Kubernetes.
     Unreserve(u32),
+    /// The kvstore's master key at this id went (Cilium's GC): whatever was known of it
+    /// (reserved by sync, or found held) no longer holds.
+    Forget(u32),
 }
 
 /// What the task answers.
@@ -253,6 +264,7 @@ impl ReservationTask {
                         }
                     }
                     Request::Unreserve(id) => r.object_deleted(id, &cfg.log, &metrics).await,
+                    Request::Forget(id) => r.forget(id, &metrics),
                 }
                 let held = r.count();
                 // The loop is gone: the round or the sync ended; the reservations go back.
@@ -296,6 +308,16 @@ impl ReservationTask {
     pub fn deleted(&mut self, id: u32) {
         self.queued.remove(&id);
         let _ = self.requests.send(Request::Unreserve(id));
+    }
+
+    /// The kvstore's master key at `id` went (Cilium's GC, after the last node using it
+    /// moved): if Kubernetes still holds the object (`labels`), its id is free again in
+    /// kvstore-mode agents' pools, so it is reserved again.
+    pub fn master_gone(&mut self, id: u32, labels: Option<LabelKey>) {
+        let _ = self.requests.send(Request::Forget(id));
+        if let Some(labels) = labels {
+            self.want(id, labels);
+        }
     }
 
     /// Sends the next batch unless one is being written or a failure's wait is not over:

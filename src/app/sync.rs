@@ -22,10 +22,11 @@ use super::metrics::{Metrics, Source};
 use super::reserve::{self, ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
+use crate::core::kvstore::parse_id;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{Kind, Op};
-use crate::core::sync::{BatchOutcome, SyncReport, SyncState};
+use crate::core::sync::{BatchOutcome, KvChange, SyncReport, SyncState};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
 use crate::io::etcd::KvWatchEvent;
@@ -477,15 +478,33 @@ impl Round {
     }
 
     /// A kvstore watch event; true when the round must start over from a fresh snapshot.
-    async fn on_kvstore(&mut self, sync: &Sync, ev: KvWatchEvent) -> bool {
+    async fn on_kvstore(&mut self, sync: &mut Sync, ev: KvWatchEvent) -> bool {
         match ev {
             KvWatchEvent::Connected => self.kv_up = true,
             KvWatchEvent::Progress => {}
             KvWatchEvent::Changes { changes, revision } => {
                 self.state.kv_revision = revision;
                 let now = Instant::now();
+                let gone: Vec<u32> = changes
+                    .iter()
+                    .filter_map(|c| match c {
+                        KvChange::Master {
+                            id, value: None, ..
+                        } => parse_id(id).ok(),
+                        _ => None,
+                    })
+                    .collect();
                 for c in changes {
                     self.state.apply_kv_change(c, now);
+                }
+                if let Some(r) = sync.reservations.as_mut()
+                    && sync.lease.holding()
+                    && !gone.is_empty()
+                {
+                    for id in gone {
+                        r.master_gone(id, self.state.k8s.get(&id).cloned());
+                    }
+                    r.pump(&self.state, sync.cfg.scope.range, now);
                 }
                 self.dirty = true;
             }

@@ -200,3 +200,48 @@ async fn a_kvstore_that_stalls_while_sync_reserves_does_not_hold_up_the_loop() {
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_the_kvstores_gc_frees_while_kubernetes_holds_it_is_reserved_again() {
+    let w = World::new(SandboxConfig::default()).await;
+    let a = "k8s:app=a;";
+    w.etcd.put(&format!("{P}/id/300"), a.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{a}/node-1"), b"300").await;
+    w.sb.seed_identity(300, &to_security_labels(&parse_label_key(a).unwrap()));
+    let s = Sync::start_via(
+        &w,
+        &w.etcd.endpoint,
+        &w.path("kubeconfig"),
+        &["--reserve-in-kvstore"],
+    );
+    s.wait_for_line("sync started: following both sides", 30)
+        .await;
+    // Migrated, so nothing to reserve yet.
+    let slave = format!("{P}/value/{a}/cilium-idmig-sync");
+    assert!(!all_keys(&w).await.contains_key(&slave));
+
+    // node-1 moves to CRD mode and Cilium's kvstore GC removes the master key it left: 300
+    // is free again in a kvstore-mode agent's pool while CRD-mode agents use the object.
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(format!("{P}/value/{a}/node-1"), None)
+        .await
+        .unwrap();
+    c.delete(format!("{P}/id/300"), None).await.unwrap();
+    until(20, "300 reserved again", &s, || async {
+        let keys = all_keys(&w).await;
+        keys.contains_key(&format!("{P}/id/300")) && keys.contains_key(&slave)
+    })
+    .await;
+    let r = c.get(format!("{P}/id/300"), None).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), a.as_bytes());
+    let r = c.get(slave.as_str(), None).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), b"300");
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("reserve-in-kvstore (rule)") && l.contains("put id/300")),
+        "{log}"
+    );
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}

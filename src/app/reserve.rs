@@ -12,7 +12,7 @@
 //! watches meanwhile. The loop queues what to reserve; the task writes one batch at a time
 //! and replies; what arrives meanwhile gathers for the next batch.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,13 +41,11 @@ pub struct Reservations {
     /// Ids found held in the kvstore meanwhile (nothing written; a split is reported by the
     /// watch if the labels differ).
     tried: HashSet<u32>,
-    keepalive: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Reservations {
-    fn drop(&mut self) {
-        self.keepalive.abort();
-    }
+    /// Held ids whose object went from Kubernetes: their `value/` key was deleted, the master
+    /// key waits for the release.
+    unreserved: HashSet<u32>,
+    /// Held ids whose `value/` key is to be written again on a new lease (the old one expired).
+    to_restore: BTreeSet<u32>,
 }
 
 /// A line about a kvstore write: `action` is what sync did (a rule's, never a person's).
@@ -65,39 +63,79 @@ fn line(id: u32, labels: &str, action: &str, kvstore: String) -> Record {
 
 impl Reservations {
     /// Checks that these credentials may write under the prefix (a key of the tool's own,
-    /// deleted at once), takes a lease and keeps it alive.
-    /// A keep-alive that fails is said on `troubles` (and tried again at the next interval).
-    pub async fn start(
-        conn: &KvFollower,
-        prefix: &str,
-        troubles: mpsc::Sender<String>,
-    ) -> Result<Self> {
+    /// deleted at once) and takes a lease; the task keeps it alive (`ReservationTask`).
+    pub async fn start(conn: &KvFollower, prefix: &str) -> Result<Self> {
         let reserver = conn.reserver();
         reserver.probe_write(prefix).await?;
         let lease = reserver.grant_lease().await?;
-        let keepalive = {
-            let reserver = reserver.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECS as u64 / 3)).await;
-                    if let Err(e) = reserver.keep_alive(lease).await {
-                        let _ = troubles.send(format!("{e}; trying again")).await;
-                    }
-                }
-            })
-        };
         Ok(Reservations {
             reserver,
             prefix: prefix.to_string(),
             lease,
             held: BTreeMap::new(),
             tried: HashSet::new(),
-            keepalive,
+            unreserved: HashSet::new(),
+            to_restore: BTreeSet::new(),
         })
     }
 
-    pub fn count(&self) -> usize {
+    /// Keeps the lease alive. If it is gone (etcd was out of reach longer than its TTL), a
+    /// new one is taken and each `value/` key written goes back on it, for every master key
+    /// still as written (what a failure leaves undone is done at the next call); what to
+    /// tell the operator then.
+    async fn keep_alive(&mut self, log: &DecisionLog, metrics: &Metrics) -> Result<Option<String>> {
+        if !self.reserver.keep_alive(self.lease).await? {
+            self.lease = self.reserver.grant_lease().await?;
+            self.to_restore = self
+                .held
+                .keys()
+                .filter(|id| !self.unreserved.contains(id))
+                .copied()
+                .collect();
+        }
+        if self.to_restore.is_empty() {
+            return Ok(None);
+        }
+        let (mut restored, mut dropped) = (0, 0);
+        while let Some(id) = self.to_restore.first().copied() {
+            let Some((labels, revision)) = self.held.get(&id).cloned() else {
+                self.to_restore.remove(&id);
+                continue;
+            };
+            let back = self
+                .reserver
+                .restore(&self.prefix, id, labels.as_bytes(), revision, self.lease)
+                .await?;
+            self.to_restore.remove(&id);
+            let what = if back {
+                metrics.kvstore_writes.inc();
+                restored += 1;
+                format!(
+                    "put value/{labels}/{RESERVATION_NODE} again on a new lease (the old one expired): reserved"
+                )
+            } else {
+                dropped += 1;
+                self.held.remove(&id);
+                format!(
+                    "id/{id} changed since it was written at revision {revision}: no longer held, nothing written"
+                )
+            };
+            log.append(line(id, &labels, "reserve-in-kvstore", what))?;
+        }
+        metrics.kvstore_reservations.set(self.count() as i64);
+        Ok(Some(format!(
+            "the kvstore reservation lease was gone (etcd out of reach longer than its {LEASE_TTL_SECS} s): a new lease holds {restored} reservations again ({dropped} changed since and left alone)"
+        )))
+    }
+
+    /// Master keys written (their `value/` key may have gone with the object since).
+    pub fn masters_written(&self) -> usize {
         self.held.len()
+    }
+
+    /// Ids reserved now: master key and `value/` key.
+    pub fn count(&self) -> usize {
+        self.held.len() - self.unreserved.len()
     }
 
     /// Reserves `id` for `labels` unless it was reserved or found held before. The caller
@@ -148,30 +186,40 @@ impl Reservations {
                 self.tried.insert(id);
             }
         }
-        metrics.kvstore_reservations.set(self.held.len() as i64);
+        metrics.kvstore_reservations.set(self.count() as i64);
         Ok(())
     }
 
     /// The reserved object went from Kubernetes (GC, a person): its `value/` key goes too.
-    async fn object_deleted(&mut self, id: u32, log: &DecisionLog, metrics: &Metrics) {
+    async fn object_deleted(
+        &mut self,
+        id: u32,
+        log: &DecisionLog,
+        metrics: &Metrics,
+    ) -> Result<()> {
         let Some((labels, _)) = self.held.get(&id) else {
-            return;
+            return Ok(());
         };
-        if let Ok(true) = self
+        let labels = labels.clone();
+        self.to_restore.remove(&id);
+        let deleted = self
             .reserver
             .unreserve(&self.prefix, labels.as_bytes())
-            .await
-        {
+            .await?;
+        self.unreserved.insert(id);
+        metrics.kvstore_reservations.set(self.count() as i64);
+        if deleted {
             metrics.kvstore_writes.inc();
-            let _ = log.append(line(
+            log.append(line(
                 id,
-                labels,
+                &labels,
                 "unreserve",
                 format!(
                     "deleted value/{labels}/{RESERVATION_NODE}: its CiliumIdentity was deleted"
                 ),
-            ));
+            ))?;
         }
+        Ok(())
     }
 
     /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
@@ -179,7 +227,9 @@ impl Reservations {
     fn forget(&mut self, id: u32, metrics: &Metrics) {
         self.held.remove(&id);
         self.tried.remove(&id);
-        metrics.kvstore_reservations.set(self.held.len() as i64);
+        self.unreserved.remove(&id);
+        self.to_restore.remove(&id);
+        metrics.kvstore_reservations.set(self.count() as i64);
     }
 
     /// Revokes the lease (every `value/` key of the tool's goes), then deletes each master
@@ -218,13 +268,28 @@ enum Request {
     Forget(u32),
 }
 
-/// What the task answers.
+/// What the task answers: after each batch, and whenever it has something to say.
 pub struct Reply {
     held: usize,
-    /// The answer to a batch (not to an unreserve): the next batch may go.
+    /// The answer to a batch: the next batch may go.
     batch: bool,
-    trouble: Option<String>,
+    /// The batch stopped at a failed write: the whole view is to be looked at again.
+    failed: bool,
+    said: Option<Said>,
 }
+
+/// What the task has to tell the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// A write failed: the whole view is tried again after a wait.
+    Trouble(String),
+    /// Something worth knowing (a lease taken again).
+    Note(String),
+}
+
+/// How often the reservations' lease is kept alive: well within its 15 minutes, and soon
+/// enough after an outage to find a lease that expired meanwhile.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
 
 /// After a failed write, how long before the whole view is tried again: a kvstore that is
 /// down is not asked ten times a second.
@@ -252,29 +317,55 @@ impl ReservationTask {
         let (requests, mut rx) = mpsc::unbounded_channel::<Request>();
         let (reply_tx, replies) = mpsc::unbounded_channel::<Reply>();
         let task = tokio::spawn(async move {
-            while let Some(req) = rx.recv().await {
-                let (batch, mut trouble) = (matches!(req, Request::Reserve(_)), None);
-                match req {
-                    Request::Reserve(wanted) => {
-                        for (id, labels) in wanted {
-                            if let Err(e) = r.reserve_one(id, &labels, &cfg.log, &metrics).await {
-                                trouble = Some(format!("reserving in the kvstore: {e}"));
-                                break;
+            let mut keep_alive = tokio::time::interval(KEEP_ALIVE_EVERY);
+            keep_alive.tick().await;
+            loop {
+                let mut failed = false;
+                let (batch, result) = tokio::select! {
+                    req = rx.recv() => match req {
+                        // The loop is gone (the sync ended): the reservations go back.
+                        None => return r,
+                        Some(Request::Reserve(wanted)) => {
+                            let mut result = Ok(None);
+                            for (id, labels) in wanted {
+                                if let Err(e) = r.reserve_one(id, &labels, &cfg.log, &metrics).await {
+                                    // Perhaps the lease is gone (etcd was out of reach
+                                    // longer than its TTL): found out now, not in a minute.
+                                    result = match r.keep_alive(&cfg.log, &metrics).await {
+                                        Ok(Some(renewed)) => Ok(Some(renewed)),
+                                        _ => Err(e),
+                                    };
+                                    failed = true;
+                                    break;
+                                }
                             }
+                            (true, result)
                         }
-                    }
-                    Request::Unreserve(id) => r.object_deleted(id, &cfg.log, &metrics).await,
-                    Request::Forget(id) => r.forget(id, &metrics),
+                        Some(Request::Unreserve(id)) => {
+                            (false, r.object_deleted(id, &cfg.log, &metrics).await.map(|()| None))
+                        }
+                        Some(Request::Forget(id)) => {
+                            r.forget(id, &metrics);
+                            (false, Ok(None))
+                        }
+                    },
+                    _ = keep_alive.tick() => (false, r.keep_alive(&cfg.log, &metrics).await),
+                };
+                let said = match result {
+                    Ok(None) => None,
+                    Ok(Some(note)) => Some(Said::Note(note)),
+                    Err(e) => Some(Said::Trouble(format!("reserving in the kvstore: {e}"))),
+                };
+                if !batch && said.is_none() {
+                    continue;
                 }
-                let held = r.count();
-                // The loop is gone: the round or the sync ended; the reservations go back.
                 let _ = reply_tx.send(Reply {
-                    held,
+                    held: r.count(),
                     batch,
-                    trouble,
+                    failed,
+                    said,
                 });
             }
-            r
         });
         ReservationTask {
             requests,
@@ -353,17 +444,22 @@ impl ReservationTask {
         let _ = self.requests.send(Request::Reserve(wanted));
     }
 
-    /// Folds in the task's answer; what to report when a write failed (the whole view is
-    /// tried again after a wait).
-    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<String> {
+    /// Folds in the task's answer; what to tell the operator. After a failed write the whole
+    /// view is tried again: at once when the failure was a lease taken again, else after a
+    /// wait.
+    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
         self.held = reply.held;
         if reply.batch {
             self.busy = false;
         }
-        let trouble = reply.trouble?;
-        self.whole_view_due = true;
-        self.not_before = Some(now + RETRY_AFTER_FAILURE);
-        Some(trouble)
+        if reply.failed {
+            self.whole_view_due = true;
+        }
+        if matches!(reply.said, Some(Said::Trouble(_))) {
+            self.whole_view_due = true;
+            self.not_before = Some(now + RETRY_AFTER_FAILURE);
+        }
+        reply.said
     }
 
     /// Stops taking requests and waits (up to `wait`) for the writes in flight; the

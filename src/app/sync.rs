@@ -339,18 +339,13 @@ impl Sync {
             .await
             .map_err(|e| Retry::After(e.to_string()))?;
         if self.opts.reserve_in_kvstore && self.reservations.is_none() {
-            // A write the credentials may not make is the operator's to fix: exit 2.
-            let (troubles, mut trouble_rx) = mpsc::channel::<String>(8);
-            let fwd = self.events.clone();
-            tokio::spawn(async move {
-                while let Some(t) = trouble_rx.recv().await {
-                    if fwd.send(SyncEvent::Trouble(t)).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            let started = Reservations::start(&conn, &prefix, troubles).await;
-            let started = started.map_err(Retry::Fatal)?;
+            // A write the credentials may not make is the operator's to fix: exit 2. A server
+            // that failed is tried again, as a failed read is.
+            let started = match Reservations::start(&conn, &prefix).await {
+                Ok(r) => r,
+                Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
+                Err(e) => return Err(Retry::After(e.to_string())),
+            };
             self.reservations = Some(ReservationTask::spawn(
                 started,
                 cfg.clone(),
@@ -578,11 +573,14 @@ impl Round {
         let Some(r) = sync.reservations.as_mut() else {
             return;
         };
-        let trouble = r.on_reply(reply, Instant::now());
+        let said = r.on_reply(reply, Instant::now());
         self.state.status.reservations = r.held();
-        if let Some(trouble) = trouble {
-            let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
-        }
+        let ev = match said {
+            Some(reserve::Said::Trouble(t)) => SyncEvent::Trouble(t),
+            Some(reserve::Said::Note(n)) => SyncEvent::Note(n),
+            None => return,
+        };
+        let _ = sync.events.send(ev).await;
     }
 
     /// The lease changed hands (or could not be renewed).
@@ -837,7 +835,7 @@ async fn release(
             .await;
         return;
     };
-    let held = r.count();
+    let held = r.masters_written();
     let ev = match r.release(&cfg.log, metrics).await {
         Ok(deleted) => SyncEvent::Note(format!(
             "released the kvstore reservations: lease revoked, {deleted} of {held} master keys deleted (the rest is in use or changed)"

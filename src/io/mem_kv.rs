@@ -229,6 +229,32 @@ impl MemKv {
         id
     }
 
+    /// Whether a lease is still granted (not revoked).
+    pub fn lease_alive(&self, lease: i64) -> bool {
+        self.lock().leases.contains_key(&lease)
+    }
+
+    /// Writes `key` on `lease` only if `compare` was last written at `revision`.
+    pub fn put_if_unchanged(
+        &self,
+        compare: &[u8],
+        revision: i64,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> bool {
+        let mut inner = self.lock();
+        if inner
+            .keys
+            .get(compare)
+            .is_none_or(|e| e.mod_rev != revision)
+        {
+            return false;
+        }
+        self.write(&mut inner, key, value, Some(lease));
+        true
+    }
+
     /// Revokes a lease: each of its keys is deleted, one revision each.
     pub fn revoke_lease(&self, lease: i64) -> usize {
         let mut inner = self.lock();

@@ -85,26 +85,68 @@ impl Reserver {
         }
     }
 
-    /// One keep-alive of the lease; call it well within the TTL.
-    pub async fn keep_alive(&self, lease: i64) -> Result<()> {
+    /// One keep-alive of the lease; call it well within the TTL. `false` when the lease is
+    /// gone (it expired while etcd was out of reach, or was revoked): its keys went with it.
+    pub async fn keep_alive(&self, lease: i64) -> Result<bool> {
         match self {
             Reserver::Etcd(c) => {
-                let (mut keeper, mut stream) = c
-                    .client()
-                    .lease_keep_alive(lease)
-                    .await
-                    .map_err(|e| self.err("keeping the reservation lease", e))?;
+                let (mut keeper, mut stream) = match c.client().lease_keep_alive(lease).await {
+                    Ok(k) => k,
+                    // The client's word for a TTL of 0 in the first answer.
+                    Err(etcd_client::Error::LeaseKeepAliveError(e)) if e == "lease not found" => {
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(self.err("keeping the reservation lease", e)),
+                };
                 keeper
                     .keep_alive()
                     .await
                     .map_err(|e| self.err("keeping the reservation lease", e))?;
                 match stream.message().await {
-                    Ok(Some(r)) if r.ttl() > 0 => Ok(()),
-                    Ok(_) => Err(self.err("keeping the reservation lease", "the lease expired")),
+                    // etcd answers a lease it does not know with a TTL of 0.
+                    Ok(Some(r)) => Ok(r.ttl() > 0),
+                    Ok(None) => Err(self.err(
+                        "keeping the reservation lease",
+                        "the keep-alive stream closed",
+                    )),
                     Err(e) => Err(self.err("keeping the reservation lease", e)),
                 }
             }
-            Reserver::Memory(_) => Ok(()),
+            Reserver::Memory(kv) => Ok(kv.lease_alive(lease)),
+        }
+    }
+
+    /// Writes the tool's `value/` key for `label_key` again, on `lease`, if the master key
+    /// `id/<id>` is still the one written at `revision`; `false` when it changed since.
+    pub async fn restore(
+        &self,
+        prefix: &str,
+        id: u32,
+        label_key: &[u8],
+        revision: i64,
+        lease: i64,
+    ) -> Result<bool> {
+        let (master, slave) = (master_key(prefix, id), slave_key(prefix, label_key));
+        let value = id.to_string().into_bytes();
+        match self {
+            Reserver::Etcd(c) => {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(master, CompareOp::Equal, revision)])
+                    .and_then([TxnOp::put(
+                        slave,
+                        value,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let resp = c
+                    .client()
+                    .txn(txn)
+                    .await
+                    .map_err(|e| self.err("restoring a reservation", e))?;
+                Ok(resp.succeeded())
+            }
+            Reserver::Memory(kv) => {
+                Ok(kv.put_if_unchanged(&master, revision, &slave, &value, lease))
+            }
         }
     }
 

@@ -1,6 +1,8 @@
-//! Sync's reservations in a real etcd where they race and stall: an agent that takes the id
-//! between sync's view and its write (nothing written, the log says by whom), and a kvstore
-//! that stops answering while sync reserves (the loop that follows both watches goes on).
+//! Sync's reservations in a real etcd where they race, stall and lapse: an agent that takes
+//! the id between sync's view and its write (nothing written, the log says by whom), a
+//! kvstore that stops answering while sync reserves (the loop that follows both watches goes
+//! on), an id Cilium's GC frees while Kubernetes holds it (reserved again), and a lease that
+//! expired while etcd was out of reach (a new one, every reservation back on it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +32,7 @@ async fn reserve_view(
     task: &mut Option<ReservationTask>,
     state: &SyncState,
     cfg: &ServiceConfig,
-) -> Option<String> {
+) -> Option<reserve::Said> {
     let t = task.as_mut().unwrap();
     t.view_changed();
     t.pump(state, cfg.scope.range, Instant::now());
@@ -60,8 +62,7 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         sync_reserve_in_kvstore: true,
     });
     let conn = kv.follower().await.unwrap();
-    let (troubles, _keep) = tokio::sync::mpsc::channel(8);
-    let r = Reservations::start(&conn, P, troubles).await.unwrap();
+    let r = Reservations::start(&conn, P).await.unwrap();
     let mut task = Some(ReservationTask::spawn(
         r,
         cfg.clone(),
@@ -240,6 +241,62 @@ async fn an_id_the_kvstores_gc_frees_while_kubernetes_holds_it_is_reserved_again
     assert!(
         log.lines()
             .any(|l| l.contains("reserve-in-kvstore (rule)") && l.contains("put id/300")),
+        "{log}"
+    );
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}
+
+/// The lease a key is bound to (0: none), and whether the key exists.
+async fn lease_of(w: &World, key: &str) -> Option<i64> {
+    let mut c = w.etcd.client().await.unwrap();
+    let r = c.get(key, None).await.unwrap();
+    r.kvs().first().map(|kv| kv.lease())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_that_expired_while_etcd_was_out_of_reach_is_taken_again() {
+    let w = World::new(SandboxConfig::default()).await;
+    let sl = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    let (b, c) = ("k8s:app=b;", "k8s:app=c;");
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/node-1"), b"300")
+        .await;
+    w.sb.seed_identity(4000, &sl(b)); // a CRD-mode agent's: reserved at start
+    let s = Sync::start_via(
+        &w,
+        &w.etcd.endpoint,
+        &w.path("kubeconfig"),
+        &["--reserve-in-kvstore"],
+    );
+    let slave_b = format!("{P}/value/{b}/cilium-idmig-sync");
+    until(20, "4000 reserved", &s, || async {
+        lease_of(&w, &slave_b).await.is_some()
+    })
+    .await;
+    let old = lease_of(&w, &slave_b).await.unwrap();
+    assert_ne!(old, 0, "sync's value/ key is on its lease");
+
+    // The lease expires (as it would after 15 minutes without etcd): its keys go.
+    let mut client = w.etcd.client().await.unwrap();
+    client.lease_revoke(old).await.unwrap();
+    assert_eq!(lease_of(&w, &slave_b).await, None);
+    // The next write finds the lease gone: a new one is taken, 4000's key goes back on it,
+    // and the new object is reserved too (after the wait that follows a failed write).
+    w.sb.seed_identity(4001, &sl(c));
+    let slave_c = format!("{P}/value/{c}/cilium-idmig-sync");
+    until(40, "both reservations on a new lease", &s, || async {
+        let (lb, lc) = (lease_of(&w, &slave_b).await, lease_of(&w, &slave_c).await);
+        lb.is_some_and(|l| l != old && l != 0) && lb == lc
+    })
+    .await;
+    s.wait_for_line("a new lease holds 1 reservations again", 10)
+        .await;
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"4000\"") && l.contains("again on a new lease")),
         "{log}"
     );
     let (code, text) = s.stop().await;

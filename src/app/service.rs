@@ -242,40 +242,52 @@ async fn run(
     if let Err(e) = cfg.log.begin_session(cfg.session()) {
         let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
     }
-    // A fresh stop switch per apply, so a retry after a stop can write again.
-    let mut stop = StopFlag::default();
-    let mut drift_task: Option<tokio::task::JoinHandle<()>> = None;
-    // `--resume` applies to the first scan.
-    let mut resume = cfg.resume.clone();
-    // A running sync: its stop switch, and where decisions made meanwhile go.
-    let mut sync: Option<(StopFlag, mpsc::Sender<LoggedDecision>)> = None;
+    let mut service = Service {
+        resume: cfg.resume.clone(),
+        cfg,
+        tx,
+        progress,
+        stop: StopFlag::default(),
+        drift_task: None,
+        sync: None,
+    };
     while let Some(req) = rx.recv().await {
+        service.handle(req).await;
+    }
+    if let Some(t) = service.drift_task {
+        t.abort();
+    }
+}
+
+/// What the service keeps between requests.
+struct Service {
+    cfg: Arc<ServiceConfig>,
+    tx: mpsc::Sender<ServiceEvent>,
+    progress: Arc<watch::Sender<Progress>>,
+    /// A fresh stop switch per apply, so a retry after a stop can write again.
+    stop: StopFlag,
+    drift_task: Option<tokio::task::JoinHandle<()>>,
+    /// `--resume` applies to the first scan.
+    resume: Vec<std::path::PathBuf>,
+    /// A running sync: its stop switch, and where decisions made meanwhile go.
+    sync: Option<(StopFlag, mpsc::Sender<LoggedDecision>)>,
+}
+
+impl Service {
+    /// One request: what takes time runs as a task and answers with an event.
+    async fn handle(&mut self, req: ServiceRequest) {
+        let cfg = &self.cfg;
         match req {
-            ServiceRequest::Preflight => {
-                let (cfg, tx) = (cfg.clone(), tx.clone());
-                let offer = resume.is_empty();
-                tokio::spawn(async move {
-                    let mut report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
-                    if cfg.sync_reserve_in_kvstore {
-                        report
-                            .checks
-                            .push(super::preflight::reservation_check(&cfg.kv).await);
-                    }
-                    let _ = tx.send(ServiceEvent::Preflight(report)).await;
-                    if offer && let Some(ev) = resume_offer(&cfg) {
-                        let _ = tx.send(ev).await;
-                    }
-                });
-            }
+            ServiceRequest::Preflight => self.preflight(),
             ServiceRequest::Scan { generation } => {
-                let paths = std::mem::take(&mut resume);
-                restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
+                let paths = std::mem::take(&mut self.resume);
+                restart_drift(cfg, &mut self.drift_task, &self.tx, generation, paths);
             }
             ServiceRequest::Resume { generation, paths } => {
-                restart_drift(&cfg, &mut drift_task, &tx, generation, paths);
+                restart_drift(cfg, &mut self.drift_task, &self.tx, generation, paths);
             }
             ServiceRequest::PlanRollback { generation, spec } => {
-                let (cfg, tx) = (cfg.clone(), tx.clone());
+                let (cfg, tx) = (cfg.clone(), self.tx.clone());
                 tokio::spawn(async move {
                     let planned = async {
                         super::preflight::require_rollback_rights(&cfg.target).await?;
@@ -289,74 +301,22 @@ async fn run(
                 });
             }
             ServiceRequest::Rollback { generation, spec } => {
-                stop = StopFlag::default();
+                self.stop = StopFlag::default();
                 tokio::spawn(rollback(
                     cfg.clone(),
                     generation,
                     spec,
-                    tx.clone(),
-                    progress.clone(),
-                    stop.clone(),
+                    self.tx.clone(),
+                    self.progress.clone(),
+                    self.stop.clone(),
                 ));
             }
-            ServiceRequest::Decided { name, item } => {
-                if let Err(e) = cfg.log.append(decision_record(name, &item)) {
-                    let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
-                }
-                if let Some((_, decided)) = &sync
-                    && item.decided
-                {
-                    let d = LoggedDecision {
-                        id: item.id.clone(),
-                        labels: item.labels.clone(),
-                        action: item.action,
-                        target_id: item.target_id,
-                    };
-                    let _ = decided.send(d).await;
-                }
-            }
+            ServiceRequest::Decided { name, item } => self.decided(name, *item).await,
             ServiceRequest::StartSync { accept_proposals } => {
-                if sync.as_ref().is_some_and(|(stop, _)| !stop.is_stopped()) {
-                    continue;
-                }
-                let metrics = match super::metrics::Metrics::new() {
-                    Ok(m) => Arc::new(m),
-                    Err(e) => {
-                        let _ = tx.send(ServiceEvent::failed(0, Task::Sync, e)).await;
-                        continue;
-                    }
-                };
-                let sync_stop = StopFlag::default();
-                let (dec_tx, dec_rx) = mpsc::channel(256);
-                let (ev_tx, mut ev_rx) = mpsc::channel(256);
-                sync = Some((sync_stop.clone(), dec_tx));
-                let fwd = tx.clone();
-                tokio::spawn(async move {
-                    while let Some(ev) = ev_rx.recv().await {
-                        if fwd.send(ServiceEvent::Sync(ev)).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                let (cfg, tx) = (cfg.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let opts = super::sync::SyncOptions {
-                        accept_proposals,
-                        reserve_in_kvstore: cfg.sync_reserve_in_kvstore,
-                        ..Default::default()
-                    };
-                    let ev =
-                        match super::sync::run(cfg, opts, metrics, ev_tx, sync_stop, Some(dec_rx))
-                            .await
-                        {
-                            Ok(end) => ServiceEvent::SyncEnded { end },
-                            Err(e) => ServiceEvent::failed(0, Task::Sync, e),
-                        };
-                    let _ = tx.send(ev).await;
-                });
+                self.start_sync(accept_proposals).await;
             }
             ServiceRequest::StopSync => {
-                if let Some((stop, _)) = &sync {
+                if let Some((stop, _)) = &self.sync {
                     stop.stop();
                 }
             }
@@ -368,30 +328,10 @@ async fn run(
                     accept_proposals: false,
                     options: cfg.apply.clone(),
                 };
-                stop = StopFlag::default();
-                tokio::spawn(apply(
-                    cfg.clone(),
-                    generation,
-                    spec,
-                    true,
-                    tx.clone(),
-                    progress.clone(),
-                    stop.clone(),
-                ));
+                self.apply(generation, spec, true);
             }
-            ServiceRequest::Apply { generation, spec } => {
-                stop = StopFlag::default();
-                tokio::spawn(apply(
-                    cfg.clone(),
-                    generation,
-                    *spec,
-                    false,
-                    tx.clone(),
-                    progress.clone(),
-                    stop.clone(),
-                ));
-            }
-            ServiceRequest::Stop => stop.stop(),
+            ServiceRequest::Apply { generation, spec } => self.apply(generation, *spec, false),
+            ServiceRequest::Stop => self.stop.stop(),
             ServiceRequest::Export { path, items } => {
                 let ev = match super::export::export(
                     &cfg.log,
@@ -403,12 +343,107 @@ async fn run(
                     Ok(paths) => ServiceEvent::Exported { paths },
                     Err(e) => ServiceEvent::failed(0, Task::Export, e),
                 };
-                let _ = tx.send(ev).await;
+                let _ = self.tx.send(ev).await;
             }
         }
     }
-    if let Some(t) = drift_task {
-        t.abort();
+
+    /// Preflight (with the kvstore write check when sync will reserve), then the offer to
+    /// resume a log found beside this one.
+    fn preflight(&self) {
+        let (cfg, tx) = (self.cfg.clone(), self.tx.clone());
+        let offer = self.resume.is_empty();
+        tokio::spawn(async move {
+            let mut report = super::preflight::run(&cfg.kv, &cfg.target, cfg.scope).await;
+            if cfg.sync_reserve_in_kvstore {
+                report
+                    .checks
+                    .push(super::preflight::reservation_check(&cfg.kv).await);
+            }
+            let _ = tx.send(ServiceEvent::Preflight(report)).await;
+            if offer && let Some(ev) = resume_offer(&cfg) {
+                let _ = tx.send(ev).await;
+            }
+        });
+    }
+
+    /// An operator's decision: logged, and handed to a running sync.
+    async fn decided(&self, name: &str, item: PlanItem) {
+        if let Err(e) = self.cfg.log.append(decision_record(name, &item)) {
+            let _ = self
+                .tx
+                .send(ServiceEvent::failed(0, Task::DecisionLog, e))
+                .await;
+        }
+        if let Some((_, decided)) = &self.sync
+            && item.decided
+        {
+            let d = LoggedDecision {
+                id: item.id,
+                labels: item.labels,
+                action: item.action,
+                target_id: item.target_id,
+            };
+            let _ = decided.send(d).await;
+        }
+    }
+
+    /// Starts sync unless one runs; its events are relayed as `ServiceEvent::Sync`.
+    async fn start_sync(&mut self, accept_proposals: bool) {
+        if self
+            .sync
+            .as_ref()
+            .is_some_and(|(stop, _)| !stop.is_stopped())
+        {
+            return;
+        }
+        let metrics = match super::metrics::Metrics::new() {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let _ = self.tx.send(ServiceEvent::failed(0, Task::Sync, e)).await;
+                return;
+            }
+        };
+        let sync_stop = StopFlag::default();
+        let (dec_tx, dec_rx) = mpsc::channel(256);
+        let (ev_tx, mut ev_rx) = mpsc::channel(256);
+        self.sync = Some((sync_stop.clone(), dec_tx));
+        let fwd = self.tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = ev_rx.recv().await {
+                if fwd.send(ServiceEvent::Sync(ev)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (cfg, tx) = (self.cfg.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let opts = super::sync::SyncOptions {
+                accept_proposals,
+                reserve_in_kvstore: cfg.sync_reserve_in_kvstore,
+                ..Default::default()
+            };
+            let ev =
+                match super::sync::run(cfg, opts, metrics, ev_tx, sync_stop, Some(dec_rx)).await {
+                    Ok(end) => ServiceEvent::SyncEnded { end },
+                    Err(e) => ServiceEvent::failed(0, Task::Sync, e),
+                };
+            let _ = tx.send(ev).await;
+        });
+    }
+
+    /// An apply (a commit from the TUI, or the headless apply), with a fresh stop switch.
+    fn apply(&mut self, generation: u64, spec: ApplySpec, commit: bool) {
+        self.stop = StopFlag::default();
+        tokio::spawn(apply(
+            self.cfg.clone(),
+            generation,
+            spec,
+            commit,
+            self.tx.clone(),
+            self.progress.clone(),
+            self.stop.clone(),
+        ));
     }
 }
 

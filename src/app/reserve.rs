@@ -318,6 +318,8 @@ impl ReservationTask {
         let (reply_tx, replies) = mpsc::unbounded_channel::<Reply>();
         let task = tokio::spawn(async move {
             let mut keep_alive = tokio::time::interval(KEEP_ALIVE_EVERY);
+            // A long batch delays the next keep-alive; missed ones are not made up in a burst.
+            keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             keep_alive.tick().await;
             loop {
                 let mut failed = false;

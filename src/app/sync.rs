@@ -325,8 +325,9 @@ struct Round {
 }
 
 impl Sync {
-    /// Reads both sides, reserves what needs reserving (before the watches start, so the
-    /// ids are taken from the first moment on), and starts both watches.
+    /// Reads both sides, hands what needs reserving to the reservations task (the first
+    /// batch goes before the watches start, so the ids are taken from the first moment on),
+    /// and starts both watches.
     async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
         let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
         let conn = match cfg.kv.follower().await {

@@ -556,9 +556,10 @@ async fn reserving_in_the_kvstore_prevents_the_split_allocations_sync_alone_repo
     let reserved = crate::support::play_rollout(300, 4, 8.0, 11, true).await;
     assert!(reserved.cutover);
     assert!(reserved.counts.kvstore_allocations > 0 && reserved.counts.crd_allocations > 0);
-    // What Kubernetes held when sync started is reserved before its watches begin: never
-    // handed out again. What is left are races within sync's own lag (an id allocated on one
-    // side and taken on the other before sync saw it): far fewer.
+    // What Kubernetes held when sync started is reserved first thing (the first batch goes
+    // before its watches begin): never handed out again. What is left are races within
+    // sync's own lag (an id allocated on one side and taken on the other before sync saw
+    // it): far fewer.
     assert_eq!(reserved.splits_at_held_ids, 0, "{:?}", reserved.divergence);
     let reserved_total = reserved.divergence.splits.len() + reserved.divergence.doubles.len();
     assert!(

@@ -643,8 +643,22 @@ async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover
         .await
         .unwrap();
     assert_eq!(users.kvs()[0].value(), b"4000");
-    // Its pool, fed by id/, no longer offers 4000 for other labels.
+    // Its pool, fed by id/, no longer offers 4000 for other labels; and an agent that picked
+    // 4000 anyway (from a stale pool) finds its create-only write of the master key refused,
+    // as Cilium's allocator does, and takes another id.
     assert!(c.get(reserved_master.as_str(), None).await.unwrap().count() == 1);
+    let create_only = etcd_client::Txn::new()
+        .when([etcd_client::Compare::create_revision(
+            reserved_master.as_str(),
+            etcd_client::CompareOp::Equal,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::put(
+            reserved_master.as_str(),
+            "k8s:app=late;",
+            None,
+        )]);
+    assert!(!c.txn(create_only).await.unwrap().succeeded());
     // 5000 is held for other labels: nothing written there.
     assert_eq!(
         get(c.get(format!("{P}/id/5000"), None).await.unwrap()),

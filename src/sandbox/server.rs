@@ -60,6 +60,50 @@ async fn handle(
     let params = query_params(req.uri().query());
     let identities = format!("/apis/{GROUP}/{VERSION}/{PLURAL}");
     let is_identity = path == identities || path.starts_with(&format!("{identities}/"));
+    count_request(&shared, &method, &path, is_identity);
+    if !authorized(&shared, &req) {
+        return Ok(status(401, "Unauthorized", "Unauthorized", None));
+    }
+    let lose_response = if is_identity {
+        match inject_fault(&shared, &method).await? {
+            Injected::Answer(res) => return Ok(res),
+            Injected::LoseResponse => true,
+            Injected::Nothing => false,
+        }
+    } else {
+        false
+    };
+    let (table, manager) = (wants_table(&req), field_manager(&req));
+    let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(DropConnection),
+    };
+    let res = if is_identity {
+        let name = path
+            .strip_prefix(&identities)
+            .unwrap_or("")
+            .trim_start_matches('/');
+        let call = IdentityCall {
+            name,
+            params: &params,
+            body: &body,
+            table,
+            dry_run,
+            manager: &manager,
+        };
+        route_identity(&shared, method, call).await
+    } else {
+        route(&shared, method, &path, &params, &body)
+    };
+    if lose_response {
+        return Err(DropConnection);
+    }
+    Ok(res)
+}
+
+/// Counts the request by method and resource, for tests that assert what was sent.
+fn count_request(shared: &Shared, method: &Method, path: &str, is_identity: bool) {
     let resource = if is_identity {
         PLURAL
     } else {
@@ -71,84 +115,99 @@ async fn handle(
         .unwrap_or_else(|p| p.into_inner())
         .entry(format!("{method} {resource}"))
         .or_default() += 1;
+}
 
-    if let Some(token) = &shared.config.token {
-        let ok = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v == format!("Bearer {token}"));
-        if !ok {
-            return Ok(status(401, "Unauthorized", "Unauthorized", None));
-        }
+/// Whether the request carries the bearer token, when the sandbox asks for one.
+fn authorized(shared: &Shared, req: &Request<Incoming>) -> bool {
+    let Some(token) = &shared.config.token else {
+        return true;
+    };
+    req.headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {token}"))
+}
+
+/// What an injected fault does to a request on identities.
+enum Injected {
+    Nothing,
+    /// Answered at once with this (a 5xx, a 429).
+    Answer(Response<Body>),
+    /// Carried out, and then its answer is lost.
+    LoseResponse,
+}
+
+/// Picks and applies the fault for this request (after its latency), as configured.
+async fn inject_fault(shared: &Shared, method: &Method) -> Result<Injected, DropConnection> {
+    let (delay, fault) = {
+        let mut f = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let (cfg, rng) = &mut *f;
+        cfg.pick(rng, *method == Method::POST)
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
-
-    let mut lose_response = false;
-    if is_identity {
-        let (delay, fault) = {
-            let mut f = shared.faults.lock().unwrap_or_else(|p| p.into_inner());
-            let (cfg, rng) = &mut *f;
-            cfg.pick(rng, method == Method::POST)
-        };
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        match fault {
-            Some(Fault::Drop) => return Err(DropConnection),
-            Some(Fault::Status(code)) => {
-                return Ok(status(
-                    code,
-                    "InternalError",
-                    "injected fault: the server is having a bad day",
-                    None,
-                ));
+    Ok(match fault {
+        Some(Fault::Drop) => return Err(DropConnection),
+        Some(Fault::Status(code)) => Injected::Answer(status(
+            code,
+            "InternalError",
+            "injected fault: the server is having a bad day",
+            None,
+        )),
+        Some(Fault::TooManyRequests { retry_after_secs }) => {
+            let mut res = status(
+                429,
+                "TooManyRequests",
+                "injected fault: too many requests, please try again later",
+                Some(json!({"retryAfterSeconds": retry_after_secs})),
+            );
+            if let Ok(v) = http::HeaderValue::from_str(&retry_after_secs.to_string()) {
+                res.headers_mut().insert(http::header::RETRY_AFTER, v);
             }
-            Some(Fault::TooManyRequests { retry_after_secs }) => {
-                let mut res = status(
-                    429,
-                    "TooManyRequests",
-                    "injected fault: too many requests, please try again later",
-                    Some(json!({"retryAfterSeconds": retry_after_secs})),
-                );
-                if let Ok(v) = http::HeaderValue::from_str(&retry_after_secs.to_string()) {
-                    res.headers_mut().insert(http::header::RETRY_AFTER, v);
-                }
-                return Ok(res);
-            }
-            Some(Fault::LoseResponse) => lose_response = true,
-            Some(Fault::Delay(_)) | None => {}
+            Injected::Answer(res)
         }
-    }
+        Some(Fault::LoseResponse) => Injected::LoseResponse,
+        Some(Fault::Delay(_)) | None => Injected::Nothing,
+    })
+}
 
-    // Server-side printing, as `kubectl get` asks for it.
-    let table = req
-        .headers()
+/// Server-side printing, as `kubectl get` asks for it.
+fn wants_table(req: &Request<Incoming>) -> bool {
+    req.headers()
         .get(http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(discovery::wants_table);
-    let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
-    // The field manager a real server records: the client's program name.
-    let manager = req
-        .headers()
+        .is_some_and(discovery::wants_table)
+}
+
+/// The field manager a real server records: the client's program name.
+fn field_manager(req: &Request<Incoming>) -> String {
+    req.headers()
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .and_then(|ua| ua.split('/').next())
         .filter(|m| !m.is_empty())
         .unwrap_or("unknown")
-        .to_string();
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return Err(DropConnection),
-    };
+        .to_string()
+}
 
+/// Everything but identities: version, health, discovery, the CRD, CiliumEndpoints,
+/// Leases, access reviews.
+fn route(
+    shared: &Arc<Shared>,
+    method: Method,
+    path: &str,
+    params: &[(String, String)],
+    body: &[u8],
+) -> Response<Body> {
     let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
     // Discovery documents only; every other path under /api and /apis has its own route.
-    let discovery_doc = if method == Method::GET && !is_identity && path.starts_with("/api") {
-        discovery::document(&path, shared.store().crd_established())
+    let discovery_doc = if method == Method::GET && path.starts_with("/api") {
+        discovery::document(path, shared.store().crd_established())
     } else {
         None
     };
-    let res = match (method, path.as_str()) {
+    match (method, path) {
         (Method::GET, "/version") => json_response(
             StatusCode::OK,
             &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-sandbox", "platform": "linux/amd64"}),
@@ -160,7 +219,7 @@ async fn handle(
         (Method::GET, _) if discovery_doc.is_some() => {
             json_response(StatusCode::OK, &discovery_doc.unwrap_or_default())
         }
-        (Method::POST, p) if p == crd_path => create_crd(&shared, &body),
+        (Method::POST, p) if p == crd_path => create_crd(shared, body),
         (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match shared
             .store()
             .crd_object()
@@ -175,60 +234,73 @@ async fn handle(
                 ),
             ),
         },
-        (m, p) if endpoints::route(&shared, &m, p, &params).is_some() => {
-            endpoints::route(&shared, &m, p, &params).unwrap_or_else(page_not_found)
+        (m, p) if endpoints::route(shared, &m, p, params).is_some() => {
+            endpoints::route(shared, &m, p, params).unwrap_or_else(page_not_found)
         }
         (m, p) if p.starts_with(leases::PREFIX) => {
-            leases::route(&shared, &m, p, &body).unwrap_or_else(page_not_found)
+            leases::route(shared, &m, p, body).unwrap_or_else(page_not_found)
         }
         (Method::POST, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") => {
-            access_review(&shared, &body)
-        }
-        (m, _) if is_identity => {
-            if !shared.store().crd_established() {
-                return Ok(page_not_found());
-            }
-            let name = path
-                .strip_prefix(&identities)
-                .unwrap_or("")
-                .trim_start_matches('/')
-                .to_string();
-            match (m, name.is_empty()) {
-                (Method::GET, true)
-                    if params
-                        .iter()
-                        .any(|(k, v)| k == "watch" && (v == "true" || v == "1")) =>
-                {
-                    watch(&shared, &params)
-                }
-                (Method::GET, true) => list(&shared, &params, table).await,
-                (Method::POST, true) => create_identity(&shared, &body, &manager, dry_run),
-                (Method::GET, false) => match shared.store().objects.get(&name) {
-                    Some(o) if table => {
-                        let rv = o["metadata"]["resourceVersion"].as_str().unwrap_or("");
-                        json_response(
-                            StatusCode::OK,
-                            &discovery::table(&[o], rv, jiff::Timestamp::now()),
-                        )
-                    }
-                    Some(o) => json_response(StatusCode::OK, o),
-                    None => not_found(&name),
-                },
-                (Method::DELETE, false) => delete_identity(&shared, &name, &body, dry_run),
-                _ => status(
-                    405,
-                    "MethodNotAllowed",
-                    "the server does not allow this method on the requested resource",
-                    None,
-                ),
-            }
+            access_review(shared, body)
         }
         _ => page_not_found(),
-    };
-    if lose_response {
-        return Err(DropConnection);
     }
-    Ok(res)
+}
+
+/// A request on CiliumIdentities, as read from its path, query and body.
+struct IdentityCall<'a> {
+    /// The object's name; empty for the collection.
+    name: &'a str,
+    params: &'a [(String, String)],
+    body: &'a [u8],
+    table: bool,
+    dry_run: bool,
+    manager: &'a str,
+}
+
+/// CiliumIdentities: list, watch, create, get, delete (404 until the CRD is established).
+async fn route_identity(
+    shared: &Arc<Shared>,
+    method: Method,
+    call: IdentityCall<'_>,
+) -> Response<Body> {
+    if !shared.store().crd_established() {
+        return page_not_found();
+    }
+    let IdentityCall {
+        name,
+        params,
+        body,
+        table,
+        dry_run,
+        manager,
+    } = call;
+    let watching = params
+        .iter()
+        .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
+    match (method, name.is_empty()) {
+        (Method::GET, true) if watching => watch(shared, params),
+        (Method::GET, true) => list(shared, params, table).await,
+        (Method::POST, true) => create_identity(shared, body, manager, dry_run),
+        (Method::GET, false) => match shared.store().objects.get(name) {
+            Some(o) if table => {
+                let rv = o["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                json_response(
+                    StatusCode::OK,
+                    &discovery::table(&[o], rv, jiff::Timestamp::now()),
+                )
+            }
+            Some(o) => json_response(StatusCode::OK, o),
+            None => not_found(name),
+        },
+        (Method::DELETE, false) => delete_identity(shared, name, body, dry_run),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+            None,
+        ),
+    }
 }
 
 fn not_found(name: &str) -> Response<Body> {

@@ -302,3 +302,54 @@ async fn a_lease_that_expired_while_etcd_was_out_of_reach_is_taken_again() {
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn objects_that_arrive_while_etcd_is_gone_for_a_minute_are_reserved_when_it_is_back() {
+    let mut w = World::new(SandboxConfig::default()).await;
+    let sl = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/node-1"), b"300")
+        .await;
+    w.sb.seed_identity(4000, &sl("k8s:app=b;"));
+    let s = Sync::start_via(
+        &w,
+        &w.etcd.endpoint,
+        &w.path("kubeconfig"),
+        &["--reserve-in-kvstore"],
+    );
+    let slave = |l: &str| format!("{P}/value/{l}/cilium-idmig-sync");
+    until(20, "4000 reserved", &s, || async {
+        lease_of(&w, &slave("k8s:app=b;")).await.is_some()
+    })
+    .await;
+
+    // etcd goes for a minute; CRD-mode agents go on creating objects meanwhile.
+    w.etcd.kill();
+    let gone = Instant::now();
+    for id in 4001..4004u32 {
+        w.sb.seed_identity(id, &sl(&format!("k8s:app=during-{id};")));
+    }
+    tokio::time::sleep(Duration::from_secs(60).saturating_sub(gone.elapsed())).await;
+    w.etcd.restart().await;
+    let back = Instant::now();
+    until(45, "the outage's objects reserved", &s, || async {
+        let mut all = true;
+        for id in 4001..4004u32 {
+            all &= lease_of(&w, &slave(&format!("k8s:app=during-{id};")))
+                .await
+                .is_some();
+        }
+        all
+    })
+    .await;
+    eprintln!("reserved {:?} after etcd came back", back.elapsed());
+    // The reservation from before the outage is still on a live lease.
+    assert!(
+        lease_of(&w, &slave("k8s:app=b;"))
+            .await
+            .is_some_and(|l| l != 0)
+    );
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}

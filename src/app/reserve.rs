@@ -5,7 +5,9 @@
 //! allocations are prevented instead of reported. Each write and delete is a decision-log
 //! line and counted; the lease is kept alive, revoked at cutover (or on a clean stop with
 //! `--release-reservations`), and then each master key written is deleted if it is unchanged
-//! and no node uses it. A killed sync leaves its keys to lapse with the lease.
+//! and no node uses it. A killed sync leaves its keys to lapse with the lease, unless it is
+//! restarted: the decision log records each reservation's revision, and the restarted sync
+//! takes over those still as written (`note_reservations`, `Reservations::adopt`).
 //!
 //! The reservations live in a task of their own (`ReservationTask`): an etcd write can take
 //! up to the client's timeout on a stalled server, and sync's loop must keep following both
@@ -27,7 +29,7 @@ use crate::core::planner::Kind;
 use crate::core::range::IdRange;
 use crate::core::sync::SyncState;
 use crate::error::Result;
-use crate::io::decision_log::{DecisionLog, Record};
+use crate::io::decision_log::{DecisionLog, LogContents, Record};
 use crate::io::kv_source::KvFollower;
 use crate::io::reservation::{LEASE_TTL_SECS, Released, Reserved, Reserver};
 
@@ -162,14 +164,16 @@ impl Reservations {
         {
             Reserved::Written { revision } => {
                 // No write without its log line: a log that cannot be written stops here.
-                log.append(line(
+                let mut l = line(
                     id,
                     labels,
                     "reserve-in-kvstore",
                     format!(
                         "put id/{id} and value/{labels}/{RESERVATION_NODE} at revision {revision}: reserved"
                     ),
-                ))?;
+                );
+                l.kvstore_revision = Some(revision);
+                log.append(l)?;
                 metrics.kvstore_writes.inc_by(2);
                 self.held.insert(id, (labels.clone(), revision));
             }
@@ -222,6 +226,64 @@ impl Reservations {
         Ok(())
     }
 
+    /// Takes over what an earlier sync reserved (from its decision log) and did not release:
+    /// each master key still as written (`revision`) is held again, and where Kubernetes
+    /// still holds the object (`keep`) its `value/` key goes (back) on this sync's lease, so
+    /// it outlives the earlier lease. What changed since is left alone.
+    async fn adopt(
+        &mut self,
+        earlier: Vec<Earlier>,
+        log: &DecisionLog,
+        metrics: &Metrics,
+    ) -> Result<Option<String>> {
+        let (mut adopted, mut changed) = (0, 0);
+        for e in earlier {
+            if self.held.contains_key(&e.id) {
+                continue;
+            }
+            if !e.keep {
+                // Its object is gone: the master key is released with the rest if unchanged.
+                self.held.insert(e.id, (e.labels, e.revision));
+                self.unreserved.insert(e.id);
+                continue;
+            }
+            let back = self
+                .reserver
+                .restore(
+                    &self.prefix,
+                    e.id,
+                    e.labels.as_bytes(),
+                    e.revision,
+                    self.lease,
+                )
+                .await?;
+            let (id, labels, revision) = (e.id, e.labels, e.revision);
+            let what = if back {
+                metrics.kvstore_writes.inc();
+                adopted += 1;
+                self.held.insert(id, (labels.clone(), revision));
+                format!(
+                    "put value/{labels}/{RESERVATION_NODE} on this sync's lease: adopted from an earlier sync (id/{id} as written at revision {revision})"
+                )
+            } else {
+                changed += 1;
+                format!(
+                    "id/{id} changed since an earlier sync wrote it at revision {revision}: not adopted, nothing written"
+                )
+            };
+            let mut l = line(id, &labels, "reserve-in-kvstore", what);
+            l.kvstore_revision = back.then_some(revision);
+            log.append(l)?;
+        }
+        metrics.kvstore_reservations.set(self.count() as i64);
+        if adopted + changed == 0 {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "took over {adopted} reservations an earlier sync made and did not release ({changed} changed since and left alone)"
+        )))
+    }
+
     /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
     /// no longer holds, so the id is reserved again if Kubernetes still holds it.
     fn forget(&mut self, id: u32, metrics: &Metrics) {
@@ -257,12 +319,44 @@ impl Reservations {
     }
 }
 
+/// A reservation an earlier sync recorded in its decision log and did not release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    pub id: u32,
+    pub labels: LabelKey,
+    /// The revision its master key was written at.
+    pub revision: i64,
+    /// Kubernetes still holds the object with these labels: its `value/` key is kept.
+    pub keep: bool,
+}
+
+/// Folds one decision log (logs in order) into the reservations recorded as made and not
+/// released: what a sync restarted (after a crash, an upgrade, or on another host) takes over.
+pub fn note_reservations(made: &mut BTreeMap<u32, (LabelKey, i64)>, log: &LogContents) {
+    for r in &log.records {
+        let Ok(id) = r.id.parse::<u32>() else {
+            continue;
+        };
+        match (r.action.as_deref(), r.kvstore_revision) {
+            (Some("reserve-in-kvstore"), Some(revision)) => {
+                made.insert(id, (r.labels.clone(), revision));
+            }
+            (Some("release-reservation"), _) => {
+                made.remove(&id);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What sync's loop asks of the task that owns the reservations.
 enum Request {
     /// Reserve these, in order; a failed write ends the batch.
     Reserve(Vec<(u32, LabelKey)>),
     /// The object at this id went from Kubernetes.
     Unreserve(u32),
+    /// What an earlier sync reserved and did not release.
+    Adopt(Vec<Earlier>),
     /// The kvstore's master key at this id went (Cilium's GC): whatever was known of it
     /// (reserved by sync, or found held) no longer holds.
     Forget(u32),
@@ -350,6 +444,9 @@ impl ReservationTask {
                             r.forget(id, &metrics);
                             (false, Ok(None))
                         }
+                        Some(Request::Adopt(earlier)) => {
+                            (false, r.adopt(earlier, &cfg.log, &metrics).await)
+                        }
                     },
                     _ = keep_alive.tick() => (false, r.keep_alive(&cfg.log, &metrics).await),
                 };
@@ -389,6 +486,14 @@ impl ReservationTask {
     /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
     pub fn want(&mut self, id: u32, labels: LabelKey) {
         self.queued.insert(id, labels);
+    }
+
+    /// Takes over what an earlier sync reserved (`earlier_reservations`), before anything
+    /// else is reserved.
+    pub fn adopt(&mut self, earlier: Vec<Earlier>) {
+        if !earlier.is_empty() {
+            let _ = self.requests.send(Request::Adopt(earlier));
+        }
     }
 
     /// The whole view is to be looked at again at the next batch.

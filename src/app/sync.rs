@@ -202,7 +202,7 @@ pub async fn run(
         // Refused before anything is read or written (`follower` says why).
         cfg.kv.follower().await?;
     }
-    let decisions = resume_decisions(&cfg)?;
+    let (decisions, earlier) = resume_decisions(&cfg)?;
     let lease = take_lease(&cfg, &opts, &events).await?;
     let mut sync = Sync {
         writer: lease.writer.clone(),
@@ -214,6 +214,7 @@ pub async fn run(
         stop,
         decided,
         decisions,
+        earlier,
         reservations: None,
         releasing: None,
     };
@@ -252,19 +253,25 @@ pub async fn run(
 }
 
 /// The decisions recorded so far (this log and any --resume logs): a restart resumes
-/// them. A log that cannot be read is an error: going on without its decisions could
-/// create what the operator skipped.
-fn resume_decisions(cfg: &ServiceConfig) -> Result<BTreeMap<String, LoggedDecision>> {
-    let mut steps = Vec::new();
+/// them; and the kvstore reservations they record as made and not released. A log that
+/// cannot be read is an error: going on without its decisions could create what the
+/// operator skipped.
+fn resume_decisions(cfg: &ServiceConfig) -> Result<(BTreeMap<String, LoggedDecision>, Earlier)> {
+    let (mut steps, mut reserved) = (Vec::new(), BTreeMap::new());
     for p in cfg
         .resume
         .iter()
         .chain(std::iter::once(&cfg.log.path().to_path_buf()))
     {
-        steps.extend(flows::read_log(p)?.steps());
+        let log = flows::read_log(p)?;
+        steps.extend(log.steps());
+        reserve::note_reservations(&mut reserved, &log);
     }
-    Ok(resume::replay(steps))
+    Ok((resume::replay(steps), reserved))
 }
+
+/// Reservations an earlier sync made and did not release: id, label key, revision.
+type Earlier = BTreeMap<u32, (LabelKey, i64)>;
 
 /// What lives across rounds: the configuration, the lease, the decisions, the
 /// reservations.
@@ -278,6 +285,9 @@ struct Sync {
     writer: tokio::sync::watch::Receiver<Writer>,
     decided: Option<mpsc::Receiver<LoggedDecision>>,
     decisions: BTreeMap<String, LoggedDecision>,
+    /// Reservations an earlier sync made and did not release, taken over when this one's
+    /// reservations start.
+    earlier: Earlier,
     reservations: Option<ReservationTask>,
     /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
     releasing: Option<tokio::task::JoinHandle<()>>,
@@ -361,6 +371,7 @@ impl Sync {
             .map_err(|e| Retry::After(e.to_string()))?;
         state.k8s = listed.identities;
         state.k8s_version = listed.resource_version;
+        self.adopt_earlier(&state);
         if let Some(r) = self.reservations.as_mut()
             && self.lease.holding()
         {
@@ -409,6 +420,29 @@ impl Sync {
             k8s_up: false,
             following: false,
         })
+    }
+}
+
+impl Sync {
+    /// Hands what an earlier sync reserved and did not release to the reservations task,
+    /// once, by the lease's holder (only it writes).
+    fn adopt_earlier(&mut self, state: &SyncState) {
+        let Some(r) = self.reservations.as_mut() else {
+            return;
+        };
+        if self.earlier.is_empty() || !self.lease.holding() {
+            return;
+        }
+        let earlier = std::mem::take(&mut self.earlier)
+            .into_iter()
+            .map(|(id, (labels, revision))| reserve::Earlier {
+                keep: state.k8s.get(&id) == Some(&labels),
+                id,
+                labels,
+                revision,
+            })
+            .collect();
+        r.adopt(earlier);
     }
 }
 
@@ -594,6 +628,7 @@ impl Round {
         let ev = match now {
             Writer::Us => {
                 // Everything seen while another sync wrote is planned (and reserved) again.
+                sync.adopt_earlier(&self.state);
                 if let Some(r) = sync.reservations.as_mut() {
                     r.view_changed();
                 }

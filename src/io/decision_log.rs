@@ -51,6 +51,10 @@ pub struct Record {
     /// revision and what happened. Such a line carries no outcome: it serves no identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kvstore: Option<String>,
+    /// For a reservation: the revision its master key was written at, so that a later sync
+    /// can tell the key is still the one written (and its own to keep or release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore_revision: Option<i64>,
 }
 
 impl Record {
@@ -75,6 +79,7 @@ impl Record {
             uid: None,
             resource_version: None,
             kvstore: None,
+            kvstore_revision: None,
             decided_by: None,
             action: None,
         }

@@ -353,3 +353,69 @@ async fn objects_that_arrive_while_etcd_is_gone_for_a_minute_are_reserved_when_i
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_sync_takes_over_the_reservations_its_predecessor_left() {
+    let w = World::new(SandboxConfig::default()).await;
+    let (a, b) = ("k8s:app=a;", "k8s:app=b;");
+    w.etcd.put(&format!("{P}/id/300"), a.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{a}/node-1"), b"300").await;
+    w.sb.seed_identity(300, &to_security_labels(&parse_label_key(a).unwrap()));
+    w.sb.seed_identity(4000, &to_security_labels(&parse_label_key(b).unwrap()));
+    let slave = format!("{P}/value/{b}/cilium-idmig-sync");
+    let kc = w.path("kubeconfig");
+    let first = Sync::start_via(&w, &w.etcd.endpoint, &kc, &["--reserve-in-kvstore"]);
+    until(20, "4000 reserved", &first, || async {
+        lease_of(&w, &slave).await.is_some()
+    })
+    .await;
+    let old = lease_of(&w, &slave).await.unwrap();
+    first.kill().await;
+    // Its lease lapses (15 minutes later): the value/ key goes, the master key stays.
+    let mut c = w.etcd.client().await.unwrap();
+    c.lease_revoke(old).await.unwrap();
+    assert_eq!(lease_of(&w, &slave).await, None);
+    assert!(lease_of(&w, &format!("{P}/id/4000")).await.is_some());
+
+    // The same sync, restarted: from its decision log it finds 4000 reserved at a revision
+    // the master key still has, and puts the value/ key back on its own lease.
+    let second = Sync::start_via(
+        &w,
+        &w.etcd.endpoint,
+        &kc,
+        &[
+            "--reserve-in-kvstore",
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+            "--accept-proposals",
+        ],
+    );
+    until(
+        20,
+        "4000's value/ key back on a new lease",
+        &second,
+        || async {
+            lease_of(&w, &slave)
+                .await
+                .is_some_and(|l| l != old && l != 0)
+        },
+    )
+    .await;
+    second
+        .wait_for_line("took over 1 reservations an earlier sync made", 10)
+        .await;
+    // Its own now: released at cutover like the rest.
+    c.delete(format!("{P}/value/{a}/node-1"), None)
+        .await
+        .unwrap();
+    second.wait_for_line("cutover reached", 60).await;
+    second
+        .wait_for_line("lease revoked, 1 of 1 master keys deleted", 20)
+        .await;
+    assert_eq!(lease_of(&w, &format!("{P}/id/4000")).await, None);
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(log.contains("adopted from an earlier sync"), "{log}");
+    let (code, text) = second.stop().await;
+    assert_eq!(code, 0, "{text}");
+}

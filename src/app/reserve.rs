@@ -594,3 +594,55 @@ pub async fn next_reply(task: &mut Option<ReservationTask>) -> Option<Reply> {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservation(id: u32, labels: &str, action: &str, revision: Option<i64>) -> Record {
+        let mut r = line(id, labels, action, String::new());
+        r.kvstore_revision = revision;
+        r
+    }
+
+    #[test]
+    fn a_restart_takes_over_what_was_reserved_and_not_released_at_the_revision_last_written() {
+        let first = LogContents {
+            records: vec![
+                reservation(4000, "k8s:app=a;", "reserve-in-kvstore", Some(10)),
+                reservation(4001, "k8s:app=b;", "reserve-in-kvstore", Some(11)),
+                reservation(4002, "k8s:app=c;", "reserve-in-kvstore", Some(12)),
+                // Found held by another: nothing written, no revision.
+                reservation(4003, "k8s:app=d;", "reserve-in-kvstore", None),
+                // Its object went: the master key is still the tool's.
+                reservation(4001, "k8s:app=b;", "unreserve", None),
+            ],
+            ..Default::default()
+        };
+        let second = LogContents {
+            records: vec![
+                reservation(4000, "k8s:app=a;", "release-reservation", None),
+                // Taken over by a restart: the same master key, the revision carried on.
+                reservation(4002, "k8s:app=c;", "reserve-in-kvstore", Some(12)),
+                // Written again after Cilium's GC removed it: the newer revision counts.
+                reservation(4000, "k8s:app=a;", "reserve-in-kvstore", Some(20)),
+            ],
+            ..Default::default()
+        };
+        let mut made = BTreeMap::new();
+        note_reservations(&mut made, &first);
+        note_reservations(&mut made, &second);
+        let got: Vec<(u32, &str, i64)> = made
+            .iter()
+            .map(|(id, (l, rev))| (*id, l.as_str(), *rev))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (4000, "k8s:app=a;", 20),
+                (4001, "k8s:app=b;", 11),
+                (4002, "k8s:app=c;", 12),
+            ]
+        );
+    }
+}

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::http::{Body, json_response, status};
 use super::selector::Selector;
 use super::state::Shared;
+use super::store::{Store, WatchEvent};
 use crate::core::identity::{GROUP, KIND, VERSION};
 
 fn param<'a>(params: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -221,80 +222,68 @@ fn streamed(out: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>) 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 const BOOKMARK_BEFORE_END: Duration = Duration::from_secs(2);
 
+/// A watch as asked for in its query.
+struct WatchRequest {
+    sel: Selector,
+    timeout: Option<Duration>,
+    /// Resume after this version; `None`: from the current state.
+    from: Option<u64>,
+    /// A streaming list: the current state, then a bookmark that says it is complete.
+    initial_events: bool,
+    bookmarks: bool,
+}
+
+impl WatchRequest {
+    /// Reads the query; a 422 for what a real server refuses.
+    fn parse(shared: &Shared, params: &[(String, String)]) -> Result<Self, Box<Response<Body>>> {
+        let sel = selector(params)?;
+        let initial_events = param(params, "sendInitialEvents") == Some("true");
+        if initial_events {
+            if !shared.config.reads.watch_list {
+                return Err(Box::new(status(
+                    422,
+                    "Invalid",
+                    "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                    None,
+                )));
+            }
+            if param(params, "resourceVersionMatch") != Some("NotOlderThan") {
+                return Err(Box::new(status(
+                    422,
+                    "Invalid",
+                    "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                    None,
+                )));
+            }
+            shared.count("WATCH with initial events");
+        }
+        Ok(WatchRequest {
+            sel,
+            timeout: param(params, "timeoutSeconds")
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(Duration::from_secs),
+            from: param(params, "resourceVersion")
+                .and_then(|r| r.parse().ok())
+                .filter(|r| *r > 0),
+            initial_events,
+            bookmarks: param(params, "allowWatchBookmarks") == Some("true"),
+        })
+    }
+}
+
 pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Body> {
-    let sel = match selector(params) {
-        Ok(s) => s,
+    let req = match WatchRequest::parse(shared, params) {
+        Ok(r) => r,
         Err(r) => return *r,
     };
-    let timeout = param(params, "timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let from: Option<u64> = param(params, "resourceVersion")
-        .and_then(|r| r.parse().ok())
-        .filter(|r| *r > 0);
-    let initial_events = param(params, "sendInitialEvents") == Some("true");
-    let bookmarks = param(params, "allowWatchBookmarks") == Some("true");
-    if initial_events {
-        if !shared.config.reads.watch_list {
-            return status(
-                422,
-                "Invalid",
-                "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-                None,
-            );
-        }
-        if param(params, "resourceVersionMatch") != Some("NotOlderThan") {
-            return status(
-                422,
-                "Invalid",
-                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                None,
-            );
-        }
-        shared.count("WATCH with initial events");
-    }
     let store = shared.store();
-    let mut initial: Vec<String> = Vec::new();
-    match from {
-        // A streaming list: the current state, then a bookmark that says it is complete.
-        _ if initial_events => {
-            for o in store.objects.values() {
-                if sel.matches(&obj_labels(o)) {
-                    initial.push(json!({"type": "ADDED", "object": o}).to_string());
-                }
-            }
-            initial.push(
-                json!({"type": "BOOKMARK", "object": {"kind": KIND, "apiVersion": format!("{GROUP}/{VERSION}"),
-                    "metadata": {"resourceVersion": store.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}}})
-                .to_string(),
-            );
-        }
-        Some(rv) if rv < store.history_floor => {
-            let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": format!("too old resource version: {rv} ({})", store.history_floor), "reason": "Expired", "code": 410}});
-            initial.push(gone.to_string());
-        }
-        Some(rv) => {
-            for ev in store.history.iter().filter(|e| e.rv > rv) {
-                if event_matches(&ev.line, &sel) {
-                    initial.push(ev.line.clone());
-                }
-            }
-        }
-        None => {
-            for o in store.objects.values() {
-                if sel.matches(&obj_labels(o)) {
-                    initial.push(json!({"type": "ADDED", "object": o}).to_string());
-                }
-            }
-        }
-    }
-    let expired = from.is_some_and(|rv| rv < store.history_floor);
-    let mut rx = store.events.subscribe();
+    let initial = first_events(&store, &req);
+    let expired = req.from.is_some_and(|rv| rv < store.history_floor);
+    let rx = store.events.subscribe();
     let start_rv = store.rv;
     drop(store);
     let (tx, out) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(256);
-    let pace = if initial_events {
+    let pace = if req.initial_events {
         shared.config.reads.cache_per_object
     } else {
         Duration::ZERO
@@ -313,75 +302,113 @@ pub(super) fn watch(shared: &Shared, params: &[(String, String)]) -> Response<Bo
                 return;
             }
         }
-        if expired {
-            return;
-        }
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        // As a real server does for a client that allows them: a bookmark every minute and
-        // one shortly before the watch's timeout, at the newest version this watch has
-        // passed, so a quiet watch still hears from its server.
-        let mut passed = start_rv;
-        let next_bookmark = |now: tokio::time::Instant| {
-            let minute = now + BOOKMARK_EVERY;
-            match deadline {
-                Some(d) if d > now + BOOKMARK_BEFORE_END => {
-                    Some(minute.min(d - BOOKMARK_BEFORE_END))
-                }
-                Some(_) => None,
-                None => Some(minute),
-            }
-        };
-        let mut bookmark_at = bookmarks
-            .then(|| next_bookmark(tokio::time::Instant::now()))
-            .flatten();
-        loop {
-            let wake = match (deadline, bookmark_at) {
-                (Some(d), Some(b)) => Some(d.min(b)),
-                (d, b) => d.or(b),
-            };
-            let next = async {
-                match wake {
-                    Some(w) => tokio::time::timeout_at(w, rx.recv()).await.ok(),
-                    None => Some(rx.recv().await),
-                }
-            };
-            let next = next.await;
-            let now = tokio::time::Instant::now();
-            if next.is_none() && deadline.is_some_and(|d| now >= d) {
-                return;
-            }
-            if next.is_none() {
-                bookmark_at = next_bookmark(now);
-                let line = json!({"type": "BOOKMARK", "object": {"kind": KIND,
-                    "apiVersion": format!("{GROUP}/{VERSION}"),
-                    "metadata": {"resourceVersion": passed.to_string()}}});
-                if tx
-                    .send(Ok(Frame::data(Bytes::from(line.to_string() + "\n"))))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                continue;
-            }
-            match next {
-                Some(Ok(ev)) if ev.rv > start_rv => {
-                    passed = passed.max(ev.rv);
-                    if event_matches(&ev.line, &sel)
-                        && tx
-                            .send(Ok(Frame::data(Bytes::from(ev.line + "\n"))))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                }
-                Some(Ok(_)) | Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
-                Some(Err(_)) | None => return,
-            }
+        if !expired {
+            follow(req, rx, start_rv, tx).await;
         }
     });
     streamed(out)
+}
+
+/// What a watch sends first: the current state (with its closing bookmark for a streaming
+/// list), the events after the version it resumes from, or a 410 when that is too old.
+fn first_events(store: &Store, req: &WatchRequest) -> Vec<String> {
+    let current = || {
+        store
+            .objects
+            .values()
+            .filter(|o| req.sel.matches(&obj_labels(o)))
+            .map(|o| json!({"type": "ADDED", "object": o}).to_string())
+            .collect::<Vec<String>>()
+    };
+    match req.from {
+        _ if req.initial_events => {
+            let mut initial = current();
+            initial.push(
+                json!({"type": "BOOKMARK", "object": {"kind": KIND, "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "metadata": {"resourceVersion": store.rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+                .to_string(),
+            );
+            initial
+        }
+        Some(rv) if rv < store.history_floor => {
+            let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("too old resource version: {rv} ({})", store.history_floor), "reason": "Expired", "code": 410}});
+            vec![gone.to_string()]
+        }
+        Some(rv) => store
+            .history
+            .iter()
+            .filter(|e| e.rv > rv && event_matches(&e.line, &req.sel))
+            .map(|e| e.line.clone())
+            .collect(),
+        None => current(),
+    }
+}
+
+/// Sends what happens after `start_rv` until the watch's timeout, as a real server does for
+/// a client that allows them: a bookmark every minute and one shortly before the timeout,
+/// at the newest version this watch has passed, so a quiet watch still hears from its server.
+async fn follow(
+    req: WatchRequest,
+    mut rx: tokio::sync::broadcast::Receiver<WatchEvent>,
+    start_rv: u64,
+    tx: tokio::sync::mpsc::Sender<Result<Frame<Bytes>, Infallible>>,
+) {
+    let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut passed = start_rv;
+    let next_bookmark = |now: tokio::time::Instant| {
+        let minute = now + BOOKMARK_EVERY;
+        match deadline {
+            Some(d) if d > now + BOOKMARK_BEFORE_END => Some(minute.min(d - BOOKMARK_BEFORE_END)),
+            Some(_) => None,
+            None => Some(minute),
+        }
+    };
+    let mut bookmark_at = req
+        .bookmarks
+        .then(|| next_bookmark(tokio::time::Instant::now()))
+        .flatten();
+    loop {
+        let wake = match (deadline, bookmark_at) {
+            (Some(d), Some(b)) => Some(d.min(b)),
+            (d, b) => d.or(b),
+        };
+        let next = match wake {
+            Some(w) => tokio::time::timeout_at(w, rx.recv()).await.ok(),
+            None => Some(rx.recv().await),
+        };
+        let now = tokio::time::Instant::now();
+        if next.is_none() && deadline.is_some_and(|d| now >= d) {
+            return;
+        }
+        let line = match next {
+            None => {
+                bookmark_at = next_bookmark(now);
+                json!({"type": "BOOKMARK", "object": {"kind": KIND,
+                    "apiVersion": format!("{GROUP}/{VERSION}"),
+                    "metadata": {"resourceVersion": passed.to_string()}}})
+                .to_string()
+            }
+            Some(Ok(ev)) if ev.rv > start_rv => {
+                passed = passed.max(ev.rv);
+                if !event_matches(&ev.line, &req.sel) {
+                    continue;
+                }
+                ev.line
+            }
+            Some(Ok(_)) | Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
+                continue;
+            }
+            Some(Err(_)) => return,
+        };
+        if tx
+            .send(Ok(Frame::data(Bytes::from(line + "\n"))))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
 }
 
 fn event_matches(line: &str, sel: &Selector) -> bool {

@@ -17,18 +17,7 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
     }
     match modal {
         Modal::Help | Modal::Message(_) => vec![],
-        Modal::ResumeOffer { path, .. } => {
-            if key.code != KeyCode::Char('y') {
-                model.status = format!("starting fresh; {} is left as it is", path.display());
-                return vec![];
-            }
-            model.scan.generation += 1;
-            model.scan.scanning = true;
-            vec![Command::Send(ServiceRequest::Resume {
-                generation: model.scan.generation,
-                paths: vec![path],
-            })]
-        }
+        Modal::ResumeOffer { path, .. } => on_resume_offer(model, path, &key),
         Modal::Detail { index } => {
             // Enter on a conflict goes on to review it; any other key closes.
             if key.code == KeyCode::Enter && model.cluster.items[index].kind.is_conflict() {
@@ -37,77 +26,10 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             }
             vec![]
         }
-        Modal::Search { mut input } => {
-            // Enter keeps the search and closes the popup; Esc clears it.
-            if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
-                input.on_key(&key, |_| true);
-                model.modal = Some(Modal::Search {
-                    input: input.clone(),
-                });
-            }
-            // Filter as the operator types; Esc clears.
-            model.table.search = if key.code == KeyCode::Esc {
-                String::new()
-            } else {
-                input.text().to_string()
-            };
-            model.table.selected = 0;
-            model.rebuild_view();
-            vec![]
-        }
-        Modal::EditTarget { mut input, .. } => match key.code {
-            KeyCode::Esc => vec![],
-            KeyCode::Enter => {
-                let Some(i) = model.review.conflict else {
-                    return vec![];
-                };
-                let text = input.text().trim();
-                let parsed = text
-                    .parse::<u32>()
-                    .map_err(|_| format!("{text:?} is not an id"));
-                let checked = parsed.and_then(|t| {
-                    validate_new_target(
-                        &model.cluster.items,
-                        i,
-                        t,
-                        &model.cluster.k8s,
-                        model.cluster.range,
-                    )
-                    .map(|_| t)
-                });
-                match checked {
-                    Ok(t) => decide(model, Decision::EditTarget(t)),
-                    Err(e) => {
-                        model.modal = Some(Modal::EditTarget {
-                            input,
-                            error: Some(e),
-                        });
-                        vec![]
-                    }
-                }
-            }
-            _ => {
-                input.on_key(&key, |c| c.is_ascii_digit());
-                model.modal = Some(Modal::EditTarget { input, error: None });
-                vec![]
-            }
-        },
+        Modal::Search { input } => on_search(model, input, &key),
+        Modal::EditTarget { input, .. } => on_edit_target(model, input, &key),
         Modal::ConfirmAcceptAll { count } => match key.code {
-            KeyCode::Char('y') | KeyCode::Enter => {
-                let pending: Vec<usize> = model
-                    .conflicts()
-                    .filter(|&i| !model.cluster.items[i].decided)
-                    .collect();
-                let mut cmds = Vec::new();
-                for i in pending {
-                    // Accepting a proposal cannot be refused.
-                    let _ = Decision::Accept.apply_to(&mut model.cluster.items[i]);
-                    cmds.push(log_decision("accept-all", &model.cluster.items[i]));
-                }
-                model.review.undo.clear();
-                model.status = format!("accepted {count} proposals");
-                cmds
-            }
+            KeyCode::Char('y') | KeyCode::Enter => accept_all(model, count),
             _ => vec![],
         },
         Modal::ConfirmBulk { targets } => {
@@ -156,6 +78,99 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             }
         },
     }
+}
+
+/// The offer to resume a log found beside this one: `y` resumes it, anything else starts
+/// fresh and leaves the log as it is.
+fn on_resume_offer(model: &mut Model, path: std::path::PathBuf, key: &KeyEvent) -> Vec<Command> {
+    if key.code != KeyCode::Char('y') {
+        model.status = format!("starting fresh; {} is left as it is", path.display());
+        return vec![];
+    }
+    model.scan.generation += 1;
+    model.scan.scanning = true;
+    vec![Command::Send(ServiceRequest::Resume {
+        generation: model.scan.generation,
+        paths: vec![path],
+    })]
+}
+
+/// The search popup filters as the operator types; Enter keeps the search and closes the
+/// popup, Esc clears it.
+fn on_search(model: &mut Model, mut input: TextField, key: &KeyEvent) -> Vec<Command> {
+    if !matches!(key.code, KeyCode::Esc | KeyCode::Enter) {
+        input.on_key(key, |_| true);
+        model.modal = Some(Modal::Search {
+            input: input.clone(),
+        });
+    }
+    model.table.search = if key.code == KeyCode::Esc {
+        String::new()
+    } else {
+        input.text().to_string()
+    };
+    model.table.selected = 0;
+    model.rebuild_view();
+    vec![]
+}
+
+/// Editing a remap's target id: digits only; Enter decides it if the id is free on both
+/// sides, else says why and stays open.
+fn on_edit_target(model: &mut Model, mut input: TextField, key: &KeyEvent) -> Vec<Command> {
+    match key.code {
+        KeyCode::Esc => vec![],
+        KeyCode::Enter => {
+            let Some(i) = model.review.conflict else {
+                return vec![];
+            };
+            let text = input.text().trim();
+            let parsed = text
+                .parse::<u32>()
+                .map_err(|_| format!("{text:?} is not an id"));
+            let checked = parsed.and_then(|t| {
+                validate_new_target(
+                    &model.cluster.items,
+                    i,
+                    t,
+                    &model.cluster.k8s,
+                    model.cluster.range,
+                )
+                .map(|_| t)
+            });
+            match checked {
+                Ok(t) => decide(model, Decision::EditTarget(t)),
+                Err(e) => {
+                    model.modal = Some(Modal::EditTarget {
+                        input,
+                        error: Some(e),
+                    });
+                    vec![]
+                }
+            }
+        }
+        _ => {
+            input.on_key(key, |c| c.is_ascii_digit());
+            model.modal = Some(Modal::EditTarget { input, error: None });
+            vec![]
+        }
+    }
+}
+
+/// Accepts every proposal still waiting for a decision (confirmed in its popup).
+fn accept_all(model: &mut Model, count: usize) -> Vec<Command> {
+    let pending: Vec<usize> = model
+        .conflicts()
+        .filter(|&i| !model.cluster.items[i].decided)
+        .collect();
+    let mut cmds = Vec::new();
+    for i in pending {
+        // Accepting a proposal cannot be refused.
+        let _ = Decision::Accept.apply_to(&mut model.cluster.items[i]);
+        cmds.push(log_decision("accept-all", &model.cluster.items[i]));
+    }
+    model.review.undo.clear();
+    model.status = format!("accepted {count} proposals");
+    cmds
 }
 
 /// A popup that asks for a typed word (`yes` before a write) : Enter with the word runs

@@ -111,6 +111,73 @@ fn detail(model: &Model, index: usize, area: Rect) -> (&'static str, Vec<Line<'s
     (" Identity ", lines, h)
 }
 
+/// The lines of a popup that asks for a typed word, and the word as typed so far.
+fn typed_word(mut lines: Vec<Line<'static>>, typed: &TextField) -> Vec<Line<'static>> {
+    lines.push(Line::styled(
+        format!("> {}", with_cursor(typed)),
+        Style::default().add_modifier(Modifier::BOLD),
+    ));
+    lines
+}
+
+/// The commit's confirmation: how many objects it may write, and where.
+fn confirm_commit(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
+    let writes = crate::core::planner::WriteSummary::of(&model.cluster.items).creates();
+    let server = model
+        .cluster
+        .preflight
+        .as_ref()
+        .map_or("the cluster", |p| p.server.as_str());
+    let lines = vec![
+        Line::raw(format!(
+            "This writes up to {writes} CiliumIdentity objects to {server}."
+        )),
+        Line::raw("Nothing existing is overwritten. Type yes and press Enter (Esc cancels)."),
+    ];
+    (" Commit ", typed_word(lines, typed), 5)
+}
+
+/// The rollback's confirmation: how many objects it may delete.
+fn confirm_rollback(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
+    let s = model
+        .rollback
+        .as_ref()
+        .and_then(|rb| rb.ops.as_ref())
+        .map(|ops| crate::app::rollback::summarize(ops))
+        .unwrap_or_default();
+    let lines = vec![
+        Line::raw(format!(
+            "This deletes up to {} CiliumIdentity objects these runs created ({} are already gone), each only if it is still that object.",
+            s.delete, s.gone
+        )),
+        Line::raw("Type yes and press Enter (Esc cancels)."),
+    ];
+    (" Roll back ", typed_word(lines, typed), 5)
+}
+
+/// One decision for every conflict the table shows: which, and the keys for each decision.
+fn confirm_bulk(model: &Model, targets: &[usize]) -> (&'static str, Vec<Line<'static>>, u16) {
+    (
+        " One decision for every conflict shown ",
+        vec![
+            Line::raw(format!(
+                "{} conflicts match the filter ({}) and search ({:?}): {}.",
+                targets.len(),
+                model.table.filter.label(),
+                model.table.search,
+                describe_targets(model, targets)
+            )),
+            Line::raw(
+                "a accept the proposals · s skip · u reuse the id that has the labels · c create duplicates anyway",
+            ),
+            Line::raw(
+                "A decision that does not fit an item leaves it as it was; each item is logged as a bulk decision; z undoes the whole step. Any other key cancels.",
+            ),
+        ],
+        6,
+    )
+}
+
 pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let (title, lines, h): (&str, Vec<Line>, u16) = match modal {
@@ -152,65 +219,21 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             ],
             4,
         ),
-        Modal::ConfirmCommit { typed } => {
-            let writes = crate::core::planner::WriteSummary::of(&model.cluster.items).creates();
-            (
-                " Commit ",
-                vec![
-                    Line::raw(format!(
-                        "This writes up to {writes} CiliumIdentity objects to {}.",
-                        model
-                            .cluster
-                            .preflight
-                            .as_ref()
-                            .map_or("the cluster", |p| p.server.as_str())
-                    )),
-                    Line::raw(
-                        "Nothing existing is overwritten. Type yes and press Enter (Esc cancels).",
-                    ),
-                    Line::styled(
-                        format!("> {}", with_cursor(typed)),
-                        Style::default().add_modifier(Modifier::BOLD),
-                    ),
-                ],
-                5,
-            )
-        }
-        Modal::ConfirmRollback { typed } => {
-            let s = model
-                .rollback
-                .as_ref()
-                .and_then(|rb| rb.ops.as_ref())
-                .map(|ops| crate::app::rollback::summarize(ops))
-                .unwrap_or_default();
-            (
-                " Roll back ",
-                vec![
-                    Line::raw(format!(
-                        "This deletes up to {} CiliumIdentity objects these runs created ({} are already gone), each only if it is still that object.",
-                        s.delete, s.gone
-                    )),
-                    Line::raw("Type yes and press Enter (Esc cancels)."),
-                    Line::styled(
-                        format!("> {}", with_cursor(typed)),
-                        Style::default().add_modifier(Modifier::BOLD),
-                    ),
-                ],
-                5,
-            )
-        }
+        Modal::ConfirmCommit { typed } => confirm_commit(model, typed),
+        Modal::ConfirmRollback { typed } => confirm_rollback(model, typed),
         Modal::ConfirmIncludeInUse { typed } => (
             " Delete identities in use ",
-            vec![
-                Line::raw(
-                    "Identities that live endpoints use are kept. Deleting one makes its agents create it again (another uid) and leaves its endpoints without an identity meanwhile.",
-                ),
-                Line::raw("To mark them delete too, type in use and press Enter (Esc cancels)."),
-                Line::styled(
-                    format!("> {}", with_cursor(typed)),
-                    Style::default().add_modifier(Modifier::BOLD),
-                ),
-            ],
+            typed_word(
+                vec![
+                    Line::raw(
+                        "Identities that live endpoints use are kept. Deleting one makes its agents create it again (another uid) and leaves its endpoints without an identity meanwhile.",
+                    ),
+                    Line::raw(
+                        "To mark them delete too, type in use and press Enter (Esc cancels).",
+                    ),
+                ],
+                typed,
+            ),
             7,
         ),
         Modal::Export { input } => (
@@ -223,25 +246,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             ],
             4,
         ),
-        Modal::ConfirmBulk { targets } => (
-            " One decision for every conflict shown ",
-            vec![
-                Line::raw(format!(
-                    "{} conflicts match the filter ({}) and search ({:?}): {}.",
-                    targets.len(),
-                    model.table.filter.label(),
-                    model.table.search,
-                    describe_targets(model, targets)
-                )),
-                Line::raw(
-                    "a accept the proposals · s skip · u reuse the id that has the labels · c create duplicates anyway",
-                ),
-                Line::raw(
-                    "A decision that does not fit an item leaves it as it was; each item is logged as a bulk decision; z undoes the whole step. Any other key cancels.",
-                ),
-            ],
-            6,
-        ),
+        Modal::ConfirmBulk { targets } => confirm_bulk(model, targets),
         Modal::Detail { index } => detail(model, *index, area),
         Modal::ResumeOffer {
             path,

@@ -104,30 +104,53 @@ impl Reservations {
                 self.to_restore.remove(&id);
                 continue;
             };
+            let how = "again on a new lease (the old one expired): reserved";
             let back = self
-                .reserver
-                .restore(&self.prefix, id, labels.as_bytes(), revision, self.lease)
+                .put_back(id, labels, revision, how, log, metrics)
                 .await?;
             self.to_restore.remove(&id);
-            let what = if back {
-                metrics.kvstore_writes.inc();
+            if back {
                 restored += 1;
-                format!(
-                    "put value/{labels}/{RESERVATION_NODE} again on a new lease (the old one expired): reserved"
-                )
             } else {
                 dropped += 1;
-                self.held.remove(&id);
-                format!(
-                    "id/{id} changed since it was written at revision {revision}: no longer held, nothing written"
-                )
-            };
-            log.append(line(id, &labels, "reserve-in-kvstore", what))?;
+            }
         }
         metrics.kvstore_reservations.set(self.count() as i64);
         Ok(Some(format!(
             "the kvstore reservation lease was gone (etcd out of reach longer than its {LEASE_TTL_SECS} s): a new lease holds {restored} reservations again ({dropped} changed since and left alone)"
         )))
+    }
+
+    /// Puts the `value/` key of `id`, reserved for `labels` with its master key written at
+    /// `revision`, on this sync's lease if the master key is still as written: held then,
+    /// else left alone and no longer held. Logged either way; `how` says how it went back.
+    async fn put_back(
+        &mut self,
+        id: u32,
+        labels: LabelKey,
+        revision: i64,
+        how: &str,
+        log: &DecisionLog,
+        metrics: &Metrics,
+    ) -> Result<bool> {
+        let back = self
+            .reserver
+            .restore(&self.prefix, id, labels.as_bytes(), revision, self.lease)
+            .await?;
+        let what = if back {
+            metrics.kvstore_writes.inc();
+            self.held.insert(id, (labels.clone(), revision));
+            format!("put value/{labels}/{RESERVATION_NODE} {how}")
+        } else {
+            self.held.remove(&id);
+            format!(
+                "id/{id} changed since it was written at revision {revision}: not held, nothing written"
+            )
+        };
+        let mut l = line(id, &labels, "reserve-in-kvstore", what);
+        l.kvstore_revision = back.then_some(revision);
+        log.append(l)?;
+        Ok(back)
     }
 
     /// Master keys written (their `value/` key may have gone with the object since).
@@ -247,33 +270,18 @@ impl Reservations {
                 self.unreserved.insert(e.id);
                 continue;
             }
-            let back = self
-                .reserver
-                .restore(
-                    &self.prefix,
-                    e.id,
-                    e.labels.as_bytes(),
-                    e.revision,
-                    self.lease,
-                )
-                .await?;
-            let (id, labels, revision) = (e.id, e.labels, e.revision);
-            let what = if back {
-                metrics.kvstore_writes.inc();
+            let how = format!(
+                "on this sync's lease: adopted from an earlier sync (id/{} as written at revision {})",
+                e.id, e.revision
+            );
+            if self
+                .put_back(e.id, e.labels, e.revision, &how, log, metrics)
+                .await?
+            {
                 adopted += 1;
-                self.held.insert(id, (labels.clone(), revision));
-                format!(
-                    "put value/{labels}/{RESERVATION_NODE} on this sync's lease: adopted from an earlier sync (id/{id} as written at revision {revision})"
-                )
             } else {
                 changed += 1;
-                format!(
-                    "id/{id} changed since an earlier sync wrote it at revision {revision}: not adopted, nothing written"
-                )
-            };
-            let mut l = line(id, &labels, "reserve-in-kvstore", what);
-            l.kvstore_revision = back.then_some(revision);
-            log.append(l)?;
+            }
         }
         metrics.kvstore_reservations.set(self.count() as i64);
         if adopted + changed == 0 {
@@ -319,6 +327,10 @@ impl Reservations {
     }
 }
 
+/// Reservations the decision logs record as made and not released: id, label key, and the
+/// revision its master key was written at.
+pub type Unreleased = BTreeMap<u32, (LabelKey, i64)>;
+
 /// A reservation an earlier sync recorded in its decision log and did not release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Earlier {
@@ -332,7 +344,7 @@ pub struct Earlier {
 
 /// Folds one decision log (logs in order) into the reservations recorded as made and not
 /// released: what a sync restarted (after a crash, an upgrade, or on another host) takes over.
-pub fn note_reservations(made: &mut BTreeMap<u32, (LabelKey, i64)>, log: &LogContents) {
+pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
     for r in &log.records {
         let Ok(id) = r.id.parse::<u32>() else {
             continue;

@@ -256,7 +256,9 @@ pub async fn run(
 /// them; and the kvstore reservations they record as made and not released. A log that
 /// cannot be read is an error: going on without its decisions could create what the
 /// operator skipped.
-fn resume_decisions(cfg: &ServiceConfig) -> Result<(BTreeMap<String, LoggedDecision>, Earlier)> {
+fn resume_decisions(
+    cfg: &ServiceConfig,
+) -> Result<(BTreeMap<String, LoggedDecision>, reserve::Unreleased)> {
     let (mut steps, mut reserved) = (Vec::new(), BTreeMap::new());
     for p in cfg
         .resume
@@ -269,9 +271,6 @@ fn resume_decisions(cfg: &ServiceConfig) -> Result<(BTreeMap<String, LoggedDecis
     }
     Ok((resume::replay(steps), reserved))
 }
-
-/// Reservations an earlier sync made and did not release: id, label key, revision.
-type Earlier = BTreeMap<u32, (LabelKey, i64)>;
 
 /// What lives across rounds: the configuration, the lease, the decisions, the
 /// reservations.
@@ -287,7 +286,7 @@ struct Sync {
     decisions: BTreeMap<String, LoggedDecision>,
     /// Reservations an earlier sync made and did not release, taken over when this one's
     /// reservations start.
-    earlier: Earlier,
+    earlier: reserve::Unreleased,
     reservations: Option<ReservationTask>,
     /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
     releasing: Option<tokio::task::JoinHandle<()>>,
@@ -421,9 +420,7 @@ impl Sync {
             following: false,
         })
     }
-}
 
-impl Sync {
     /// Hands what an earlier sync reserved and did not release to the reservations task,
     /// once, by the lease's holder (only it writes).
     fn adopt_earlier(&mut self, state: &SyncState) {

@@ -209,12 +209,7 @@ async fn an_id_the_kvstores_gc_frees_while_kubernetes_holds_it_is_reserved_again
     w.etcd.put(&format!("{P}/id/300"), a.as_bytes()).await;
     w.etcd.put(&format!("{P}/value/{a}/node-1"), b"300").await;
     w.sb.seed_identity(300, &to_security_labels(&parse_label_key(a).unwrap()));
-    let s = Sync::start_via(
-        &w,
-        &w.etcd.endpoint,
-        &w.path("kubeconfig"),
-        &["--reserve-in-kvstore"],
-    );
+    let s = Sync::start(&w, &["--reserve-in-kvstore"]);
     s.wait_for_line("sync started: following both sides", 30)
         .await;
     // Migrated, so nothing to reserve yet.
@@ -264,12 +259,7 @@ async fn a_lease_that_expired_while_etcd_was_out_of_reach_is_taken_again() {
         .put(&format!("{P}/value/k8s:app=a;/node-1"), b"300")
         .await;
     w.sb.seed_identity(4000, &sl(b)); // a CRD-mode agent's: reserved at start
-    let s = Sync::start_via(
-        &w,
-        &w.etcd.endpoint,
-        &w.path("kubeconfig"),
-        &["--reserve-in-kvstore"],
-    );
+    let s = Sync::start(&w, &["--reserve-in-kvstore"]);
     let slave_b = format!("{P}/value/{b}/cilium-idmig-sync");
     until(20, "4000 reserved", &s, || async {
         lease_of(&w, &slave_b).await.is_some()
@@ -312,12 +302,7 @@ async fn objects_that_arrive_while_etcd_is_gone_for_a_minute_are_reserved_when_i
         .put(&format!("{P}/value/k8s:app=a;/node-1"), b"300")
         .await;
     w.sb.seed_identity(4000, &sl("k8s:app=b;"));
-    let s = Sync::start_via(
-        &w,
-        &w.etcd.endpoint,
-        &w.path("kubeconfig"),
-        &["--reserve-in-kvstore"],
-    );
+    let s = Sync::start(&w, &["--reserve-in-kvstore"]);
     let slave = |l: &str| format!("{P}/value/{l}/cilium-idmig-sync");
     until(20, "4000 reserved", &s, || async {
         lease_of(&w, &slave("k8s:app=b;")).await.is_some()
@@ -363,8 +348,7 @@ async fn a_restarted_sync_takes_over_the_reservations_its_predecessor_left() {
     w.sb.seed_identity(300, &to_security_labels(&parse_label_key(a).unwrap()));
     w.sb.seed_identity(4000, &to_security_labels(&parse_label_key(b).unwrap()));
     let slave = format!("{P}/value/{b}/cilium-idmig-sync");
-    let kc = w.path("kubeconfig");
-    let first = Sync::start_via(&w, &w.etcd.endpoint, &kc, &["--reserve-in-kvstore"]);
+    let first = Sync::start(&w, &["--reserve-in-kvstore"]);
     until(20, "4000 reserved", &first, || async {
         lease_of(&w, &slave).await.is_some()
     })
@@ -379,10 +363,8 @@ async fn a_restarted_sync_takes_over_the_reservations_its_predecessor_left() {
 
     // The same sync, restarted: from its decision log it finds 4000 reserved at a revision
     // the master key still has, and puts the value/ key back on its own lease.
-    let second = Sync::start_via(
+    let second = Sync::start(
         &w,
-        &w.etcd.endpoint,
-        &kc,
         &[
             "--reserve-in-kvstore",
             "--until-cutover",

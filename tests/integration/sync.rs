@@ -23,7 +23,7 @@ pub(crate) struct Sync {
 }
 
 impl Sync {
-    fn start(w: &World, extra: &[&str]) -> Sync {
+    pub(crate) fn start(w: &World, extra: &[&str]) -> Sync {
         Sync::start_via(w, &w.etcd.endpoint, &w.path("kubeconfig"), extra)
     }
 

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub mirrored: IntCounter,
     pub pending: IntGauge,
     pub splits: IntGauge,
+    pub splits_found: IntCounter,
     pub lag: Histogram,
     pub write_failures: IntCounter,
     /// `--reserve-in-kvstore`: ids reserved now, and every kvstore write and delete made.
@@ -86,7 +87,11 @@ impl Metrics {
             )?,
             splits: gauge(
                 "cilium_idmig_split_allocations",
-                "Ids the kvstore and Kubernetes hold for different labels, found during sync",
+                "Ids the kvstore and Kubernetes hold for different labels now",
+            )?,
+            splits_found: counter(
+                "cilium_idmig_split_allocations_found_total",
+                "Split allocations found since sync started, each occurrence once",
             )?,
             lag: Histogram::with_opts(
                 HistogramOpts::new(
@@ -142,6 +147,9 @@ impl Metrics {
             .map_err(err)?;
         m.registry
             .register(Box::new(m.splits.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.splits_found.clone()))
             .map_err(err)?;
         m.registry.register(Box::new(m.lag.clone())).map_err(err)?;
         m.registry

@@ -158,6 +158,12 @@ impl Reservations {
         self.held.len()
     }
 
+    /// Ids whose master key this sync wrote and still holds (with or without its `value/`
+    /// key): its own, never a kvstore identity to create an object for.
+    pub fn own_masters(&self) -> BTreeSet<u32> {
+        self.held.keys().copied().collect()
+    }
+
     /// Ids reserved now: master key and `value/` key.
     pub fn count(&self) -> usize {
         self.held.len() - self.unreserved.len()
@@ -377,6 +383,8 @@ enum Request {
 /// What the task answers: after each batch, and whenever it has something to say.
 pub struct Reply {
     held: usize,
+    /// The master keys this sync wrote, when they changed since the last reply.
+    own_masters: Option<BTreeSet<u32>>,
     /// The answer to a batch: the next batch may go.
     batch: bool,
     /// The batch stopped at a failed write: the whole view is to be looked at again.
@@ -415,6 +423,8 @@ pub struct ReservationTask {
     not_before: Option<Instant>,
     busy: bool,
     held: usize,
+    /// The master keys this sync wrote (as of the last reply that changed them).
+    own_masters: BTreeSet<u32>,
 }
 
 impl ReservationTask {
@@ -427,6 +437,7 @@ impl ReservationTask {
             // A long batch delays the next keep-alive; missed ones are not made up in a burst.
             keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             keep_alive.tick().await;
+            let mut masters_sent = BTreeSet::new();
             loop {
                 let mut failed = false;
                 let (batch, result) = tokio::select! {
@@ -467,11 +478,15 @@ impl ReservationTask {
                     Ok(Some(note)) => Some(Said::Note(note)),
                     Err(e) => Some(Said::Trouble(format!("reserving in the kvstore: {e}"))),
                 };
-                if !batch && said.is_none() {
+                let masters = r.own_masters();
+                let own_masters = (masters != masters_sent).then(|| masters.clone());
+                masters_sent = masters;
+                if !batch && said.is_none() && own_masters.is_none() {
                     continue;
                 }
                 let _ = reply_tx.send(Reply {
                     held: r.count(),
+                    own_masters,
                     batch,
                     failed,
                     said,
@@ -487,12 +502,18 @@ impl ReservationTask {
             not_before: None,
             busy: false,
             held: 0,
+            own_masters: BTreeSet::new(),
         }
     }
 
     /// Ids reserved now (as of the last reply).
     pub fn held(&self) -> usize {
         self.held
+    }
+
+    /// The master keys this sync wrote (as of the last reply).
+    pub fn own_masters(&self) -> &BTreeSet<u32> {
+        &self.own_masters
     }
 
     /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
@@ -568,6 +589,9 @@ impl ReservationTask {
     /// wait.
     pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
         self.held = reply.held;
+        if let Some(masters) = reply.own_masters {
+            self.own_masters = masters;
+        }
         if reply.batch {
             self.busy = false;
         }

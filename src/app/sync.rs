@@ -607,6 +607,11 @@ impl Round {
         };
         let said = r.on_reply(reply, Instant::now());
         self.state.status.reservations = r.held();
+        if *r.own_masters() != self.state.own_masters {
+            // Sync's own master keys are never a kvstore identity to create an object for.
+            self.state.own_masters = r.own_masters().clone();
+            self.dirty = true;
+        }
         let ev = match said {
             Some(reserve::Said::Trouble(t)) => SyncEvent::Trouble(t),
             Some(reserve::Said::Note(n)) => SyncEvent::Note(n),
@@ -716,7 +721,7 @@ impl Round {
         state.refresh_lag_percentiles();
         return_freed_memory();
         state.status.watching = sync.metrics.healthy();
-        sync.metrics.splits.set(state.status.splits as i64);
+        publish_splits(state, &sync.metrics);
         let _ = sync
             .events
             .send(SyncEvent::Status(state.status.clone()))
@@ -751,7 +756,9 @@ impl Round {
         self.last_verify = Some(Instant::now());
         self.verifying = true;
         let (cfg, tx) = (sync.cfg.clone(), self.verdict_tx.clone());
-        let (reused, moot) = (self.state.reused.clone(), self.state.moot.clone());
+        let (reused, mut moot) = (self.state.reused.clone(), self.state.moot.clone());
+        // Sync's own reservations are no kvstore identities: verify expects no object there.
+        moot.extend(self.state.reservations_alone().map(|id| id.to_string()));
         tokio::spawn(async move {
             let _ = tx.send(cutover_verified(&cfg, &reused, &moot).await).await;
         });
@@ -1041,7 +1048,17 @@ async fn plan_round(
 fn publish(state: &SyncState, metrics: &Metrics) {
     metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
     metrics.pending.set(state.status.pending as i64);
+    publish_splits(state, metrics);
+}
+
+/// The splits now, and those found since the last publication.
+fn publish_splits(state: &SyncState, metrics: &Metrics) {
     metrics.splits.set(state.status.splits as i64);
+    let new_splits = state
+        .status
+        .splits_found
+        .saturating_sub(metrics.splits_found.get());
+    metrics.splits_found.inc_by(new_splits);
 }
 
 /// Folds a batch's outcomes into the state (`SyncState::take_results`) and the metrics;

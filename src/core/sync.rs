@@ -65,7 +65,10 @@ pub struct SyncStatus {
     pub identities: usize,
     pub mirrored: u64,
     pub pending: usize,
+    /// Ids split now (one id, two label sets); a split that ends leaves this count.
     pub splits: usize,
+    /// Split allocations found since sync started, each occurrence once.
+    pub splits_found: u64,
     pub failures: u64,
     pub removed_from_kvstore: u64,
     pub recreated: u64,
@@ -129,6 +132,7 @@ pub struct SyncState {
     /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
     pub unwritten: HashMap<u32, String>,
     pub reported: HashSet<String>,
+    /// Ids split now; one whose split ends leaves it, so a later split there is new.
     pub splits: HashSet<u32>,
     /// From the latest plan: kvstore ids served at another id that holds their labels.
     pub reused: BTreeMap<String, u32>,
@@ -145,12 +149,31 @@ pub struct SyncState {
     pub no_nodes_since: Option<Instant>,
     pub lags: VecDeque<Duration>,
     pub status: SyncStatus,
+    /// Ids whose master key this sync wrote itself (`--reserve-in-kvstore`): while no
+    /// kvstore-mode node uses one, it is sync's own, never a reason to create anything.
+    pub own_masters: BTreeSet<u32>,
     /// The plan, kept up to date change by change where a change stays local
     /// (`PlanCache`); `None`: the next round plans in full.
     pub cache: Option<PlanCache>,
 }
 
 impl SyncState {
+    /// Master keys this sync wrote that no kvstore-mode node uses: reservations alone.
+    pub fn reservations_alone(&self) -> impl Iterator<Item = u32> + '_ {
+        self.own_masters.iter().copied().filter(|id| {
+            self.masters
+                .get(id.to_string().as_bytes())
+                .is_none_or(|labels| self.counts.get(labels) == 0)
+        })
+    }
+
+    /// Whether the kvstore identity at `id` is only sync's own reservation.
+    fn reservation_alone(&self, item: &PlanItem) -> bool {
+        item.numeric_id()
+            .is_some_and(|id| self.own_masters.contains(&id))
+            && self.counts.get(item.labels.as_bytes()) == 0
+    }
+
     /// Failed creates still not made whose kvstore identity still exists.
     pub fn unwritten_now(&self) -> usize {
         self.unwritten
@@ -251,6 +274,7 @@ impl SyncState {
                     self.deleted_after_create.remove(&n);
                     self.recreated.remove(&n);
                     self.reported.remove(&format!("deleted:{n}"));
+                    self.check_split(n, now);
                 }
             }
             KvChange::Slave {
@@ -307,6 +331,7 @@ impl SyncState {
         if self.created.contains(&id) {
             self.deleted_after_create.insert(id);
         }
+        self.end_split_if_over(id);
     }
 
     /// A fresh list after a 410: it replaces what sync holds, and what arrived while the
@@ -317,11 +342,13 @@ impl SyncState {
         resource_version: String,
         now: Instant,
     ) {
-        let changed: Vec<u32> = identities
+        let mut changed: Vec<u32> = identities
             .iter()
             .filter(|(id, labels)| self.k8s.get(id) != Some(labels))
             .map(|(id, _)| *id)
             .collect();
+        // Objects gone meanwhile may have ended a split.
+        changed.extend(self.k8s.keys().filter(|id| !identities.contains_key(id)));
         self.k8s = identities;
         self.k8s_version = resource_version;
         self.cache = None;
@@ -330,26 +357,41 @@ impl SyncState {
         }
     }
 
-    /// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Found
-    /// once per id; reported once the nodes that use the kvstore's labels can be named (an
-    /// agent writes its `value/` key just after the master key).
-    pub fn check_split(&mut self, id: u32, now: Instant) {
+    /// Whether `id` is split now: Kubernetes holds it for other labels than the kvstore.
+    pub fn is_split(&self, id: u32) -> bool {
         let Some(k8s_labels) = self.k8s.get(&id) else {
-            return;
+            return false;
         };
         let Some(kv_value) = self.masters.get(id.to_string().as_bytes()) else {
-            return;
-        };
-        let Ok(kv_labels) = valid_label_key(kv_value) else {
-            return;
+            return false;
         };
         // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that
         // sync used as a remap target (the kvstore did not hold it), and that is a split too.
-        if kv_labels == k8s_labels.as_str() || !self.splits.insert(id) {
+        valid_label_key(kv_value).is_ok_and(|kv| kv != k8s_labels.as_str())
+    }
+
+    /// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Found
+    /// once per occurrence (a split that ends, by the kvstore's GC or the object's deletion,
+    /// and comes back is found again); reported once the nodes that use the kvstore's
+    /// labels can be named (an agent writes its `value/` key just after the master key).
+    pub fn check_split(&mut self, id: u32, now: Instant) {
+        if !self.is_split(id) {
+            self.end_split_if_over(id);
+            return;
+        }
+        if !self.splits.insert(id) {
             return;
         }
         self.status.splits = self.splits.len();
+        self.status.splits_found += 1;
         self.splits_to_report.push((id, now));
+    }
+
+    /// A split that no longer holds leaves the count of splits now.
+    fn end_split_if_over(&mut self, id: u32) {
+        if !self.is_split(id) && self.splits.remove(&id) {
+            self.status.splits = self.splits.len();
+        }
     }
 
     /// One round: the plan (kept up to date, or made in full when a change was not local,
@@ -415,6 +457,11 @@ impl SyncState {
                         reason: item.reason.to_string(),
                     });
                 }
+                continue;
+            }
+            if self.reservation_alone(item) {
+                // Sync's own master key (the object it reserved went, by the operator's GC):
+                // nothing to create, nothing to decide.
                 continue;
             }
             let waiting = item.kind.needs_decision() && !item.decided && !accept_proposals;
@@ -681,7 +728,33 @@ mod tests {
         in_flight: Vec<Op>,
         /// The objects sync created that still exist.
         created: BTreeMap<u32, LabelKey>,
+        /// What the kvstore holds at each id.
+        kv: BTreeMap<u32, String>,
+        /// Ids split after the last event, and how many times each became split.
+        split_now: BTreeSet<u32>,
+        occurrences: BTreeMap<u32, usize>,
         splits_found: Vec<u32>,
+    }
+
+    impl World {
+        /// Counts the splits that began with the last event: an id both sides hold, the
+        /// kvstore's labels well-formed and other than Kubernetes'.
+        fn count_splits(&mut self) {
+            let now: BTreeSet<u32> = self
+                .k8s
+                .iter()
+                .filter(|(id, l)| {
+                    self.kv.get(id).is_some_and(|kv| {
+                        valid_label_key(kv.as_bytes()).is_ok_and(|kv| kv != l.as_str())
+                    })
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in now.difference(&self.split_now) {
+                *self.occurrences.entry(*id).or_default() += 1;
+            }
+            self.split_now = now;
+        }
     }
 
     fn run(events: Vec<Event>, accept_proposals: bool) -> Result<(), TestCaseError> {
@@ -693,6 +766,7 @@ mod tests {
             now += Duration::from_millis(100);
             match ev {
                 Event::KvPut(id, l) => {
+                    w.kv.insert(id, LABELS[l].to_string());
                     let change = KvChange::Master {
                         id: id.to_string().into_bytes(),
                         value: Some(LABELS[l].as_bytes().to_vec()),
@@ -701,6 +775,7 @@ mod tests {
                     sync.apply_kv_change(change, now);
                 }
                 Event::KvDelete(id) => {
+                    w.kv.remove(&id);
                     let change = KvChange::Master {
                         id: id.to_string().into_bytes(),
                         value: None,
@@ -787,18 +862,24 @@ mod tests {
             }
             w.splits_found
                 .extend(sync.splits_to_report.drain(..).map(|(id, _)| id));
+            w.count_splits();
+            prop_assert_eq!(
+                sync.status.splits,
+                w.split_now.len(),
+                "the count of splits now is not the splits there are"
+            );
         }
-        // Every split found exactly once, and every split there is now was found.
-        let unique: BTreeSet<u32> = w.splits_found.iter().copied().collect();
-        prop_assert_eq!(unique.len(), w.splits_found.len(), "a split reported twice");
-        for (id, k8s_labels) in &w.k8s {
-            if let Some(v) = sync.masters.get(id.to_string().as_bytes())
-                && let Ok(kv) = valid_label_key(v)
-                && kv != k8s_labels.as_str()
-            {
-                prop_assert!(unique.contains(id), "split at {id} never reported");
-            }
+        // Every occurrence of a split found exactly once: none missed, none twice.
+        let mut found: BTreeMap<u32, usize> = BTreeMap::new();
+        for id in &w.splits_found {
+            *found.entry(*id).or_default() += 1;
         }
+        prop_assert_eq!(
+            &found,
+            &w.occurrences,
+            "splits found vs splits that occurred"
+        );
+        prop_assert_eq!(sync.status.splits_found as usize, w.splits_found.len());
         // Of the objects sync created, at most one per label set exists (one deleted since
         // may have been followed by another, for a kvstore id still in use).
         if !accept_proposals {
@@ -830,6 +911,74 @@ mod tests {
         fn accepting_proposals_keeps_writes_well_formed(events in proptest::collection::vec(event(), 1..80)) {
             run(events, true)?;
         }
+    }
+
+    #[test]
+    fn syncs_own_reservation_is_never_a_reason_to_create() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        // Sync reserved 4000 for an object a CRD-mode agent made; the operator's GC deleted
+        // the object since, and with it the `value/` key: the master key is left.
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: b"4000".to_vec(),
+                value: Some(b"k8s:app=b;".to_vec()),
+                created: true,
+            },
+            t0,
+        );
+        sync.own_masters.insert(4000);
+        let (ops, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert!(ops.is_empty(), "{ops:?}");
+        assert!(reports.is_empty());
+        assert_eq!(sync.reservations_alone().collect::<Vec<_>>(), [4000]);
+        // A kvstore-mode agent that uses the id makes it a kvstore identity like any other.
+        sync.apply_kv_change(
+            KvChange::Slave {
+                label_key: b"k8s:app=b;".to_vec(),
+                node: b"node-1".to_vec(),
+                present: true,
+            },
+            t0,
+        );
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(
+            ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+            [Some(4000)]
+        );
+        assert_eq!(sync.reservations_alone().count(), 0);
+    }
+
+    #[test]
+    fn a_split_that_ends_and_comes_back_is_found_again() {
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        let put = |labels: &str| KvChange::Master {
+            id: b"300".to_vec(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        };
+        let gone = KvChange::Master {
+            id: b"300".to_vec(),
+            value: None,
+            created: false,
+        };
+        sync.apply_kv_change(put("k8s:app=a;"), t0);
+        sync.k8s_upsert(300, "k8s:app=b;".into(), String::new(), t0);
+        assert_eq!((sync.status.splits, sync.status.splits_found), (1, 1));
+        // The kvstore's GC ends it; an agent allocating the id again starts a new one.
+        sync.apply_kv_change(gone.clone(), t0);
+        assert_eq!((sync.status.splits, sync.status.splits_found), (0, 1));
+        sync.apply_kv_change(put("k8s:app=c;"), t0);
+        assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
+        // The object deleted ends it too; a new one with other labels is a third.
+        sync.k8s_delete(300, String::new());
+        assert_eq!(sync.status.splits, 0);
+        sync.k8s_upsert(300, "k8s:app=d;".into(), String::new(), t0);
+        assert_eq!((sync.status.splits, sync.status.splits_found), (1, 3));
+        let found: Vec<u32> = sync.splits_to_report.iter().map(|(id, _)| *id).collect();
+        assert_eq!(found, [300, 300, 300]);
     }
 
     #[test]

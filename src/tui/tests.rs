@@ -553,7 +553,7 @@ fn bulk_decisions_apply_to_the_conflicts_shown_and_undo_as_one_step() {
 fn the_footer_fits_every_width_and_says_when_keys_are_left_out() {
     for screen in Screen::ALL {
         for width in 80..=200u16 {
-            let (hints, cut) = super::view::footer_hints(screen, width);
+            let (hints, cut) = super::view::footer_hints(screen, width, |_| true);
             let line: String = hints
                 .iter()
                 .map(|(l, t)| format!(" {l} {t} "))
@@ -566,9 +566,12 @@ fn the_footer_fits_every_width_and_says_when_keys_are_left_out() {
             assert!(!hints.is_empty());
         }
         // Wide enough, nothing is left out; at 80 something always is.
-        assert!(!super::view::footer_hints(screen, 400).1, "{screen:?}");
+        assert!(
+            !super::view::footer_hints(screen, 400, |_| true).1,
+            "{screen:?}"
+        );
     }
-    let (hints, cut) = super::view::footer_hints(Screen::Conflicts, 80);
+    let (hints, cut) = super::view::footer_hints(Screen::Conflicts, 80, |_| true);
     assert!(cut);
     assert_eq!(hints[0].0, "n", "the screen's own keys come first");
     let mut m = scanned_model();
@@ -788,6 +791,11 @@ fn screens_match_their_snapshots() {
     // The Sync screen while a rollout goes on, its reports newest last.
     m.commit.phase = CommitPhase::Done;
     update(&mut m, key('y'));
+    check_screen("sync-confirm", &mut m);
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
     update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Following)));
     let status = SyncStatus {
         kvstore_nodes: 2,
@@ -1023,12 +1031,61 @@ fn the_table_shows_while_kubernetes_is_listed() {
 }
 
 #[test]
+fn starting_sync_before_a_commit_says_so_and_counts_what_it_writes() {
+    let mut m = scanned_model();
+    let writes = crate::core::planner::sync_writes_at_start(&m.cluster.items);
+    let undecided = m.undecided();
+    assert!(writes > 0 && undecided > 0, "{writes} {undecided}");
+    update(&mut m, key('5'));
+    assert!(update(&mut m, key('y')).is_empty());
+    let popup = render(&m);
+    assert!(popup.contains("No commit was made"), "{popup}");
+    assert!(
+        popup.contains(&format!("{writes} CiliumIdentity")),
+        "{popup}"
+    );
+    assert!(
+        popup.contains(&format!("{undecided} conflicts are undecided")),
+        "{popup}"
+    );
+    // Esc cancels: nothing is sent and sync does not run.
+    assert!(update(&mut m, code(KeyCode::Esc)).is_empty());
+    assert!(m.modal.is_none() && !m.sync.running);
+    // While sync runs, `y` says so and the footer no longer offers it.
+    m.sync.running = true;
+    assert!(!super::view::offered(
+        &m,
+        crate::tui::keys::KeyAction::StartSync
+    ));
+    assert!(update(&mut m, key('y')).is_empty());
+    assert!(
+        matches!(&m.modal, Some(Modal::Message(t)) if t.contains("already running")),
+        "{:?}",
+        m.modal
+    );
+}
+
+#[test]
 fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     use crate::app::sync::SyncEnd;
     let mut m = scanned_model();
     accept_all_and_commit(&mut m);
     m.commit.phase = CommitPhase::Done;
-    let cmds = update(&mut m, key('y'));
+    // `y` alone writes nothing: it asks for a typed `yes`, saying what sync will write.
+    assert!(update(&mut m, key('y')).is_empty());
+    assert!(matches!(m.modal, Some(Modal::ConfirmSync { .. })));
+    assert!(!m.sync.running);
+    let popup = render(&m);
+    assert!(popup.contains("Start sync"), "{popup}");
+    assert!(popup.contains("The commit is done"), "{popup}");
+    // A wrong word clears the field and starts nothing.
+    update(&mut m, key('n'));
+    assert!(update(&mut m, code(KeyCode::Enter)).is_empty());
+    assert!(!m.sync.running);
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
     assert!(
         matches!(
             &cmds[..],
@@ -1059,6 +1116,10 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     assert!(!screen.contains("sync started"), "{screen}");
     update(&mut m, code(KeyCode::Esc));
     update(&mut m, key('y'));
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
     assert!(m.sync.running);
     update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Following)));
     assert!(render(&m).contains("sync started: following both sides"));

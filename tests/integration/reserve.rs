@@ -339,14 +339,23 @@ async fn objects_that_arrive_while_etcd_is_gone_for_a_minute_are_reserved_when_i
     assert_eq!(code, 0, "{text}");
 }
 
+const A: &str = "k8s:app=a;";
+const B: &str = "k8s:app=b;";
+
+/// node-1 uses 300 (`A`) in kvstore mode, migrated; a CRD-mode agent made 4000 (`B`), which
+/// the kvstore does not hold.
+async fn seed_kvstore_node_and_crd_object(w: &World) {
+    w.etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
+    w.sb.seed_identity(300, &to_security_labels(&parse_label_key(A).unwrap()));
+    w.sb.seed_identity(4000, &to_security_labels(&parse_label_key(B).unwrap()));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_sync_takes_over_the_reservations_its_predecessor_left() {
     let w = World::new(SandboxConfig::default()).await;
-    let (a, b) = ("k8s:app=a;", "k8s:app=b;");
-    w.etcd.put(&format!("{P}/id/300"), a.as_bytes()).await;
-    w.etcd.put(&format!("{P}/value/{a}/node-1"), b"300").await;
-    w.sb.seed_identity(300, &to_security_labels(&parse_label_key(a).unwrap()));
-    w.sb.seed_identity(4000, &to_security_labels(&parse_label_key(b).unwrap()));
+    let (a, b) = (A, B);
+    seed_kvstore_node_and_crd_object(&w).await;
     let slave = format!("{P}/value/{b}/cilium-idmig-sync");
     let first = Sync::start(&w, &["--reserve-in-kvstore"]);
     until(20, "4000 reserved", &first, || async {
@@ -400,4 +409,57 @@ async fn a_restarted_sync_takes_over_the_reservations_its_predecessor_left() {
     assert!(log.contains("adopted from an earlier sync"), "{log}");
     let (code, text) = second.stop().await;
     assert_eq!(code, 0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reserved_object_the_operators_gc_deletes_is_never_created_again() {
+    let w = World::new(SandboxConfig::default()).await;
+    let (a, b) = (A, B);
+    // node-1 still runs in kvstore mode (it keeps cutover away); a CRD-mode agent made 4000,
+    // which the kvstore does not hold: sync reserves it.
+    seed_kvstore_node_and_crd_object(&w).await;
+    let mut s = Sync::start(
+        &w,
+        &[
+            "--reserve-in-kvstore",
+            "--until-cutover",
+            "--cutover-grace",
+            "2s",
+        ],
+    );
+    let slave = format!("{P}/value/{b}/cilium-idmig-sync");
+    until(30, "4000 reserved", &s, || async {
+        all_keys(&w).await.contains_key(&slave)
+    })
+    .await;
+
+    // The operator's GC deletes the object: sync's `value/` key goes, its master key stays
+    // until the release. That master key is sync's own, never a kvstore identity to copy.
+    assert!(w.sb.delete_object("4000"));
+    until(20, "value/ key removed", &s, || async {
+        !all_keys(&w).await.contains_key(&slave)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        !w.sb.objects().contains_key("4000"),
+        "sync created an object for its own reservation\n{}",
+        s.text()
+    );
+    assert!(!s.text().contains("conflict: 4000"), "{}", s.text());
+
+    // node-1 moves: cutover arrives (verify expects nothing for the reservation), and the
+    // release deletes the master key sync wrote.
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(format!("{P}/value/{a}/node-1"), None)
+        .await
+        .unwrap();
+    s.wait_for_line("cutover reached", 90).await;
+    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("sync ends at cutover")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", s.text());
+    assert!(!w.sb.objects().contains_key("4000"));
+    assert!(!all_keys(&w).await.contains_key(&format!("{P}/id/4000")));
 }

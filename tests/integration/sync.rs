@@ -18,7 +18,7 @@ const P: &str = "cilium/state/identities/v1";
 
 /// A running `sync`, its output collected line by line.
 pub(crate) struct Sync {
-    child: tokio::process::Child,
+    pub(crate) child: tokio::process::Child,
     out: Arc<Mutex<Vec<String>>>,
 }
 

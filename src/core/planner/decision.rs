@@ -158,6 +158,15 @@ impl WriteSummary {
     }
 }
 
+/// What sync writes as soon as it starts from this plan: every create that needs no
+/// decision, and every conflict already decided to create. Undecided conflicts wait.
+pub fn sync_writes_at_start(items: &[PlanItem]) -> usize {
+    items
+        .iter()
+        .filter(|i| i.action == Action::Create && (!i.kind.is_conflict() || i.decided))
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +184,22 @@ mod tests {
             reason: Default::default(),
             decided: false,
         }
+    }
+
+    #[test]
+    fn sync_writes_at_start_leave_undecided_conflicts_out() {
+        let mut items = vec![
+            item(300, Kind::Create, Action::Create, Some(300)),
+            item(301, Kind::Remap, Action::Create, Some(400)),
+            item(302, Kind::Duplicate, Action::Create, Some(302)),
+            item(303, Kind::AlreadyMigrated, Action::None, Some(303)),
+            item(304, Kind::Create, Action::Skip, None),
+        ];
+        assert_eq!(sync_writes_at_start(&items), 1);
+        Decision::Accept.apply_to(&mut items[1]).unwrap();
+        assert_eq!(sync_writes_at_start(&items), 2);
+        Decision::Skip.apply_to(&mut items[2]).unwrap();
+        assert_eq!(sync_writes_at_start(&items), 2);
     }
 
     #[test]

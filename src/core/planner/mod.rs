@@ -7,7 +7,7 @@ mod item;
 pub mod reconcile;
 pub mod resume;
 mod rules;
-pub use decision::{DecidedBy, Decision, WriteSummary, describe};
+pub use decision::{DecidedBy, Decision, WriteSummary, describe, sync_writes_at_start};
 pub use item::{Action, Kind, PlanItem, Summary, summarize};
 pub use reconcile::{
     Op, OpKind, ReconcileError, Reconciled, check_create_target, reconcile, reconcile_taking,

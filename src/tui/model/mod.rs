@@ -101,6 +101,10 @@ pub enum Modal {
     ConfirmCommit {
         typed: TextField,
     },
+    /// Starting sync writes too: the same typed `yes`, after saying what it will write.
+    ConfirmSync {
+        typed: TextField,
+    },
     /// So does a rollback.
     ConfirmRollback {
         typed: TextField,

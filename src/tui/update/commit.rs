@@ -40,6 +40,7 @@ pub(super) fn stop_or_quit(model: &mut Model) -> Vec<Command> {
 /// decisions writes only what is still missing).
 pub(super) fn pause(model: &mut Model) -> Vec<Command> {
     if model.commit.phase != CommitPhase::Running {
+        model.status = "nothing to pause: no writes are running".into();
         return vec![];
     }
     model.commit.phase = CommitPhase::Stopping;

@@ -281,7 +281,16 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
         }
         KeyAction::Pause => pause(model),
         KeyAction::StartSync => {
-            if model.sync.running || model.scan.scanning {
+            if model.sync.running {
+                model.modal = Some(Modal::Message(
+                    "sync is already running: screen 5 shows it, Ctrl-C stops it".into(),
+                ));
+                return vec![];
+            }
+            if model.scan.scanning {
+                model.modal = Some(Modal::Message(
+                    "the scan is still running: sync can start once it is in".into(),
+                ));
                 return vec![];
             }
             if matches!(
@@ -293,16 +302,15 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
                 ));
                 return vec![];
             }
-            model.sync.running = true;
-            // "started" waits for both watches (`SyncEvent::Following`).
-            model.sync.push("sync starting: reading both sides".into());
-            model.screen = Screen::Sync;
-            vec![Command::Send(ServiceRequest::StartSync {
-                accept_proposals: false,
-            })]
+            // Starting sync writes: it takes the same typed `yes` as a commit.
+            model.modal = Some(Modal::ConfirmSync {
+                typed: TextField::default(),
+            });
+            vec![]
         }
         KeyAction::Retry => {
             if model.commit.phase != CommitPhase::Done || !model.commit.has_work_left() {
+                model.status = "nothing to retry or resume: no write was paused or failed".into();
                 return vec![];
             }
             if model.rollback.is_some() {

@@ -49,6 +49,13 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             |typed| Modal::ConfirmCommit { typed },
             start_commit,
         ),
+        Modal::ConfirmSync { typed } => typed_word(
+            model,
+            (typed, "yes"),
+            &key,
+            |typed| Modal::ConfirmSync { typed },
+            start_sync,
+        ),
         Modal::ConfirmRollback { typed } => typed_word(
             model,
             (typed, "yes"),
@@ -78,6 +85,17 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             }
         },
     }
+}
+
+/// Starts sync in place, once its confirmation was typed.
+fn start_sync(model: &mut Model) -> Vec<Command> {
+    model.sync.running = true;
+    // "started" waits for both watches (`SyncEvent::Following`).
+    model.sync.push("sync starting: reading both sides".into());
+    model.screen = Screen::Sync;
+    vec![Command::Send(ServiceRequest::StartSync {
+        accept_proposals: false,
+    })]
 }
 
 /// The offer to resume a log found beside this one: `y` resumes it, anything else starts

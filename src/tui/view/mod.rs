@@ -142,7 +142,7 @@ fn kind_counts(model: &Model, width: usize) -> Vec<Span<'static>> {
 
 fn draw_footer(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
-    let (hints, cut) = footer_hints(model.screen, area.width);
+    let (hints, cut) = footer_hints(model.screen, area.width, |a| offered(model, a));
     let mut spans = Vec::new();
     let tail = if cut { "more" } else { "help" };
     for (label, text) in hints.into_iter().chain([("?", tail)]) {
@@ -155,17 +155,35 @@ fn draw_footer(model: &Model, frame: &mut Frame, area: Rect) {
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
+/// Whether the footer offers a key now: one that would do nothing (start a sync that runs,
+/// pause or retry a commit never started) is left out.
+pub fn offered(model: &Model, action: crate::tui::keys::KeyAction) -> bool {
+    use crate::tui::keys::KeyAction;
+    use crate::tui::model::CommitPhase;
+    match action {
+        KeyAction::StartSync => !model.sync.running,
+        KeyAction::Pause => matches!(model.commit.phase, CommitPhase::Running),
+        KeyAction::Retry => model.commit.phase == CommitPhase::Done && model.commit.has_work_left(),
+        _ => true,
+    }
+}
+
 /// The key hints that fit in `width` columns, most important first (the screen's own keys,
 /// then the global ones, in key-table order), leaving room for the closing `? more` (or
-/// `? help`); `true` when some had to be left out.
-pub fn footer_hints(screen: Screen, width: u16) -> (Vec<(&'static str, &'static str)>, bool) {
+/// `? help`); `true` when some had to be left out. `offered` leaves out keys that do
+/// nothing now.
+pub fn footer_hints(
+    screen: Screen,
+    width: u16,
+    offered: impl Fn(crate::tui::keys::KeyAction) -> bool,
+) -> (Vec<(&'static str, &'static str)>, bool) {
     let cell = |label: &str, text: &str| label.chars().count() + text.chars().count() + 3;
     let room = usize::from(width).saturating_sub(cell("?", "more"));
     let mut used = 0;
     let mut hints = Vec::new();
     let mut cut = false;
     for b in bindings_for(screen) {
-        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "?") {
+        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "?") || !offered(b.action) {
             continue;
         }
         let text = b.short;

@@ -10,7 +10,7 @@ use super::theme::{Theme, centered};
 use crate::core::labels::parse_label_key;
 use crate::core::planner::{Action, Kind};
 use crate::tui::keys::bindings_for;
-use crate::tui::model::{Modal, Model, TextField};
+use crate::tui::model::{CommitPhase, Modal, Model, TextField};
 
 /// `3 remap, 2 duplicate (1 already decided)`: what a bulk decision would touch.
 fn describe_targets(model: &Model, targets: &[usize]) -> String {
@@ -137,6 +137,39 @@ fn confirm_commit(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'
     (" Commit ", typed_word(lines, typed), 5)
 }
 
+/// Sync's confirmation: what it writes at once, whether a commit is still to be made, and
+/// what it leaves to the operator.
+fn confirm_sync(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
+    let now = crate::core::planner::sync_writes_at_start(&model.cluster.items);
+    let undecided = model.undecided();
+    let server = model
+        .cluster
+        .preflight
+        .as_ref()
+        .map_or("the cluster", |p| p.server.as_str());
+    let mut lines = vec![Line::raw(format!(
+        "Sync writes to {server} as the rollout goes: {now} CiliumIdentity objects at once, then one for every new kvstore identity, never overwriting one."
+    ))];
+    lines.push(Line::raw(if model.commit.phase == CommitPhase::Done {
+        "The commit is done: what it wrote is not written again.".to_string()
+    } else {
+        format!("No commit was made in this session: sync writes those {now} itself (c commits them first, with its own progress).")
+    }));
+    if undecided > 0 {
+        lines.push(Line::raw(format!(
+            "{undecided} conflicts are undecided: sync writes nothing for them until they are decided (screen 3)."
+        )));
+    }
+    lines.push(Line::raw("Type yes and press Enter (Esc cancels)."));
+    // Room for each line as it wraps in the narrowest popup (80 columns), and the typed word.
+    let h = lines
+        .iter()
+        .map(|l| l.width().div_ceil(74) as u16)
+        .sum::<u16>()
+        + 3;
+    (" Start sync ", typed_word(lines, typed), h)
+}
+
 /// The rollback's confirmation: how many objects it may delete.
 fn confirm_rollback(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
     let s = model
@@ -220,6 +253,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             4,
         ),
         Modal::ConfirmCommit { typed } => confirm_commit(model, typed),
+        Modal::ConfirmSync { typed } => confirm_sync(model, typed),
         Modal::ConfirmRollback { typed } => confirm_rollback(model, typed),
         Modal::ConfirmIncludeInUse { typed } => (
             " Delete identities in use ",

@@ -98,6 +98,13 @@ pub async fn plan(target: &K8sTarget, spec: &RollbackSpec) -> Result<Vec<Op>> {
         crate::io::endpoints::identities_in_use(target)
             .await
             .map_err(|e| {
+                if e.is_404() {
+                    // Not an outage: the resource is not there to read.
+                    return crate::Error::Config(format!(
+                        "{} does not serve ciliumendpoints.cilium.io (the CiliumEndpoint CRD is not installed), so rollback cannot check which identities live endpoints use. Where no Cilium agent runs in CRD mode nothing uses them: pass --include-in-use to delete without the check; otherwise install Cilium's CRDs first",
+                        target.server
+                    ));
+                }
                 crate::Error::kube(
                     target.server.clone(),
                     "listing CiliumEndpoints to see which identities are in use (pass --include-in-use to delete without this check)",

@@ -225,7 +225,10 @@ pub async fn run(
         }
         let round = match sync.start_round().await {
             Ok(r) => r,
-            Err(Retry::Fatal(e)) => return Err(e),
+            Err(Retry::Fatal(e)) => {
+                sync.lease.release().await;
+                return Err(e);
+            }
             Err(Retry::After(trouble)) => {
                 let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
                 backoff.wait().await;
@@ -233,8 +236,28 @@ pub async fn run(
             }
         };
         backoff.reset();
-        match round.follow(&mut sync).await? {
+        let ended = match round.follow(&mut sync).await {
+            Ok(end) => end,
+            Err(e) => {
+                // A refusal ends sync: what it holds goes first (the Lease, for a standby).
+                if let Some(task) = sync.reservations.take() {
+                    task.finish(FINISH_WAIT).await;
+                }
+                sync.lease.release().await;
+                return Err(e);
+            }
+        };
+        match ended {
             RoundEnd::Resnapshot => continue,
+            RoundEnd::WatchLost(what) => {
+                let _ = sync
+                    .events
+                    .send(SyncEvent::Trouble(format!(
+                        "{what}; reading both sides again"
+                    )))
+                    .await;
+                backoff.wait().await;
+            }
             RoundEnd::Done(end) => {
                 if let Some(task) = sync.reservations.take() {
                     let kept = task.finish(FINISH_WAIT).await;
@@ -292,6 +315,19 @@ struct Sync {
     releasing: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// A refusal (401, 403, or etcd's permission denied) of something sync needs: configuration,
+/// which waiting never fixes, so sync ends (exit 2) naming what was refused and what to grant.
+/// Outages (refused connections, 5xx, timeouts) are not refusals and are retried.
+fn refusal(what: &str, e: &Error) -> Option<Error> {
+    crate::io::refusal::refused_by_server(e).then(|| refused(what, &e.to_string()))
+}
+
+fn refused(what: &str, e: &str) -> Error {
+    Error::Refused(format!(
+        "sync stops: {what} was refused ({e}). Waiting will not fix this: grant these credentials what sync needs (assets/clusterrole.yaml: get, list, watch and create on ciliumidentities.cilium.io and get on the CRD, and the Lease Role there; for the kvstore, read on the identities prefix), then start sync again"
+    ))
+}
+
 /// Why a round could not start.
 enum Retry {
     /// Waiting will not fix it (no endpoints, an unreadable certificate, a refused write).
@@ -304,12 +340,16 @@ enum Retry {
 enum RoundEnd {
     /// The kvstore was compacted past the watched revision: read a fresh snapshot.
     Resnapshot,
+    /// A watch task ended: said, then a fresh round after a wait.
+    WatchLost(&'static str),
     Done(SyncEnd),
 }
 
 /// One round: from a snapshot of both sides, following both watches, until a stop,
 /// cutover, or a compaction.
 struct Round {
+    /// A refusal a watch task met: sync ends.
+    fatal_rx: mpsc::Receiver<Error>,
     conn: KvFollower,
     prefix: String,
     state: SyncState,
@@ -344,10 +384,9 @@ impl Sync {
             Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(Retry::Fatal(e)),
             Err(e) => return Err(Retry::After(e.to_string())),
         };
-        let snap = conn
-            .read_snapshot(&prefix)
-            .await
-            .map_err(|e| Retry::After(e.to_string()))?;
+        let snap = conn.read_snapshot(&prefix).await.map_err(|e| {
+            refusal("reading the kvstore", &e).map_or(Retry::After(e.to_string()), Retry::Fatal)
+        })?;
         if self.opts.reserve_in_kvstore && self.reservations.is_none() {
             // A write the credentials may not make is the operator's to fix: exit 2. A server
             // that failed is tried again, as a failed read is.
@@ -367,7 +406,10 @@ impl Sync {
             .target
             .list_identities(ReadMode::Cache, None)
             .await
-            .map_err(|e| Retry::After(e.to_string()))?;
+            .map_err(|e| {
+                refusal("listing ciliumidentities.cilium.io", &e)
+                    .map_or(Retry::After(e.to_string()), Retry::Fatal)
+            })?;
         state.k8s = listed.identities;
         state.k8s_version = listed.resource_version;
         self.adopt_earlier(&state);
@@ -390,16 +432,18 @@ impl Sync {
             self.metrics.clone(),
             self.events.clone(),
         ));
+        let (fatal_tx, fatal_rx) = mpsc::channel(1);
         let k8s_watch = tokio::spawn(follow_kubernetes(
             cfg.clone(),
             state.k8s_version.clone(),
             k8s_tx,
-            self.metrics.clone(),
-            self.events.clone(),
+            (self.metrics.clone(), self.events.clone()),
+            fatal_tx,
         ));
         let (done_tx, done_rx) = mpsc::channel(4);
         let (verdict_tx, verdict_rx) = mpsc::channel(1);
         Ok(Round {
+            fatal_rx,
             verdict_tx,
             verdict_rx,
             verifying: false,
@@ -455,16 +499,24 @@ impl Round {
             }
             tokio::select! {
                 ev = self.kv_rx.recv() => {
-                    if let Some(ev) = ev
-                        && self.on_kvstore(sync, ev).await
-                    {
+                    let Some(ev) = ev else {
+                        // The watch task ended (it never does on its own): start over rather
+                        // than spin on a closed channel.
+                        break RoundEnd::WatchLost("the kvstore watch ended");
+                    };
+                    if self.on_kvstore(sync, ev).await {
                         break RoundEnd::Resnapshot;
                     }
                 }
                 ch = self.k8s_rx.recv() => {
-                    if let Some(ch) = ch {
-                        self.on_kubernetes(sync, ch).await;
-                    }
+                    let Some(ch) = ch else {
+                        break RoundEnd::WatchLost("the Kubernetes watch ended");
+                    };
+                    self.on_kubernetes(sync, ch).await;
+                }
+                Some(e) = self.fatal_rx.recv() => {
+                    self.abort_watches();
+                    return Err(e);
                 }
                 Ok(()) = sync.writer.changed() => {
                     let now = sync.writer.borrow_and_update().clone();
@@ -477,6 +529,10 @@ impl Round {
                 }
                 Some((ops, result)) = self.done_rx.recv() => {
                     self.batch_running = false;
+                    if let Some(e) = refused_write(&result) {
+                        self.abort_watches();
+                        return Err(e);
+                    }
                     if let Some(trouble) = take_results(&mut self.state, ops, result, &sync.metrics) {
                         let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
                     }
@@ -498,10 +554,14 @@ impl Round {
                 }
             }
         };
+        self.abort_watches();
+        Ok(end)
+    }
+
+    fn abort_watches(&self) {
         for w in &self.watches {
             w.abort();
         }
-        Ok(end)
     }
 
     /// A kvstore watch event; true when the round must start over from a fresh snapshot.
@@ -1045,6 +1105,19 @@ async fn plan_round(
     ops
 }
 
+/// A create the server refused (401, 403): sync cannot write, and waiting will not fix it.
+fn refused_write(result: &Result<ApplyReport>) -> Option<Error> {
+    match result {
+        Err(e) => refusal("creating a CiliumIdentity", e),
+        Ok(report) => report.results.iter().find(|r| r.refused).map(|r| {
+            refused(
+                "creating a CiliumIdentity",
+                r.error.as_deref().unwrap_or(""),
+            )
+        }),
+    }
+}
+
 fn publish(state: &SyncState, metrics: &Metrics) {
     metrics.kvstore_nodes.set(state.status.kvstore_nodes as i64);
     metrics.pending.set(state.status.pending as i64);
@@ -1172,8 +1245,8 @@ async fn follow_kubernetes(
     cfg: Arc<ServiceConfig>,
     mut version: String,
     tx: mpsc::Sender<K8sChange>,
-    metrics: Arc<Metrics>,
-    events: mpsc::Sender<SyncEvent>,
+    (metrics, events): (Arc<Metrics>, mpsc::Sender<SyncEvent>),
+    fatal: mpsc::Sender<Error>,
 ) {
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
@@ -1205,6 +1278,11 @@ async fn follow_kubernetes(
         }
         if let Ok(Err(e)) = watch.await {
             metrics.k8s_live.store(false, Ordering::Relaxed);
+            if matches!(e.code(), Some(401 | 403)) {
+                let what = "watching ciliumidentities.cilium.io";
+                let _ = fatal.send(refused(what, &e.to_string())).await;
+                return;
+            }
             let _ = events
                 .send(SyncEvent::Trouble(format!(
                     "Kubernetes watch: {e}; watching again"
@@ -1230,6 +1308,10 @@ async fn follow_kubernetes(
                         break;
                     }
                     Err(e) => {
+                        if let Some(refused) = refusal("listing ciliumidentities.cilium.io", &e) {
+                            let _ = fatal.send(refused).await;
+                            return;
+                        }
                         let _ = events
                             .send(SyncEvent::Trouble(format!(
                                 "listing again after the watch expired: {e}"

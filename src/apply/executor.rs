@@ -299,6 +299,7 @@ async fn delete_with_retries(
             }
             Err(e) => {
                 let attempts = result.attempts;
+                result.refused = matches!(e.code(), Some(401 | 403));
                 return fail(result, format!("{e} after {attempts} attempt(s)"));
             }
         }

@@ -25,6 +25,10 @@ pub struct OpResult {
     pub uid: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resource_version: Option<String>,
+    /// For a `failed`: the server refused these credentials or this request (401, 403):
+    /// configuration to fix, not an outage to wait out.
+    #[serde(skip)]
+    pub refused: bool,
 }
 
 impl OpResult {
@@ -38,6 +42,7 @@ impl OpResult {
             attempts: 0,
             uid: None,
             resource_version: None,
+            refused: false,
         }
     }
 

@@ -8,6 +8,7 @@ mod hostile_input;
 mod layers;
 mod outage;
 mod proxy;
+mod real;
 mod record;
 mod reliability;
 mod reserve;

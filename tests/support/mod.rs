@@ -2,6 +2,8 @@
 //! with a temp data dir, plain or with TLS and client certificates. Never port 2379. Like test
 //! code, it panics on failure: it is for the test suite and the benchmarks only.
 
+pub mod control_plane;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

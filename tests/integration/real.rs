@@ -1,0 +1,170 @@
+//! The same scenarios on a real kube-apiserver (v1.19, with RBAC) beside a real etcd: apply,
+//! verify and rollback as a new user runs them, a rollback where the CiliumEndpoint CRD is
+//! not served, and sync with credentials RBAC refuses. Each test is skipped, saying why,
+//! where no real server is configured (`tests/support/control_plane.rs`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::harness::{Etcd, Run, bin};
+use crate::support::control_plane::ControlPlane;
+
+const P: &str = "cilium/state/identities/v1";
+const A: &str = "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;";
+const B: &str = "k8s:app=b;k8s:io.kubernetes.pod.namespace=shop;";
+const C: &str = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
+
+/// The binary with this kubeconfig and etcd, killed if it outlives `secs`.
+async fn cli(dir: &Path, kc: &Path, etcd: &Etcd, args: &[&str], secs: u64) -> (Run, Duration) {
+    let start = Instant::now();
+    let child = tokio::process::Command::new(bin())
+        .current_dir(dir)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kc)
+        .args(["--etcd-endpoints", &etcd.endpoint])
+        .env_remove("KUBECONFIG")
+        .env("HOME", dir)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(secs), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} still running after {secs} s"))
+        .unwrap();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (run, start.elapsed())
+}
+
+fn security_labels(key: &str) -> BTreeMap<String, String> {
+    let parsed = cilium_idmig::core::labels::parse_label_key(key).unwrap();
+    cilium_idmig::core::labels::to_security_labels(&parsed)
+        .into_iter()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_verify_and_rollback_on_a_real_server_and_without_the_endpoint_crd() {
+    let Some(cp) = ControlPlane::start("real::apply_verify_and_rollback") else {
+        return;
+    };
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
+    etcd.put(&format!("{P}/id/301"), B.as_bytes()).await;
+    etcd.put(&format!("{P}/id/302"), C.as_bytes()).await;
+    // 302 is already there, created by a CRD-mode agent: never this tool's to delete.
+    cp.create_identity(302, &security_labels(C));
+    let dir = tempfile::tempdir().unwrap();
+    let (d, kc) = (dir.path(), cp.kubeconfig.as_path());
+    let log = d.join("apply.jsonl").display().to_string();
+
+    let (r, _) = cli(
+        d,
+        kc,
+        &etcd,
+        &["apply", "--yes", "--decision-log", &log],
+        120,
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let objects = cp.identities();
+    assert_eq!(
+        objects.keys().collect::<Vec<_>>(),
+        ["300", "301", "302"],
+        "{objects:?}"
+    );
+    assert_eq!(objects["300"], security_labels(A));
+    assert_eq!(objects["301"], security_labels(B));
+    let (r, _) = cli(d, kc, &etcd, &["verify", "--decision-log", &log], 120).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+
+    // Without the CiliumEndpoint CRD, rollback cannot tell what is in use: it says so and
+    // what to do, and deletes nothing.
+    cp.kubectl(&["delete", "crd", "ciliumendpoints.cilium.io"]);
+    let rollback = ["rollback", "--decision-log", &log, "--yes"];
+    let (r, _) = cli(d, kc, &etcd, &rollback, 120).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("does not serve ciliumendpoints.cilium.io")
+            && r.stderr.contains("--include-in-use"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("404 page not found"), "{}", r.stderr);
+    assert_eq!(cp.identities().len(), 3);
+
+    // With --include-in-use: exactly what the run created goes.
+    let rollback = [&rollback[..], &["--include-in-use"]].concat();
+    let (r, _) = cli(d, kc, &etcd, &rollback, 120).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        cp.identities().keys().collect::<Vec<_>>(),
+        ["302"],
+        "{}",
+        r.stdout
+    );
+}
+
+/// The Lease Role of `assets/clusterrole.yaml`, and nothing else, bound to `limited-user`.
+const LEASE_ONLY: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: cilium-idmig-sync-lease
+  namespace: kube-system
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: cilium-idmig-sync-lease
+subjects:
+  - apiGroup: rbac.authorization.k8s.io
+    kind: User
+    name: limited-user
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
+    let Some(cp) = ControlPlane::start("real::sync_that_rbac_refuses") else {
+        return;
+    };
+    let role = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/clusterrole.yaml"
+    ))
+    .unwrap();
+    let lease_role = role.split("\n---\n").nth(1).expect("the Lease Role");
+    cp.apply(lease_role);
+    cp.apply(LEASE_ONLY);
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["sync", "--until-cutover", "--cutover-grace", "2s"];
+    let (r, took) = cli(dir.path(), &cp.kubeconfig_user, &etcd, &args, 90).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    for what in ["refused", "ciliumidentities", "grant", "clusterrole.yaml"] {
+        assert!(r.stderr.contains(what), "{what}: {}", r.stderr);
+    }
+    // It took the Lease (that much it may) and gave it up before it ended.
+    let holder = cp.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "kube-system",
+        "cilium-idmig-sync",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(holder.trim(), "", "the Lease is still held");
+    assert!(cp.identities().is_empty());
+}

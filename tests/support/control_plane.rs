@@ -1,0 +1,196 @@
+//! A real Kubernetes control plane for tests and benchmarks, the way Kubernetes projects use
+//! envtest: `KUBEBUILDER_ASSETS` names a folder holding `kube-apiserver` (and `etcd`, else
+//! etcd from the PATH), or `KUBE_APISERVER` the binary itself; `CONTROL_PLANE` names the
+//! script that starts it with a throwaway PKI, free loopback ports and both Cilium CRDs
+//! (`scripts/test` sets all of them from the team's shared control plane when it is there).
+//! Where any is missing, a test says plainly that it was skipped and why (on stderr, and in
+//! the file `IDMIG_SKIPS` names, which the closing line of `scripts/test` counts).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tempfile::TempDir;
+
+/// A running kube-apiserver with its own etcd, stopped on drop.
+pub struct ControlPlane {
+    script: PathBuf,
+    dir: TempDir,
+    /// The admin's kubeconfig (system:masters).
+    pub kubeconfig: PathBuf,
+    /// The kubeconfig of `limited-user`, who has no RBAC at all until a test grants some.
+    pub kubeconfig_user: PathBuf,
+    pub url: String,
+}
+
+/// Records that `test` was skipped and why: on stderr (`cargo test -- --nocapture` shows
+/// it), and as a line of the file `IDMIG_SKIPS` names, for the suite's closing line.
+pub fn skip(test: &str, why: &str) {
+    let line = format!("skipped: {test}: {why}");
+    eprintln!("{line}");
+    if let Ok(path) = std::env::var("IDMIG_SKIPS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// Where the real server is, or why it is not there.
+fn locate() -> Result<PathBuf, String> {
+    let assets = std::env::var("KUBEBUILDER_ASSETS").ok();
+    let apiserver = std::env::var("KUBE_APISERVER")
+        .ok()
+        .or_else(|| assets.map(|a| format!("{a}/kube-apiserver")));
+    let Some(apiserver) = apiserver else {
+        return Err("no real kube-apiserver: set KUBEBUILDER_ASSETS (a folder with kube-apiserver) or KUBE_APISERVER; scripts/test sets them from the shared control plane".into());
+    };
+    if !Path::new(&apiserver).is_file() {
+        return Err(format!("no kube-apiserver at {apiserver}"));
+    }
+    let script = std::env::var("CONTROL_PLANE")
+        .map_err(|_| "CONTROL_PLANE (the script that starts the control plane) is not set")?;
+    if !Path::new(&script).is_file() {
+        return Err(format!("no control-plane script at {script}"));
+    }
+    Ok(PathBuf::from(script))
+}
+
+impl ControlPlane {
+    /// Starts one, or says why `test` is skipped and returns `None`.
+    pub fn start(test: &str) -> Option<ControlPlane> {
+        let script = match locate() {
+            Ok(s) => s,
+            Err(why) => {
+                skip(test, &why);
+                return None;
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let mut cp = ControlPlane {
+            script,
+            kubeconfig: dir.path().join("kubeconfig"),
+            kubeconfig_user: dir.path().join("kubeconfig-limited"),
+            url: String::new(),
+            dir,
+        };
+        assert!(
+            out.status.success(),
+            "the control plane did not start: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(cp.dir.path().join("apiserver.log")).unwrap_or_default()
+        );
+        cp.url = cp.env()["APISERVER_URL"].clone();
+        Some(cp)
+    }
+
+    /// What the script wrote to `DIR/env`.
+    fn env(&self) -> BTreeMap<String, String> {
+        std::fs::read_to_string(self.dir.path().join("env"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// kubectl as the admin; panics with its output when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_as(&self.kubeconfig, args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON) as the admin.
+    pub fn apply(&self, manifest: &str) {
+        let out = self.kubectl_as(&self.kubeconfig, &["apply", "-f", "-"], Some(manifest));
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}\n{manifest}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl (Debian's kubernetes-client)");
+        let mut input = child.stdin.take().unwrap();
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .unwrap();
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// Creates a `CiliumIdentity` as a CRD-mode agent does (name = id).
+    pub fn create_identity(&self, id: u32, security_labels: &BTreeMap<String, String>) {
+        let obj = serde_json::json!({
+            "apiVersion": "cilium.io/v2",
+            "kind": "CiliumIdentity",
+            "metadata": {"name": id.to_string()},
+            "security-labels": security_labels,
+        });
+        let out = self.kubectl_as(
+            &self.kubeconfig,
+            &["create", "-f", "-"],
+            Some(&obj.to_string()),
+        );
+        assert!(
+            out.status.success(),
+            "create {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Every `CiliumIdentity`: name -> its `security-labels`.
+    pub fn identities(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let list: serde_json::Value =
+            serde_json::from_str(&self.kubectl(&["get", "ciliumidentities", "-o", "json"]))
+                .unwrap();
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let name = o["metadata"]["name"].as_str().unwrap().to_string();
+                let labels = serde_json::from_value(o["security-labels"].clone()).unwrap();
+                (name, labels)
+            })
+            .collect()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

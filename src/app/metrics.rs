@@ -48,6 +48,8 @@ pub struct Metrics {
     /// brought up to date at each scrape.
     watch_up: IntGaugeVec,
     last_event_age: GaugeVec,
+    /// `cilium_idmig_cutover_waiting{reason}`: 1 for what cutover waits for now.
+    cutover_waiting: IntGaugeVec,
 }
 
 /// Which watch.
@@ -134,6 +136,14 @@ impl Metrics {
                 &["source"],
             )
             .map_err(err)?,
+            cutover_waiting: IntGaugeVec::new(
+                Opts::new(
+                    "cilium_idmig_cutover_waiting",
+                    "1 for what cutover waits for now (nodes, grace, decisions, writes, lease, verify, checking); all 0 once reached",
+                ),
+                &["reason"],
+            )
+            .map_err(err)?,
             registry,
         };
         m.registry
@@ -163,6 +173,9 @@ impl Metrics {
             .map_err(err)?;
         m.registry
             .register(Box::new(m.watch_up.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.cutover_waiting.clone()))
             .map_err(err)?;
         m.registry
             .register(Box::new(m.last_event_age.clone()))
@@ -200,6 +213,15 @@ impl Metrics {
     /// Both watches are connected and have heard from their servers within `HEARD_WITHIN`
     /// (etcd answers a progress request every 10 s, Kubernetes sends a bookmark or ends the
     /// watch every 45 s, so a live watch is never quiet that long).
+    /// Marks what cutover waits for now (`None`: nothing, it was reached or is checked).
+    pub fn cutover_waiting(&self, reason: Option<&str>) {
+        for r in crate::core::sync::CutoverWait::REASONS {
+            self.cutover_waiting
+                .with_label_values(&[r])
+                .set(i64::from(Some(r) == reason));
+        }
+    }
+
     pub fn healthy(&self) -> bool {
         let now = self.born.elapsed().as_millis() as u64;
         let recent = |heard: &AtomicU64| {

@@ -26,7 +26,7 @@ use crate::core::kvstore::parse_id;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{Kind, Op};
-use crate::core::sync::{BatchOutcome, KvChange, SyncReport, SyncState};
+use crate::core::sync::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
 use crate::io::etcd::KvWatchEvent;
@@ -360,8 +360,10 @@ struct Round {
     done_rx: mpsc::Receiver<(Vec<Op>, Result<ApplyReport>)>,
     /// A cutover check (a full consistent verify, 18 s at 65k on a real server) runs as a
     /// task and its verdict comes back here, so the loop keeps mirroring meanwhile.
-    verdict_tx: mpsc::Sender<bool>,
-    verdict_rx: mpsc::Receiver<bool>,
+    verdict_tx: mpsc::Sender<std::result::Result<(), CutoverWait>>,
+    verdict_rx: mpsc::Receiver<std::result::Result<(), CutoverWait>>,
+    /// The last cutover check's problems, said until the next check.
+    last_verify_failed: Option<CutoverWait>,
     verifying: bool,
     dirty: bool,
     batch_running: bool,
@@ -446,6 +448,7 @@ impl Sync {
             fatal_rx,
             verdict_tx,
             verdict_rx,
+            last_verify_failed: None,
             verifying: false,
             conn,
             prefix,
@@ -547,8 +550,8 @@ impl Round {
                 Some(reply) = reserve::next_reply(&mut sync.reservations) => {
                     self.on_reserved(sync, reply).await;
                 }
-                Some(passed) = self.verdict_rx.recv() => {
-                    if let Some(end) = self.on_verdict(sync, passed).await {
+                Some(verdict) = self.verdict_rx.recv() => {
+                    if let Some(end) = self.on_verdict(sync, verdict).await {
                         break RoundEnd::Done(end);
                     }
                 }
@@ -782,10 +785,6 @@ impl Round {
         return_freed_memory();
         state.status.watching = sync.metrics.healthy();
         publish_splits(state, &sync.metrics);
-        let _ = sync
-            .events
-            .send(SyncEvent::Status(state.status.clone()))
-            .await;
         // The grace starts when the last kvstore-mode node goes. In the demo's in-memory
         // kvstore a node's keys go the moment it moves (its lease is revoked, none lapses
         // later), so a few seconds do.
@@ -797,6 +796,7 @@ impl Round {
             state.no_nodes_since = None;
             // A kvstore-mode node coming back starts the watch for cutover again.
             self.cutover_announced = false;
+            self.last_verify_failed = None;
         } else if state.no_nodes_since.is_none() {
             state.no_nodes_since = Some(now);
         }
@@ -805,6 +805,11 @@ impl Round {
         if rollout_over && close_moot(state, &sync.events, &sync.cfg).await {
             self.dirty = true;
         }
+        self.say_cutover_wait(sync, grace);
+        let _ = sync
+            .events
+            .send(SyncEvent::Status(self.state.status.clone()))
+            .await;
         // Cutover is checked (a full consistent verify) at most every 30 s while it may be
         // near, and announced once.
         let due = self
@@ -824,6 +829,28 @@ impl Round {
         });
     }
 
+    /// What cutover waits for, on the status line, the Sync screen and in `/metrics`.
+    fn say_cutover_wait(&mut self, sync: &Sync, grace: Duration) {
+        let state = &self.state;
+        let unsettled = state.in_flight.len()
+            + state.failed.len()
+            + usize::from(self.batch_running || self.dirty);
+        let wait = (!self.cutover_announced)
+            .then(|| {
+                crate::core::sync::cutover_wait(
+                    &state.status,
+                    state.no_nodes_since.map(|t| t.elapsed()),
+                    grace,
+                    (unsettled, sync.lease.holding(), self.verifying),
+                    self.last_verify_failed.as_ref(),
+                )
+            })
+            .flatten();
+        sync.metrics
+            .cutover_waiting(wait.as_ref().map(|w| w.reason()));
+        self.state.status.cutover_wait = wait;
+    }
+
     /// Nothing pending, in flight, failing or waiting to be planned.
     fn quiet(&self) -> bool {
         self.state.status.pending == 0
@@ -835,10 +862,24 @@ impl Round {
 
     /// A cutover check's verdict: announced if it passed and the rollout is still over and
     /// quiet (a node may have come back, or something arrived, while it ran).
-    async fn on_verdict(&mut self, sync: &mut Sync, passed: bool) -> Option<SyncEnd> {
+    async fn on_verdict(
+        &mut self,
+        sync: &mut Sync,
+        verdict: std::result::Result<(), CutoverWait>,
+    ) -> Option<SyncEnd> {
         self.verifying = false;
+        if let Err(failed) = verdict {
+            // Said until the next check, so nobody wonders whether sync is stuck.
+            let _ = sync
+                .events
+                .send(SyncEvent::Note(format!("cutover not yet: {failed}")))
+                .await;
+            self.last_verify_failed = Some(failed);
+            return None;
+        }
+        self.last_verify_failed = None;
         let still_over = self.state.no_nodes_since.is_some() && sync.lease.holding();
-        if !passed || !still_over || !self.quiet() || self.cutover_announced {
+        if !still_over || !self.quiet() || self.cutover_announced {
             return None;
         }
         self.cutover_announced = true;
@@ -992,16 +1033,16 @@ async fn cutover_verified(
     cfg: &ServiceConfig,
     reused: &BTreeMap<String, u32>,
     moot: &BTreeSet<String>,
-) -> bool {
+) -> std::result::Result<(), CutoverWait> {
     let logs: Vec<std::path::PathBuf> = cfg
         .resume
         .iter()
         .cloned()
         .chain(std::iter::once(cfg.log.path().to_path_buf()))
         .collect();
-    let Ok(mut expect) = flows::expectations_from_logs(&logs) else {
-        return false;
-    };
+    let failed = |first: String| CutoverWait::Verify { problems: 1, first };
+    let mut expect = flows::expectations_from_logs(&logs)
+        .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
     for (id, target) in reused {
         expect.mappings.entry(id.clone()).or_insert(Some(*target));
     }
@@ -1009,13 +1050,36 @@ async fn cutover_verified(
     for id in moot {
         expect.mappings.insert(id.clone(), None);
     }
-    flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
+    let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
         .await
-        .is_ok_and(|r| {
-            r.problems
-                .iter()
-                .all(|p| p.problem == crate::core::verify::ProblemKind::Skipped)
+        .map_err(|e| failed(format!("verify could not run: {e}")))?;
+    let problems: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.problem != crate::core::verify::ProblemKind::Skipped)
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    // The first few, each with its id and why: enough to act on, short enough for a line.
+    let first: Vec<String> = problems
+        .iter()
+        .take(3)
+        .map(|p| {
+            let at = p
+                .expected_at
+                .map_or(String::new(), |t| format!(" (at {t})"));
+            let found = p
+                .found_labels
+                .as_deref()
+                .map_or(String::new(), |l| format!(", Kubernetes holds {l}"));
+            format!("{} {}{at}{found}", p.id, p.problem.as_str())
         })
+        .collect();
+    Err(CutoverWait::Verify {
+        problems: problems.len(),
+        first: first.join("; "),
+    })
 }
 
 /// How long a split waits for the `value/` keys of the nodes that use it before it is

@@ -307,6 +307,15 @@ async fn sync_command(args: SyncArgs) -> anyhow::Result<Exit> {
     .await
 }
 
+/// Opens a decision log, saying on stderr what opening it repaired (a torn last line).
+fn open_log(path: &std::path::Path) -> anyhow::Result<Arc<DecisionLog>> {
+    let log = DecisionLog::open(path)?;
+    if let Some(note) = log.repaired() {
+        eprintln!("warning: {note}");
+    }
+    Ok(Arc::new(log))
+}
+
 /// `sandbox`: the sandbox API server until Ctrl-C.
 async fn sandbox(port: u16, kubeconfig_out: Option<PathBuf>, no_crd: bool) -> anyhow::Result<Exit> {
     let sb = Sandbox::start(SandboxConfig {
@@ -393,7 +402,7 @@ async fn apply(
     json: bool,
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
-    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let log = open_log(&log_path)?;
     let mut handle = world.service("apply", log, spec.options.clone(), Vec::new(), false);
     let run = printer::apply(&mut handle, spec).await?;
     match json {
@@ -467,7 +476,7 @@ async fn rollback(
         .last()
         .cloned()
         .unwrap_or_else(decision_log::default_path);
-    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let log = open_log(&log_path)?;
     let world = World {
         kv: KvSource::Memory(Default::default()),
         target,
@@ -510,7 +519,7 @@ async fn sync(
     use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
     use cilium_idmig::apply::executor::StopFlag;
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
-    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let log = open_log(&log_path)?;
     let until_cutover = opts.until_cutover;
     let cfg = Arc::new(ServiceConfig {
         kv: world.kv,
@@ -522,6 +531,9 @@ async fn sync(
         resume,
         sync_reserve_in_kvstore: opts.reserve_in_kvstore,
     });
+    // One writer per log, before its first line: a second sync on this log is refused
+    // without writing anything into the first one's.
+    cfg.log.lock_for_one_writer()?;
     cfg.log.begin_session(cfg.session())?;
     let metrics = Arc::new(Metrics::new()?);
     let server = match status_addr {
@@ -631,7 +643,7 @@ async fn interactive(
     let log_path = log_path
         .or_else(|| session.rollback.last().cloned())
         .unwrap_or_else(decision_log::default_path);
-    let log = Arc::new(DecisionLog::open(&log_path)?);
+    let log = open_log(&log_path)?;
     let range = world.scope.range;
     let command = if session.rollback.is_empty() {
         "tui"

@@ -81,6 +81,95 @@ pub struct SyncStatus {
     pub reservations: usize,
     /// Another sync holds the one-writer lease: this one follows and does not write.
     pub standby: Option<String>,
+    /// What cutover waits for now (`None`: reached, or sync not yet following).
+    pub cutover_wait: Option<CutoverWait>,
+}
+
+/// What cutover waits for: one reason at a time, the first that holds, so an operator
+/// always knows whether sync is stuck or counting down.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CutoverWait {
+    /// Kvstore-mode nodes (`value/` keys) are still there.
+    Nodes(usize),
+    /// No kvstore-mode node is left; the grace runs (`left` of it).
+    Grace { left: Duration },
+    /// Conflicts wait for a decision.
+    Decisions(usize),
+    /// Writes are failing, in flight or waiting to be planned.
+    Writes(usize),
+    /// Another sync holds the lease.
+    Lease,
+    /// The last check (a full verify) found problems: the first few, and how many.
+    Verify { problems: usize, first: String },
+    /// A check runs now.
+    Checking,
+}
+
+impl CutoverWait {
+    /// Its name in `cilium_idmig_cutover_waiting{reason}`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CutoverWait::Nodes(_) => "nodes",
+            CutoverWait::Grace { .. } => "grace",
+            CutoverWait::Decisions(_) => "decisions",
+            CutoverWait::Writes(_) => "writes",
+            CutoverWait::Lease => "lease",
+            CutoverWait::Verify { .. } => "verify",
+            CutoverWait::Checking => "checking",
+        }
+    }
+
+    pub const REASONS: [&'static str; 7] = [
+        "nodes",
+        "grace",
+        "decisions",
+        "writes",
+        "lease",
+        "verify",
+        "checking",
+    ];
+}
+
+impl std::fmt::Display for CutoverWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CutoverWait::Nodes(n) => write!(f, "waits for {n} kvstore-mode nodes to move"),
+            CutoverWait::Grace { left } => write!(
+                f,
+                "no kvstore-mode node left: grace ends in {}s",
+                left.as_secs()
+            ),
+            CutoverWait::Decisions(n) => write!(f, "waits for {n} pending decisions"),
+            CutoverWait::Writes(n) => write!(f, "waits for {n} writes (failing or in flight)"),
+            CutoverWait::Lease => write!(f, "waits for the lease (another sync writes)"),
+            CutoverWait::Verify { problems, first } => {
+                write!(f, "verify found {problems} problems: {first}")
+            }
+            CutoverWait::Checking => write!(f, "checking (a full verify)"),
+        }
+    }
+}
+
+/// Where cutover stands, from what sync knows now: the first reason that holds, or `None`
+/// when a check may run. `last_verify` is the last check's problems, if it failed.
+pub fn cutover_wait(
+    status: &SyncStatus,
+    no_nodes_for: Option<Duration>,
+    grace: Duration,
+    (unsettled_writes, holding, verifying): (usize, bool, bool),
+    last_verify: Option<&CutoverWait>,
+) -> Option<CutoverWait> {
+    let wait = match no_nodes_for {
+        _ if status.kvstore_nodes > 0 => CutoverWait::Nodes(status.kvstore_nodes),
+        None => CutoverWait::Nodes(0),
+        Some(d) if d < grace => CutoverWait::Grace { left: grace - d },
+        Some(_) if !holding => CutoverWait::Lease,
+        Some(_) if status.pending > 0 => CutoverWait::Decisions(status.pending),
+        Some(_) if unsettled_writes > 0 => CutoverWait::Writes(unsettled_writes),
+        Some(_) if verifying => CutoverWait::Checking,
+        Some(_) => return last_verify.cloned(),
+    };
+    Some(wait)
 }
 
 impl std::fmt::Display for SyncStatus {
@@ -100,6 +189,9 @@ impl std::fmt::Display for SyncStatus {
             ms(self.lag_p99),
             if self.watching { "" } else { " · catching up" }
         )?;
+        if let Some(wait) = &self.cutover_wait {
+            write!(f, " · cutover {wait}")?;
+        }
         if self.reservations > 0 {
             write!(f, " · {} reserved in the kvstore", self.reservations)?;
         }
@@ -911,6 +1003,63 @@ mod tests {
         fn accepting_proposals_keeps_writes_well_formed(events in proptest::collection::vec(event(), 1..80)) {
             run(events, true)?;
         }
+    }
+
+    #[test]
+    fn cutover_always_says_what_it_waits_for() {
+        let grace = Duration::from_secs(120);
+        let mut st = SyncStatus {
+            kvstore_nodes: 2,
+            ..Default::default()
+        };
+        let none = (0, true, false);
+        let wait = |st: &SyncStatus, since: Option<u64>, w, last| {
+            cutover_wait(st, since.map(Duration::from_secs), grace, w, last)
+        };
+        assert_eq!(wait(&st, None, none, None), Some(CutoverWait::Nodes(2)));
+        st.kvstore_nodes = 0;
+        assert_eq!(
+            wait(&st, Some(20), none, None),
+            Some(CutoverWait::Grace {
+                left: Duration::from_secs(100)
+            })
+        );
+        assert!(
+            wait(&st, Some(20), none, None)
+                .unwrap()
+                .to_string()
+                .contains("100s")
+        );
+        assert_eq!(
+            wait(&st, Some(120), (0, false, false), None),
+            Some(CutoverWait::Lease)
+        );
+        st.pending = 3;
+        assert_eq!(
+            wait(&st, Some(120), none, None),
+            Some(CutoverWait::Decisions(3))
+        );
+        st.pending = 0;
+        assert_eq!(
+            wait(&st, Some(120), (4, true, false), None),
+            Some(CutoverWait::Writes(4))
+        );
+        assert_eq!(
+            wait(&st, Some(120), (0, true, true), None),
+            Some(CutoverWait::Checking)
+        );
+        // Nothing left but a check: none yet, or the last one's problems.
+        assert_eq!(wait(&st, Some(120), none, None), None);
+        let failed = CutoverWait::Verify {
+            problems: 2,
+            first: "2203 different".into(),
+        };
+        assert_eq!(
+            wait(&st, Some(120), none, Some(&failed)),
+            Some(failed.clone())
+        );
+        assert_eq!(failed.reason(), "verify");
+        assert!(CutoverWait::REASONS.contains(&failed.reason()));
     }
 
     #[test]

@@ -149,18 +149,33 @@ pub struct DecisionLog {
     path: PathBuf,
     file: Mutex<File>,
     operator: String,
+    /// What opening it repaired (a torn last line removed), to tell the operator.
+    repaired: Option<String>,
 }
 
 impl DecisionLog {
     /// Opens (creating with mode 0600, or appending to) the log at `path`.
+    /// A last line cut short (a process killed mid-write, a full disk) is removed first, so
+    /// the next line does not land after it and damage the log for every later command.
     pub fn open(path: &Path) -> Result<Self> {
         let file = super::private_file::open_append(path)
             .map_err(|e| Error::file_io(path, "cannot open decision log", e))?;
+        let repaired = repair_torn_tail(&file, path)
+            .map_err(|e| Error::file_io(path, "cannot repair the decision log's last line", e))?;
+        if let Some(note) = &repaired {
+            tracing::warn!("{note}");
+        }
         Ok(DecisionLog {
             path: path.to_path_buf(),
             file: Mutex::new(file),
             operator: super::operator::current(),
+            repaired,
         })
+    }
+
+    /// What opening the log repaired, if anything: one line for the operator.
+    pub fn repaired(&self) -> Option<&str> {
+        self.repaired.as_deref()
     }
 
     pub fn path(&self) -> &Path {
@@ -217,6 +232,42 @@ impl DecisionLog {
             .and_then(|_| f.flush())
             .map_err(|e| Error::file_io(&self.path, "cannot append to decision log", e))
     }
+}
+
+/// Removes a last line that has no newline: a write the process never finished. Only while
+/// no other process holds the log (a live sync's line may be on its way); what is removed
+/// was never a whole line, so no decision or outcome is lost, and the note quotes it.
+fn repair_torn_tail(file: &File, path: &Path) -> std::io::Result<Option<String>> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 || file.try_lock().is_err() {
+        return Ok(None);
+    }
+    let reader = File::open(path)?;
+    let tail_len = len.min(1 << 20);
+    let mut tail = vec![0; tail_len as usize];
+    reader.read_exact_at(&mut tail, len - tail_len)?;
+    let result = match tail.iter().rposition(|b| *b == b'\n') {
+        Some(last) if last + 1 == tail.len() => None,
+        found => {
+            let keep = match found {
+                Some(last) => len - tail_len + last as u64 + 1,
+                // No newline in the last MiB: a whole line is longer than any record.
+                None if tail_len < len => return Ok(None),
+                None => 0,
+            };
+            let torn = &tail[(keep - (len - tail_len)) as usize..];
+            file.set_len(keep)?;
+            let shown: String = String::from_utf8_lossy(torn).chars().take(60).collect();
+            Some(format!(
+                "decision log {}: its last line was cut short ({} bytes, a write that never finished: {shown:?}...); removed it, every whole line is kept",
+                path.display(),
+                torn.len()
+            ))
+        }
+    };
+    file.unlock()?;
+    Ok(result)
 }
 
 /// What a read of a log found.
@@ -409,6 +460,54 @@ mod tests {
         let m = c.mappings();
         assert_eq!(m["300"], Some(300));
         assert_eq!(m["301"], Some(500));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_removed_on_open_and_the_next_line_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        assert!(log.repaired().is_none(), "a new log needs no repair");
+        log.append(Record::decision(
+            "300",
+            "k8s:app=a;",
+            Kind::Create,
+            ("create", "rule"),
+            Some(300),
+        ))
+        .unwrap();
+        drop(log);
+        let whole = std::fs::read(&path).unwrap();
+        // A process killed mid-write: half a line, no newline.
+        let mut torn = whole.clone();
+        torn.extend_from_slice(br#"{"ts":"2026-12-01T00:00:00Z","id":"301","lab"#);
+        std::fs::write(&path, &torn).unwrap();
+        let log = DecisionLog::open(&path).unwrap();
+        let note = log.repaired().expect("the repair is said");
+        assert!(note.contains("cut short") && note.contains("301"), "{note}");
+        assert_eq!(std::fs::read(&path).unwrap(), whole);
+        log.append(Record::decision(
+            "302",
+            "k8s:app=b;",
+            Kind::Create,
+            ("create", "rule"),
+            Some(302),
+        ))
+        .unwrap();
+        let c = read(&path).unwrap();
+        assert_eq!(
+            c.records.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["300", "302"]
+        );
+        // A log another process holds is left alone (its writer may be mid-line).
+        drop(log);
+        std::fs::write(&path, &torn).unwrap();
+        let holder = DecisionLog::open(&path).unwrap();
+        holder.lock_for_one_writer().unwrap();
+        std::fs::write(&path, &torn).unwrap();
+        let other = DecisionLog::open(&path).unwrap();
+        assert!(other.repaired().is_none());
+        assert_eq!(std::fs::read(&path).unwrap(), torn);
     }
 
     #[test]

@@ -803,6 +803,7 @@ fn screens_match_their_snapshots() {
         mirrored: 12,
         pending: 1,
         splits: 1,
+        cutover_wait: Some(crate::core::sync::CutoverWait::Nodes(2)),
         lag_last: Some(Duration::from_millis(85)),
         lag_p50: Some(Duration::from_millis(60)),
         lag_p99: Some(Duration::from_millis(140)),

@@ -99,6 +99,13 @@ async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
         "{}",
         again.stderr
     );
+    // Refused before its first line: the first sync's log holds one session, its own.
+    let sessions = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"session\":"))
+        .count();
+    assert_eq!(sessions, 1, "{}", std::fs::read_to_string(&log).unwrap());
     let (code, _) = first.stop().await;
     assert_eq!(code, 0);
 

@@ -13,7 +13,7 @@ use crate::tui::model::Model;
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let s = &model.sync;
-    let [head, list] = Layout::vertical([Constraint::Length(7), Constraint::Min(3)]).areas(area);
+    let [head, list] = Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let ms =
         |d: Option<std::time::Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
@@ -32,6 +32,12 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         },
     ])];
     if let Some(st) = &s.status {
+        if let Some(wait) = &st.cutover_wait {
+            lines.push(Line::from(vec![
+                Span::styled("cutover  ", bold),
+                Span::raw(wait.to_string()),
+            ]));
+        }
         lines.push(Line::from(vec![
             Span::styled("rollout  ", bold),
             Span::raw(format!(

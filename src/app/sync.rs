@@ -997,10 +997,7 @@ async fn close_moot(
     cfg: &ServiceConfig,
 ) -> bool {
     let mut closed = false;
-    for (id, labels, kind) in std::mem::take(&mut state.waiting) {
-        if state.moot.contains(&id) || state.counts.get(labels.as_bytes()) > 0 {
-            continue;
-        }
+    for (id, labels, kind) in state.moot_now() {
         let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
         r.outcome = Some(Outcome::Skipped);
         r.error =
@@ -1009,6 +1006,7 @@ async fn close_moot(
             return closed;
         }
         state.moot.insert(id.clone());
+        state.reused.remove(&id);
         closed = true;
         let _ = events.send(SyncEvent::Moot { id, labels }).await;
     }

@@ -259,6 +259,31 @@ impl SyncState {
         })
     }
 
+    /// What no kvstore-mode node uses any more and would otherwise wait for ever, to close
+    /// without a write: conflicts waiting for a decision, and identities mapped to an id
+    /// that does not hold their labels (a remap proposal for the same labels under another
+    /// kvstore id, itself never written). Taken from `waiting`.
+    pub fn moot_now(&mut self) -> Vec<(String, LabelKey, Kind)> {
+        let unused = |labels: &str| self.counts.get(labels.as_bytes()) == 0;
+        let mut out: Vec<(String, LabelKey, Kind)> = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .filter(|(id, labels, _)| !self.moot.contains(id) && unused(labels))
+            .collect();
+        for (id, target) in &self.reused {
+            let Some(labels) = self.masters.get(id.as_bytes()) else {
+                continue;
+            };
+            let Ok(labels) = valid_label_key(labels) else {
+                continue;
+            };
+            let held = self.k8s.get(target).is_some_and(|l| l.as_str() == labels);
+            if !held && !self.moot.contains(id) && unused(labels) {
+                out.push((id.clone(), labels.to_string(), Kind::Reuse));
+            }
+        }
+        out
+    }
+
     /// Whether the kvstore identity at `id` is only sync's own reservation.
     fn reservation_alone(&self, item: &PlanItem) -> bool {
         item.numeric_id()
@@ -1003,6 +1028,47 @@ mod tests {
         fn accepting_proposals_keeps_writes_well_formed(events in proptest::collection::vec(event(), 1..80)) {
             run(events, true)?;
         }
+    }
+
+    #[test]
+    fn a_mapping_to_a_proposal_never_written_is_moot_once_no_node_uses_it() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        let put = |id: &str, labels: &str| KvChange::Master {
+            id: id.as_bytes().to_vec(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        };
+        let node = |present| KvChange::Slave {
+            label_key: b"k8s:app=r;".to_vec(),
+            node: b"node-1".to_vec(),
+            present,
+        };
+        // Two kvstore agents allocated `r` at 300 and 301, and CRD-mode agents hold both ids
+        // for other labels: 300 gets a remap proposal, 301 is mapped to where it would go.
+        sync.apply_kv_change(put("300", "k8s:app=r;"), t0);
+        sync.apply_kv_change(put("301", "k8s:app=r;"), t0);
+        sync.apply_kv_change(node(true), t0);
+        sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
+        sync.k8s_upsert(301, "k8s:app=y;".into(), String::new(), t0);
+        sync.round(&BTreeMap::new(), range, false, t0);
+        let target = sync.reused.get("301").copied().expect("301 mapped");
+        assert!(!sync.k8s.contains_key(&target));
+        // While node-1 uses `r`, nothing is moot.
+        assert!(sync.moot_now().is_empty());
+        sync.round(&BTreeMap::new(), range, false, t0);
+        // node-1 moves: the proposal and the mapping to it are both moot.
+        sync.apply_kv_change(node(false), t0);
+        let moot: Vec<(String, Kind)> = sync
+            .moot_now()
+            .into_iter()
+            .map(|(id, _, kind)| (id, kind))
+            .collect();
+        assert_eq!(
+            moot,
+            [("300".into(), Kind::Remap), ("301".into(), Kind::Reuse)]
+        );
     }
 
     #[test]

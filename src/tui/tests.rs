@@ -1199,3 +1199,33 @@ fn the_sync_screen_shows_its_newest_reports_whole_however_long_the_older_ones() 
         );
     }
 }
+
+#[test]
+fn a_conflict_sync_closes_as_moot_no_longer_counts_as_undecided() {
+    let mut m = scanned_model();
+    let before = m.undecided();
+    let remap = m
+        .cluster
+        .items
+        .iter()
+        .find(|i| i.kind == Kind::Remap && !i.decided)
+        .cloned()
+        .expect("a remap waits");
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Moot {
+            id: remap.id.clone(),
+            labels: remap.labels.clone(),
+        })),
+    );
+    assert_eq!(m.undecided(), before - 1);
+    // Another id with the same labels is not touched.
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Moot {
+            id: "99999".into(),
+            labels: remap.labels.clone(),
+        })),
+    );
+    assert_eq!(m.undecided(), before - 1);
+}

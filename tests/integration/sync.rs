@@ -541,6 +541,35 @@ async fn cutover_arrives_once_no_node_uses_what_still_waits_for_a_decision() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn cutover_arrives_when_a_mapping_points_at_a_proposal_that_became_moot() {
+    let w = World::new(SandboxConfig::default()).await;
+    // Two kvstore-mode agents allocated `r` at 300 and 301; CRD-mode agents hold both ids
+    // for other labels. 300 gets a remap proposal; 301 is mapped to where that would go.
+    let r = "k8s:app=r;";
+    w.etcd.put(&format!("{P}/id/300"), r.as_bytes()).await;
+    w.etcd.put(&format!("{P}/id/301"), r.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{r}/node-1"), b"300").await;
+    for (id, other) in [(300, "k8s:app=x;"), (301, "k8s:app=y;")] {
+        w.sb.seed_identity(id, &to_security_labels(&parse_label_key(other).unwrap()));
+    }
+    let mut s = Sync::start(&w, &["--until-cutover", "--cutover-grace", "2s"]);
+    s.wait_for_line("conflict: 300", 20).await;
+    // node-1 moves: nothing uses `r`, neither the proposal nor the mapping to it holds.
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(format!("{P}/value/{r}/node-1"), None)
+        .await
+        .unwrap();
+    s.wait_for_line("cutover reached", 90).await;
+    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+        .await
+        .expect("sync ends at cutover")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", s.text());
+    assert!(s.text().contains("moot: 301"), "{}", s.text());
+    assert_eq!(w.sb.objects().len(), 2, "closed without a write");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn reserving_in_the_kvstore_prevents_the_split_allocations_sync_alone_reports() {
     // The same rollout twice (same seed): two blind allocators in a narrow pool, with sync
     // alone, then with sync reserving in the kvstore what Kubernetes holds.

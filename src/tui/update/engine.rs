@@ -179,6 +179,17 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
         }
         SyncEvent::Moot { id, labels } => {
             model.sync.push(crate::app::sync::moot_text(&id, &labels));
+            // Closed without a write: no longer waiting for a decision on any screen (a
+            // decided item keeps its decision through rescans).
+            if let Some(item) = model
+                .cluster
+                .items
+                .iter_mut()
+                .find(|i| i.id == id && i.labels == labels)
+            {
+                let _ = crate::core::planner::Decision::Skip.apply_to(item);
+                model.rebuild_view();
+            }
             vec![]
         }
         SyncEvent::Cutover(report) => {

@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use crate::apply::executor::WriteGate;
 use crate::io::lease::LeaseApi;
 
 /// Which lease, and how long a holder keeps it without renewing.
@@ -51,6 +52,11 @@ pub enum Writer {
 /// The running lease keeper.
 pub struct LeaseKeeper {
     pub writer: watch::Receiver<Writer>,
+    /// Until when this sync may write: the start of its last successful renewal plus two
+    /// thirds of the lease's duration, on the monotonic clock, so it stops writing before
+    /// any other sync may take over (a whole duration after the record last changed). Read
+    /// at the moment of each write; a renewal that hangs never extends it.
+    pub gate: WriteGate,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -60,16 +66,19 @@ impl LeaseKeeper {
     pub fn start(api: LeaseApi, opts: LeaseOptions, identity: String) -> Self {
         let (tx, writer) = watch::channel(Writer::Unknown);
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(keep(api, opts, identity, tx, stopped));
+        let gate = WriteGate::default();
+        let task = tokio::spawn(keep(api, opts, identity, (tx, gate.clone()), stopped));
         LeaseKeeper {
             writer,
+            gate,
             stop: Some(stop),
             task,
         }
     }
 
+    /// This sync holds the lease, valid with margin now.
     pub fn holding(&self) -> bool {
-        *self.writer.borrow() == Writer::Us
+        *self.writer.borrow() == Writer::Us && self.gate.open()
     }
 
     /// Gives the lease up (a clean stop), so a waiting sync takes over at once.
@@ -99,49 +108,63 @@ async fn keep(
     api: LeaseApi,
     opts: LeaseOptions,
     me: String,
-    tx: watch::Sender<Writer>,
+    (tx, gate): (watch::Sender<Writer>, WriteGate),
     mut stopped: oneshot::Receiver<()>,
 ) {
     let retry = Duration::from_secs(2);
     let renew_every = opts.duration / 3;
     let renew_deadline = opts.duration * 2 / 3;
     let mut seen = Observed::default();
-    let mut renewed: Option<Instant> = None;
     loop {
-        let wait = match try_take(&api, &opts, &me, &mut seen).await {
-            Ok(Try::Held) => {
-                renewed = Some(Instant::now());
+        // The validity counts from before the request: its answer may come late.
+        let started = std::time::Instant::now();
+        // A try that hangs (a dead connection) is given up in time to try again before the
+        // deadline, instead of holding the loop while the lease runs out.
+        let tried = tokio::time::timeout(renew_every, try_take(&api, &opts, &me, &mut seen)).await;
+        let wait = match tried {
+            Ok(Ok(Try::Held)) => {
+                gate.set(Some(started + renew_deadline));
                 tx.send_if_modified(|w| set(w, Writer::Us));
-                renew_every
+                renew_every.saturating_sub(started.elapsed())
             }
-            Ok(Try::HeldBy(holder)) => {
-                renewed = None;
+            Ok(Ok(Try::HeldBy(holder))) => {
+                gate.set(None);
                 tx.send_if_modified(|w| set(w, Writer::Other { holder }));
                 retry
             }
-            Err(e) if e.code() == Some(403) => {
+            Ok(Err(e)) if e.code() == Some(403) => {
+                gate.set(None);
                 tx.send_if_modified(|w| set(w, Writer::Refused(e.to_string())));
                 return;
             }
-            Err(_) => {
-                // Unreachable or failing: keep writing only while no one else can have
-                // taken over.
-                if renewed.is_some_and(|r| r.elapsed() > renew_deadline) {
-                    renewed = None;
-                    tx.send_if_modified(|w| set(w, Writer::Unknown));
-                }
-                retry
-            }
+            // Unreachable, failing or hanging: the gate closes on its own at the deadline.
+            Ok(Err(_)) | Err(_) => retry.min(renew_every),
         };
+        // Wake at the deadline too, to tell the loop that writes must stop.
+        let deadline = gate.until().filter(|_| *tx.borrow() == Writer::Us);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
+            _ = sleep_until_some(deadline) => {}
             _ = &mut stopped => {
-                if renewed.is_some() {
-                    let _ = give_up(&api, &me).await;
+                if gate.until().is_some() {
+                    gate.set(None);
+                    let _ = tokio::time::timeout(renew_every, give_up(&api, &me)).await;
                 }
                 return;
             }
         }
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            gate.set(None);
+            tx.send_if_modified(|w| set(w, Writer::Unknown));
+        }
+    }
+}
+
+/// Sleeps until `at`, or for ever without one.
+async fn sleep_until_some(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
+        None => std::future::pending().await,
     }
 }
 

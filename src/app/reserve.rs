@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::config::ServiceConfig;
 use super::metrics::Metrics;
+use crate::apply::executor::WriteGate;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::Kind;
@@ -48,6 +49,12 @@ pub struct Reservations {
     unreserved: HashSet<u32>,
     /// Held ids whose `value/` key is to be written again on a new lease (the old one expired).
     to_restore: BTreeSet<u32>,
+    /// Ids whose object went and whose `value/` key could not be deleted yet (a failed
+    /// delete, or the lease not valid then): tried again at the next keep-alive.
+    to_unreserve: BTreeSet<u32>,
+    /// Writes only while this is open (sync's lease, valid with margin): two syncs never
+    /// both write, here as in Kubernetes.
+    gate: Option<WriteGate>,
 }
 
 /// A line about a kvstore write: `action` is what sync did (a rule's, never a person's).
@@ -78,6 +85,8 @@ impl Reservations {
             tried: HashSet::new(),
             unreserved: HashSet::new(),
             to_restore: BTreeSet::new(),
+            to_unreserve: BTreeSet::new(),
+            gate: None,
         })
     }
 
@@ -95,7 +104,11 @@ impl Reservations {
                 .copied()
                 .collect();
         }
-        if self.to_restore.is_empty() {
+        let pending: Vec<u32> = std::mem::take(&mut self.to_unreserve).into_iter().collect();
+        for id in pending {
+            self.object_deleted(id, log, metrics).await?;
+        }
+        if self.to_restore.is_empty() || !self.may_write() {
             return Ok(None);
         }
         let (mut restored, mut dropped) = (0, 0);
@@ -133,6 +146,13 @@ impl Reservations {
         log: &DecisionLog,
         metrics: &Metrics,
     ) -> Result<bool> {
+        // The line first: a write is never made that the log does not announce.
+        log.append(line(
+            id,
+            &labels,
+            "reserving",
+            format!("next: put value/{labels}/{RESERVATION_NODE} {how}, if id/{id} is still as written at revision {revision}"),
+        ))?;
         let back = self
             .reserver
             .restore(&self.prefix, id, labels.as_bytes(), revision, self.lease)
@@ -156,6 +176,16 @@ impl Reservations {
     /// Master keys written (their `value/` key may have gone with the object since).
     pub fn masters_written(&self) -> usize {
         self.held.len()
+    }
+
+    /// Writes only while `gate` is open (sync's lease).
+    pub fn gate_writes(&mut self, gate: WriteGate) {
+        self.gate = Some(gate);
+    }
+
+    /// Whether a write may start now.
+    fn may_write(&self) -> bool {
+        self.gate.as_ref().is_none_or(|g| g.open())
     }
 
     /// Ids whose master key this sync wrote and still holds (with or without its `value/`
@@ -186,6 +216,15 @@ impl Reservations {
         {
             return Ok(());
         }
+        // The line first: a write is never made that the log does not announce. Its outcome
+        // (with the revision) follows; a crash between them leaves the intent, and the key
+        // lapses with this sync's lease.
+        log.append(line(
+            id,
+            labels,
+            "reserving",
+            format!("next: put id/{id} and value/{labels}/{RESERVATION_NODE}, only if id/{id} does not exist"),
+        ))?;
         match self
             .reserver
             .reserve(&self.prefix, id, labels.as_bytes(), self.lease)
@@ -224,6 +263,8 @@ impl Reservations {
     }
 
     /// The reserved object went from Kubernetes (GC, a person): its `value/` key goes too.
+    /// While the lease is not valid, or when the delete fails, it is tried again at the next
+    /// keep-alive.
     async fn object_deleted(
         &mut self,
         id: u32,
@@ -235,10 +276,33 @@ impl Reservations {
         };
         let labels = labels.clone();
         self.to_restore.remove(&id);
-        let deleted = self
+        if !self.may_write() {
+            self.to_unreserve.insert(id);
+            return Ok(());
+        }
+        let announce = line(
+            id,
+            &labels,
+            "unreserving",
+            format!(
+                "next: delete value/{labels}/{RESERVATION_NODE}: its CiliumIdentity was deleted"
+            ),
+        );
+        if let Err(e) = log.append(announce) {
+            self.to_unreserve.insert(id);
+            return Err(e);
+        }
+        let deleted = match self
             .reserver
             .unreserve(&self.prefix, labels.as_bytes())
-            .await?;
+            .await
+        {
+            Ok(d) => d,
+            Err(e) => {
+                self.to_unreserve.insert(id);
+                return Err(e);
+            }
+        };
         self.unreserved.insert(id);
         metrics.kvstore_reservations.set(self.count() as i64);
         if deleted {
@@ -301,6 +365,7 @@ impl Reservations {
     /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
     /// no longer holds, so the id is reserved again if Kubernetes still holds it.
     fn forget(&mut self, id: u32, metrics: &Metrics) {
+        self.to_unreserve.remove(&id);
         self.held.remove(&id);
         self.tried.remove(&id);
         self.unreserved.remove(&id);
@@ -314,6 +379,14 @@ impl Reservations {
         self.reserver.revoke(self.lease).await?;
         let mut deleted = 0;
         for (id, (labels, revision)) in &self.held {
+            // The line first; a log that cannot be written stops the release (what is left
+            // stays, as a killed sync leaves it, and is released by the next cutover).
+            log.append(line(
+                *id,
+                labels,
+                "releasing",
+                format!("next: delete id/{id} if still as written at revision {revision} and no node uses it"),
+            ))?;
             let what = match self
                 .reserver
                 .release(&self.prefix, *id, labels.as_bytes(), *revision)
@@ -326,7 +399,7 @@ impl Reservations {
                 }
                 Released::Kept(why) => format!("kept id/{id}: {why}"),
             };
-            let _ = log.append(line(*id, labels, "release-reservation", what));
+            log.append(line(*id, labels, "release-reservation", what))?;
         }
         metrics.kvstore_reservations.set(0);
         Ok(deleted)
@@ -447,6 +520,12 @@ impl ReservationTask {
                         Some(Request::Reserve(wanted)) => {
                             let mut result = Ok(None);
                             for (id, labels) in wanted {
+                                if !r.may_write() {
+                                    // The lease is not valid now: the view is looked at
+                                    // again once it is.
+                                    failed = true;
+                                    break;
+                                }
                                 if let Err(e) = r.reserve_one(id, &labels, &cfg.log, &metrics).await {
                                     // Perhaps the lease is gone (etcd was out of reach
                                     // longer than its TTL): found out now, not in a minute.

@@ -223,7 +223,18 @@ pub async fn run(
         if sync.stop.is_stopped() {
             return Ok(SyncEnd::default());
         }
-        let round = match sync.start_round().await {
+        // A stop while both sides are read (a full read can take tens of seconds) ends sync
+        // at once, not after the read.
+        let stop = sync.stop.clone();
+        let started = tokio::select! {
+            r = sync.start_round() => Some(r),
+            () = stopped(&stop) => None,
+        };
+        let Some(started) = started else {
+            sync.lease.release().await;
+            return Ok(SyncEnd::default());
+        };
+        let round = match started {
             Ok(r) => r,
             Err(Retry::Fatal(e)) => {
                 sync.lease.release().await;
@@ -272,6 +283,13 @@ pub async fn run(
                 return Ok(end);
             }
         }
+    }
+}
+
+/// Returns once `stop` is set.
+async fn stopped(stop: &StopFlag) {
+    while !stop.is_stopped() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -392,11 +410,12 @@ impl Sync {
         if self.opts.reserve_in_kvstore && self.reservations.is_none() {
             // A write the credentials may not make is the operator's to fix: exit 2. A server
             // that failed is tried again, as a failed read is.
-            let started = match Reservations::start(&conn, &prefix).await {
+            let mut started = match Reservations::start(&conn, &prefix).await {
                 Ok(r) => r,
                 Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
                 Err(e) => return Err(Retry::After(e.to_string())),
             };
+            started.gate_writes(self.lease.gate.clone());
             self.reservations = Some(ReservationTask::spawn(
                 started,
                 cfg.clone(),
@@ -518,7 +537,7 @@ impl Round {
                     self.on_kubernetes(sync, ch).await;
                 }
                 Some(e) = self.fatal_rx.recv() => {
-                    self.abort_watches();
+                    self.abort_watches(&sync.metrics);
                     return Err(e);
                 }
                 Ok(()) = sync.writer.changed() => {
@@ -533,7 +552,7 @@ impl Round {
                 Some((ops, result)) = self.done_rx.recv() => {
                     self.batch_running = false;
                     if let Some(e) = refused_write(&result) {
-                        self.abort_watches();
+                        self.abort_watches(&sync.metrics);
                         return Err(e);
                     }
                     if let Some(trouble) = take_results(&mut self.state, ops, result, &sync.metrics) {
@@ -557,14 +576,18 @@ impl Round {
                 }
             }
         };
-        self.abort_watches();
+        self.abort_watches(&sync.metrics);
         Ok(end)
     }
 
-    fn abort_watches(&self) {
+    /// Ends both watch tasks; until a new round's watches connect, neither counts as up
+    /// (`/healthz` and `cilium_idmig_watch_up` say so).
+    fn abort_watches(&self, metrics: &Metrics) {
         for w in &self.watches {
             w.abort();
         }
+        metrics.etcd_live.store(false, Ordering::Relaxed);
+        metrics.k8s_live.store(false, Ordering::Relaxed);
     }
 
     /// A kvstore watch event; true when the round must start over from a fresh snapshot.
@@ -741,6 +764,9 @@ impl Round {
         }
         // Only the lease's holder writes (to the API server, the log, the kvstore).
         if !sync.lease.holding() {
+            // A standby plans and writes nothing, but says what it sees.
+            self.state.status.kvstore_nodes = self.state.counts.nodes().count();
+            self.state.status.identities = self.state.masters.len();
             return None;
         }
         if let Some(r) = sync.reservations.as_mut() {
@@ -762,8 +788,9 @@ impl Round {
         if !ops.is_empty() {
             self.batch_running = true;
             let (done_tx, stop) = (self.done_tx.clone(), sync.stop.clone());
+            let gate = sync.lease.gate.clone();
             tokio::spawn(async move {
-                let result = write(&cfg, ops.clone(), stop).await;
+                let result = write(&cfg, ops.clone(), stop, gate).await;
                 let _ = done_tx.send((ops, result)).await;
             });
         }
@@ -1229,9 +1256,15 @@ fn take_results(
 /// The batch has a stop switch of its own: when the API server keeps failing past apply's
 /// retry budget the executor halts the batch, not sync. What it did not write is retried on
 /// sync's timer, however long the outage lasts; sync's own stop still stops the batch.
-async fn write(cfg: &ServiceConfig, ops: Vec<Op>, stop: StopFlag) -> Result<ApplyReport> {
+async fn write(
+    cfg: &ServiceConfig,
+    ops: Vec<Op>,
+    stop: StopFlag,
+    gate: executor::WriteGate,
+) -> Result<ApplyReport> {
     executor::log_decisions(&cfg.log, &ops)?;
-    let batch = StopFlag::default();
+    // No request starts unless the lease is valid, with margin, at that moment.
+    let batch = StopFlag::gated(gate);
     let relay = {
         let batch = batch.clone();
         tokio::spawn(async move {
@@ -1318,7 +1351,9 @@ async fn follow_kubernetes(
             tokio::spawn(async move { cfg.target.watch_identities(&version, inner_tx).await })
         };
         let mut expired = false;
+        let (opened, mut heard) = (Instant::now(), false);
         while let Some(ch) = inner_rx.recv().await {
+            heard = true;
             backoff.reset();
             metrics.heard(Source::Kubernetes);
             match &ch {
@@ -1338,7 +1373,14 @@ async fn follow_kubernetes(
                 return;
             }
         }
-        if let Ok(Err(e)) = watch.await {
+        let ended = watch.await;
+        if matches!(ended, Ok(Ok(()))) && !heard && opened.elapsed() < Duration::from_secs(5) {
+            // Ended cleanly at once with nothing said (a proxy closing streams): not again
+            // at once.
+            metrics.k8s_live.store(false, Ordering::Relaxed);
+            backoff.wait().await;
+        }
+        if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
             if matches!(e.code(), Some(401 | 403)) {
                 let what = "watching ciliumidentities.cilium.io";

@@ -51,16 +51,41 @@ pub struct Watchers<'a> {
     pub progress: Option<&'a watch::Sender<Progress>>,
 }
 
-/// Shared stop switch: set it and no new write starts; writes in flight finish.
+/// Until when writes may start, on the monotonic clock (`None`: not now). Whoever grants
+/// the right to write (sync's lease) moves it; the executor reads it before every request.
 #[derive(Clone, Default)]
-pub struct StopFlag(Arc<AtomicBool>);
+pub struct WriteGate(Arc<std::sync::Mutex<Option<std::time::Instant>>>);
+
+impl WriteGate {
+    /// Whether a write may start now.
+    pub fn open(&self) -> bool {
+        self.until().is_some_and(|t| std::time::Instant::now() < t)
+    }
+
+    pub fn until(&self) -> Option<std::time::Instant> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set(&self, until: Option<std::time::Instant>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    }
+}
+
+/// Shared stop switch: set it and no new write starts; writes in flight finish. With a gate,
+/// it also reads as stopped whenever the gate is closed, checked before every request.
+#[derive(Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>, Option<WriteGate>);
 
 impl StopFlag {
+    /// A stop switch that also stops while `gate` is closed.
+    pub fn gated(gate: WriteGate) -> Self {
+        StopFlag(Arc::default(), Some(gate))
+    }
     pub fn stop(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
     pub fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst) || self.1.as_ref().is_some_and(|g| !g.open())
     }
 }
 
@@ -316,9 +341,14 @@ async fn attempt<T>(
     fut: impl Future<Output = Result<T, RequestError>>,
 ) -> Result<T, RequestError> {
     ctx.limiter.acquire().await;
-    tokio::time::timeout(ctx.opts.op_timeout, fut)
+    let r = tokio::time::timeout(ctx.opts.op_timeout, fut)
         .await
-        .unwrap_or(Err(RequestError::Timeout))
+        .unwrap_or(Err(RequestError::Timeout));
+    if let Err(e) = &r {
+        // A stalled request: the next one opens a fresh connection.
+        ctx.target.after_error(e);
+    }
+    r
 }
 
 async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
@@ -328,6 +358,12 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
         Err(e) => return fail(result, format!("labels do not parse: {e}")),
     };
     loop {
+        // Checked again before each retry: a gate that closed meanwhile (a lease no longer
+        // valid) stops the write before it is sent again.
+        if result.attempts > 0 && ctx.stop.is_stopped() {
+            result.outcome = Outcome::NotAttempted;
+            return;
+        }
         result.attempts += 1;
         match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
             Ok(created) => {

@@ -247,33 +247,38 @@ impl Reserver {
         match self {
             Reserver::Etcd(c) => {
                 let mut client = c.client();
-                let used = client
-                    .get(
-                        users,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    )
-                    .await
-                    .map_err(|e| self.err("reading who uses a reservation", e))?
-                    .count();
-                if used > 0 {
-                    return Ok(Released::Kept("a node's value/ key uses it"));
-                }
+                // Whether a node uses it is checked in the delete itself, so an agent that
+                // starts using the id (its `value/` key) just before keeps it. Over a
+                // prefix, etcd's compare holds only if every key under it does, and `version
+                // == 0` holds for none: so it holds exactly when no key is there.
                 let txn = Txn::new()
-                    .when([Compare::mod_revision(
-                        master.clone(),
-                        CompareOp::Equal,
-                        revision,
-                    )])
-                    .and_then([TxnOp::delete(master, None)]);
+                    .when([
+                        Compare::mod_revision(master.clone(), CompareOp::Equal, revision),
+                        Compare::version(users.clone(), CompareOp::Equal, 0).with_prefix(),
+                    ])
+                    .and_then([TxnOp::delete(master.clone(), None)])
+                    .or_else([
+                        TxnOp::get(master, None),
+                        TxnOp::get(
+                            users,
+                            Some(GetOptions::new().with_prefix().with_count_only()),
+                        ),
+                    ]);
                 let resp = client
                     .txn(txn)
                     .await
                     .map_err(|e| self.err("releasing a reservation", e))?;
-                Ok(if resp.succeeded() {
-                    Released::Deleted
+                if resp.succeeded() {
+                    return Ok(Released::Deleted);
+                }
+                let used_now = resp.op_responses().into_iter().any(
+                    |r| matches!(r, TxnOpResponse::Get(g) if g.count() > 0 && g.kvs().is_empty()),
+                );
+                Ok(Released::Kept(if used_now {
+                    "a node's value/ key uses it"
                 } else {
-                    Released::Kept("changed since it was written")
-                })
+                    "changed since it was written"
+                }))
             }
             Reserver::Memory(kv) => {
                 if !kv.range(&users).0.is_empty() {

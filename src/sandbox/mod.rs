@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -58,6 +59,7 @@ impl Sandbox {
             faults: Mutex::new((FaultConfig::default(), Rng::new(config.seed))),
             counts: Mutex::new(HashMap::new()),
             config: config.clone(),
+            lease_delay: Mutex::new(Duration::ZERO),
         });
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port))
             .await
@@ -133,6 +135,15 @@ impl Sandbox {
 
     pub fn crd_installed(&self) -> bool {
         self.store().crd.is_some()
+    }
+
+    /// Every Lease request waits `delay` before it is served (zero: none).
+    pub fn set_lease_delay(&self, delay: Duration) {
+        *self
+            .shared
+            .lease_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
     }
 
     pub fn set_faults(&self, faults: FaultConfig) {

@@ -94,6 +94,12 @@ async fn handle(
         };
         route_identity(&shared, method, call).await
     } else {
+        if path.starts_with(leases::PREFIX) {
+            let delay = *shared.lease_delay.lock().unwrap_or_else(|p| p.into_inner());
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+        }
         route(&shared, method, &path, &params, &body)
     };
     if lose_response {

@@ -73,6 +73,9 @@ pub(crate) struct Shared {
     pub faults: Mutex<(FaultConfig, Rng)>,
     pub counts: Mutex<HashMap<String, u64>>,
     pub config: SandboxConfig,
+    /// How long each Lease request waits before it is served: a lease endpoint that hangs
+    /// while identities are served (tests of a holder that cannot renew).
+    pub lease_delay: Mutex<std::time::Duration>,
 }
 
 impl Shared {

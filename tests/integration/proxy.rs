@@ -21,6 +21,8 @@ pub(crate) enum Mode {
 pub(crate) struct Proxy {
     pub(crate) addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    /// Bumped by `kill_existing`: connections opened before stall, new ones forward.
+    epoch: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -36,6 +38,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (mode, rx) = watch::channel(Mode::Forward);
+        let (epoch, epochs) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
@@ -46,7 +49,8 @@ impl Proxy {
                         match now {
                             Mode::Down => drop(client),
                             _ => {
-                                conns.spawn(pipe(client, target, rx.clone()));
+                                let (mode, epochs) = (rx.clone(), epochs.clone());
+                                conns.spawn(pipe(client, target, mode, epochs));
                             }
                         }
                     }
@@ -54,7 +58,18 @@ impl Proxy {
                 }
             }
         });
-        Proxy { addr, mode, task }
+        Proxy {
+            addr,
+            mode,
+            epoch,
+            task,
+        }
+    }
+
+    /// Every connection open now goes dead without closing (a load balancer that went
+    /// half-open): held open, nothing carried, for ever. Connections opened later forward.
+    pub(crate) fn kill_existing(&self) {
+        self.epoch.send_modify(|e| *e += 1);
     }
 
     pub(crate) fn set(&self, mode: Mode) {
@@ -74,8 +89,14 @@ impl Drop for Proxy {
 
 /// Forwards one connection until either side closes, the proxy goes down, or it stalls
 /// (then it holds both sockets open and moves nothing, for ever).
-async fn pipe(mut client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<Mode>) {
+async fn pipe(
+    mut client: TcpStream,
+    target: SocketAddr,
+    mut mode: watch::Receiver<Mode>,
+    mut epochs: watch::Receiver<u64>,
+) {
     let now = *mode.borrow_and_update();
+    epochs.borrow_and_update();
     if now == Mode::Stall {
         // Held open, never read.
         let _held = &client;
@@ -97,6 +118,7 @@ async fn pipe(mut client: TcpStream, target: SocketAddr, mut mode: watch::Receiv
                 Ok(n) if n > 0 => if cw.write_all(&down[..n]).await.is_err() { return },
                 _ => return,
             },
+            _ = epochs.changed() => std::future::pending::<()>().await,
             changed = mode.changed() => {
                 if changed.is_err() {
                     return;

@@ -463,3 +463,45 @@ async fn a_reserved_object_the_operators_gc_deletes_is_never_created_again() {
     assert!(!w.sb.objects().contains_key("4000"));
     assert!(!all_keys(&w).await.contains_key(&format!("{P}/id/4000")));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_keeps_a_reservation_a_node_uses_checked_in_the_delete_itself() {
+    use cilium_idmig::io::reservation::{Released, Reserved};
+    let etcd = crate::harness::Etcd::start().await;
+    let kv = KvSource::Etcd(EtcdOptions {
+        endpoints: vec![etcd.endpoint.clone()],
+        ..Default::default()
+    });
+    let reserver = kv.follower().await.unwrap().reserver();
+    let lease = reserver.grant_lease().await.unwrap();
+    let Reserved::Written { revision } = reserver
+        .reserve(P, 4000, B.as_bytes(), lease)
+        .await
+        .unwrap()
+    else {
+        panic!("4000 was free");
+    };
+    // A kvstore-mode agent allocating `B` found the master key and uses it now: the release
+    // (no separate read first: the check is part of the delete) keeps it.
+    etcd.put(&format!("{P}/value/{B}/node-1"), b"4000").await;
+    // As at cutover: the lease goes first, and with it sync's own `value/` key.
+    reserver.revoke(lease).await.unwrap();
+    let kept = reserver
+        .release(P, 4000, B.as_bytes(), revision)
+        .await
+        .unwrap();
+    assert_eq!(kept, Released::Kept("a node's value/ key uses it"));
+    let mut c = etcd.client().await.unwrap();
+    let master = format!("{P}/id/4000");
+    assert_eq!(c.get(master.as_str(), None).await.unwrap().kvs().len(), 1);
+    // The agent moves on: released then.
+    c.delete(format!("{P}/value/{B}/node-1"), None)
+        .await
+        .unwrap();
+    let gone = reserver
+        .release(P, 4000, B.as_bytes(), revision)
+        .await
+        .unwrap();
+    assert_eq!(gone, Released::Deleted);
+    assert!(c.get(master.as_str(), None).await.unwrap().kvs().is_empty());
+}

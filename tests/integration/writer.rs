@@ -54,6 +54,9 @@ async fn one_sync_writes_and_a_second_waits_then_takes_over() {
         created_by(&w, "second.jsonl").is_empty(),
         "the waiting sync wrote"
     );
+    // The standby writes nothing but says what it sees.
+    let seen = second.wait_for_line("· 2 identities", 15).await;
+    assert!(seen.contains("standby"), "{seen}");
 
     // The holder dies without a word: the second takes over within the lease's 15 s.
     first.kill().await;
@@ -130,4 +133,44 @@ async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
         refused.stderr
     );
     assert!(denied.sb.objects().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_whose_renewals_hang_stops_writing_before_anyone_may_take_over() {
+    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
+    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::io::lease::LeaseApi;
+    let w = World::new(SandboxConfig::default()).await;
+    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
+    let opts = LeaseOptions::default();
+    let keeper = LeaseKeeper::start(
+        LeaseApi::new(&target, &opts.namespace, &opts.name),
+        opts.clone(),
+        "first".into(),
+    );
+    let mut writer = keeper.writer.clone();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while *writer.borrow_and_update() != Writer::Us {
+            writer.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the lease taken");
+    assert!(keeper.holding() && keeper.gate.open());
+    // The lease endpoint stops answering (identities are still served): renewals hang.
+    let hung = Instant::now();
+    w.sb.set_lease_delay(Duration::from_secs(600));
+    // Writes stop within two thirds of the duration of the last renewal (10 s), before a
+    // standby may take over (15 s after the record last changed), however long a renewal
+    // hangs.
+    wait_for(12, "writes stop", || (!keeper.gate.open()).then_some(())).await;
+    assert!(!keeper.holding());
+    assert!(
+        hung.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        hung.elapsed()
+    );
+    // The answers come back: held again.
+    w.sb.set_lease_delay(Duration::ZERO);
+    wait_for(15, "held again", || keeper.holding().then_some(())).await;
 }

@@ -24,7 +24,16 @@ pub struct K8sOptions {
 /// A connected API server.
 #[derive(Clone)]
 pub struct K8sTarget {
-    pub(super) client: kube::Client,
+    /// kube's client and its pool of connections; replaced by a fresh one (a new pool) when
+    /// a request stalls, so requests stop landing on connections that went dead without
+    /// closing (a half-open proxy or load balancer).
+    client: Arc<std::sync::RwLock<kube::Client>>,
+    config: Arc<kube::Config>,
+    /// When the pool was last replaced: at most once a second, however many requests stall.
+    replaced: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Counts the replacements, so a watch on an old connection moves to a new one at once
+    /// instead of waiting out its idle deadline.
+    pub(super) resets: Arc<tokio::sync::watch::Sender<u64>>,
     pub server: String,
     pub context: Option<String>,
     /// `--consistent-reads`: every list is a quorum read, even where a cache read would do.
@@ -79,7 +88,7 @@ impl K8sTarget {
         // Retries are the engine's, counted and reported, honouring Retry-After; a second,
         // hidden retry layer would double them.
         config.default_retry = false;
-        let client = kube::Client::try_from(config).map_err(|e| {
+        let client = kube::Client::try_from(config.clone()).map_err(|e| {
             let cause: crate::error::BoxError = e.into();
             Error::Kube {
                 server: server.clone(),
@@ -88,7 +97,10 @@ impl K8sTarget {
             }
         })?;
         Ok(K8sTarget {
-            client,
+            client: Arc::new(std::sync::RwLock::new(client)),
+            config: Arc::new(config),
+            replaced: Arc::default(),
+            resets: Arc::new(tokio::sync::watch::Sender::new(0)),
             server,
             context,
             consistent_reads: false,
@@ -98,7 +110,42 @@ impl K8sTarget {
 
     /// kube's client (auth, TLS, transport) for kube's typed `Api` (`io::lease`).
     pub(crate) fn kube_client(&self) -> kube::Client {
-        self.client.clone()
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// After a request stalled or its connection failed: the pooled connections go (a new
+    /// client, a new pool), so the next request opens a fresh connection instead of waiting
+    /// on another dead one. Requests in flight keep the connections they have.
+    pub fn drop_connections(&self) {
+        let now = std::time::Instant::now();
+        {
+            let mut last = self.replaced.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1)) {
+                return;
+            }
+            *last = Some(now);
+        }
+        match kube::Client::try_from((*self.config).clone()) {
+            Ok(fresh) => {
+                tracing::debug!(server = %self.server, "a request stalled: new connections from now on");
+                *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                self.resets.send_modify(|n| *n += 1);
+            }
+            Err(e) => tracing::warn!(server = %self.server, error = %e, "cannot open a new client"),
+        }
+    }
+
+    /// Drops the pooled connections after an error that suggests they are dead.
+    pub(crate) fn after_error(&self, e: &super::RequestError) {
+        if matches!(
+            e,
+            super::RequestError::Timeout | super::RequestError::Transport(_)
+        ) {
+            self.drop_connections();
+        }
     }
 
     pub(super) fn kube_err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {

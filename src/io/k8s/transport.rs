@@ -125,10 +125,11 @@ impl K8sTarget {
             .header(http::header::ACCEPT, "application/json")
             .body(Body::empty())
             .map_err(|e| RequestError::Transport(e.to_string()))?;
-        let res = tokio::time::timeout(answer_within, self.client.send(req))
+        let sent = tokio::time::timeout(answer_within, self.kube_client().send(req))
             .await
-            .map_err(|_| RequestError::Timeout)?
-            .map_err(|e| RequestError::Transport(crate::error::root_cause(&e).0))?;
+            .map_err(|_| RequestError::Timeout)
+            .and_then(|r| r.map_err(|e| RequestError::Transport(crate::error::root_cause(&e).0)));
+        let res = sent.inspect_err(|e| self.after_error(e))?;
         if res.status().is_success() {
             return Ok(res.into_body());
         }
@@ -156,7 +157,11 @@ impl K8sTarget {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            match kube_call(READ_TIMEOUT, call()).await {
+            let result = kube_call(READ_TIMEOUT, call()).await;
+            if let Err(e) = &result {
+                self.after_error(e);
+            }
+            match result {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_retryable() && attempt < READ_ATTEMPTS => {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), what);

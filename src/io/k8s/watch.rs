@@ -69,6 +69,8 @@ impl K8sTarget {
         );
         // A server answers a watch at once; one that does not within this time is a
         // connection that carries nothing, and the caller tries a new one.
+        let mut resets = self.resets.subscribe();
+        resets.borrow_and_update();
         let body = self.send_stream(Method::GET, &path, WATCH_OPEN).await?;
         if tx.send(K8sChange::Connected).await.is_err() {
             return Ok(());
@@ -81,7 +83,20 @@ impl K8sTarget {
             )),
             e => e,
         };
-        while let Some(ev) = events.next().await.map_err(stalled)? {
+        loop {
+            let next = tokio::select! {
+                next = events.next() => next,
+                // Another request stalled and the pooled connections were replaced: this
+                // one is likely dead too, so it moves now (from the last version seen).
+                _ = resets.changed() => {
+                    return Err(RequestError::Transport(
+                        "connections replaced after a stalled request: watching again on a new one".into(),
+                    ))
+                }
+            };
+            let Some(ev) = next.map_err(stalled)? else {
+                break;
+            };
             let change = match ev.kind.as_str() {
                 "ADDED" | "MODIFIED" | "DELETED" => {
                     let obj = ev.object.identity;

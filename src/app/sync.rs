@@ -215,6 +215,7 @@ pub async fn run(
         decided,
         decisions,
         earlier,
+        carried: None,
         reservations: None,
         releasing: None,
     };
@@ -328,6 +329,10 @@ struct Sync {
     /// Reservations an earlier sync made and did not release, taken over when this one's
     /// reservations start.
     earlier: reserve::Unreleased,
+    /// What the last round knew, when it ended for a fresh snapshot (a compaction): the
+    /// next round starts from the snapshot and keeps this memory (what was reported, made,
+    /// counted), so nothing is reported twice and no count starts over.
+    carried: Option<SyncState>,
     reservations: Option<ReservationTask>,
     /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
     releasing: Option<tokio::task::JoinHandle<()>>,
@@ -423,6 +428,7 @@ impl Sync {
             ));
         }
         let mut state = SyncState::from_snapshot(snap);
+        let carried = self.carried.take();
         let listed = cfg
             .target
             .list_identities(ReadMode::Cache, None)
@@ -433,6 +439,9 @@ impl Sync {
             })?;
         state.k8s = listed.identities;
         state.k8s_version = listed.resource_version;
+        if let Some(old) = carried {
+            state.carry_over(old, Instant::now());
+        }
         self.adopt_earlier(&state);
         if let Some(r) = self.reservations.as_mut()
             && self.lease.holding()
@@ -527,6 +536,15 @@ impl Round {
                         break RoundEnd::WatchLost("the kvstore watch ended");
                     };
                     if self.on_kvstore(sync, ev).await {
+                        // The batch in flight is taken in first: the next round must not
+                        // write beside it, and its outcomes are part of what is carried.
+                        if self.batch_running
+                            && let Some((ops, result)) = self.done_rx.recv().await
+                        {
+                            self.batch_running = false;
+                            take_results(&mut self.state, ops, result, &sync.metrics);
+                        }
+                        sync.carried = Some(std::mem::take(&mut self.state));
                         break RoundEnd::Resnapshot;
                     }
                 }
@@ -594,7 +612,7 @@ impl Round {
     async fn on_kvstore(&mut self, sync: &mut Sync, ev: KvWatchEvent) -> bool {
         match ev {
             KvWatchEvent::Connected => self.kv_up = true,
-            KvWatchEvent::Progress => {}
+            KvWatchEvent::Progress { .. } => {}
             KvWatchEvent::Changes { changes, revision } => {
                 self.state.kv_revision = revision;
                 let now = Instant::now();
@@ -1310,7 +1328,10 @@ async fn follow_kvstore(
             match ev {
                 KvWatchEvent::Connected => metrics.etcd_live.store(true, Ordering::Relaxed),
                 // Heard; nothing for the loop.
-                KvWatchEvent::Progress => continue,
+                KvWatchEvent::Progress { revision: r } => {
+                    revision = revision.max(r);
+                    continue;
+                }
                 _ => {}
             }
             if let KvWatchEvent::Changes { revision: r, .. } = &ev {

@@ -474,6 +474,49 @@ impl SyncState {
         }
     }
 
+    /// A fresh snapshot (after a compaction) keeps what sync knew and did: what was
+    /// reported (conflicts, invalid entries, splits, moot closures), made (objects created,
+    /// deleted since, created again), failing, counted and measured. Splits that still hold
+    /// are not found again; one that began in the gap is found now; a fresh plan follows.
+    pub fn carry_over(&mut self, old: SyncState, now: Instant) {
+        let fresh = std::mem::take(&mut self.status);
+        self.status = SyncStatus {
+            identities: fresh.identities,
+            kvstore_nodes: fresh.kvstore_nodes,
+            splits: 0,
+            ..old.status
+        };
+        self.created = old.created;
+        self.deleted_after_create = old.deleted_after_create;
+        self.recreated = old.recreated;
+        self.in_flight = old.in_flight;
+        self.failed = old.failed;
+        self.unwritten = old.unwritten;
+        self.reported = old.reported;
+        self.moot = old.moot;
+        self.lags = old.lags;
+        self.own_masters = old.own_masters;
+        self.reused = old.reused;
+        self.skipped = old.skipped;
+        self.first_seen = old
+            .first_seen
+            .into_iter()
+            .filter(|(id, _)| self.masters.contains_key(id))
+            .collect();
+        self.splits = old
+            .splits
+            .into_iter()
+            .filter(|id| self.is_split(*id))
+            .collect();
+        self.status.splits = self.splits.len();
+        self.splits_to_report = old.splits_to_report;
+        let both: Vec<u32> = self.k8s.keys().copied().collect();
+        for id in both {
+            self.check_split(id, now);
+        }
+        self.cache = None;
+    }
+
     /// Whether `id` is split now: Kubernetes holds it for other labels than the kvstore.
     pub fn is_split(&self, id: u32) -> bool {
         let Some(k8s_labels) = self.k8s.get(&id) else {
@@ -1163,6 +1206,69 @@ mod tests {
             [Some(4000)]
         );
         assert_eq!(sync.reservations_alone().count(), 0);
+    }
+
+    #[test]
+    fn a_fresh_snapshot_keeps_what_was_reported_made_and_counted() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let put = |id: &str, labels: &str| KvChange::Master {
+            id: id.as_bytes().to_vec(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        };
+        let mut old = SyncState::default();
+        old.apply_kv_change(put("300", "k8s:app=a;"), t0);
+        old.apply_kv_change(put("301", "k8s:app=b;"), t0);
+        old.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
+        let (ops, reports) = old.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.len(), 1);
+        assert_eq!(reports.len(), 1, "301's remap waits: {reports:?}");
+        let done = BatchOutcome::Done {
+            results: vec![(300, Outcome::Created)],
+            halted: None,
+        };
+        old.take_results(ops, done, t0);
+        old.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
+        old.splits_to_report.clear();
+        assert_eq!((old.status.mirrored, old.status.splits_found), (1, 1));
+
+        // The same world read again, plus a split that began in the gap (302).
+        let mut fresh = SyncState::default();
+        for (id, l) in [
+            ("300", "k8s:app=a;"),
+            ("301", "k8s:app=b;"),
+            ("302", "k8s:app=c;"),
+        ] {
+            fresh
+                .masters
+                .insert(id.as_bytes().to_vec(), l.as_bytes().to_vec());
+        }
+        fresh.k8s = old.k8s.clone();
+        fresh.k8s.insert(302, "k8s:app=y;".into());
+        fresh.carry_over(old, t0);
+        assert_eq!(fresh.status.mirrored, 1, "the count goes on");
+        assert!(fresh.created.contains(&300), "what sync made is remembered");
+        assert_eq!(
+            fresh
+                .splits_to_report
+                .iter()
+                .map(|(id, _)| *id)
+                .collect::<Vec<_>>(),
+            [302],
+            "only the new split is found"
+        );
+        assert_eq!((fresh.status.splits, fresh.status.splits_found), (2, 2));
+        let (ops, reports) = fresh.round(&BTreeMap::new(), range, false, t0);
+        assert!(ops.is_empty(), "{ops:?}");
+        // 301 was reported before; 302's remap is new.
+        let ids: Vec<String> = reports
+            .iter()
+            .map(|r| match r {
+                SyncReport::Conflict { id, .. } | SyncReport::Invalid { id, .. } => id.clone(),
+            })
+            .collect();
+        assert_eq!(ids, ["302"]);
     }
 
     #[test]

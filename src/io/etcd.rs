@@ -384,8 +384,10 @@ pub enum KvWatchEvent {
     },
     /// etcd compacted past the watched revision: read a fresh snapshot.
     Compacted { compact_revision: i64 },
-    /// The server answered a progress request: the watch is alive, nothing changed.
-    Progress,
+    /// The server answered a progress request (or sent changes outside the identities):
+    /// the watch is alive, nothing changed, and every change up to `revision` was seen, so
+    /// a watch opened again starts there (a compaction bites less often).
+    Progress { revision: i64 },
 }
 
 /// How often the watch asks etcd for a progress report, so a quiet watch still hears from
@@ -472,7 +474,13 @@ impl EtcdConnection {
                 changes.extend(kv_change(&prefix, kv.key(), value, created));
             }
             let ev = if changes.is_empty() {
-                KvWatchEvent::Progress
+                // A progress notification (no events) vouches for everything up to its
+                // header's revision; events that changed nothing, up to the last of them.
+                let seen = match resp.events().is_empty() {
+                    true => resp.header().map_or(rev, |h| h.revision()),
+                    false => rev,
+                };
+                KvWatchEvent::Progress { revision: seen }
             } else {
                 KvWatchEvent::Changes {
                     changes,
@@ -522,7 +530,7 @@ impl EtcdConnection {
         };
         while let Some(ev) = inner_rx.recv().await {
             let drift = match ev {
-                KvWatchEvent::Connected | KvWatchEvent::Progress => continue,
+                KvWatchEvent::Connected | KvWatchEvent::Progress { .. } => continue,
                 KvWatchEvent::Compacted { compact_revision } => {
                     Drift::Compacted { compact_revision }
                 }

@@ -367,7 +367,7 @@ impl MemKv {
             let next = tokio::select! {
                 ev = live.recv() => ev,
                 _ = progress.tick() => {
-                    if tx.send(KvWatchEvent::Progress).await.is_err() {
+                    if tx.send(KvWatchEvent::Progress { revision: last }).await.is_err() {
                         return;
                     }
                     continue;

@@ -346,6 +346,54 @@ async fn sync_killed_and_restarted_converges_and_survives_a_compaction() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_compaction_while_etcd_is_out_of_reach_keeps_what_sync_reported_and_counted() {
+    let w = World::new(SandboxConfig::default()).await;
+    let kv = crate::proxy::Proxy::start(&w.etcd.endpoint).await;
+    w.etcd.put(&format!("{P}/id/600"), b"k8s:app=first;").await;
+    // A duplicate that waits for a decision.
+    w.sb.seed_identity(900, &labels("k8s:app=dup;"));
+    w.etcd.put(&format!("{P}/id/601"), b"k8s:app=dup;").await;
+    let s = Sync::start_via(&w, &kv.url(), &w.path("kubeconfig"), &[]);
+    wait_for(20, "600 mirrored", || w.sb.objects().get("600").cloned()).await;
+    s.wait_for_line("conflict: 601", 20).await;
+    // A second duplicate (so sync writes nothing at 602), then a CRD-mode agent's object
+    // at the same id: a split.
+    w.sb.seed_identity(901, &labels("k8s:app=dup2;"));
+    w.etcd.put(&format!("{P}/id/602"), b"k8s:app=dup2;").await;
+    s.wait_for_line("conflict: 602", 20).await;
+    assert!(
+        w.sb.agent()
+            .create(602, &labels("k8s:app=crd-side;"), "cilium-agent")
+    );
+    s.wait_for_line("split allocation at id 602", 20).await;
+    // etcd out of reach; meanwhile an identity arrives and the history is compacted, so
+    // the watch cannot resume: a fresh snapshot.
+    kv.set(crate::proxy::Mode::Down);
+    w.etcd.put(&format!("{P}/id/603"), b"k8s:app=later;").await;
+    // Past 603, so the watch's next revision is gone too.
+    w.etcd.put("unrelated", b"x").await;
+    let mut c = w.etcd.client().await.unwrap();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, None).await.unwrap();
+    kv.set(crate::proxy::Mode::Forward);
+    s.wait_for_line("compacted past the watched revision", 60)
+        .await;
+    wait_for(30, "603 mirrored", || w.sb.objects().get("603").cloned()).await;
+    // The count goes on (600 and 603), and nothing is reported twice.
+    s.wait_for_line("· 2 mirrored", 20).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let text = s.text();
+    assert_eq!(text.matches("conflict: 601").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("split allocation at id 602").count(),
+        1,
+        "{text}"
+    );
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn sync_outlives_an_etcd_restart_and_reports_a_split_after_the_kvstore() {
     let mut w = World::new(SandboxConfig::default()).await;
     w.etcd.put(&format!("{P}/id/600"), b"k8s:app=first;").await;

@@ -1,6 +1,7 @@
 //! The application layer: the flows behind every command (and rollback's), preflight, the
 //! engine service the front ends drive, the stop signals, exports and the plain-text reports.
 
+pub mod audit;
 pub mod config;
 pub mod export;
 pub mod flows;

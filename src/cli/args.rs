@@ -136,6 +136,19 @@ pub enum CliCommand {
         #[arg(long)]
         include_in_use: bool,
     },
+    /// Audit both identity stores by labels: ids that hold two label sets (split), label
+    /// sets under different ids on the two sides (double), duplicates inside one store, ids
+    /// on one side only, value/ keys whose id holds other labels (stale-value), objects the
+    /// operator's GC marked while in use (gc-marked). Each finding names its nodes, its
+    /// endpoints and what to do. Works before, during and after a migration, and on
+    /// Cilium 1.17+ double-write clusters. Writes nothing. Exit 0 clean, 1 findings.
+    Audit {
+        #[command(flatten)]
+        conn: Conn,
+        /// How the report is printed (json: one object with `counts` and `findings`).
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     Verify {
         #[command(flatten)]

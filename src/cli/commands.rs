@@ -68,6 +68,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             decision_log,
             output,
         } => verify(conn, decision_log, output).await,
+        CliCommand::Audit { conn, output } => audit(conn, output).await,
         CliCommand::Demo(args) => demo_command(args).await,
         CliCommand::Tui(args) => tui(args, bin_name).await,
         CliCommand::Sync(args) => sync_command(args).await,
@@ -142,6 +143,27 @@ async fn verify(
     .await?;
     print_verify(&report, output == super::args::Output::Json)?;
     Ok(if report.passed() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// `audit`: both stores read and audited by labels; exit 1 when anything was found.
+async fn audit(conn: Conn, output: super::args::Output) -> anyhow::Result<Exit> {
+    let range = conn.scope()?.range;
+    let target = conn.target().await?;
+    let kv = KvSource::Etcd(conn.etcd());
+    let run = printer::reading(
+        "reading the kvstore and Kubernetes",
+        cilium_idmig::app::audit::run(&kv, &target, range),
+    )
+    .await?;
+    match output {
+        super::args::Output::Json => outln!("{}", serde_json::to_string_pretty(&run)?)?,
+        super::args::Output::Text => out!("{}", cilium_idmig::app::audit::summary(&run))?,
+    }
+    Ok(if run.report.clean() {
         Exit::Ok
     } else {
         Exit::Failed

@@ -264,6 +264,40 @@ impl EtcdConnection {
         Ok(counts)
     }
 
+    /// Every `value/` key with the id it holds, at the snapshot's revision (the audit's:
+    /// whether a node's key points at an id that holds its labels).
+    pub async fn read_value_keys(
+        &self,
+        snap: &KvSnapshot,
+        page_size: i64,
+    ) -> Result<Vec<crate::core::audit::ValueKey>> {
+        let prefix = normalize_prefix(&snap.source.prefix);
+        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
+        let lo = format!("{prefix}value/").into_bytes();
+        let hi = prefix_end(&lo);
+        let mut out = Vec::new();
+        let mut visit = |item: &etcd_client::KeyValue| {
+            if let KeyKind::Slave { label_key, node } = classify_key(&prefix, item.key()) {
+                out.push(crate::core::audit::ValueKey {
+                    label_key: String::from_utf8_lossy(label_key).into_owned(),
+                    node: String::from_utf8_lossy(node).into_owned(),
+                    id: String::from_utf8_lossy(item.value()).into_owned(),
+                });
+            }
+        };
+        self.page_range(
+            &mut kv,
+            lo,
+            &hi,
+            snap.source.revision,
+            false,
+            page_size,
+            &mut visit,
+        )
+        .await?;
+        Ok(out)
+    }
+
     async fn range(
         &self,
         kv: &mut etcd_client::KvClient,

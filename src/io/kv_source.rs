@@ -80,6 +80,44 @@ impl KvSource {
         }
     }
 
+    /// Every `value/` key with the id it holds, at the snapshot's revision; `None` where the
+    /// source does not keep them (a rehearsal's snapshot keeps node counts only).
+    pub async fn read_value_keys(
+        &self,
+        snap: &KvSnapshot,
+    ) -> Result<Option<Vec<crate::core::audit::ValueKey>>> {
+        match self {
+            KvSource::Etcd(opts) => Ok(Some(
+                etcd::EtcdConnection::connect(opts)
+                    .await?
+                    .read_value_keys(snap, opts.page_size)
+                    .await?,
+            )),
+            KvSource::Memory(_) => Ok(None),
+            KvSource::Live(kv) => {
+                let prefix = crate::core::kvstore::normalize_prefix(DEFAULT_PREFIX);
+                let (pairs, _) = kv.range(format!("{prefix}value/").as_bytes());
+                Ok(Some(
+                    pairs
+                        .iter()
+                        .filter_map(
+                            |(k, v)| match crate::core::kvstore::classify_key(&prefix, k) {
+                                crate::core::kvstore::KeyKind::Slave { label_key, node } => {
+                                    Some(crate::core::audit::ValueKey {
+                                        label_key: String::from_utf8_lossy(label_key).into_owned(),
+                                        node: String::from_utf8_lossy(node).into_owned(),
+                                        id: String::from_utf8_lossy(v).into_owned(),
+                                    })
+                                }
+                                _ => None,
+                            },
+                        )
+                        .collect(),
+                ))
+            }
+        }
+    }
+
     /// A connection that follows this kvstore as it changes (sync's).
     pub async fn follower(&self) -> Result<KvFollower> {
         match self {

@@ -1,5 +1,6 @@
 //! The integration suite: one test binary against a real etcd and the sandbox API server.
 
+mod audit;
 mod cli;
 mod e2e;
 mod etcd;

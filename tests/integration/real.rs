@@ -168,3 +168,49 @@ async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
     assert_eq!(holder.trim(), "", "the Lease is still held");
     assert!(cp.identities().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_on_a_real_server_finds_what_the_sandbox_finds() {
+    use crate::audit::{B, C, G, X, Y, check_findings, seed_kvstore};
+    let Some(cp) = ControlPlane::start("real::audit") else {
+        return;
+    };
+    let etcd = Etcd::start().await;
+    seed_kvstore(&etcd).await;
+    for (id, l) in [(300, X), (401, B), (302, C), (500, Y)] {
+        cp.create_identity(id, &security_labels(l));
+    }
+    let mut marked = cilium_idmig::core::identity::identity_object(
+        310,
+        &cilium_idmig::core::labels::to_security_labels(
+            &cilium_idmig::core::labels::parse_label_key(G).unwrap(),
+        ),
+    );
+    marked["metadata"]["annotations"] =
+        serde_json::json!({"io.cilium.heartbeat": "2026-12-01T00:00:00Z"});
+    cp.apply(&marked.to_string());
+    cp.kubectl(&["create", "namespace", "shop"]);
+    cp.apply(
+        &serde_json::json!({
+            "apiVersion": "cilium.io/v2",
+            "kind": "CiliumEndpoint",
+            "metadata": {"name": "cart-1", "namespace": "shop"},
+            "status": {"identity": {"id": 401, "labels": []}, "state": "ready"},
+        })
+        .to_string(),
+    );
+    let before = cp.identities();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = cli(
+        dir.path(),
+        &cp.kubeconfig,
+        &etcd,
+        &["audit", "--output", "json"],
+        60,
+    )
+    .await;
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    check_findings(&json);
+    assert_eq!(cp.identities(), before, "nothing written");
+}

@@ -5,6 +5,7 @@
 //! bytes arrive is what keeps a 100 MB list out of memory.
 
 mod access;
+mod annotated;
 mod errors;
 mod lists;
 mod objects;
@@ -12,6 +13,7 @@ mod target;
 mod transport;
 mod watch;
 
+pub use annotated::HEARTBEAT_ANNOTATION;
 pub use errors::RequestError;
 pub(crate) use errors::kube_call;
 pub(crate) use lists::for_each_listed;

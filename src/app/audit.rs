@@ -1,0 +1,153 @@
+//! `audit`: both identity stores read (the kvstore at one pinned revision with every
+//! `value/` key, then every `CiliumIdentity` with the GC's mark, then the CiliumEndpoints)
+//! and audited by labels (`core::audit`). Nothing is written. Where a part cannot be read
+//! because it is not served (no CiliumEndpoint CRD, a snapshot without `value/` keys), the
+//! audit goes on without it and says what was not checked.
+
+use crate::core::audit::{AuditInput, AuditReport, audit};
+use crate::core::range::IdRange;
+use crate::error::{Error, Result};
+use crate::io::k8s::K8sTarget;
+use crate::io::kv_source::KvSource;
+
+/// An audit and where it was read.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuditRun {
+    #[serde(flatten)]
+    pub report: AuditReport,
+    pub kvstore_revision: i64,
+    /// What could not be checked, and why.
+    pub not_checked: Vec<String>,
+}
+
+/// Reads both stores and audits them.
+pub async fn run(kv: &KvSource, target: &K8sTarget, range: IdRange) -> Result<AuditRun> {
+    let mut not_checked = Vec::new();
+    let snap = kv.read_masters().await?;
+    let values = match kv.read_value_keys(&snap).await? {
+        Some(v) => v,
+        None => {
+            not_checked.push(
+                "stale value/ keys and the nodes behind findings: this kvstore source keeps no value/ keys"
+                    .to_string(),
+            );
+            Vec::new()
+        }
+    };
+    let objects = match target.identities_with_marks().await {
+        Ok(o) => o,
+        Err(e) if e.is_404() => {
+            not_checked.push(
+                "nothing in Kubernetes: ciliumidentities.cilium.io is not served (no CRD yet)"
+                    .to_string(),
+            );
+            Vec::new()
+        }
+        Err(e) => {
+            return Err(Error::kube(
+                target.server.clone(),
+                "listing CiliumIdentities",
+                e,
+            ));
+        }
+    };
+    let endpoints = match crate::io::endpoints::identities_in_use(target).await {
+        Ok(e) => Some(e),
+        Err(e) if e.is_404() => {
+            not_checked.push(
+                "endpoints behind findings: ciliumendpoints.cilium.io is not served".to_string(),
+            );
+            None
+        }
+        Err(e) => {
+            return Err(Error::kube(
+                target.server.clone(),
+                "listing CiliumEndpoints",
+                e,
+            ));
+        }
+    };
+    let report = audit(&AuditInput {
+        masters: &snap.masters,
+        values: &values,
+        objects: &objects,
+        endpoints: endpoints.as_ref(),
+        range,
+    });
+    Ok(AuditRun {
+        report,
+        kvstore_revision: snap.source.revision,
+        not_checked,
+    })
+}
+
+/// Findings of one kind printed in full; the rest are counted (JSON lists every one).
+const AUDIT_SHOWN_PER_KIND: usize = 20;
+
+/// The audit as text: where it was read, the counts, each finding with its nodes, endpoints
+/// and what to do, and what could not be checked.
+pub fn summary(run: &AuditRun) -> String {
+    use crate::core::audit::FindingKind;
+    let r = &run.report;
+    let mut out = format!(
+        "audit of both identity stores: {} kvstore identities (revision {}), {} CiliumIdentity objects\n",
+        r.kvstore_identities, run.kvstore_revision, r.objects
+    );
+    let counts: Vec<String> = FindingKind::ALL
+        .iter()
+        .map(|k| format!("{} {}", r.counts.get(k.as_str()).unwrap_or(&0), k.as_str()))
+        .collect();
+    out.push_str(&format!("findings: {}\n", counts.join(", ")));
+    for kind in FindingKind::ALL {
+        let of_kind: Vec<_> = r.findings.iter().filter(|f| f.kind == kind).collect();
+        for f in of_kind.iter().take(AUDIT_SHOWN_PER_KIND) {
+            let side = f.side.map_or(String::new(), |s| match s {
+                crate::core::audit::Side::Kvstore => " (kvstore)".into(),
+                crate::core::audit::Side::Kubernetes => " (Kubernetes)".into(),
+            });
+            let other = match (f.other_id, &f.other_labels) {
+                (Some(id), Some(l)) => format!(" · other: {id} {l}"),
+                (Some(id), None) => format!(" · other id: {id}"),
+                (None, Some(l)) => format!(" · other labels: {l}"),
+                (None, None) => String::new(),
+            };
+            out.push_str(&format!(
+                "{} {}{side}: {}{other}\n",
+                kind.as_str(),
+                f.id,
+                f.labels
+            ));
+            if !f.nodes.is_empty() || !f.endpoints.is_empty() {
+                out.push_str(&format!(
+                    "  nodes: {} · endpoints: {}\n",
+                    join_or_none(&f.nodes),
+                    join_or_none(&f.endpoints)
+                ));
+            }
+            out.push_str(&format!("  do: {}\n", f.action));
+        }
+        if of_kind.len() > AUDIT_SHOWN_PER_KIND {
+            out.push_str(&format!(
+                "{}: {} more (--output json lists every one)\n",
+                kind.as_str(),
+                of_kind.len() - AUDIT_SHOWN_PER_KIND
+            ));
+        }
+    }
+    for n in &run.not_checked {
+        out.push_str(&format!("not checked: {n}\n"));
+    }
+    if r.clean() {
+        out.push_str("clean: the two stores agree by labels\n");
+    }
+    out
+}
+
+fn join_or_none(items: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match items.len() {
+        0 => "none".into(),
+        n if n <= SHOWN => items.join(", "),
+        n => format!("{} and {} more", items[..SHOWN].join(", "), n - SHOWN),
+    }
+}

@@ -1,0 +1,250 @@
+//! The audit's rules on hand-made stores (the rollout of reference section F in small), and
+//! its invariants over random stores.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn range() -> IdRange {
+    IdRange::for_cluster(0).unwrap()
+}
+
+fn obj(id: u32, labels: &str) -> AuditObject {
+    AuditObject {
+        id,
+        labels: labels.into(),
+        gc_marked: false,
+    }
+}
+
+fn value(labels: &str, node: &str, id: u32) -> ValueKey {
+    ValueKey {
+        label_key: labels.into(),
+        node: node.into(),
+        id: id.to_string(),
+    }
+}
+
+fn run(
+    masters: &[(&str, &str)],
+    values: &[ValueKey],
+    objects: &[AuditObject],
+    endpoints: Option<&BTreeMap<u32, Vec<String>>>,
+) -> AuditReport {
+    let masters: Vec<MasterEntry> = masters
+        .iter()
+        .map(|(id, l)| MasterEntry::new(id.as_bytes().to_vec(), l.as_bytes().to_vec()))
+        .collect();
+    audit(&AuditInput {
+        masters: &masters,
+        values,
+        objects,
+        endpoints,
+        range: range(),
+    })
+}
+
+fn kinds(r: &AuditReport) -> Vec<(FindingKind, u32)> {
+    r.findings.iter().map(|f| (f.kind, f.id)).collect()
+}
+
+#[test]
+fn stores_that_agree_are_clean() {
+    let r = run(
+        &[("300", "k8s:app=a;"), ("301", "k8s:app=b;")],
+        &[value("k8s:app=a;", "node-1", 300)],
+        &[obj(300, "k8s:app=a;"), obj(301, "k8s:app=b;")],
+        None,
+    );
+    assert!(r.clean(), "{:?}", r.findings);
+    assert_eq!((r.kvstore_identities, r.objects), (2, 2));
+    assert_eq!(r.counts.values().sum::<usize>(), 0);
+    assert_eq!(r.counts.len(), 6, "every kind is counted, zeros too");
+}
+
+#[test]
+fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
+    let mut eps = BTreeMap::new();
+    eps.insert(302, vec!["shop/web-1".to_string()]);
+    eps.insert(401, vec!["shop/cart-1".to_string()]);
+    let mut marked = obj(310, "k8s:app=g;");
+    marked.gc_marked = true;
+    let r = run(
+        &[
+            ("300", "k8s:app=a;"), // split: Kubernetes holds 300 for x
+            ("301", "k8s:app=b;"), // double: Kubernetes holds b at 401
+            ("302", "k8s:app=c;"), // kvstore duplicate of c (with 303)
+            ("303", "k8s:app=c;"),
+            ("304", "k8s:app=d;"), // one side: the kvstore's only
+            ("305", "k8s:app=e;"),
+            ("310", "k8s:app=g;"),
+            ("x", "k8s:app=bad;"), // not an identity
+        ],
+        &[
+            value("k8s:app=a;", "node-1", 300),
+            value("k8s:app=b;", "node-2", 301),
+            value("k8s:app=f;", "node-3", 305), // stale: 305 holds e
+            value("k8s:app=g;", "node-4", 310),
+        ],
+        &[
+            obj(300, "k8s:app=x;"),
+            obj(401, "k8s:app=b;"),
+            obj(302, "k8s:app=c;"),
+            obj(303, "k8s:app=c;"),
+            obj(305, "k8s:app=e;"),
+            obj(500, "k8s:app=y;"), // one side: Kubernetes' only
+            obj(501, "k8s:app=y;"), // Kubernetes duplicate of y
+            marked,
+        ],
+        Some(&eps),
+    );
+    assert_eq!(r.invalid_ignored, 1);
+    assert_eq!(
+        kinds(&r),
+        [
+            (FindingKind::Split, 300),
+            (FindingKind::Double, 301),
+            // c twice in both stores: a duplicate in each.
+            (FindingKind::Duplicate, 302),
+            (FindingKind::Duplicate, 302),
+            (FindingKind::Duplicate, 500),
+            (FindingKind::OneSide, 301),
+            (FindingKind::OneSide, 304),
+            (FindingKind::OneSide, 401),
+            (FindingKind::OneSide, 500),
+            (FindingKind::OneSide, 501),
+            (FindingKind::StaleValue, 305),
+            (FindingKind::GcMarked, 310),
+        ]
+    );
+    let split = &r.findings[0];
+    assert_eq!(split.other_labels.as_deref(), Some("k8s:app=x;"));
+    assert_eq!(split.nodes, ["node-1"]);
+    assert!(split.action.contains("roll node-1"), "{}", split.action);
+    let double = &r.findings[1];
+    assert_eq!(double.other_id, Some(401));
+    assert_eq!(double.endpoints, ["shop/cart-1"]);
+    assert!(double.action.contains("take 401"), "{}", double.action);
+    assert_eq!(r.findings[2].side, Some(Side::Kvstore));
+    assert_eq!(r.findings[3].side, Some(Side::Kubernetes));
+    let k8s_dup = &r.findings[4];
+    assert_eq!(k8s_dup.side, Some(Side::Kubernetes));
+    assert!(
+        k8s_dup.action.contains("oldest object"),
+        "{}",
+        k8s_dup.action
+    );
+    let stale = &r.findings[10];
+    assert_eq!(stale.other_labels.as_deref(), Some("k8s:app=e;"));
+    assert_eq!(stale.nodes, ["node-3"]);
+    let gc = &r.findings[11];
+    assert_eq!(gc.nodes, ["node-4"]);
+    assert_eq!(r.counts["one-side"], 5);
+    assert_eq!(r.counts.values().sum::<usize>(), r.findings.len());
+}
+
+#[test]
+fn a_gc_mark_on_an_object_nothing_uses_is_no_finding() {
+    let mut marked = obj(310, "k8s:app=g;");
+    marked.gc_marked = true;
+    let r = run(
+        &[("310", "k8s:app=g;")],
+        &[],
+        &[marked],
+        Some(&BTreeMap::new()),
+    );
+    assert!(r.clean(), "{:?}", r.findings);
+}
+
+/// Kvstore ids and Kubernetes ids with a label index each, and value keys (labels, node, id).
+type Stores = (
+    Vec<(u32, usize)>,
+    Vec<(u32, usize)>,
+    Vec<(usize, usize, u32)>,
+);
+
+/// Random stores over a few ids and label sets.
+fn stores() -> impl Strategy<Value = Stores> {
+    const IDS: std::ops::Range<u32> = 300..310;
+    (
+        proptest::collection::vec((IDS, 0..5usize), 0..10),
+        proptest::collection::vec((IDS, 0..5usize), 0..10),
+        proptest::collection::vec((0..5usize, 0..3usize, IDS), 0..8),
+    )
+}
+
+const LABELS: [&str; 5] = [
+    "k8s:app=a;",
+    "k8s:app=b;",
+    "k8s:app=c;",
+    "k8s:app=d;",
+    "k8s:app=e;",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the stores hold: every split is an id both hold for different labels, every
+    /// double a label set at disjoint ids on the two sides, every stale value a key whose id
+    /// the kvstore holds for other labels; the counts add up; and stores made to agree (the
+    /// kvstore copied to Kubernetes, value keys pointing at their ids) are clean.
+    #[test]
+    fn findings_are_what_they_say((kv, k8s, vals) in stores()) {
+        let kv: BTreeMap<u32, &str> = kv.into_iter().map(|(i, l)| (i, LABELS[l])).collect();
+        let k8s: BTreeMap<u32, &str> = k8s.into_iter().map(|(i, l)| (i, LABELS[l])).collect();
+        let masters: Vec<(String, &str)> = kv.iter().map(|(i, l)| (i.to_string(), *l)).collect();
+        let masters: Vec<(&str, &str)> = masters.iter().map(|(i, l)| (i.as_str(), *l)).collect();
+        let objects: Vec<AuditObject> = k8s.iter().map(|(i, l)| obj(*i, l)).collect();
+        let values: Vec<ValueKey> = vals
+            .iter()
+            .map(|(l, n, id)| value(LABELS[*l], &format!("node-{n}"), *id))
+            .collect();
+        let r = run(&masters, &values, &objects, None);
+        prop_assert_eq!(r.counts.values().sum::<usize>(), r.findings.len());
+        for f in &r.findings {
+            match f.kind {
+                FindingKind::Split => {
+                    prop_assert_eq!(kv.get(&f.id).copied(), Some(f.labels.as_str()));
+                    prop_assert!(k8s.get(&f.id).is_some_and(|l| *l != f.labels));
+                }
+                FindingKind::Double => {
+                    let on = |m: &BTreeMap<u32, &str>| -> BTreeSet<u32> {
+                        m.iter().filter(|(_, l)| **l == f.labels).map(|(i, _)| *i).collect()
+                    };
+                    let (a, b) = (on(&kv), on(&k8s));
+                    prop_assert!(!a.is_empty() && !b.is_empty() && a.is_disjoint(&b));
+                }
+                FindingKind::StaleValue => {
+                    prop_assert!(kv.get(&f.id) != Some(&f.labels.as_str()));
+                }
+                FindingKind::OneSide => {
+                    prop_assert!(kv.contains_key(&f.id) != k8s.contains_key(&f.id));
+                }
+                FindingKind::Duplicate | FindingKind::GcMarked => {}
+            }
+        }
+        // Every split there is, is found.
+        for (id, l) in &kv {
+            if k8s.get(id).is_some_and(|k| k != l) {
+                prop_assert!(r.findings.iter().any(|f| f.kind == FindingKind::Split && f.id == *id));
+            }
+        }
+        // Made to agree: the kvstore's identities in Kubernetes as they are, every value key
+        // pointing at the id that holds its labels, and each label set at one id only.
+        let mut once: BTreeMap<&str, u32> = BTreeMap::new();
+        for (id, l) in &kv {
+            once.entry(*l).or_insert(*id);
+        }
+        let agreed: Vec<(String, &str)> = once.iter().map(|(l, id)| (id.to_string(), *l)).collect();
+        let agreed: Vec<(&str, &str)> = agreed.iter().map(|(i, l)| (i.as_str(), *l)).collect();
+        let objects: Vec<AuditObject> = once.iter().map(|(l, id)| obj(*id, l)).collect();
+        let values: Vec<ValueKey> = values
+            .iter()
+            .filter_map(|v| once.get(v.label_key.as_str()).map(|id| value(&v.label_key, &v.node, *id)))
+            .collect();
+        let r = run(&agreed, &values, &objects, None);
+        prop_assert!(r.clean(), "{:?}", r.findings);
+    }
+}

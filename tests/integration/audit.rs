@@ -1,0 +1,160 @@
+//! `audit` as a user runs it, against a real etcd and the sandbox (and, in `real.rs`, a real
+//! kube-apiserver): each kind of finding with its nodes and endpoints, the JSON contract, the
+//! exit codes, and nothing written.
+
+use serde_json::Value;
+
+use cilium_idmig::core::identity::identity_object;
+use cilium_idmig::core::labels::{SecurityLabels, parse_label_key, to_security_labels};
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::World;
+use crate::harness::Etcd;
+
+const P: &str = "cilium/state/identities/v1";
+
+pub(crate) fn sl(key: &str) -> SecurityLabels {
+    to_security_labels(&parse_label_key(key).unwrap())
+}
+
+pub(crate) const A: &str = "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const B: &str = "k8s:app=b;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const C: &str = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const F: &str = "k8s:app=f;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const G: &str = "k8s:app=g;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const X: &str = "k8s:app=x;k8s:io.kubernetes.pod.namespace=shop;";
+pub(crate) const Y: &str = "k8s:app=y;k8s:io.kubernetes.pod.namespace=shop;";
+
+/// The kvstore's side of a double-write rollout gone wrong (reference section F in small):
+/// 300 `A` (node-1), 301 `B` (node-2), 302 `C`, 310 `G` (node-4); node-3's `value/` key for
+/// `F` points at 302.
+pub(crate) async fn seed_kvstore(etcd: &Etcd) {
+    for (id, l) in [("300", A), ("301", B), ("302", C), ("310", G)] {
+        etcd.put(&format!("{P}/id/{id}"), l.as_bytes()).await;
+    }
+    for (l, node, id) in [
+        (A, "node-1", "300"),
+        (B, "node-2", "301"),
+        (F, "node-3", "302"),
+        (G, "node-4", "310"),
+    ] {
+        etcd.put(&format!("{P}/value/{l}/{node}"), id.as_bytes())
+            .await;
+    }
+}
+
+/// Checks what `audit --output json` found on the seeded stores: Kubernetes holds 300 for
+/// `X` (split), `B` at 401 (double; an endpoint uses it), 302 `C` (agrees), 500 `Y` (one
+/// side), and 310 `G` marked by the GC while node-4 uses it.
+pub(crate) fn check_findings(json: &Value) {
+    let counts = &json["counts"];
+    for (kind, n) in [
+        ("split", 1),
+        ("double", 1),
+        ("duplicate", 0),
+        ("one-side", 3),
+        ("stale-value", 1),
+        ("gc-marked", 1),
+    ] {
+        assert_eq!(counts[kind], n, "{kind}: {json:#}");
+    }
+    let findings = json["findings"].as_array().unwrap();
+    let of =
+        |kind: &str| -> Vec<&Value> { findings.iter().filter(|f| f["kind"] == kind).collect() };
+    let split = of("split")[0];
+    assert_eq!(split["id"], 300);
+    assert_eq!(split["labels"], A);
+    assert_eq!(split["other_labels"], X);
+    assert_eq!(split["nodes"], serde_json::json!(["node-1"]));
+    assert!(split["action"].as_str().unwrap().contains("roll node-1"));
+    let double = of("double")[0];
+    assert_eq!(
+        (double["id"].as_u64(), double["other_id"].as_u64()),
+        (Some(301), Some(401))
+    );
+    assert_eq!(double["nodes"], serde_json::json!(["node-2"]));
+    assert_eq!(double["endpoints"], serde_json::json!(["shop/cart-1"]));
+    let stale = of("stale-value")[0];
+    assert_eq!(
+        (stale["id"].as_u64(), stale["labels"].as_str()),
+        (Some(302), Some(F))
+    );
+    assert_eq!(stale["other_labels"], C);
+    let gc = of("gc-marked")[0];
+    assert_eq!(
+        (gc["id"].as_u64(), gc["nodes"].clone()),
+        (Some(310), serde_json::json!(["node-4"]))
+    );
+    let one_side: Vec<u64> = of("one-side")
+        .iter()
+        .map(|f| f["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(one_side, [301, 401, 500]);
+    for f in findings {
+        for field in ["kind", "id", "labels", "nodes", "endpoints", "action"] {
+            assert!(!f[field].is_null(), "{field} missing: {f}");
+        }
+    }
+}
+
+fn marked(id: u32, labels: &str) -> Value {
+    let mut o = identity_object(id, &sl(labels));
+    o["metadata"]["annotations"] =
+        serde_json::json!({"io.cilium.heartbeat": "2026-12-01T00:00:00Z"});
+    o
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_finds_each_kind_names_who_is_behind_it_and_writes_nothing() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_kvstore(&w.etcd).await;
+    w.sb.seed_identity(300, &sl(X));
+    w.sb.seed_identity(401, &sl(B));
+    w.sb.seed_identity(302, &sl(C));
+    w.sb.seed_identity(500, &sl(Y));
+    w.sb.seed_raw("310", marked(310, G));
+    w.sb.add_endpoint("shop", "cart-1", 401);
+    let before = w.sb.objects();
+    w.sb.reset_counts();
+
+    let r = w.cli(&["audit", "--output", "json"]).await;
+    assert_eq!(r.code, 1, "findings exit 1: {}{}", r.stdout, r.stderr);
+    let json: Value = serde_json::from_str(&r.stdout).unwrap();
+    check_findings(&json);
+    assert!(
+        json["not_checked"].as_array().unwrap().is_empty(),
+        "{json:#}"
+    );
+
+    let text = w.cli(&["audit"]).await;
+    assert_eq!(text.code, 1);
+    for line in [
+        "findings: 1 split, 1 double, 0 duplicate, 3 one-side, 1 stale-value, 1 gc-marked",
+        "split 300: k8s:app=a;",
+        "nodes: node-2 · endpoints: shop/cart-1",
+        "do: node node-3 tags these labels with 302",
+    ] {
+        assert!(text.stdout.contains(line), "{line}:\n{}", text.stdout);
+    }
+    // Nothing written anywhere: only reads reached the API server.
+    assert_eq!(w.sb.objects(), before);
+    assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
+    assert_eq!(w.sb.request_count("DELETE ciliumidentities"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_of_agreeing_stores_is_clean_and_a_bad_flag_is_exit_2() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
+    w.sb.seed_identity(300, &sl(A));
+    let r = w.cli(&["audit"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("clean: the two stores agree by labels"),
+        "{}",
+        r.stdout
+    );
+    let bad = w.cli(&["audit", "--output", "jsn"]).await;
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+}

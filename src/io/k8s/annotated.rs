@@ -5,7 +5,9 @@
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 
-use super::{K8sTarget, RequestError, for_each_listed};
+use super::errors::RequestError;
+use super::lists::for_each_listed;
+use super::target::K8sTarget;
 use crate::core::audit::AuditObject;
 use crate::core::identity::parse_identity;
 use crate::core::labels::canonical_key;

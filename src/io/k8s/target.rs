@@ -139,10 +139,10 @@ impl K8sTarget {
     }
 
     /// Drops the pooled connections after an error that suggests they are dead.
-    pub(crate) fn after_error(&self, e: &super::RequestError) {
+    pub(crate) fn after_error(&self, e: &super::errors::RequestError) {
         if matches!(
             e,
-            super::RequestError::Timeout | super::RequestError::Transport(_)
+            super::errors::RequestError::Timeout | super::errors::RequestError::Transport(_)
         ) {
             self.drop_connections();
         }

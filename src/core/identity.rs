@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::core::labels::{SecurityLabels, metadata_labels};
+use crate::core::labels::{SecurityLabels, left_out_of_metadata, metadata_labels};
 
 pub const GROUP: &str = "cilium.io";
 pub const VERSION: &str = "v2";
@@ -15,6 +15,9 @@ pub const CRD_NAME: &str = "ciliumidentities.cilium.io";
 /// its session line in the decision log names it. Cilium reads no annotation of a
 /// CiliumIdentity but its own heartbeat, so this one changes nothing for the agents.
 pub const RUN_ANNOTATION: &str = "cilium-idmig.io/run";
+/// The annotation that says which labels were left out of `metadata.labels` because the API
+/// server would refuse them (they stay exact in `security-labels`, all Cilium reads).
+pub const LEFT_OUT_ANNOTATION: &str = "cilium-idmig.io/labels-left-out";
 /// The CRD we install when the cluster has none (apiextensions v1, schema compatible with Cilium's).
 pub const CRD_YAML: &str = include_str!("../../assets/ciliumidentities.cilium.io.yaml");
 /// The least-privilege ClusterRole the tool needs.
@@ -30,7 +33,7 @@ pub fn collection_path() -> String {
 /// The object Cilium's CRD backend would write for this identity. Empty values travel as
 /// `""`, never `null`: the v1 schema declares every `security-labels` value a string.
 pub fn identity_object(id: u32, labels: &SecurityLabels) -> Value {
-    json!({
+    let mut obj = json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": KIND,
         "metadata": {
@@ -38,13 +41,21 @@ pub fn identity_object(id: u32, labels: &SecurityLabels) -> Value {
             "labels": metadata_labels(labels),
         },
         "security-labels": labels,
-    })
+    });
+    let left_out = left_out_of_metadata(labels);
+    if !left_out.is_empty() {
+        obj["metadata"]["annotations"] = json!({ LEFT_OUT_ANNOTATION: left_out.join(",") });
+    }
+    obj
 }
 
 /// The object this tool creates: `identity_object` with the run that creates it.
 pub fn identity_object_of_run(id: u32, labels: &SecurityLabels, run: &str) -> Value {
     let mut obj = identity_object(id, labels);
-    obj["metadata"]["annotations"] = json!({ RUN_ANNOTATION: run });
+    if !obj["metadata"]["annotations"].is_object() {
+        obj["metadata"]["annotations"] = json!({});
+    }
+    obj["metadata"]["annotations"][RUN_ANNOTATION] = json!(run);
     obj
 }
 
@@ -95,9 +106,26 @@ mod tests {
         l.insert("k8s:app".into(), "web".into());
         l.insert("reserved:host".into(), "".into());
         l.insert("k8s:odd".into(), "not valid!".into());
+        l.insert(
+            "k8s:io.cilium.k8s.namespace.labels.team".into(),
+            "payments".into(),
+        );
         let obj = identity_object(300, &l);
         assert_eq!(obj["metadata"]["name"], "300");
+        // As Cilium 1.18's CRD backend: k8s: labels without the prefix, never the namespace's
+        // own labels; what the API server would refuse is left out and said.
         assert_eq!(obj["metadata"]["labels"], json!({"app": "web"}));
+        assert_eq!(obj["metadata"]["annotations"][LEFT_OUT_ANNOTATION], "odd");
+        let run = identity_object_of_run(300, &l, "r1");
+        assert_eq!(run["metadata"]["annotations"][LEFT_OUT_ANNOTATION], "odd");
+        assert_eq!(run["metadata"]["annotations"][RUN_ANNOTATION], "r1");
+        let mut plain = SecurityLabels::new();
+        plain.insert("k8s:app".into(), "web".into());
+        assert!(
+            identity_object(301, &plain)["metadata"]
+                .get("annotations")
+                .is_none()
+        );
         assert_eq!(obj["security-labels"]["reserved:host"], "");
         let back = parse_identity(&obj).unwrap();
         assert_eq!(back.labels, l);

@@ -236,18 +236,35 @@ pub fn canonical_key(map: &SecurityLabels) -> LabelKey {
     label_key_from_map(map).unwrap_or_else(|| serde_json::to_string(map).unwrap_or_default())
 }
 
-/// The `metadata.labels` Cilium derives for humans and selectors: `k8s:` labels with the
-/// prefix stripped, keeping only keys and values the API server accepts, so an odd label
-/// value can never make the whole create fail with 422.
+/// The `metadata.labels` Cilium derives for humans and selectors, as its CRD backend writes
+/// them (1.18's `pkg/k8s/identitybackend`): `k8s:` labels with the prefix stripped, except the
+/// namespace's own labels (`io.cilium.k8s.namespace.labels.*`), keeping only keys and values
+/// the API server accepts, so an odd label value can never make the whole create fail with
+/// 422 (Cilium's own create fails there). What is left out for that is `left_out_of_metadata`.
 pub fn metadata_labels(security: &SecurityLabels) -> BTreeMap<String, String> {
-    security
-        .iter()
-        .filter_map(|(k, v)| {
-            let key = k.strip_prefix("k8s:")?;
-            (is_valid_label_key(key) && is_valid_label_value(v))
-                .then(|| (key.to_string(), v.clone()))
-        })
+    metadata_candidates(security)
+        .filter(|(key, v)| is_valid_label_key(key) && is_valid_label_value(v))
+        .map(|(key, v)| (key.to_string(), v.to_string()))
         .collect()
+}
+
+/// The keys Cilium would put in `metadata.labels` that the API server would refuse (an
+/// invalid key or value): left out of it, kept exactly in `security-labels`.
+pub fn left_out_of_metadata(security: &SecurityLabels) -> Vec<String> {
+    metadata_candidates(security)
+        .filter(|(key, v)| !(is_valid_label_key(key) && is_valid_label_value(v)))
+        .map(|(key, _)| key.to_string())
+        .collect()
+}
+
+/// Prefix of the namespace labels Cilium copies into an identity; never in `metadata.labels`.
+const NAMESPACE_LABELS: &str = "io.cilium.k8s.namespace.labels.";
+
+fn metadata_candidates(security: &SecurityLabels) -> impl Iterator<Item = (&str, &str)> {
+    security.iter().filter_map(|(k, v)| {
+        let key = k.strip_prefix("k8s:")?;
+        (!key.starts_with(NAMESPACE_LABELS)).then_some((key, v.as_str()))
+    })
 }
 
 /// A Kubernetes qualified name: `[prefix/]name`, name up to 63 chars of `[A-Za-z0-9._-]`,

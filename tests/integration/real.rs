@@ -214,3 +214,130 @@ async fn audit_on_a_real_server_finds_what_the_sandbox_finds() {
     check_findings(&json);
     assert_eq!(cp.identities(), before, "nothing written");
 }
+
+/// One allocation as Cilium's allocator harness prints it.
+#[derive(serde::Deserialize, Debug)]
+struct Allocation {
+    labels: String,
+    id: u64,
+    new: bool,
+    err: String,
+}
+
+/// Runs Cilium 1.18's own allocator as one node in `mode`, allocating every label set of
+/// `workload` once; what it allocated.
+fn allocate_as_cilium_1_18(
+    bin: &Path,
+    mode: &str,
+    cp: &ControlPlane,
+    etcd: &Etcd,
+    workload: &[&str],
+    dir: &Path,
+) -> Vec<Allocation> {
+    let wl = dir.join(format!("workload-{mode}.txt"));
+    std::fs::write(&wl, workload.join("\n") + "\n").unwrap();
+    let home = dir.join(format!("home-{mode}"));
+    std::fs::create_dir_all(&home).unwrap();
+    let out = std::process::Command::new(bin)
+        .args([
+            "-mode",
+            mode,
+            "-node",
+            "10.0.0.9",
+            "-rate",
+            "0",
+            "-duration",
+            "4s",
+        ])
+        .args(["-min", "256", "-max", "700"])
+        .arg("-workload")
+        .arg(&wl)
+        .arg("-kubeconfig")
+        .arg(&cp.kubeconfig)
+        .arg("-etcd-config")
+        .arg(etcd.config_file())
+        .env("K8S_NODE_NAME", "node-a")
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let allocations: Vec<Allocation> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        allocations.len(),
+        workload.len(),
+        "{mode}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    allocations
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cilium_1_18s_own_allocator_finds_every_identity_apply_wrote() {
+    let bin = match crate::support::control_plane::cilium_bin("allocsim-1.18") {
+        Ok(b) => b,
+        Err(why) => return crate::support::control_plane::skip("real::cilium_1_18", &why),
+    };
+    let Some(cp) = ControlPlane::start("real::cilium_1_18") else {
+        return;
+    };
+    let long = "v".repeat(70);
+    let odd = format!("k8s:app=odd;k8s:build={long};k8s:io.kubernetes.pod.namespace=shop;");
+    let sets: Vec<String> = (0..10)
+        .map(|i| {
+            format!(
+                "k8s:app=svc{i};k8s:io.cilium.k8s.namespace.labels.team=t{i};k8s:io.kubernetes.pod.namespace=shop;"
+            )
+        })
+        .chain([odd.clone()])
+        .collect();
+    let etcd = Etcd::start().await;
+    let mut expected = BTreeMap::new();
+    for (i, l) in sets.iter().enumerate() {
+        let id = 300 + i as u64;
+        etcd.put(&format!("{P}/id/{id}"), l.as_bytes()).await;
+        expected.insert(l.clone(), id);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = cli(dir.path(), &cp.kubeconfig, &etcd, &["apply", "--yes"], 120).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let before = cp.identities();
+    assert_eq!(before.len(), sets.len());
+    // What 1.18's CRD backend would write: metadata.labels without the namespace's labels;
+    // the label the API server would refuse left out and said, security-labels exact.
+    let obj: serde_json::Value =
+        serde_json::from_str(&cp.kubectl(&["get", "ciliumidentity", "300", "-o", "json"])).unwrap();
+    assert_eq!(
+        obj["metadata"]["labels"],
+        serde_json::json!({"app": "svc0", "io.kubernetes.pod.namespace": "shop"})
+    );
+    let odd_id = expected[&odd].to_string();
+    let odd_obj: serde_json::Value =
+        serde_json::from_str(&cp.kubectl(&["get", "ciliumidentity", &odd_id, "-o", "json"]))
+            .unwrap();
+    assert_eq!(
+        odd_obj["metadata"]["annotations"]["cilium-idmig.io/labels-left-out"],
+        "build"
+    );
+    assert_eq!(odd_obj["security-labels"]["k8s:build"], long.as_str());
+    cp.apply(r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"}}"#);
+
+    // Agents in crd and doublewrite-readcrd mode allocating every migrated label set get
+    // exactly the ids written, and create nothing.
+    let workload: Vec<&str> = sets.iter().map(String::as_str).collect();
+    for mode in ["crd", "doublewrite-readcrd"] {
+        let got = allocate_as_cilium_1_18(&bin, mode, &cp, &etcd, &workload, dir.path());
+        for a in &got {
+            assert_eq!(a.err, "", "{mode}: {a:?}");
+            assert_eq!(Some(&a.id), expected.get(&a.labels), "{mode}: {a:?}");
+            assert!(!a.new, "{mode} allocated a new identity: {a:?}");
+        }
+        assert_eq!(
+            cp.identities(),
+            before,
+            "{mode} created or changed an object"
+        );
+    }
+}

@@ -60,6 +60,19 @@ fn locate() -> Result<PathBuf, String> {
     Ok(PathBuf::from(script))
 }
 
+/// A binary of the shared control plane's (Cilium's own code: `allocsim-1.18`,
+/// `cilium-1.6.11`), from `KUBEBUILDER_ASSETS`; or why it is not there.
+pub fn cilium_bin(name: &str) -> Result<PathBuf, String> {
+    let assets = std::env::var("KUBEBUILDER_ASSETS")
+        .map_err(|_| format!("no {name}: KUBEBUILDER_ASSETS is not set"))?;
+    let path = Path::new(&assets).join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("no {name} in {assets}"))
+    }
+}
+
 impl ControlPlane {
     /// Starts one, or says why `test` is skipped and returns `None`.
     pub fn start(test: &str) -> Option<ControlPlane> {

@@ -191,6 +191,12 @@ pub async fn run(kv: &KvSource, target: &K8sTarget, scope: ClusterScope) -> Pref
         .collect();
     r.checks
         .extend(rbac_checks(target, wanted, "assets/clusterrole.yaml").await);
+    r.checks.push(Check {
+        name: "Cilium versions".into(),
+        status: CheckStatus::Ok,
+        detail: crate::core::identity::TESTED_WITH.into(),
+        fix: None,
+    });
     r
 }
 

@@ -17,7 +17,10 @@ pub const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\nCilium: 1.6 and later in kvstore identity mode (identities under cilium/state/identities/v1;",
     "\n        --max-connected-clusters 511 for meshes installed so on Cilium 1.15 and later)",
-    "\nKubernetes: 1.16 and later (CiliumIdentity cilium.io/v2, CRD apiextensions.k8s.io/v1)"
+    "\nKubernetes: 1.16 and later (CiliumIdentity cilium.io/v2, CRD apiextensions.k8s.io/v1)",
+    "\nTested with: Cilium 1.9's and 1.18's own identity allocators (kvstore, crd,",
+    "\n        doublewrite-readcrd modes), Cilium 1.6.11's migrator side by side,",
+    "\n        kube-apiserver 1.19.0, etcd 3.4"
 );
 
 #[derive(Parser)]

@@ -237,6 +237,12 @@ async fn completions_manual_version_and_the_kubectl_plugin() {
         "{}",
         r.stdout
     );
+    assert!(
+        r.stdout
+            .contains("Tested with: Cilium 1.9's and 1.18's own identity allocators"),
+        "{}",
+        r.stdout
+    );
     // Installed as kubectl-cilium_idmig, it is a kubectl plugin and says so.
     let plugin = dir.path().join("kubectl-cilium_idmig");
     std::os::unix::fs::symlink(bin(), &plugin).unwrap();

@@ -96,6 +96,11 @@ async fn preflight_scan_drift_commit_and_export() {
             .filter(|c| c.name.contains("ciliumidentities"))
             .all(|c| c.status == cilium_idmig::app::preflight::CheckStatus::Ok)
     );
+    assert!(
+        p.checks
+            .iter()
+            .any(|c| c.name == "Cilium versions" && c.detail.contains("1.18"))
+    );
     assert!(p.checks.iter().any(|c| c.name == "kvstore readable"
         && c.status == cilium_idmig::app::preflight::CheckStatus::Ok
         && c.detail.contains("2 identities")));

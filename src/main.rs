@@ -29,7 +29,19 @@ fn invoked_name() -> &'static str {
 
 fn main() -> ExitCode {
     let name = invoked_name();
-    let matches = Cli::command().bin_name(name).get_matches();
+    let command = Cli::command().bin_name(name);
+    let matches = match command.clone().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            let args: Vec<String> = std::env::args().collect();
+            if let Some(flag) = cli::suggest::did_you_mean(&command, &e, &args) {
+                let _ = e.print();
+                eprintln!("\n  tip: did you mean '{flag}'?");
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

@@ -117,7 +117,7 @@ pub enum CliCommand {
         conn: Conn,
         /// Decision logs of the runs to roll back (repeatable); the rollback's own decisions
         /// and outcomes are appended to the last one.
-        #[arg(long, required_unless_present = "run")]
+        #[arg(long, required_unless_present = "run", num_args = 1..)]
         decision_log: Vec<PathBuf>,
         /// A run to roll back by the annotation on its objects (repeatable), when its log
         /// is lost: the id from the log's session line or an object's
@@ -156,8 +156,10 @@ pub enum CliCommand {
     Verify {
         #[command(flatten)]
         conn: Conn,
-        /// Decision log(s) whose recorded mappings count as the expected ids.
-        #[arg(long)]
+        /// Decision log(s) whose recorded mappings count as the expected ids: repeat the
+        /// flag or list several after it (a shell glob such as
+        /// `cilium-idmig-decisions-*.jsonl`).
+        #[arg(long, num_args = 1..)]
         decision_log: Vec<PathBuf>,
         /// How the report is printed.
         #[arg(long, value_enum, default_value_t = Output::Text)]

@@ -399,6 +399,15 @@ impl World {
 }
 
 async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
+    // Checked before anything is read: a plan is never overwritten, and a minute of reading
+    // should not end in that refusal.
+    if let Some(path) = output.as_ref().filter(|p| p.exists()) {
+        return Err(cilium_idmig::Error::file(
+            path,
+            "already exists; a plan is never overwritten: choose another --output",
+        )
+        .into());
+    }
     let scope = conn.scope()?;
     let target = conn.target().await?;
     let kv = KvSource::Etcd(conn.etcd());

@@ -420,7 +420,12 @@ pub fn default_path() -> PathBuf {
     let ts = jiff::Timestamp::now()
         .strftime("%Y%m%dT%H%M%SZ")
         .to_string();
-    PathBuf::from(format!("cilium-idmig-decisions-{ts}.jsonl"))
+    // The pid too: runs started in the same second (three headless rehearsals) each get a
+    // log of their own.
+    PathBuf::from(format!(
+        "cilium-idmig-decisions-{ts}-{}.jsonl",
+        std::process::id()
+    ))
 }
 
 #[cfg(test)]

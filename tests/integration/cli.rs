@@ -478,3 +478,58 @@ async fn a_refused_plan_names_every_refused_item() {
     }
     assert!(!r.stderr.contains("more"), "{}", r.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mistakes_people_make_get_a_clear_answer() {
+    let w = crate::e2e::World::new(cilium_idmig::sandbox::SandboxConfig::default()).await;
+    w.etcd
+        .put("cilium/state/identities/v1/id/300", b"k8s:app=a;")
+        .await;
+    // Two letters swapped: a tip, exit 2.
+    let r = w.cli(&["apply", "--yse"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("did you mean '--yes'"), "{}", r.stderr);
+    // A kubeconfig that is not there: said plainly.
+    let dir = tempfile::tempdir().unwrap();
+    let r = crate::harness::run(
+        dir.path(),
+        &[
+            "plan",
+            "--kubeconfig",
+            "/tmp/nope/kc",
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("kubeconfig /tmp/nope/kc: no such file") && !r.stderr.contains("'\""),
+        "{}",
+        r.stderr
+    );
+    // A plan onto an existing file is refused before anything is read or printed.
+    let out = w.path("plan.json");
+    std::fs::write(&out, "mine").unwrap();
+    w.sb.reset_counts();
+    let r = w.cli(&["plan", "--output", &out]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("already exists"), "{}", r.stderr);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "mine");
+    assert_eq!(w.sb.request_count("GET ciliumidentities"), 0);
+    // Two runs in the same second write two logs; verify reads both when a glob names them.
+    let (a, b) = tokio::join!(w.cli(&["apply", "--yes"]), w.cli(&["apply", "--yes"]));
+    assert!(a.code == 0 && b.code == 0, "{}{}", a.stderr, b.stderr);
+    let logs: Vec<String> = std::fs::read_dir(w.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.contains("cilium-idmig-decisions-"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    let mut args = vec!["verify", "--decision-log"];
+    args.extend(logs.iter().map(String::as_str));
+    let r = w.cli(&args).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}

@@ -50,6 +50,12 @@ impl K8sTarget {
             ..Default::default()
         };
         let config = match &opts.kubeconfig {
+            Some(path) if !path.exists() => {
+                return Err(Error::Config(format!(
+                    "kubeconfig {}: no such file; pass --kubeconfig with an existing file, or set KUBECONFIG",
+                    path.display()
+                )));
+            }
             Some(path) => {
                 let kc = Kubeconfig::read_from(path)
                     .map_err(|e| Error::kubeconfig(Some(&path.display().to_string()), e, ""))?;

@@ -186,6 +186,14 @@ pub const BINDINGS: &[Binding] = &[
     },
     Binding {
         scope: LIST,
+        keys: &[(Char('z'), N)],
+        label: "z",
+        short: "undo",
+        action: KeyAction::Undo,
+        help: "undo the last decision (a bulk decision as a whole)",
+    },
+    Binding {
+        scope: LIST,
         keys: &[(Char('f'), N)],
         label: "f",
         short: "filter",

@@ -526,13 +526,24 @@ fn bulk_decisions_apply_to_the_conflicts_shown_and_undo_as_one_step() {
         assert_eq!(item(&m, id).action, Action::Skip);
         assert!(item(&m, id).decided);
     }
-    // One z undoes the whole step, logging each item.
-    update(&mut m, key('3'));
+    // One z undoes the whole step, logging each item: on the Identities screen itself, as
+    // the README and the help say.
+    assert!(m.screen == Screen::Identities);
     let cmds = update(&mut m, key('z'));
     assert_eq!(logged(&cmds).len(), shown.len());
     for id in &shown {
         assert_ne!(item(&m, id).action, Action::Skip);
     }
+    assert!(m.status.contains("undone"), "{}", m.status);
+    // One decision undone names what the item is back to, in words.
+    update(&mut m, key('3'));
+    update(&mut m, key('s'));
+    update(&mut m, key('z'));
+    assert!(
+        m.status.contains("is back to its proposal (") && !m.status.contains("back to undo"),
+        "{}",
+        m.status
+    );
     // A decision that fits only some leaves the others as they were.
     update(&mut m, key('2'));
     update(&mut m, key('b'));
@@ -1083,6 +1094,7 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     update(&mut m, key('n'));
     assert!(update(&mut m, code(KeyCode::Enter)).is_empty());
     assert!(!m.sync.running);
+    assert!(m.status.contains("\"n\" is not \"yes\""), "{}", m.status);
     for c in "yes".chars() {
         update(&mut m, key(c));
     }
@@ -1228,4 +1240,29 @@ fn a_conflict_sync_closes_as_moot_no_longer_counts_as_undecided() {
         })),
     );
     assert_eq!(m.undecided(), before - 1);
+}
+
+#[test]
+fn a_duplicate_of_another_kvstore_id_shows_that_entry_not_an_empty_object() {
+    let mut m = scanned_model();
+    let i = m
+        .cluster
+        .items
+        .iter()
+        .position(|it| it.kind == Kind::Duplicate)
+        .expect("a duplicate");
+    // Its labels are under another kvstore id that Kubernetes does not hold.
+    let other = (300..65000)
+        .find(|x| !m.cluster.k8s.contains_key(x))
+        .unwrap();
+    m.cluster.items[i].labels_present_at = Some(other);
+    m.cluster.items[i].existing_labels = None;
+    update(&mut m, key('3'));
+    m.review.conflict = Some(i);
+    let screen = render(&m);
+    assert!(
+        screen.contains(&format!("kvstore id {other} (same labels")),
+        "{screen}"
+    );
+    assert!(!screen.contains("(no object)"), "{screen}");
 }

@@ -98,13 +98,14 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         assert_eq!(after.get(k), Some(v), "{k} changed");
     }
     let log = std::fs::read_to_string(&log_path).unwrap();
-    let held = log
-        .lines()
-        .find(|l| l.contains("\"4001\""))
-        .expect("the raced id is logged");
+    // The intent first, then what happened.
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("\"4001\"")).collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(lines[0].contains("next: put id/4001"), "{}", lines[0]);
     assert!(
-        held.contains("id/4001 already held for k8s:app=d;: nothing written"),
-        "{held}"
+        lines[1].contains("id/4001 already held for k8s:app=d;: nothing written"),
+        "{}",
+        lines[1]
     );
     // Asked again (a fresh view still without the agent's key), it is not tried again.
     assert_eq!(reserve_view(&mut task, &state, &cfg).await, None);

@@ -134,7 +134,17 @@ pub(super) fn undo(model: &mut Model) -> Vec<Command> {
         cmds.push(log_decision("undo", &model.cluster.items[i]));
     }
     if let [Command::Send(ServiceRequest::Decided { item, .. })] = cmds.as_slice() {
-        model.status = format!("undone: {} is back to {}", item.id, describe("undo", item));
+        let what = match (item.action, item.target_id) {
+            (crate::core::planner::Action::Create, Some(t)) => format!("create at {t}"),
+            (crate::core::planner::Action::None, Some(t)) => format!("map to {t}"),
+            (action, _) => action.as_str().to_string(),
+        };
+        let whose = if item.decided {
+            "the earlier decision"
+        } else {
+            "its proposal"
+        };
+        model.status = format!("undone: {} is back to {whose} ({what})", item.id);
     } else {
         model.status = format!("undone: {} decisions", cmds.len());
     }

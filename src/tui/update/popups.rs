@@ -204,6 +204,10 @@ fn typed_word(
         KeyCode::Esc => vec![],
         KeyCode::Enter if typed.text() == word => confirm(model),
         KeyCode::Enter => {
+            model.status = format!(
+                "{:?} is not {word:?}: nothing was done; type {word} and press Enter, or Esc",
+                typed.text()
+            );
             model.modal = Some(popup(TextField::default()));
             vec![]
         }

@@ -88,10 +88,18 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
                 format!(" Kubernetes at id {} (taken) ", item.id),
                 Some(as_map(existing)),
             ),
-            (None, Some(x)) => (
-                format!(" Kubernetes at id {x} (same labels) "),
-                model.cluster.k8s.get(&x).map(|k| as_map(k)),
-            ),
+            (None, Some(x)) => match model.cluster.k8s.get(&x) {
+                Some(k) => (
+                    format!(" Kubernetes at id {x} (same labels) "),
+                    Some(as_map(k)),
+                ),
+                // Present under another kvstore id, not (yet) in Kubernetes: that entry's
+                // labels are these.
+                None => (
+                    format!(" kvstore id {x} (same labels, not in Kubernetes yet) "),
+                    Some(kv.clone()),
+                ),
+            },
             _ => (" Kubernetes ".into(), None),
         };
     let [left, right] =

@@ -190,25 +190,38 @@ fn confirm_rollback(model: &Model, typed: &TextField) -> (&'static str, Vec<Line
 
 /// One decision for every conflict the table shows: which, and the keys for each decision.
 fn confirm_bulk(model: &Model, targets: &[usize]) -> (&'static str, Vec<Line<'static>>, u16) {
-    (
-        " One decision for every conflict shown ",
-        vec![
-            Line::raw(format!(
-                "{} conflicts match the filter ({}) and search ({:?}): {}.",
-                targets.len(),
-                model.table.filter.label(),
-                model.table.search,
-                describe_targets(model, targets)
-            )),
-            Line::raw(
-                "a accept the proposals · s skip · u reuse the id that has the labels · c create duplicates anyway",
-            ),
-            Line::raw(
-                "A decision that does not fit an item leaves it as it was; each item is logged as a bulk decision; z undoes the whole step. Any other key cancels.",
-            ),
-        ],
-        6,
-    )
+    let search = if model.table.search.is_empty() {
+        "no search".to_string()
+    } else {
+        format!("search {:?}", model.table.search)
+    };
+    let lines = vec![
+        Line::raw(format!(
+            "{} conflicts match the filter ({}) and {search}: {}.",
+            targets.len(),
+            model.table.filter.label(),
+            describe_targets(model, targets)
+        )),
+        Line::raw(
+            "a accept the proposals · s skip · u reuse the id that has the labels · c create duplicates anyway",
+        ),
+        Line::raw(
+            "A decision that does not fit an item leaves it as it was; each item is logged as a bulk decision; z undoes the whole step.",
+        ),
+        Line::raw("Esc (or any other key) cancels."),
+    ];
+    // Room for each line as it wraps in the narrowest popup (80 columns).
+    let h = wrapped_height(&lines);
+    (" One decision for every conflict shown ", lines, h)
+}
+
+/// The rows `lines` take in the narrowest popup (80 columns), plus its borders.
+fn wrapped_height(lines: &[Line]) -> u16 {
+    lines
+        .iter()
+        .map(|l| l.width().max(1).div_ceil(74) as u16)
+        .sum::<u16>()
+        + 2
 }
 
 pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {

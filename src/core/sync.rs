@@ -76,6 +76,8 @@ pub struct SyncStatus {
     pub lag_last: Option<Duration>,
     pub lag_p50: Option<Duration>,
     pub lag_p99: Option<Duration>,
+    /// From arrival to write of the last identity that waited for a decision (not lag).
+    pub decision_wait_last: Option<Duration>,
     pub watching: bool,
     /// Ids reserved in the kvstore now (`--reserve-in-kvstore`).
     pub reservations: usize,
@@ -189,6 +191,9 @@ impl std::fmt::Display for SyncStatus {
             ms(self.lag_p99),
             if self.watching { "" } else { " · catching up" }
         )?;
+        if let Some(d) = self.decision_wait_last {
+            write!(f, " · decision wait last {}ms (not lag)", d.as_millis())?;
+        }
         if let Some(wait) = &self.cutover_wait {
             write!(f, " · cutover {wait}")?;
         }
@@ -224,6 +229,9 @@ pub struct SyncState {
     /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
     pub unwritten: HashMap<u32, String>,
     pub reported: HashSet<String>,
+    /// Kvstore ids that waited for a decision before their write: their time to write is a
+    /// decision wait, not lag.
+    pub waited_for_decision: HashSet<String>,
     /// Ids split now; one whose split ends leaves it, so a later split there is new.
     pub splits: HashSet<u32>,
     /// From the latest plan: kvstore ids served at another id that holds their labels.
@@ -386,6 +394,7 @@ impl SyncState {
                 self.first_seen.remove(&id);
                 let text = String::from_utf8_lossy(&id).into_owned();
                 self.reported.remove(&text);
+                self.waited_for_decision.remove(&text);
                 if let Ok(n) = parse_id(&id) {
                     self.created.remove(&n);
                     self.deleted_after_create.remove(&n);
@@ -493,6 +502,7 @@ impl SyncState {
         self.failed = old.failed;
         self.unwritten = old.unwritten;
         self.reported = old.reported;
+        self.waited_for_decision = old.waited_for_decision;
         self.moot = old.moot;
         self.lags = old.lags;
         self.own_masters = old.own_masters;
@@ -630,6 +640,8 @@ impl SyncState {
             }
             if waiting && item.action == Action::Create {
                 pending += 1;
+                // Its lag would count the operator's time: measured apart.
+                self.waited_for_decision.insert(item.id.clone());
                 self.waiting
                     .push((item.id.clone(), item.labels.clone(), item.kind));
                 if self.reported.insert(item.id.clone()) {
@@ -758,10 +770,16 @@ impl SyncState {
                         self.status.mirrored += 1;
                         taken.mirrored += 1;
                     }
+                    let waited = self.waited_for_decision.remove(id.as_str());
                     if let Some(seen) = self.first_seen.remove(id.as_bytes()) {
                         let lag = now.duration_since(seen);
-                        self.record_lag(lag);
-                        taken.lags.push(lag);
+                        if waited {
+                            // From arrival to write, most of it a person deciding: not lag.
+                            self.status.decision_wait_last = Some(lag);
+                        } else {
+                            self.record_lag(lag);
+                            taken.lags.push(lag);
+                        }
                     }
                 }
                 Outcome::Failed | Outcome::Conflict => {
@@ -1206,6 +1224,41 @@ mod tests {
             [Some(4000)]
         );
         assert_eq!(sync.reservations_alone().count(), 0);
+    }
+
+    #[test]
+    fn a_decision_wait_is_not_lag() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        // 300 needs a decision (Kubernetes holds its id for other labels); 301 does not.
+        sync.k8s_upsert(300, "k8s:app=z;".into(), String::new(), t0);
+        for (id, l) in [("300", "k8s:app=a;"), ("301", "k8s:app=b;")] {
+            sync.apply_kv_change(
+                KvChange::Master {
+                    id: id.as_bytes().to_vec(),
+                    value: Some(l.as_bytes().to_vec()),
+                    created: true,
+                },
+                t0,
+            );
+        }
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.len(), 1);
+        let t1 = t0 + Duration::from_millis(50);
+        let done = |ops: &[Op]| BatchOutcome::Done {
+            results: ops.iter().map(|o| (o.target_id.unwrap(), Outcome::Created)).collect(),
+            halted: None,
+        };
+        sync.take_results(ops.clone(), done(&ops), t1);
+        // The operator decides 35 s later: accepted as proposed.
+        let t2 = t0 + Duration::from_secs(35);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, true, t2);
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        sync.take_results(ops.clone(), done(&ops), t2);
+        sync.refresh_lag_percentiles();
+        assert_eq!(sync.status.lag_p99, Some(Duration::from_millis(50)));
+        assert_eq!(sync.status.decision_wait_last, Some(Duration::from_secs(35)));
     }
 
     #[test]

@@ -48,10 +48,14 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         lines.push(Line::from(vec![
             Span::styled("lag      ", bold),
             Span::raw(format!(
-                "last {} · p50 {} · p99 {}",
+                "last {} · p50 {} · p99 {}{}",
                 ms(st.lag_last),
                 ms(st.lag_p50),
-                ms(st.lag_p99)
+                ms(st.lag_p99),
+                st.decision_wait_last.map_or(String::new(), |d| format!(
+                    " · waited {} for a decision (apart)",
+                    ms(Some(d))
+                ))
             )),
         ]));
         let pending = Span::styled(

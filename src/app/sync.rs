@@ -281,7 +281,7 @@ pub async fn run(
                     let _ = releasing.await;
                 }
                 sync.lease.release().await;
-                return Ok(end);
+                return Ok(*end);
             }
         }
     }
@@ -365,7 +365,7 @@ enum RoundEnd {
     Resnapshot,
     /// A watch task ended: said, then a fresh round after a wait.
     WatchLost(&'static str),
-    Done(SyncEnd),
+    Done(Box<SyncEnd>),
 }
 
 /// One round: from a snapshot of both sides, following both watches, until a stop,
@@ -580,7 +580,7 @@ impl Round {
                 }
                 _ = settle.tick() => {
                     if let Some(end) = self.on_settle(sync).await {
-                        break RoundEnd::Done(end);
+                        break RoundEnd::Done(Box::new(end));
                     }
                 }
                 _ = status_tick.tick() => self.on_status(sync).await,
@@ -589,7 +589,7 @@ impl Round {
                 }
                 Some(verdict) = self.verdict_rx.recv() => {
                     if let Some(end) = self.on_verdict(sync, verdict).await {
-                        break RoundEnd::Done(end);
+                        break RoundEnd::Done(Box::new(end));
                     }
                 }
             }

@@ -564,6 +564,8 @@ impl Round {
                 }
                 Some(d) = next_decision(&mut sync.decided) => {
                     self.state.reported.remove(&d.id);
+                    // The decisions changed: resumed onto the plan again at the next round.
+                    self.state.overlay = None;
                     sync.decisions.insert(d.id.clone(), d);
                     self.dirty = true;
                 }

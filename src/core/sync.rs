@@ -252,12 +252,67 @@ pub struct SyncState {
     /// Ids whose master key this sync wrote itself (`--reserve-in-kvstore`): while no
     /// kvstore-mode node uses one, it is sync's own, never a reason to create anything.
     pub own_masters: BTreeSet<u32>,
+    /// The decisions as last resumed onto the plan (`Overlay`): kept while no change touches
+    /// what they name, so a tick with decisions present stays incremental.
+    pub overlay: Option<Overlay>,
     /// The plan, kept up to date change by change where a change stays local
     /// (`PlanCache`); `None`: the next round plans in full.
     pub cache: Option<PlanCache>,
 }
 
+/// The items the decisions change, as resumed onto the whole plan (`resume::resume`, which
+/// re-validates them against each other and against Kubernetes), and what they name: the
+/// kvstore ids, target ids and label sets. A change that names none of these leaves every
+/// resumed item as it was (a local change moves no other item of the plan), so the overlay
+/// stands until one does, or the decisions change, or the plan is made in full.
+#[derive(Debug, Clone, Default)]
+pub struct Overlay {
+    items: HashMap<String, PlanItem>,
+    ids: HashSet<u32>,
+    labels: HashSet<String>,
+}
+
+impl Overlay {
+    fn of(
+        live: &[PlanItem],
+        resumed: Vec<PlanItem>,
+        decisions: &BTreeMap<String, LoggedDecision>,
+    ) -> Self {
+        let mut o = Overlay::default();
+        // What every decision names, applied or not: a decision dropped now (its entry not
+        // there yet, its target taken) may apply after a change to one of these.
+        for d in decisions.values() {
+            o.ids.extend(parse_id(d.id.as_bytes()).ok());
+            o.ids.extend(d.target_id);
+            o.labels.insert(d.labels.clone());
+        }
+        for (live, item) in live.iter().zip(resumed) {
+            if *live == item {
+                continue;
+            }
+            o.ids.extend(item.numeric_id());
+            o.ids.extend(item.target_id);
+            o.ids.extend(live.target_id);
+            o.labels.insert(item.labels.clone());
+            o.items.insert(item.id.clone(), item);
+        }
+        o
+    }
+
+    fn touched(&self, id: Option<u32>, labels: Option<&[u8]>) -> bool {
+        id.is_some_and(|id| self.ids.contains(&id))
+            || labels.is_some_and(|l| std::str::from_utf8(l).is_ok_and(|l| self.labels.contains(l)))
+    }
+}
+
 impl SyncState {
+    /// A change to id `id` (holding `labels`) makes the overlay stale if it names it.
+    fn overlay_sees(&mut self, id: Option<u32>, labels: Option<&[u8]>) {
+        if self.overlay.as_ref().is_some_and(|o| o.touched(id, labels)) {
+            self.overlay = None;
+        }
+    }
+
     /// Master keys this sync wrote that no kvstore-mode node uses: reservations alone.
     pub fn reservations_alone(&self) -> impl Iterator<Item = u32> + '_ {
         self.own_masters.iter().copied().filter(|id| {
@@ -363,6 +418,7 @@ impl SyncState {
             KvChange::Master {
                 id, value: Some(v), ..
             } => {
+                self.overlay_sees(parse_id(&id).ok(), Some(&v));
                 if let Some(c) = &mut self.cache
                     && !c.kv_put(&id, &v, (&self.masters, &self.k8s, &self.counts))
                 {
@@ -379,6 +435,8 @@ impl SyncState {
             KvChange::Master {
                 id, value: None, ..
             } => {
+                let old = self.masters.get(&id).cloned();
+                self.overlay_sees(parse_id(&id).ok(), old.as_deref());
                 // The kvstore's GC: counted, never deleted from Kubernetes. What sync
                 // remembers about the identity goes with it, so memory follows the live
                 // identities over days, not every identity ever seen.
@@ -431,6 +489,10 @@ impl SyncState {
 
     /// Kubernetes holds `labels` at `id` now (seen by the watch, or created by sync).
     fn set_object(&mut self, id: u32, labels: LabelKey) {
+        self.overlay_sees(Some(id), Some(labels.as_bytes()));
+        if let Some(l) = self.k8s.get(&id).cloned() {
+            self.overlay_sees(None, Some(l.as_bytes()));
+        }
         if let Some(c) = &mut self.cache
             && !c.k8s_set(
                 id,
@@ -447,6 +509,8 @@ impl SyncState {
     /// An object deleted in Kubernetes.
     pub fn k8s_delete(&mut self, id: u32, resource_version: String) {
         self.k8s_version = resource_version;
+        let old = self.k8s.get(&id).cloned();
+        self.overlay_sees(Some(id), old.as_deref().map(str::as_bytes));
         if let Some(c) = &mut self.cache
             && let Some(old) = self.k8s.get(&id)
             && !c.k8s_remove(id, old, (&self.masters, &self.counts))
@@ -478,6 +542,7 @@ impl SyncState {
         self.k8s = identities;
         self.k8s_version = resource_version;
         self.cache = None;
+        self.overlay = None;
         for id in changed {
             self.check_split(id, now);
         }
@@ -574,33 +639,64 @@ impl SyncState {
         accept_proposals: bool,
         now: Instant,
     ) -> (Vec<Op>, Vec<SyncReport>) {
-        if !decisions.is_empty() {
-            self.cache = None;
-            let items = self.plan(decisions, range);
-            let out = self.select_writes(items.iter(), accept_proposals, now);
-            self.publish(items.iter());
-            return out;
-        }
         let (cache, rebuilt) = match self.cache.take() {
             Some(c) if c.range() == range => (c, false),
             _ => {
-                let items = self.plan(decisions, range);
+                let items = self.plan(&BTreeMap::new(), range);
                 (
                     PlanCache::build(items, &self.masters, &self.k8s, range),
                     true,
                 )
             }
         };
-        let out = self.select_writes(cache.items(), accept_proposals, now);
-        if rebuilt {
-            self.publish(cache.items());
+        let mut resumed_now = false;
+        if decisions.is_empty() {
+            self.overlay = None;
+        } else if rebuilt || self.overlay.is_none() {
+            resumed_now = true;
+            // The decisions resumed onto the whole plan: in full now, kept until a change
+            // names what they touch.
+            let live: Vec<PlanItem> = cache.items().cloned().collect();
+            let resumed = resume::resume(&live, decisions, &self.k8s, range).items;
+            self.overlay = Some(Overlay::of(&live, resumed, decisions));
+        }
+        let overlay = self.overlay.take();
+        let items = || {
+            cache.items().map(|i| {
+                overlay
+                    .as_ref()
+                    .and_then(|o| o.items.get(&i.id))
+                    .unwrap_or(i)
+            })
+        };
+        let out = self.select_writes(items(), accept_proposals, now);
+        if rebuilt || resumed_now {
+            self.publish(items());
         } else {
             // A local change makes no skip and no reuse: only the counts move.
             self.status.identities = cache.len();
             self.status.kvstore_nodes = self.counts.nodes().count();
         }
+        self.overlay = overlay;
         self.cache = Some(cache);
         out
+    }
+
+    /// The plan as the last round saw it: kept up to date, with the decisions resumed onto it.
+    pub fn planned_items(&self) -> Vec<PlanItem> {
+        let Some(cache) = &self.cache else {
+            return Vec::new();
+        };
+        cache
+            .items()
+            .map(|i| {
+                self.overlay
+                    .as_ref()
+                    .and_then(|o| o.items.get(&i.id))
+                    .unwrap_or(i)
+                    .clone()
+            })
+            .collect()
     }
 
     /// The creates this round makes: plain creates and decided (or accepted) remaps and
@@ -936,6 +1032,14 @@ mod tests {
     }
 
     fn run(events: Vec<Event>, accept_proposals: bool) -> Result<(), TestCaseError> {
+        run_with(events, accept_proposals, &BTreeMap::new())
+    }
+
+    fn run_with(
+        events: Vec<Event>,
+        accept_proposals: bool,
+        decisions: &BTreeMap<String, LoggedDecision>,
+    ) -> Result<(), TestCaseError> {
         let range = IdRange::for_cluster(0).unwrap();
         let mut sync = SyncState::default();
         let mut w = World::default();
@@ -974,12 +1078,12 @@ mod tests {
                     }
                 }
                 Event::Round => {
-                    let (ops, _) = sync.round(&BTreeMap::new(), range, accept_proposals, now);
-                    // The plan kept up to date change by change is the plan made in full
+                    let (ops, _) = sync.round(decisions, range, accept_proposals, now);
+                    // The plan kept up to date change by change, with the decisions kept
+                    // resumed onto it, is the plan made in full with them resumed
                     // (node counts aside: the cache does not keep them).
-                    let full = sync.plan(&BTreeMap::new(), range);
-                    let cached: Vec<PlanItem> =
-                        sync.cache.as_ref().unwrap().items().cloned().collect();
+                    let full = sync.plan(decisions, range);
+                    let cached: Vec<PlanItem> = sync.planned_items();
                     let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
                         items
                             .iter()
@@ -1001,8 +1105,10 @@ mod tests {
                         prop_assert!(parse_id(op.id.as_bytes()).is_ok(), "a malformed id: {op:?}");
                         let elsewhere = w.k8s.iter().any(|(id, l)| *l == op.label_key && *id != t)
                             || w.in_flight.iter().any(|o| o.label_key == op.label_key);
+                        // A duplicate the operator decided to create is the one allowed.
+                        let decided = op.decided_by == DecidedBy::Operator;
                         prop_assert!(
-                            accept_proposals || !elsewhere,
+                            accept_proposals || decided || !elsewhere,
                             "a second object for {}: {op:?}, world {:?}",
                             op.label_key,
                             w.k8s
@@ -1059,8 +1165,9 @@ mod tests {
         );
         prop_assert_eq!(sync.status.splits_found as usize, w.splits_found.len());
         // Of the objects sync created, at most one per label set exists (one deleted since
-        // may have been followed by another, for a kvstore id still in use).
-        if !accept_proposals {
+        // may have been followed by another, for a kvstore id still in use); an operator's
+        // decision to create may make a second on purpose.
+        if !accept_proposals && decisions.is_empty() {
             let mut per_labels: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
             for (id, labels) in &w.created {
                 per_labels.entry(labels.as_str()).or_default().push(*id);
@@ -1081,6 +1188,23 @@ mod tests {
         #[test]
         fn any_interleaving_keeps_the_invariants(events in proptest::collection::vec(event(), 1..80)) {
             run(events, false)?;
+        }
+
+        /// With decisions present (skips, a create at a chosen id), the plan stays incremental
+        /// and equal to the plan made in full with the decisions resumed, after any change.
+        #[test]
+        fn decisions_keep_the_plan_incremental_and_exact(events in proptest::collection::vec(event(), 1..80)) {
+            let mut decisions = BTreeMap::new();
+            let decide = |id: u32, l: usize, action, target| LoggedDecision {
+                id: id.to_string(),
+                labels: LABELS[l].to_string(),
+                action,
+                target_id: target,
+            };
+            decisions.insert("256".into(), decide(256, 0, Action::Skip, None));
+            decisions.insert("257".into(), decide(257, 1, Action::Create, Some(261)));
+            decisions.insert("258".into(), decide(258, 2, Action::Create, Some(258)));
+            run_with(events, false, &decisions)?;
         }
 
         /// With every proposal accepted (duplicates are then created on purpose), writes stay
@@ -1247,7 +1371,10 @@ mod tests {
         assert_eq!(ops.len(), 1);
         let t1 = t0 + Duration::from_millis(50);
         let done = |ops: &[Op]| BatchOutcome::Done {
-            results: ops.iter().map(|o| (o.target_id.unwrap(), Outcome::Created)).collect(),
+            results: ops
+                .iter()
+                .map(|o| (o.target_id.unwrap(), Outcome::Created))
+                .collect(),
             halted: None,
         };
         sync.take_results(ops.clone(), done(&ops), t1);
@@ -1258,7 +1385,10 @@ mod tests {
         sync.take_results(ops.clone(), done(&ops), t2);
         sync.refresh_lag_percentiles();
         assert_eq!(sync.status.lag_p99, Some(Duration::from_millis(50)));
-        assert_eq!(sync.status.decision_wait_last, Some(Duration::from_secs(35)));
+        assert_eq!(
+            sync.status.decision_wait_last,
+            Some(Duration::from_secs(35))
+        );
     }
 
     #[test]

@@ -4,7 +4,11 @@
 //! because it is not served (no CiliumEndpoint CRD, a snapshot without `value/` keys), the
 //! audit goes on without it and says what was not checked.
 
-use crate::core::audit::{AuditInput, AuditReport, audit};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::core::audit::{AuditInput, AuditReport, FindingKind, audit};
 use crate::core::range::IdRange;
 use crate::error::{Error, Result};
 use crate::io::k8s::K8sTarget;
@@ -150,4 +154,78 @@ fn join_or_none(items: &[String]) -> String {
         n if n <= SHOWN => items.join(", "),
         n => format!("{} and {} more", items[..SHOWN].join(", "), n - SHOWN),
     }
+}
+
+/// What `audit --watch` exports: `cilium_idmig_audit_findings{kind}` after each audit, and
+/// whether the last audit could read both stores (`/healthz`).
+pub struct AuditMetrics {
+    registry: Registry,
+    findings: IntGaugeVec,
+    ok: AtomicBool,
+}
+
+impl AuditMetrics {
+    pub fn new() -> Result<Self> {
+        let err = |e: prometheus::Error| Error::Config(format!("metrics: {e}"));
+        let findings = IntGaugeVec::new(
+            Opts::new(
+                "cilium_idmig_audit_findings",
+                "Findings of the last audit of both identity stores, by kind",
+            ),
+            &["kind"],
+        )
+        .map_err(err)?;
+        let registry = Registry::new();
+        registry.register(Box::new(findings.clone())).map_err(err)?;
+        Ok(AuditMetrics {
+            registry,
+            findings,
+            ok: AtomicBool::new(false),
+        })
+    }
+
+    /// An audit done: its counts exported.
+    pub fn record(&self, report: &AuditReport) {
+        for kind in FindingKind::ALL {
+            let n = report.counts.get(kind.as_str()).copied().unwrap_or(0);
+            self.findings
+                .with_label_values(&[kind.as_str()])
+                .set(n as i64);
+        }
+        self.ok.store(true, Ordering::Relaxed);
+    }
+
+    /// An audit that could not read both stores: the last counts stay, health says so.
+    pub fn failed(&self) {
+        self.ok.store(false, Ordering::Relaxed);
+    }
+}
+
+impl crate::app::metrics::Exporter for AuditMetrics {
+    fn healthy(&self) -> bool {
+        self.ok.load(Ordering::Relaxed)
+    }
+    fn text(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+    fn unhealthy_reason(&self) -> &'static str {
+        "the last audit could not read both stores\n"
+    }
+}
+
+/// The counts in one line, for `audit --watch` to print when they change.
+pub fn counts_line(report: &AuditReport) -> String {
+    let counts: Vec<String> = FindingKind::ALL
+        .iter()
+        .map(|k| {
+            format!(
+                "{} {}",
+                report.counts.get(k.as_str()).unwrap_or(&0),
+                k.as_str()
+            )
+        })
+        .collect();
+    format!("audit: {}", counts.join(", "))
 }

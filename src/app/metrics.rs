@@ -245,9 +245,30 @@ impl Metrics {
 
 /// Serves `/healthz` and `/metrics` on `addr` until the task is aborted; returns the bound
 /// address (port 0 picks one).
-pub async fn serve(
+/// What a status endpoint serves: whether all is well (`/healthz`), and the Prometheus text
+/// (`/metrics`). Sync's metrics, and the audit's under `audit --watch`.
+pub trait Exporter: Send + Sync + 'static {
+    fn healthy(&self) -> bool;
+    fn text(&self) -> String;
+    /// What `/healthz` says when not healthy.
+    fn unhealthy_reason(&self) -> &'static str;
+}
+
+impl Exporter for Metrics {
+    fn healthy(&self) -> bool {
+        Metrics::healthy(self)
+    }
+    fn text(&self) -> String {
+        Metrics::text(self)
+    }
+    fn unhealthy_reason(&self) -> &'static str {
+        "a watch is down; sync is catching up\n"
+    }
+}
+
+pub async fn serve<M: Exporter>(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Arc<M>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -271,7 +292,7 @@ pub async fn serve(
                             }
                             (&Method::GET, "/healthz") => (
                                 StatusCode::SERVICE_UNAVAILABLE,
-                                "a watch is down; sync is catching up\n".to_string(),
+                                metrics.unhealthy_reason().to_string(),
                                 "text/plain",
                             ),
                             (&Method::GET, "/metrics") => {

@@ -151,6 +151,16 @@ pub enum CliCommand {
         /// How the report is printed (json: one object with `counts` and `findings`).
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
+        /// Audit again and again (every --every) until stopped, printing the counts when they
+        /// change; with --status-addr, export them as cilium_idmig_audit_findings{kind}.
+        #[arg(long)]
+        watch: bool,
+        /// With --watch: serve /healthz and Prometheus /metrics here, e.g. 127.0.0.1:9465.
+        #[arg(long, requires = "watch")]
+        status_addr: Option<std::net::SocketAddr>,
+        /// With --watch: how long between audits.
+        #[arg(long, default_value = "30s", value_parser = parse_duration, requires = "watch")]
+        every: Duration,
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     Verify {

@@ -68,7 +68,18 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             decision_log,
             output,
         } => verify(conn, decision_log, output).await,
-        CliCommand::Audit { conn, output } => audit(conn, output).await,
+        CliCommand::Audit {
+            conn,
+            output,
+            watch: false,
+            ..
+        } => audit(conn, output).await,
+        CliCommand::Audit {
+            conn,
+            status_addr,
+            every,
+            ..
+        } => audit_watch(conn, status_addr, every).await,
         CliCommand::Demo(args) => demo_command(args).await,
         CliCommand::Tui(args) => tui(args, bin_name).await,
         CliCommand::Sync(args) => sync_command(args).await,
@@ -168,6 +179,53 @@ async fn audit(conn: Conn, output: super::args::Output) -> anyhow::Result<Exit> 
     } else {
         Exit::Failed
     })
+}
+
+/// `audit --watch`: an audit every `every` until a stop signal, the counts printed when they
+/// change and exported; a failed read is said and tried again at the next turn.
+async fn audit_watch(
+    conn: Conn,
+    status_addr: Option<std::net::SocketAddr>,
+    every: std::time::Duration,
+) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::audit::{AuditMetrics, counts_line, run};
+    let range = conn.scope()?.range;
+    let target = conn.target().await?;
+    let kv = KvSource::Etcd(conn.etcd());
+    let metrics = Arc::new(AuditMetrics::new()?);
+    let _server = match status_addr {
+        Some(addr) => {
+            let (bound, task) = cilium_idmig::app::metrics::serve(addr, metrics.clone()).await?;
+            outln!("status: http://{bound}/healthz and http://{bound}/metrics")?;
+            Some(task)
+        }
+        None => None,
+    };
+    let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
+    let mut last = String::new();
+    loop {
+        match run(&kv, &target, range).await {
+            Ok(audit) => {
+                metrics.record(&audit.report);
+                let line = counts_line(&audit.report);
+                if line != last {
+                    outln!("{line}")?;
+                    last = line;
+                }
+            }
+            Err(e) => {
+                metrics.failed();
+                outln!("retrying at the next audit: {e}")?;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            sig = signals.recv() => {
+                outln!("{}: audit stopped", sig.name())?;
+                return Ok(Exit::Ok);
+            }
+        }
+    }
 }
 
 /// `demo`: the embedded sandbox's world, in the TUI or headless (then, with `--sync`, the

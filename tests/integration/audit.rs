@@ -158,3 +158,68 @@ async fn audit_of_agreeing_stores_is_clean_and_a_bad_flag_is_exit_2() {
     let bad = w.cli(&["audit", "--output", "jsn"]).await;
     assert_eq!(bad.code, 2, "{}", bad.stderr);
 }
+
+/// `cilium_idmig_audit_findings{kind}` as `/metrics` says it now.
+async fn findings_metric(addr: &str, kind: &str) -> Option<i64> {
+    // Not listening yet: nothing to read.
+    tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (code, _, body) =
+        crate::harness::http(&format!("http://{addr}"), "GET", "/metrics", None).await;
+    if code != 200 {
+        return None;
+    }
+    let name = format!("cilium_idmig_audit_findings{{kind=\"{kind}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_watch_exports_the_findings_as_they_change() {
+    use std::time::{Duration, Instant};
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    w.sb.seed_identity(300, &sl(A));
+    let addr = format!("127.0.0.1:{}", crate::harness::free_port());
+    let kc = w.path("kubeconfig");
+    let child = tokio::process::Command::new(crate::harness::bin())
+        .args(["audit", "--watch", "--every", "1s", "--status-addr", &addr])
+        .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+        .current_dir(w.dir.path())
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let until = |kind: &'static str, n: i64| {
+        let addr = addr.clone();
+        async move {
+            let start = Instant::now();
+            while findings_metric(&addr, kind).await != Some(n) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "{kind} never {n}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    until("split", 0).await;
+    // A kvstore-mode agent takes 301 while a CRD-mode agent holds it for other labels.
+    w.etcd.put(&format!("{P}/id/301"), B.as_bytes()).await;
+    w.sb.seed_identity(301, &sl(X));
+    until("split", 1).await;
+    let (code, _, _) =
+        crate::harness::http(&format!("http://{addr}"), "GET", "/healthz", None).await;
+    assert_eq!(code, 200);
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("ends on SIGTERM")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("audit: 0 split"), "{text}");
+    assert!(text.contains("audit: 1 split"), "{text}");
+    assert!(w.sb.request_count("POST ciliumidentities") == 0);
+}

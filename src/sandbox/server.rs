@@ -243,6 +243,24 @@ fn route(
         (m, p) if endpoints::route(shared, &m, p, params).is_some() => {
             endpoints::route(shared, &m, p, params).unwrap_or_else(page_not_found)
         }
+        // kubectl reads the namespace after a NotFound inside it, to say which is missing.
+        // The sandbox's namespaces are implicit: every one exists.
+        (Method::GET, p)
+            if p.strip_prefix("/api/v1/namespaces/")
+                .is_some_and(|n| !n.is_empty() && !n.contains('/')) =>
+        {
+            let name = p.trim_start_matches("/api/v1/namespaces/");
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": name},
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                }),
+            )
+        }
         (m, p) if p.starts_with(leases::PREFIX) => {
             leases::route(shared, &m, p, body).unwrap_or_else(page_not_found)
         }

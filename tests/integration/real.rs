@@ -341,3 +341,145 @@ async fn cilium_1_18s_own_allocator_finds_every_identity_apply_wrote() {
         );
     }
 }
+
+/// One step of the parity script: what kubectl said (exit, and the part of the answer the
+/// tool reads), normalized where servers legitimately differ (uids, versions, timestamps).
+fn parity_script(kubectl: &dyn Fn(&[&str], Option<&str>) -> std::process::Output) -> Vec<String> {
+    let obj = |id: u32, app: &str| {
+        serde_json::json!({
+            "apiVersion": "cilium.io/v2",
+            "kind": "CiliumIdentity",
+            "metadata": {"name": id.to_string(), "labels": {"app": app}},
+            "security-labels": {"k8s:app": app},
+        })
+        .to_string()
+    };
+    let says = |o: std::process::Output| {
+        format!(
+            "exit {} {}",
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(if o.status.success() {
+                &o.stdout
+            } else {
+                &o.stderr
+            })
+            .trim()
+        )
+    };
+    let json = |o: std::process::Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let mut out = Vec::new();
+    for (id, app) in [(300, "a"), (301, "b"), (302, "b")] {
+        let o = kubectl(
+            &["create", "--validate=false", "-f", "-"],
+            Some(&obj(id, app)),
+        );
+        out.push(format!("create {id}: {}", says(o)));
+    }
+    // A second create of a name: 409 AlreadyExists, never an overwrite.
+    let o = kubectl(
+        &["create", "--validate=false", "-f", "-"],
+        Some(&obj(300, "z")),
+    );
+    out.push(format!("create 300 again: {}", says(o)));
+    let o = kubectl(&["get", "ciliumidentity", "9999"], None);
+    out.push(format!("get missing: {}", says(o)));
+    let o = kubectl(
+        &["get", "ciliumidentities", "-l", "app=b", "-o", "name"],
+        None,
+    );
+    out.push(format!("select app=b: {}", says(o)));
+    // Paged: a continue token while more remain, none on the last page.
+    let page = json(kubectl(
+        &[
+            "get",
+            "--raw",
+            "/apis/cilium.io/v2/ciliumidentities?limit=2",
+        ],
+        None,
+    ));
+    let cont = page["metadata"]["continue"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    out.push(format!(
+        "page 1: {} items, continue {}",
+        page["items"].as_array().map_or(0, Vec::len),
+        !cont.is_empty()
+    ));
+    let page = json(kubectl(
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/cilium.io/v2/ciliumidentities?limit=2&continue={}",
+                cilium_idmig::io::k8s::urlencode(&cont)
+            ),
+        ],
+        None,
+    ));
+    out.push(format!(
+        "page 2: {} items, continue {:?}, remaining {:?}",
+        page["items"].as_array().map_or(0, Vec::len),
+        page["metadata"]["continue"].as_str().unwrap_or(""),
+        page["metadata"]["remainingItemCount"]
+    ));
+    // From the watch cache: everything, unpaged.
+    let all = json(kubectl(
+        &[
+            "get",
+            "--raw",
+            "/apis/cilium.io/v2/ciliumidentities?resourceVersion=0",
+        ],
+        None,
+    ));
+    out.push(format!(
+        "cache list: {} items",
+        all["items"].as_array().map_or(0, Vec::len)
+    ));
+    let item = &all["items"][0];
+    out.push(format!(
+        "item: kind {} apiVersion {} name {} labels {} uid {}",
+        item["kind"],
+        item["apiVersion"],
+        item["metadata"]["name"],
+        item["security-labels"],
+        item["metadata"]["uid"].is_string()
+    ));
+    let o = kubectl(&["get", "lease", "-n", "kube-system", "nope"], None);
+    out.push(format!("lease missing: {}", says(o)));
+    let o = kubectl(&["delete", "ciliumidentity", "302"], None);
+    out.push(format!("delete 302: {}", says(o)));
+    let o = kubectl(&["delete", "ciliumidentity", "302"], None);
+    out.push(format!("delete 302 again: {}", says(o)));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sandbox_answers_the_parity_script_as_the_real_server_does() {
+    let Some(cp) = ControlPlane::start("real::parity") else {
+        return;
+    };
+    let sb = cilium_idmig::sandbox::Sandbox::start(cilium_idmig::sandbox::SandboxConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sb_kc = dir.path().join("kubeconfig");
+    sb.write_kubeconfig(&sb_kc).unwrap();
+    let real = parity_script(&|args, stdin| cp.kubectl_as(&cp.kubeconfig, args, stdin));
+    let sandbox = tokio::task::block_in_place(|| {
+        parity_script(&|args, stdin| cp.kubectl_as(&sb_kc, args, stdin))
+    });
+    let differ: Vec<String> = real
+        .iter()
+        .zip(&sandbox)
+        .filter(|(r, s)| r != s)
+        .map(|(r, s)| format!("real:    {r}\nsandbox: {s}"))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the sandbox differs:\n{}",
+        differ.join("\n\n")
+    );
+}

@@ -349,8 +349,11 @@ impl SyncState {
 
     /// Whether the kvstore identity at `id` is only sync's own reservation.
     fn reservation_alone(&self, item: &PlanItem) -> bool {
-        item.numeric_id()
-            .is_some_and(|id| self.own_masters.contains(&id))
+        // Most syncs reserve nothing: no id parsed per item per tick then.
+        !self.own_masters.is_empty()
+            && item
+                .numeric_id()
+                .is_some_and(|id| self.own_masters.contains(&id))
             && self.counts.get(item.labels.as_bytes()) == 0
     }
 

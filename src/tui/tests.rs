@@ -1113,6 +1113,13 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     // "started" only once both watches are established, never before a failure.
     assert!(!render(&m).contains("sync started"), "{}", render(&m));
     assert!(render(&m).contains("sync starting"), "{}", render(&m));
+    // A status while both sides are still read shows no counts yet.
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::Status(SyncStatus::default()))),
+    );
+    assert!(!render(&m).contains("0 identities"), "{}", render(&m));
+    assert!(render(&m).contains("starting: reading"), "{}", render(&m));
     update(
         &mut m,
         Msg::Engine(Event::Failed {

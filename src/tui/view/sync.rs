@@ -31,7 +31,8 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::raw("not running: y starts it (after a commit)")
         },
     ])];
-    if let Some(st) = &s.status {
+    // Counts only once both sides are read: "0 identities" while starting would be wrong.
+    if let Some(st) = s.status.as_ref().filter(|_| s.following || !s.running) {
         if let Some(wait) = &st.cutover_wait {
             lines.push(Line::from(vec![
                 Span::styled("cutover  ", bold),

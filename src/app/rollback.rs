@@ -66,6 +66,24 @@ async fn created_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<BTreeMap<
                 e,
             )
         })?;
+    // A run no object carries is most likely a mistyped id: said, not a silent success.
+    let missing: Vec<&String> = spec
+        .runs
+        .iter()
+        .filter(|run| !found.iter().any(|o| &o.run == *run))
+        .collect();
+    if !missing.is_empty() {
+        return Err(crate::Error::Config(format!(
+            "no CiliumIdentity carries the annotation {}={} on {} (a mistyped run id, or its objects are already gone): check the id (a decision log's session line names it) or pass that run's --decision-log",
+            crate::core::identity::RUN_ANNOTATION,
+            missing
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            target.server
+        )));
+    }
     for o in found {
         created.entry(o.id).or_insert_with(|| {
             let labels = canonical_key(&o.labels);

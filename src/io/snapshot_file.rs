@@ -225,7 +225,10 @@ mod tests {
         // The id/ keys alone: every identity would read as used by no node.
         let ids_only = dump(&[("cilium/state/identities/v1/id/300", "k8s:app=a;")], None);
         let e = parse_etcd_dump(ids_only.as_bytes(), P).unwrap_err();
-        assert!(e.contains("no cilium/state/identities/v1/value/ key"), "{e}");
+        assert!(
+            e.contains("no cilium/state/identities/v1/value/ key"),
+            "{e}"
+        );
     }
 
     #[test]

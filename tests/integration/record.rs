@@ -662,7 +662,14 @@ async fn a_run_whose_log_is_lost_is_rolled_back_by_its_annotation() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let left: Vec<String> = w.sb.objects().into_keys().collect();
     assert_eq!(left, ["803", "804", "900"], "only the lost run's objects");
+    // A run no object carries (a typo) is said, not a silent success.
     let r = w.cli(&["rollback", "--run", "no-such-run"]).await;
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("no CiliumIdentity carries the annotation cilium-idmig.io/run=no-such-run"),
+        "{}",
+        r.stderr
+    );
     assert_eq!(w.sb.objects().len(), 3);
 }

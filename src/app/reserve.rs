@@ -231,7 +231,11 @@ impl Reservations {
             .await?
         {
             Reserved::Written { revision } => {
-                // No write without its log line: a log that cannot be written stops here.
+                // Held before its outcome line: a log that fails now must not leave a
+                // reservation this sync forgot (it is released at cutover like the rest, and
+                // its intent line says it was about to be made).
+                self.held.insert(id, (labels.clone(), revision));
+                metrics.kvstore_writes.inc_by(2);
                 let mut l = line(
                     id,
                     labels,
@@ -242,8 +246,6 @@ impl Reservations {
                 );
                 l.kvstore_revision = Some(revision);
                 log.append(l)?;
-                metrics.kvstore_writes.inc_by(2);
-                self.held.insert(id, (labels.clone(), revision));
             }
             Reserved::Held(other) => {
                 log.append(line(

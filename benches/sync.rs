@@ -182,7 +182,7 @@ fn peak_mib(pid: u32) -> f64 {
 /// Sync at the scale of a full cluster: 62,280 identities in etcd, all mirrored already,
 /// one kvstore-mode node left. Start-up (until both watches follow), CPU while quiet for
 /// 30 s, then 50 new identities a second for 60 s (to 65,280): lag and peak memory.
-async fn at_scale() {
+async fn at_scale(decided: u32) {
     const LIVE: u32 = 62_280;
     let World {
         etcd,
@@ -203,6 +203,24 @@ async fn at_scale() {
     c.put(format!("{P}/value/k8s:app=pinned;/10.0.0.1"), "256", None)
         .await
         .expect("put");
+    if decided > 0 {
+        // Decisions in the log, as a resumed review brings them: skips of identities that
+        // are already migrated (what they decide changes nothing; sync must still plan with
+        // them every tick).
+        let dlog = cilium_idmig::io::decision_log::DecisionLog::open(std::path::Path::new(&log))
+            .expect("log");
+        for i in 256..256 + decided {
+            let key = format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;");
+            dlog.append(cilium_idmig::io::decision_log::Record::decision(
+                &i.to_string(),
+                &key,
+                cilium_idmig::core::planner::Kind::AlreadyMigrated,
+                ("skip", "operator"),
+                None,
+            ))
+            .expect("append");
+        }
+    }
     let t = Instant::now();
     let run = start(&etcd, &kc, &log);
     let pid = run.child.id().expect("pid");
@@ -234,7 +252,10 @@ async fn at_scale() {
     let peak = peak_mib(pid);
     let (p50, p99) = stop(run).await;
     println!();
-    println!("| at {} live identities | figure |", next - 256);
+    println!(
+        "| at {} live identities, {decided} decisions in the log | figure |",
+        next - 256
+    );
     println!("|---|---|");
     println!(
         "| start-up (both sides read, both watches following) | {:.2} s |",
@@ -405,7 +426,8 @@ async fn main() {
     }
 
     if std::env::var("IDMIG_SOAK_ONLY").is_err() {
-        at_scale().await;
+        at_scale(0).await;
+        at_scale(1000).await;
     }
 
     let soak: u64 = std::env::var("IDMIG_SOAK_SECS")

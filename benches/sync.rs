@@ -379,50 +379,53 @@ async fn main() {
         kc,
         log,
     } = World::new().await;
-    let mut rows = Vec::new();
+    // IDMIG_SCALE_ONLY: only the runs at the scale of a full cluster.
+    if std::env::var("IDMIG_SCALE_ONLY").is_err() {
+        let mut rows = Vec::new();
 
-    // A burst: 2,000 new identities at once.
-    let run = start(&etcd, &kc, &log);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let t = Instant::now();
-    put_range(&etcd, 1000, 2000).await;
-    wait_count(&sb, 2000, 120).await;
-    let took = t.elapsed();
-    let (p50, p99) = stop(run).await;
-    eprintln!(
-        "burst: 2000 in {:.2} s, lag p50 {p50} p99 {p99}",
-        took.as_secs_f64()
-    );
-    rows.push((
-        "burst of 2,000",
-        format!("{:.2} s", took.as_secs_f64()),
-        p50,
-        p99,
-    ));
+        // A burst: 2,000 new identities at once.
+        let run = start(&etcd, &kc, &log);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let t = Instant::now();
+        put_range(&etcd, 1000, 2000).await;
+        wait_count(&sb, 2000, 120).await;
+        let took = t.elapsed();
+        let (p50, p99) = stop(run).await;
+        eprintln!(
+            "burst: 2000 in {:.2} s, lag p50 {p50} p99 {p99}",
+            took.as_secs_f64()
+        );
+        rows.push((
+            "burst of 2,000",
+            format!("{:.2} s", took.as_secs_f64()),
+            p50,
+            p99,
+        ));
 
-    // Steady: 50 a second for a minute.
-    let run = start(&etcd, &kc, &log);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let t = Instant::now();
-    let mut next = steady(&etcd, 5000, 50, 60).await;
-    wait_count(&sb, 5000, 60).await;
-    let took = t.elapsed();
-    let (p50, p99) = stop(run).await;
-    eprintln!(
-        "steady: 3000 in {:.2} s, lag p50 {p50} p99 {p99}",
-        took.as_secs_f64()
-    );
-    rows.push((
-        "50/s for 60 s",
-        format!("{:.2} s", took.as_secs_f64()),
-        p50,
-        p99,
-    ));
+        // Steady: 50 a second for a minute.
+        let run = start(&etcd, &kc, &log);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let t = Instant::now();
+        let mut next = steady(&etcd, 5000, 50, 60).await;
+        wait_count(&sb, 5000, 60).await;
+        let took = t.elapsed();
+        let (p50, p99) = stop(run).await;
+        eprintln!(
+            "steady: 3000 in {:.2} s, lag p50 {p50} p99 {p99}",
+            took.as_secs_f64()
+        );
+        rows.push((
+            "50/s for 60 s",
+            format!("{:.2} s", took.as_secs_f64()),
+            p50,
+            p99,
+        ));
 
-    println!("| load | all mirrored after | lag p50 | lag p99 |");
-    println!("|---|---|---|---|");
-    for (load, took, p50, p99) in &rows {
-        println!("| {load} | {took} | {p50} | {p99} |");
+        println!("| load | all mirrored after | lag p50 | lag p99 |");
+        println!("|---|---|---|---|");
+        for (load, took, p50, p99) in &rows {
+            println!("| {load} | {took} | {p50} | {p99} |");
+        }
     }
 
     if std::env::var("IDMIG_SOAK_ONLY").is_err() {

@@ -380,6 +380,7 @@ async fn main() {
         log,
     } = World::new().await;
     // IDMIG_SCALE_ONLY: only the runs at the scale of a full cluster.
+    let mut next: u32 = 8000;
     if std::env::var("IDMIG_SCALE_ONLY").is_err() {
         let mut rows = Vec::new();
 
@@ -406,7 +407,7 @@ async fn main() {
         let run = start(&etcd, &kc, &log);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let t = Instant::now();
-        let mut next = steady(&etcd, 5000, 50, 60).await;
+        next = steady(&etcd, 5000, 50, 60).await;
         wait_count(&sb, 5000, 60).await;
         let took = t.elapsed();
         let (p50, p99) = stop(run).await;

@@ -161,7 +161,11 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
         SyncEvent::Invalid { id, reason } => {
             model
                 .sync
-                .push(format!("invalid: {id}: {reason} (never written)"));
+                .push(if reason.contains("never written") {
+                    format!("invalid: {id}: {reason}")
+                } else {
+                    format!("invalid: {id}: {reason} (never written)")
+                });
             vec![]
         }
         SyncEvent::Following => {

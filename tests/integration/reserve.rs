@@ -455,12 +455,7 @@ async fn a_reserved_object_the_operators_gc_deletes_is_never_created_again() {
     c.delete(format!("{P}/value/{a}/node-1"), None)
         .await
         .unwrap();
-    s.wait_for_line("cutover reached", 90).await;
-    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("sync ends at cutover")
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{}", s.text());
+    s.ends_at_cutover(90, 30).await;
     assert!(!w.sb.objects().contains_key("4000"));
     assert!(!all_keys(&w).await.contains_key(&format!("{P}/id/4000")));
 }

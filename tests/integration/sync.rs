@@ -121,6 +121,18 @@ impl Sync {
     }
 
     /// SIGKILL: nothing is released.
+    /// Waits for the cutover line (up to `secs`), then for the process to end by itself with
+    /// exit 0 within `exit_secs` (`--until-cutover`); the cutover line.
+    pub(crate) async fn ends_at_cutover(&mut self, secs: u64, exit_secs: u64) -> String {
+        let line = self.wait_for_line("cutover reached", secs).await;
+        let status = tokio::time::timeout(Duration::from_secs(exit_secs), self.child.wait())
+            .await
+            .expect("sync ends at cutover")
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{}", self.text());
+        line
+    }
+
     pub(crate) async fn kill(mut self) {
         self.child.kill().await.unwrap();
     }
@@ -574,13 +586,8 @@ async fn cutover_arrives_once_no_node_uses_what_still_waits_for_a_decision() {
     )
     .await
     .unwrap();
-    let line = s.wait_for_line("cutover reached", 60).await;
+    let line = s.ends_at_cutover(60, 20).await;
     assert!(line.contains("1 closed as moot"), "{line}");
-    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
-        .await
-        .expect("sync ends at cutover")
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{}", s.text());
     assert!(s.text().contains("moot: 400"), "{}", s.text());
     // Closed without a write, and recorded.
     assert_eq!(w.sb.objects().len(), 1);
@@ -607,12 +614,7 @@ async fn cutover_arrives_when_a_mapping_points_at_a_proposal_that_became_moot() 
     c.delete(format!("{P}/value/{r}/node-1"), None)
         .await
         .unwrap();
-    s.wait_for_line("cutover reached", 90).await;
-    let status = tokio::time::timeout(Duration::from_secs(20), s.child.wait())
-        .await
-        .expect("sync ends at cutover")
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{}", s.text());
+    s.ends_at_cutover(90, 20).await;
     assert!(s.text().contains("moot: 301"), "{}", s.text());
     assert_eq!(w.sb.objects().len(), 2, "closed without a write");
 }
@@ -749,12 +751,7 @@ async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover
     c.delete(format!("{P}/value/{a}/node-1"), None)
         .await
         .unwrap();
-    s.wait_for_line("cutover reached", 60).await;
-    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("sync ends at cutover")
-        .unwrap();
-    assert_eq!(status.code(), Some(0), "{}", s.text());
+    s.ends_at_cutover(60, 30).await;
     // 4000, and the id sync remapped `e` to (its own remap target, also not in the kvstore).
     assert!(
         s.text()

@@ -159,13 +159,11 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             vec![]
         }
         SyncEvent::Invalid { id, reason } => {
-            model
-                .sync
-                .push(if reason.contains("never written") {
-                    format!("invalid: {id}: {reason}")
-                } else {
-                    format!("invalid: {id}: {reason} (never written)")
-                });
+            model.sync.push(if reason.contains("never written") {
+                format!("invalid: {id}: {reason}")
+            } else {
+                format!("invalid: {id}: {reason} (never written)")
+            });
             vec![]
         }
         SyncEvent::Following => {

@@ -301,3 +301,61 @@ async fn a_decision_log_that_cannot_be_written_stops_the_writes_it_would_record(
     assert_eq!(code, 1, "writes were left unmade:\n{text}");
     assert!(text.contains("writes failed and were not made"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_both_sides_are_read_ends_sync_at_once() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/700"), b"k8s:app=a;").await;
+    // The lease is served, the identities answer after two minutes: the start-up list hangs.
+    w.sb.set_faults(cilium_idmig::sandbox::FaultConfig {
+        latency: Duration::from_secs(120),
+        ..Default::default()
+    });
+    let s = Sync::start(&w, &[]);
+    // The lease taken, then the round's start-up read under way.
+    wait_for(15, "the lease taken", || {
+        (!w.sb.leases().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!s.text().contains("sync started"), "{}", s.text());
+    let stopping = Instant::now();
+    let (code, text) = s.stop().await;
+    let took = stopping.elapsed();
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        took < Duration::from_secs(5),
+        "SIGTERM waited {took:?} for the read\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn etcds_progress_moves_the_revision_a_watch_resumes_from() {
+    let w = World::new(SandboxConfig::default()).await;
+    let kv = Proxy::start(&w.etcd.endpoint).await;
+    let kc = w.path("kubeconfig");
+    w.etcd.put(&format!("{P}/id/700"), b"k8s:app=before;").await;
+    let s = Sync::start_via(&w, &kv.url(), &kc, &[]);
+    mirrored(&w, 700..701, Duration::from_secs(30), "700 mirrored").await;
+    // Other writes move the store on while the identities stay quiet; a progress answer
+    // (asked every 10 s) vouches for all of it.
+    for i in 0..5 {
+        w.etcd.put(&format!("elsewhere/{i}"), b"x").await;
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let mut c = w.etcd.client().await.unwrap();
+    let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(rev, None).await.unwrap();
+    // The watch has to open again: from the progress revision, past the compaction.
+    kv.set(Mode::Down);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kv.set(Mode::Forward);
+    w.etcd.put(&format!("{P}/id/701"), b"k8s:app=after;").await;
+    mirrored(&w, 701..702, Duration::from_secs(60), "701 mirrored").await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        !text.contains("compacted past the watched revision"),
+        "a fresh snapshot although nothing the watch needed was compacted:\n{text}"
+    );
+}

@@ -438,7 +438,13 @@ fn parity_script(kubectl: &dyn Fn(&[&str], Option<&str>) -> std::process::Output
         "cache list: {} items",
         all["items"].as_array().map_or(0, Vec::len)
     ));
-    let item = &all["items"][0];
+    // The order of a cache list is not specified (a real watch cache need not sort by name;
+    // the sandbox does): the tool reads lists into maps, so only the object itself counts.
+    let item = all["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["metadata"]["name"] == "300"))
+        .cloned()
+        .unwrap_or_default();
     out.push(format!(
         "item: kind {} apiVersion {} name {} labels {} uid {}",
         item["kind"],

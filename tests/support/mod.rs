@@ -62,6 +62,18 @@ impl Etcd {
     }
 
     async fn spawn(tls: bool, extra: &[&str]) -> Etcd {
+        // A free port can be taken by another process (a test's API server, its etcd)
+        // between our look and etcd's bind: then new ports, a few times.
+        for _ in 0..5 {
+            if let Some(etcd) = Self::try_spawn(tls, extra).await {
+                return etcd;
+            }
+        }
+        panic!("etcd: its ports were taken five times in a row");
+    }
+
+    /// Starts etcd; `None` when a port it was given was taken meanwhile.
+    async fn try_spawn(tls: bool, extra: &[&str]) -> Option<Etcd> {
         let bin = etcd_bin();
         let dir = tempfile::tempdir().unwrap();
         let (cport, pport) = (free_port(), free_port());
@@ -104,26 +116,31 @@ impl Etcd {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
         );
-        let etcd = Etcd {
+        let mut etcd = Etcd {
             child,
             command,
             dir,
             endpoint: client_url,
             tls: tls_files,
         };
-        etcd.wait_ready().await;
-        etcd
+        etcd.wait_ready().await.then_some(etcd)
     }
 
-    async fn wait_ready(&self) {
+    /// Whether etcd became ready; `false` when it ended because a port was taken.
+    async fn wait_ready(&mut self) -> bool {
         let start = Instant::now();
         loop {
             if let Ok(mut c) = self.client().await
                 && c.status().await.is_ok()
             {
-                return;
+                return true;
             }
             let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            if matches!(self.child.try_wait(), Ok(Some(_)))
+                && log.contains("address already in use")
+            {
+                return false;
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "etcd did not become ready:\n{log}"
@@ -205,7 +222,10 @@ impl Etcd {
             .stderr(log)
             .spawn()
             .expect("start etcd again");
-        self.wait_ready().await;
+        assert!(
+            self.wait_ready().await,
+            "etcd's port was taken while it was down"
+        );
     }
 }
 

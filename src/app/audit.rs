@@ -97,11 +97,7 @@ pub fn summary(run: &AuditRun) -> String {
         "audit of both identity stores: {} kvstore identities (revision {}), {} CiliumIdentity objects\n",
         r.kvstore_identities, run.kvstore_revision, r.objects
     );
-    let counts: Vec<String> = FindingKind::ALL
-        .iter()
-        .map(|k| format!("{} {}", r.counts.get(k.as_str()).unwrap_or(&0), k.as_str()))
-        .collect();
-    out.push_str(&format!("findings: {}\n", counts.join(", ")));
+    out.push_str(&format!("findings: {}\n", counts_text(r)));
     for kind in FindingKind::ALL {
         let of_kind: Vec<_> = r.findings.iter().filter(|f| f.kind == kind).collect();
         for f in of_kind.iter().take(AUDIT_SHOWN_PER_KIND) {
@@ -217,7 +213,12 @@ impl crate::app::metrics::Exporter for AuditMetrics {
 
 /// The counts in one line, for `audit --watch` to print when they change.
 pub fn counts_line(report: &AuditReport) -> String {
-    let counts: Vec<String> = FindingKind::ALL
+    format!("audit: {}", counts_text(report))
+}
+
+/// Every kind's count, zeros too, in one order: `1 split, 0 double, ...`.
+fn counts_text(report: &AuditReport) -> String {
+    FindingKind::ALL
         .iter()
         .map(|k| {
             format!(
@@ -226,6 +227,6 @@ pub fn counts_line(report: &AuditReport) -> String {
                 k.as_str()
             )
         })
-        .collect();
-    format!("audit: {}", counts.join(", "))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

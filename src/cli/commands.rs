@@ -162,12 +162,10 @@ async fn verify(
 
 /// `audit`: both stores read and audited by labels; exit 1 when anything was found.
 async fn audit(conn: Conn, output: super::args::Output) -> anyhow::Result<Exit> {
-    let range = conn.scope()?.range;
-    let target = conn.target().await?;
-    let kv = KvSource::Etcd(conn.etcd());
+    let World { kv, target, scope } = World::of(&conn).await?;
     let run = printer::reading(
         "reading the kvstore and Kubernetes",
-        cilium_idmig::app::audit::run(&kv, &target, range),
+        cilium_idmig::app::audit::run(&kv, &target, scope.range),
     )
     .await?;
     match output {
@@ -189,9 +187,8 @@ async fn audit_watch(
     every: std::time::Duration,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::audit::{AuditMetrics, counts_line, run};
-    let range = conn.scope()?.range;
-    let target = conn.target().await?;
-    let kv = KvSource::Etcd(conn.etcd());
+    let World { kv, target, scope } = World::of(&conn).await?;
+    let range = scope.range;
     let metrics = Arc::new(AuditMetrics::new()?);
     let _server = match status_addr {
         Some(addr) => {

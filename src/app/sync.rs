@@ -1288,9 +1288,7 @@ async fn write(
     let relay = {
         let batch = batch.clone();
         tokio::spawn(async move {
-            while !stop.is_stopped() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            stopped(&stop).await;
             batch.stop();
         })
     };

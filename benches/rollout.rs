@@ -16,6 +16,12 @@ async fn main() {
         eprintln!("rollout benchmark: run it with `cargo bench --bench rollout`");
         return;
     }
+    if let Some(rounds) = std::env::var("IDMIG_ROLLOUT_CILIUM")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        return cilium_1_18(rounds).await;
+    }
     let speed: f64 = std::env::var("IDMIG_ROLLOUT_SPEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -46,6 +52,55 @@ async fn main() {
                 p.splits_at_held_ids,
                 p.divergence.doubles.len(),
                 p.reported_splits,
+                p.took.as_secs_f64()
+            );
+        }
+    }
+}
+
+/// The double-write rollout and the sync rollout on Cilium 1.18's allocator, side by side.
+async fn cilium_1_18(rounds: usize) {
+    use support::cilium_rollout::{Way, play};
+    let allocsim = support::control_plane::cilium_bin("allocsim-1.18")
+        .unwrap_or_else(|why| panic!("{why}: set KUBEBUILDER_ASSETS (see the README)"));
+    println!(
+        "| round | way | ids agents held for two label sets, summed over 6 rolls (new since the start) | label sets agents held at two ids, summed (new) | ids held for two label sets at the end | allocations that failed | audit at the end: split / double / duplicate / one-side / stale-value | audit equals the stores | took |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for round in 1..=rounds {
+        for way in [Way::DoubleWrite, Way::Sync] {
+            let cp = support::control_plane::ControlPlane::start("rollout")
+                .expect("a real control plane (CONTROL_PLANE)");
+            let etcd = support::Etcd::start().await;
+            let p = play(
+                way,
+                &allocsim,
+                env!("CARGO_BIN_EXE_cilium-idmig"),
+                &cp,
+                &etcd,
+            )
+            .await;
+            let c = |k: &str| p.audit.get(k).copied().unwrap_or_default();
+            println!(
+                "| {round} | {}{} | {} ({}) | {} ({}) | {} | {} | {} / {} / {} / {} / {} | {} | {:.0} s |",
+                way.name(),
+                match p.sync_exit {
+                    Some(0) => ", cutover reached",
+                    Some(_) => ", no cutover",
+                    None => "",
+                },
+                p.agent_splits,
+                p.new_splits,
+                p.agent_doubles,
+                p.new_doubles,
+                p.end_splits,
+                p.allocation_errors.len(),
+                c("split"),
+                c("double"),
+                c("duplicate"),
+                c("one-side"),
+                c("stale-value"),
+                if p.audit == p.truth { "yes" } else { "NO" },
                 p.took.as_secs_f64()
             );
         }

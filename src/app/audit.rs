@@ -217,7 +217,7 @@ pub fn counts_line(report: &AuditReport) -> String {
 }
 
 /// Every kind's count, zeros too, in one order: `1 split, 0 double, ...`.
-fn counts_text(report: &AuditReport) -> String {
+pub fn counts_text(report: &AuditReport) -> String {
     FindingKind::ALL
         .iter()
         .map(|k| {

@@ -39,6 +39,7 @@ pub enum Task {
     Resume,
     Rollback,
     Sync,
+    Audit,
 }
 
 impl Task {
@@ -53,6 +54,7 @@ impl Task {
             Task::Resume => "resume",
             Task::Rollback => "rollback",
             Task::Sync => "sync",
+            Task::Audit => "audit",
         }
     }
 }
@@ -109,6 +111,10 @@ pub enum ServiceRequest {
     },
     /// Stop sync: no new writes; it ends after those in flight.
     StopSync,
+    /// Audit both identity stores by labels (`core::audit`); reads only.
+    Audit {
+        generation: u64,
+    },
     /// Write the decision log and a Markdown summary next to `path`.
     Export {
         path: PathBuf,
@@ -187,6 +193,11 @@ pub enum ServiceEvent {
     RollbackPlanned {
         generation: u64,
         ops: Vec<Op>,
+    },
+    /// An audit of both stores finished.
+    Audited {
+        generation: u64,
+        run: Box<super::audit::AuditRun>,
     },
     /// What a running sync reports.
     Sync(super::sync::SyncEvent),
@@ -314,6 +325,20 @@ impl Service {
             ServiceRequest::Decided { name, item } => self.decided(name, *item).await,
             ServiceRequest::StartSync { accept_proposals } => {
                 self.start_sync(accept_proposals).await;
+            }
+            ServiceRequest::Audit { generation } => {
+                let (cfg, tx) = (cfg.clone(), self.tx.clone());
+                tokio::spawn(async move {
+                    let range = cfg.scope.range;
+                    let ev = match super::audit::run(&cfg.kv, &cfg.target, range).await {
+                        Ok(run) => ServiceEvent::Audited {
+                            generation,
+                            run: Box::new(run),
+                        },
+                        Err(e) => ServiceEvent::failed(generation, Task::Audit, e),
+                    };
+                    let _ = tx.send(ev).await;
+                });
             }
             ServiceRequest::StopSync => {
                 if let Some((stop, _)) = &self.sync {

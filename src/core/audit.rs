@@ -310,10 +310,16 @@ fn doubles_and_duplicates(s: &Stores, out: &mut Vec<Finding>) {
                 other_id: Some(c),
                 nodes: nodes.clone(),
                 endpoints,
-                action: format!(
-                    "pods on kvstore-mode nodes ({}) get {k}, pods on CRD-mode nodes get {c}: policy that selects these labels sees two ids. Roll those nodes next and restart their pods with these labels, so they take {c}",
-                    list(&nodes)
-                ),
+                action: if nodes.is_empty() {
+                    format!(
+                        "no kvstore-mode node uses {k} now; pods on CRD-mode nodes get {c}: nothing to roll, and {k} goes with Cilium's kvstore GC"
+                    )
+                } else {
+                    format!(
+                        "pods on kvstore-mode nodes ({}) get {k}, pods on CRD-mode nodes get {c}: policy that selects these labels sees two ids. Roll those nodes next and restart their pods with these labels, so they take {c}",
+                        list(&nodes)
+                    )
+                },
                 ..finding(FindingKind::Double, k, labels)
             });
         }

@@ -40,6 +40,7 @@ pub enum KeyAction {
     Rescan,
     Export,
     IncludeInUse,
+    Audit,
 }
 
 /// Where a binding applies.
@@ -70,6 +71,7 @@ const CONF: Scope = Scope::On(Screen::Conflicts);
 const COMMIT: Scope = Scope::On(Screen::Commit);
 const ROLLBACK: Scope = Scope::On(Screen::Rollback);
 const SYNC: Scope = Scope::On(Screen::Sync);
+const AUDIT: Scope = Scope::On(Screen::Audit);
 
 pub const BINDINGS: &[Binding] = &[
     Binding {
@@ -151,6 +153,14 @@ pub const BINDINGS: &[Binding] = &[
         short: "sync",
         action: KeyAction::Go(Screen::Sync),
         help: "sync: follow the rollout",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('6'), N)],
+        label: "6",
+        short: "audit",
+        action: KeyAction::Go(Screen::Audit),
+        help: "audit both stores by labels (reads only)",
     },
     Binding {
         scope: Scope::Global,
@@ -455,6 +465,46 @@ pub const BINDINGS: &[Binding] = &[
         short: "stop+quit",
         action: KeyAction::Stop,
         help: "stop sync, then quit: writes in flight finish",
+    },
+    Binding {
+        scope: AUDIT,
+        keys: &[(Char('R'), S), (Char('R'), N), (Enter, N)],
+        label: "R",
+        short: "audit again",
+        action: KeyAction::Audit,
+        help: "read both stores again and audit them",
+    },
+    Binding {
+        scope: AUDIT,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        short: "down",
+        action: KeyAction::Down,
+        help: "next finding",
+    },
+    Binding {
+        scope: AUDIT,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        short: "up",
+        action: KeyAction::Up,
+        help: "previous finding",
+    },
+    Binding {
+        scope: AUDIT,
+        keys: &[(PageDown, N)],
+        label: "PgDn",
+        short: "page down",
+        action: KeyAction::PageDown,
+        help: "page down",
+    },
+    Binding {
+        scope: AUDIT,
+        keys: &[(PageUp, N)],
+        label: "PgUp",
+        short: "page up",
+        action: KeyAction::PageUp,
+        help: "page up",
     },
 ];
 

@@ -489,3 +489,63 @@ async fn the_sandbox_answers_the_parity_script_as_the_real_server_does() {
         differ.join("\n\n")
     );
 }
+
+/// The rollout `way` played with Cilium 1.18's allocator on a real stack, or `None` (said)
+/// where the allocator or the real server is not there.
+async fn rollout(
+    way: crate::support::cilium_rollout::Way,
+    test: &str,
+) -> Option<crate::support::cilium_rollout::Played> {
+    let allocsim = match crate::support::control_plane::cilium_bin("allocsim-1.18") {
+        Ok(b) => b,
+        Err(why) => {
+            crate::support::control_plane::skip(test, &why);
+            return None;
+        }
+    };
+    let cp = ControlPlane::start(test)?;
+    let etcd = Etcd::start().await;
+    Some(crate::support::cilium_rollout::play(way, &allocsim, bin(), &cp, &etcd).await)
+}
+
+/// Cilium 1.18's documented double-write rollout, played by its own allocator: the stores end
+/// up disagreeing (F6 of the reference), and `audit` counts exactly what both stores hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_double_write_rollout_on_cilium_1_18s_code_is_audited_as_the_stores_hold_it() {
+    use crate::support::cilium_rollout::Way;
+    let Some(p) = rollout(Way::DoubleWrite, "real::double_write").await else {
+        return;
+    };
+    assert_eq!(
+        p.audit, p.truth,
+        "audit's counts against both stores: {p:?}"
+    );
+    // Two sides that allocated the same label sets on their own keep them under different
+    // ids: double-write copies what agents use, it does not reconcile.
+    assert!(p.truth["double"] > 0, "{p:?}");
+    assert_eq!(p.audit_code, 1, "findings exit 1: {p:?}");
+}
+
+/// The same rollout carried by `sync --reserve-in-kvstore` reaches cutover, and `audit` again
+/// counts what both stores hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_rollout_with_sync_reaches_cutover_and_is_audited_as_the_stores_hold_it() {
+    use crate::support::cilium_rollout::Way;
+    let Some(p) = rollout(Way::Sync, "real::rollout_with_sync").await else {
+        return;
+    };
+    assert_eq!(p.sync_exit, Some(0), "sync: {}", p.sync_output);
+    assert!(
+        p.sync_output.contains("cutover reached"),
+        "{}",
+        p.sync_output
+    );
+    assert_eq!(
+        p.audit, p.truth,
+        "audit's counts against both stores: {p:?}"
+    );
+    // Every agent ends in CRD mode reading the objects sync wrote: no id means two label sets
+    // to them. (A label set may still be at two ids, a decided duplicate: both objects carry
+    // its labels, so policy selects both.)
+    assert_eq!(p.end_splits, 0, "{p:?}");
+}

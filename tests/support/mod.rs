@@ -2,6 +2,9 @@
 //! with a temp data dir, plain or with TLS and client certificates. Never port 2379. Like test
 //! code, it panics on failure: it is for the test suite and the benchmarks only.
 
+// Parts of it (the side-by-side figures) are read only by `benches/rollout.rs`.
+#[allow(dead_code)]
+pub mod cilium_rollout;
 pub mod control_plane;
 
 use std::net::TcpListener;

@@ -31,6 +31,9 @@ impl Parsed<'_> {
 
 const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a kvstore-mode node tags with the old id is read by CRD-mode nodes as the other labels, so policy between old and new nodes can allow or drop the wrong traffic; finish the rollout quickly.";
 
+/// What Cilium does with one label set under two objects, said wherever a duplicate is proposed.
+const DUPLICATE_FATE: &str = "Cilium 1.18's agents allocating these labels afresh take the oldest object (by creationTimestamp; 1.9's took any), pods keep the id they hold, and the operator's GC marks an object no CiliumEndpoint uses (annotation io.cilium.heartbeat) and deletes it after its heartbeat timeout; an agent that uses it removes the mark.";
+
 /// Plans every kvstore identity against the Kubernetes identities (`id -> security-labels`).
 pub fn plan(
     masters: &[MasterEntry],
@@ -283,7 +286,7 @@ impl<'a> Rules<'a> {
             item.kind = Kind::Duplicate;
             item.labels_present_at = Some(x);
             item.reason = Cow::Owned(format!(
-                "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}, and Cilium settles on the oldest object. Confirm to create anyway, or skip"
+                "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}. {DUPLICATE_FATE} Confirm to create anyway, or skip"
             ));
         } else {
             item.kind = Kind::Create;

@@ -107,6 +107,10 @@ fn same_labels_under_two_kvstore_ids_is_a_duplicate_of_the_lowest() {
     assert_eq!(by_id(&items, "400").kind, Kind::Create);
     let d = by_id(&items, "401");
     assert_eq!((d.kind, d.labels_present_at), (Kind::Duplicate, Some(400)));
+    // The operator reading the conflict learns what Cilium does with the two objects.
+    for said in ["oldest object", "io.cilium.heartbeat", "GC"] {
+        assert!(d.reason.contains(said), "{said}: {}", d.reason);
+    }
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! The TUI's state: plain data, owned by the terminal task, changed only by `update`. Split
 //! by concern: what the scan found, the table, the conflict review, the commit.
 
+mod audit;
 mod commit;
 mod table;
 mod text_field;
 
+pub use audit::AuditView;
 pub use commit::{CommitPhase, CommitState};
 pub use table::{KindFilter, SortColumn, TableState};
 pub use text_field::TextField;
@@ -27,16 +29,19 @@ pub enum Screen {
     Sync,
     /// Opened with `--rollback`: the deletion of what earlier runs created.
     Rollback,
+    /// Both identity stores audited by labels; reads only.
+    Audit,
 }
 
 impl Screen {
     /// The screens of a migration, in tab order.
-    pub const ALL: [Screen; 5] = [
+    pub const ALL: [Screen; 6] = [
         Screen::Preflight,
         Screen::Identities,
         Screen::Conflicts,
         Screen::Commit,
         Screen::Sync,
+        Screen::Audit,
     ];
     /// The screens of a rollback.
     pub const ROLLBACK: [Screen; 1] = [Screen::Rollback];
@@ -49,6 +54,7 @@ impl Screen {
             Screen::Commit => "Commit",
             Screen::Sync => "Sync",
             Screen::Rollback => "Rollback",
+            Screen::Audit => "Audit",
         }
     }
 }
@@ -205,6 +211,7 @@ pub struct Model {
     pub review: ReviewState,
     pub commit: CommitState,
     pub sync: SyncView,
+    pub audit: AuditView,
     pub status: String,
     pub no_color: bool,
     pub quit: bool,
@@ -231,6 +238,7 @@ impl Model {
             review: ReviewState::default(),
             commit: CommitState::default(),
             sync: SyncView::default(),
+            audit: AuditView::default(),
             status: String::new(),
             no_color,
             quit: false,

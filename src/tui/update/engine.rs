@@ -99,6 +99,14 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             vec![]
         }
+        ServiceEvent::Audited { generation, run } => {
+            if generation == model.audit.generation {
+                model.audit.running = false;
+                model.audit.offset = 0;
+                model.audit.run = Some(run);
+            }
+            vec![]
+        }
         ServiceEvent::Sync(ev) => on_sync(model, ev),
         ServiceEvent::SyncEnded { end } => {
             model.sync.running = false;
@@ -305,6 +313,8 @@ fn failed(
                 model.quit = true;
             }
         }
+        Task::Audit if generation != model.audit.generation => return vec![],
+        Task::Audit => model.audit.running = false,
         Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
     }
     model.modal = Some(Modal::Message(format!("{task} failed: {error}")));

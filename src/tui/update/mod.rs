@@ -68,6 +68,22 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
     }
 }
 
+/// The Audit screen's first visit reads both stores; later visits show that audit until `R`.
+fn first_audit(model: &mut Model) -> Vec<Command> {
+    if model.screen == Screen::Audit && model.audit.run.is_none() {
+        return audit(model);
+    }
+    vec![]
+}
+
+/// Asks for an audit of both stores, unless one is running.
+fn audit(model: &mut Model) -> Vec<Command> {
+    match model.audit.request() {
+        Some(generation) => vec![Command::Send(ServiceRequest::Audit { generation })],
+        None => vec![],
+    }
+}
+
 fn move_selection(model: &mut Model, delta: isize) {
     if model.table.view.is_empty() {
         return;
@@ -110,12 +126,25 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             let tabs = model.tabs;
             let i = tabs.iter().position(|s| *s == model.screen).unwrap_or(0);
             model.screen = tabs[(i + 1) % tabs.len()];
-            vec![]
+            first_audit(model)
         }
         KeyAction::Go(s) => {
             if model.tabs.contains(&s) {
                 model.screen = s;
             }
+            first_audit(model)
+        }
+        KeyAction::Audit => audit(model),
+        KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
+            if model.screen == Screen::Audit =>
+        {
+            let page = model.table.page as isize / 2;
+            model.audit.scroll(match action {
+                KeyAction::Up => -1,
+                KeyAction::Down => 1,
+                KeyAction::PageUp => -page,
+                _ => page,
+            });
             vec![]
         }
         KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown

@@ -1,6 +1,7 @@
 //! `view(&Model, &mut Frame)`: draws the current screen, the header, the footer and any popup.
 //! Pure rendering: reads the model, changes nothing.
 
+mod audit;
 mod commit;
 mod conflicts;
 mod identities;
@@ -40,6 +41,7 @@ pub fn view(model: &Model, frame: &mut Frame) {
         Screen::Commit => commit::draw(model, frame, body),
         Screen::Rollback => rollback::draw(model, frame, body),
         Screen::Sync => sync::draw(model, frame, body),
+        Screen::Audit => audit::draw(model, frame, body),
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];

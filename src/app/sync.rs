@@ -22,11 +22,13 @@ use super::metrics::{Metrics, Source};
 use super::reserve::{self, ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
-use crate::core::kvstore::parse_id;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{Kind, Op};
-use crate::core::sync::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState};
+use crate::core::sync::machine::{
+    Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound,
+};
+use crate::core::sync::{BatchOutcome, CutoverWait, SyncReport, SyncState, Taken};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
 use crate::io::etcd::KvWatchEvent;
@@ -143,38 +145,7 @@ pub fn moot_text(id: &str, labels: &str) -> String {
     )
 }
 
-/// What carried each kvstore identity over, when cutover was reached.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CutoverReport {
-    /// Objects this sync created.
-    pub mirrored: u64,
-    /// Identities served at another id that holds their labels.
-    pub mapped: usize,
-    /// Identities the operator skipped.
-    pub skipped: usize,
-    /// Conflicts closed as moot.
-    pub moot: usize,
-}
-
-impl std::fmt::Display for CutoverReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes ({} mirrored by sync, {} mapped to an id holding their labels, {} skipped by decision, {} closed as moot)",
-            self.mirrored, self.mapped, self.skipped, self.moot
-        )
-    }
-}
-
-/// How sync ended.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SyncEnd {
-    pub cutover: bool,
-    pub status: SyncStatus,
-    /// Writes that failed and had not been made when sync stopped (a failure retried
-    /// successfully later is not among them).
-    pub unwritten: usize,
-}
+pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 
 /// Hands memory freed since the last status back to the system. A process that runs for days
 /// plans thousands of identities ten times a second; glibc keeps what it freed in its arenas
@@ -204,6 +175,24 @@ pub async fn run(
     }
     let (decisions, earlier) = resume_decisions(&cfg)?;
     let lease = take_lease(&cfg, &opts, &events).await?;
+    // The grace starts when the last kvstore-mode node goes. In the demo's in-memory kvstore
+    // a node's keys go the moment it moves (its lease is revoked, none lapses later), so a
+    // few seconds do.
+    let cutover_grace = match &cfg.kv {
+        KvSource::Live(_) => Duration::from_secs(5).min(opts.cutover_grace),
+        _ => opts.cutover_grace,
+    };
+    let settings = Settings {
+        range: cfg.scope.range,
+        accept_proposals: opts.accept_proposals,
+        until_cutover: opts.until_cutover,
+        reserve_in_kvstore: opts.reserve_in_kvstore,
+        cutover_grace,
+        lease: format!("{}/{}", opts.lease.namespace, opts.lease.name),
+    };
+    let mut machine = Machine::new(settings, decisions);
+    // Who holds the Lease now, known before the first round (said when the keeper says it).
+    machine.know_holder(holder_of(lease.writer.borrow().clone()));
     let mut sync = Sync {
         writer: lease.writer.clone(),
         lease,
@@ -213,7 +202,7 @@ pub async fn run(
         events,
         stop,
         decided,
-        decisions,
+        machine,
         earlier,
         carried: None,
         reservations: None,
@@ -314,8 +303,8 @@ fn resume_decisions(
     Ok((resume::replay(steps), reserved))
 }
 
-/// What lives across rounds: the configuration, the lease, the decisions, the
-/// reservations.
+/// What lives across rounds: the configuration, the lease, the machine that decides (with
+/// the decisions), the reservations.
 struct Sync {
     cfg: Arc<ServiceConfig>,
     opts: SyncOptions,
@@ -325,7 +314,9 @@ struct Sync {
     lease: LeaseKeeper,
     writer: tokio::sync::watch::Receiver<Writer>,
     decided: Option<mpsc::Receiver<LoggedDecision>>,
-    decisions: BTreeMap<String, LoggedDecision>,
+    /// Every decision sync takes: `core::sync::machine`. The handlers below only carry its
+    /// commands out and feed the results back.
+    machine: Machine,
     /// Reservations an earlier sync made and did not release, taken over when this one's
     /// reservations start.
     earlier: reserve::Unreleased,
@@ -369,13 +360,12 @@ enum RoundEnd {
 }
 
 /// One round: from a snapshot of both sides, following both watches, until a stop,
-/// cutover, or a compaction.
+/// cutover, or a compaction. It holds the channels; what to do is the machine's.
 struct Round {
     /// A refusal a watch task met: sync ends.
     fatal_rx: mpsc::Receiver<Error>,
     conn: KvFollower,
     prefix: String,
-    state: SyncState,
     kv_rx: mpsc::Receiver<KvWatchEvent>,
     k8s_rx: mpsc::Receiver<K8sChange>,
     watches: [tokio::task::JoinHandle<()>; 2],
@@ -385,23 +375,14 @@ struct Round {
     /// task and its verdict comes back here, so the loop keeps mirroring meanwhile.
     verdict_tx: mpsc::Sender<std::result::Result<(), CutoverWait>>,
     verdict_rx: mpsc::Receiver<std::result::Result<(), CutoverWait>>,
-    /// The last cutover check's problems, said until the next check.
-    last_verify_failed: Option<CutoverWait>,
-    verifying: bool,
-    dirty: bool,
-    batch_running: bool,
-    last_verify: Option<Instant>,
-    cutover_announced: bool,
-    /// Announced once both watches are established, not when they are asked for.
-    kv_up: bool,
-    k8s_up: bool,
-    following: bool,
+    /// The stop was handed to the machine.
+    stop_told: bool,
 }
 
 impl Sync {
-    /// Reads both sides, hands what needs reserving to the reservations task (the first
-    /// batch goes before the watches start, so the ids are taken from the first moment on),
-    /// and starts both watches.
+    /// Reads both sides, starts the machine's round on them (the first reservations go before
+    /// the watches start, so the ids are taken from the first moment on), and starts both
+    /// watches.
     async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
         let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
         let conn = match cfg.kv.follower().await {
@@ -442,22 +423,19 @@ impl Sync {
         if let Some(old) = carried {
             state.carry_over(old, Instant::now());
         }
-        self.adopt_earlier(&state);
-        if let Some(r) = self.reservations.as_mut()
-            && self.lease.holding()
-        {
-            // A fresh view: every id in it is looked at; the first batch goes before the
-            // watches deliver anything.
-            r.view_changed();
-            r.pump(&state, cfg.scope.range, Instant::now());
-            state.status.reservations = r.held();
+        let (kv_revision, k8s_version) = (state.kv_revision, state.k8s_version.clone());
+        let first = self.machine.start_round(state, self.lease.gate.open());
+        for o in first {
+            if let Output::Reserve(cmd) = o {
+                self.reserve(cmd);
+            }
         }
         let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
         let kv_watch = tokio::spawn(follow_kvstore(
             conn.clone(),
             prefix.clone(),
-            state.kv_revision,
+            kv_revision,
             kv_tx,
             self.metrics.clone(),
             self.events.clone(),
@@ -465,7 +443,7 @@ impl Sync {
         let (fatal_tx, fatal_rx) = mpsc::channel(1);
         let k8s_watch = tokio::spawn(follow_kubernetes(
             cfg.clone(),
-            state.k8s_version.clone(),
+            k8s_version,
             k8s_tx,
             (self.metrics.clone(), self.events.clone()),
             fatal_tx,
@@ -476,35 +454,59 @@ impl Sync {
             fatal_rx,
             verdict_tx,
             verdict_rx,
-            last_verify_failed: None,
-            verifying: false,
             conn,
             prefix,
-            state,
             kv_rx,
             k8s_rx,
             watches: [kv_watch, k8s_watch],
             done_tx,
             done_rx,
-            dirty: true,
-            batch_running: false,
-            last_verify: None,
-            cutover_announced: false,
-            kv_up: false,
-            k8s_up: false,
-            following: false,
+            stop_told: false,
         })
+    }
+
+    /// Carries a reservation command out on the reservations task, if sync reserves.
+    fn reserve(&mut self, cmd: Reserve) {
+        let now = Instant::now();
+        if let Reserve::AdoptEarlier = cmd {
+            return self.adopt_earlier();
+        }
+        if let Reserve::Release = cmd {
+            // No kvstore-mode node is left to need them. Released in a task; a sync that
+            // ends (`--until-cutover`) waits for it.
+            if let Some(task) = self.reservations.take() {
+                let (cfg, metrics, events) =
+                    (self.cfg.clone(), self.metrics.clone(), self.events.clone());
+                self.releasing = Some(tokio::spawn(async move {
+                    let kept = task.finish(FINISH_WAIT).await;
+                    release(kept, &cfg, &metrics, &events).await;
+                }));
+            }
+            return;
+        }
+        let Some(r) = self.reservations.as_mut() else {
+            return;
+        };
+        match cmd {
+            Reserve::MasterGone { id, k8s } => r.master_gone(id, k8s),
+            Reserve::Want { id, labels } => r.want(id, labels),
+            Reserve::Deleted { id } => r.deleted(id),
+            Reserve::ViewChanged => r.view_changed(),
+            Reserve::Pump => r.pump(&self.machine.state, self.cfg.scope.range, now),
+            Reserve::AdoptEarlier | Reserve::Release => {}
+        }
     }
 
     /// Hands what an earlier sync reserved and did not release to the reservations task,
     /// once, by the lease's holder (only it writes).
-    fn adopt_earlier(&mut self, state: &SyncState) {
+    fn adopt_earlier(&mut self) {
         let Some(r) = self.reservations.as_mut() else {
             return;
         };
-        if self.earlier.is_empty() || !self.lease.holding() {
+        if self.earlier.is_empty() || !self.machine.holding() {
             return;
         }
+        let state = &self.machine.state;
         let earlier = std::mem::take(&mut self.earlier)
             .into_iter()
             .map(|(id, (labels, revision))| reserve::Earlier {
@@ -519,84 +521,163 @@ impl Sync {
 }
 
 impl Round {
-    /// Follows both sides until the round ends; every event has its handler.
+    /// Follows both sides until the round ends: each event goes to the machine, and what it
+    /// says is carried out.
     async fn follow(mut self, sync: &mut Sync) -> Result<RoundEnd> {
         let mut settle = tokio::time::interval(sync.opts.settle);
         let mut status_tick = tokio::time::interval(sync.opts.status_every);
         let end = loop {
-            if self.kv_up && self.k8s_up && !self.following {
-                self.following = true;
-                let _ = sync.events.send(SyncEvent::Following).await;
-            }
-            tokio::select! {
-                ev = self.kv_rx.recv() => {
-                    let Some(ev) = ev else {
-                        // The watch task ended (it never does on its own): start over rather
-                        // than spin on a closed channel.
-                        break RoundEnd::WatchLost("the kvstore watch ended");
-                    };
-                    if self.on_kvstore(sync, ev).await {
-                        // The batch in flight is taken in first: the next round must not
-                        // write beside it, and its outcomes are part of what is carried.
-                        if self.batch_running
-                            && let Some((ops, result)) = self.done_rx.recv().await
-                        {
-                            self.batch_running = false;
-                            take_results(&mut self.state, ops, result, &sync.metrics);
-                        }
-                        sync.carried = Some(std::mem::take(&mut self.state));
-                        break RoundEnd::Resnapshot;
-                    }
-                }
-                ch = self.k8s_rx.recv() => {
-                    let Some(ch) = ch else {
-                        break RoundEnd::WatchLost("the Kubernetes watch ended");
-                    };
-                    self.on_kubernetes(sync, ch).await;
-                }
+            let input = tokio::select! {
+                ev = self.kv_rx.recv() => match ev {
+                    Some(ev) => Input::Kv(ev),
+                    // The watch task ended (it never does on its own): start over rather
+                    // than spin on a closed channel.
+                    None => break RoundEnd::WatchLost("the kvstore watch ended"),
+                },
+                ch = self.k8s_rx.recv() => match ch {
+                    Some(ch) => Input::K8s(ch),
+                    None => break RoundEnd::WatchLost("the Kubernetes watch ended"),
+                },
                 Some(e) = self.fatal_rx.recv() => {
                     self.abort_watches(&sync.metrics);
                     return Err(e);
                 }
                 Ok(()) = sync.writer.changed() => {
                     let now = sync.writer.borrow_and_update().clone();
-                    self.on_writer(sync, now).await?;
+                    match now {
+                        Writer::Refused(why) => {
+                            self.abort_watches(&sync.metrics);
+                            return Err(lease_refused(&sync.opts, &why));
+                        }
+                        w => Input::Lease(holder_of(w)),
+                    }
                 }
-                Some(d) = next_decision(&mut sync.decided) => {
-                    self.state.reported.remove(&d.id);
-                    // The decisions changed: resumed onto the plan again at the next round.
-                    self.state.overlay = None;
-                    sync.decisions.insert(d.id.clone(), d);
-                    self.dirty = true;
-                }
+                Some(d) = next_decision(&mut sync.decided) => Input::Decided(d),
                 Some((ops, result)) = self.done_rx.recv() => {
-                    self.batch_running = false;
                     if let Some(e) = refused_write(&result) {
                         self.abort_watches(&sync.metrics);
                         return Err(e);
                     }
-                    if let Some(trouble) = take_results(&mut self.state, ops, result, &sync.metrics) {
-                        let _ = sync.events.send(SyncEvent::Trouble(trouble)).await;
-                    }
-                    self.dirty = true;
+                    Input::BatchDone { ops, outcome: batch_outcome(result) }
                 }
                 _ = settle.tick() => {
-                    if let Some(end) = self.on_settle(sync).await {
-                        break RoundEnd::Done(Box::new(end));
+                    if sync.stop.is_stopped() && !self.stop_told {
+                        self.stop_told = true;
+                        self.step(sync, Input::Stop).await?;
                     }
+                    Input::Settle
                 }
-                _ = status_tick.tick() => self.on_status(sync).await,
+                _ = status_tick.tick() => Input::Status { watching: sync.metrics.healthy() },
                 Some(reply) = reserve::next_reply(&mut sync.reservations) => {
-                    self.on_reserved(sync, reply).await;
-                }
-                Some(verdict) = self.verdict_rx.recv() => {
-                    if let Some(end) = self.on_verdict(sync, verdict).await {
-                        break RoundEnd::Done(Box::new(end));
+                    let Some(r) = sync.reservations.as_mut() else { continue };
+                    let said = r.on_reply(reply, Instant::now());
+                    let (held, own) = (r.held(), r.own_masters().clone());
+                    match said {
+                        Some(reserve::Said::Trouble(t)) => {
+                            let _ = sync.events.send(SyncEvent::Trouble(t)).await;
+                        }
+                        Some(reserve::Said::Note(n)) => {
+                            let _ = sync.events.send(SyncEvent::Note(n)).await;
+                        }
+                        None => {}
                     }
+                    Input::Reservations { held, own_masters: own }
                 }
+                Some(verdict) = self.verdict_rx.recv() => Input::Verdict(verdict),
+            };
+            if let Some(end) = self.step(sync, input).await? {
+                break end;
             }
         };
         self.abort_watches(&sync.metrics);
+        Ok(end)
+    }
+
+    /// One input to the machine, and its commands carried out in order; the round's end if
+    /// one of them ends it.
+    async fn step(&mut self, sync: &mut Sync, input: Input) -> Result<Option<RoundEnd>> {
+        let outs = sync
+            .machine
+            .step(input, Instant::now(), sync.lease.gate.open());
+        let mut queue: std::collections::VecDeque<Output> = outs.into();
+        let mut end = None;
+        while let Some(o) = queue.pop_front() {
+            match o {
+                Output::Following => {
+                    let _ = sync.events.send(SyncEvent::Following).await;
+                }
+                Output::Note(n) => {
+                    let _ = sync.events.send(SyncEvent::Note(n)).await;
+                }
+                Output::Trouble(t) => {
+                    let _ = sync.events.send(SyncEvent::Trouble(t)).await;
+                }
+                Output::Report(r) => report(r, &sync.events, &sync.cfg).await,
+                Output::Write(ops) => {
+                    let (cfg, done_tx) = (sync.cfg.clone(), self.done_tx.clone());
+                    let (stop, gate) = (sync.stop.clone(), sync.lease.gate.clone());
+                    tokio::spawn(async move {
+                        let result = write(&cfg, ops.clone(), stop, gate).await;
+                        let _ = done_tx.send((ops, result)).await;
+                    });
+                }
+                Output::Taken(taken) => record_taken(&taken, &sync.metrics),
+                Output::Reserve(cmd) => sync.reserve(cmd),
+                Output::ReportSplits(found) => {
+                    report_splits(found, &self.conn, &self.prefix, &sync.events, &sync.cfg);
+                }
+                Output::CloseMoot(moot) => {
+                    let logged = log_moot(moot, &sync.cfg);
+                    let more = sync.machine.step(
+                        Input::MootLogged(logged),
+                        Instant::now(),
+                        sync.lease.gate.open(),
+                    );
+                    queue.extend(more);
+                }
+                Output::Moot { id, labels } => {
+                    let _ = sync.events.send(SyncEvent::Moot { id, labels }).await;
+                }
+                Output::Verify { reused, moot } => {
+                    let (cfg, tx) = (sync.cfg.clone(), self.verdict_tx.clone());
+                    tokio::spawn(async move {
+                        let _ = tx.send(cutover_verified(&cfg, &reused, &moot).await).await;
+                    });
+                }
+                Output::Status(status) => {
+                    return_freed_memory();
+                    sync.metrics
+                        .cutover_waiting(status.cutover_wait.as_ref().map(|w| w.reason()));
+                    let _ = sync.events.send(SyncEvent::Status(status)).await;
+                }
+                Output::Cutover(report) => {
+                    let _ = sync.events.send(SyncEvent::Cutover(report)).await;
+                }
+                Output::Resnapshot => {
+                    // The batch in flight is taken in first: the next round must not write
+                    // beside it, and its outcomes are part of what is carried.
+                    if sync.machine.batch_running()
+                        && let Some((ops, result)) = self.done_rx.recv().await
+                    {
+                        let outcome = batch_outcome(result);
+                        let outs = sync.machine.step(
+                            Input::BatchDone { ops, outcome },
+                            Instant::now(),
+                            sync.lease.gate.open(),
+                        );
+                        for o in outs {
+                            if let Output::Taken(t) = o {
+                                record_taken(&t, &sync.metrics);
+                            }
+                        }
+                    }
+                    sync.carried = Some(std::mem::take(&mut sync.machine.state));
+                    end = Some(RoundEnd::Resnapshot);
+                }
+                Output::End(e) => end = Some(RoundEnd::Done(Box::new(e))),
+            }
+        }
+        publish(&sync.machine.state, &sync.metrics);
         Ok(end)
     }
 
@@ -609,351 +690,14 @@ impl Round {
         metrics.etcd_live.store(false, Ordering::Relaxed);
         metrics.k8s_live.store(false, Ordering::Relaxed);
     }
+}
 
-    /// A kvstore watch event; true when the round must start over from a fresh snapshot.
-    async fn on_kvstore(&mut self, sync: &mut Sync, ev: KvWatchEvent) -> bool {
-        match ev {
-            KvWatchEvent::Connected => self.kv_up = true,
-            KvWatchEvent::Progress { .. } => {}
-            KvWatchEvent::Changes { changes, revision } => {
-                self.state.kv_revision = revision;
-                let now = Instant::now();
-                let gone: Vec<u32> = changes
-                    .iter()
-                    .filter_map(|c| match c {
-                        KvChange::Master {
-                            id, value: None, ..
-                        } => parse_id(id).ok(),
-                        _ => None,
-                    })
-                    .collect();
-                for c in changes {
-                    self.state.apply_kv_change(c, now);
-                }
-                if let Some(r) = sync.reservations.as_mut()
-                    && sync.lease.holding()
-                    && !gone.is_empty()
-                {
-                    for id in gone {
-                        r.master_gone(id, self.state.k8s.get(&id).cloned());
-                    }
-                    r.pump(&self.state, sync.cfg.scope.range, now);
-                }
-                self.dirty = true;
-            }
-            KvWatchEvent::Compacted { compact_revision } => {
-                let _ = sync.events.send(SyncEvent::Trouble(format!(
-                    "the kvstore was compacted past the watched revision ({compact_revision}): reading a fresh snapshot, keeping every decision"
-                ))).await;
-                return true;
-            }
-        }
-        false
-    }
-
-    /// A Kubernetes watch event.
-    async fn on_kubernetes(&mut self, sync: &mut Sync, ch: K8sChange) {
-        let state = &mut self.state;
-        match ch {
-            K8sChange::Connected => {
-                self.k8s_up = true;
-                // The API server is back: what failed while it was gone is tried now, not
-                // when its wait is over.
-                if !state.failed.is_empty() {
-                    state.failed.clear();
-                    self.dirty = true;
-                }
-            }
-            K8sChange::Upsert {
-                id,
-                labels,
-                resource_version,
-            } => {
-                state.k8s_upsert(id, labels.clone(), resource_version, Instant::now());
-                // At once, not at the next plan: the window in which a kvstore-mode agent
-                // can hand the id out again is as short as the watch's lag.
-                if let Some(r) = sync.reservations.as_mut()
-                    && sync.lease.holding()
-                {
-                    r.want(id, labels);
-                    r.pump(state, sync.cfg.scope.range, Instant::now());
-                }
-                self.dirty = true;
-            }
-            K8sChange::Deleted {
-                id,
-                resource_version,
-            } => {
-                state.k8s_delete(id, resource_version);
-                if let Some(r) = sync.reservations.as_mut() {
-                    r.deleted(id);
-                }
-                self.dirty = true;
-            }
-            K8sChange::Bookmark { resource_version } => state.k8s_version = resource_version,
-            // The follower lists again and sends `Relisted`.
-            K8sChange::Expired => {}
-            K8sChange::Relisted {
-                identities,
-                resource_version,
-            } => {
-                state.k8s_relisted(identities, resource_version, Instant::now());
-                if let Some(r) = sync.reservations.as_mut() {
-                    r.view_changed();
-                }
-                self.dirty = true;
-            }
-        }
-    }
-
-    /// The reservations task answered: its count is shown; a failed write is reported.
-    async fn on_reserved(&mut self, sync: &mut Sync, reply: reserve::Reply) {
-        let Some(r) = sync.reservations.as_mut() else {
-            return;
-        };
-        let said = r.on_reply(reply, Instant::now());
-        self.state.status.reservations = r.held();
-        if *r.own_masters() != self.state.own_masters {
-            // Sync's own master keys are never a kvstore identity to create an object for.
-            self.state.own_masters = r.own_masters().clone();
-            self.dirty = true;
-        }
-        let ev = match said {
-            Some(reserve::Said::Trouble(t)) => SyncEvent::Trouble(t),
-            Some(reserve::Said::Note(n)) => SyncEvent::Note(n),
-            None => return,
-        };
-        let _ = sync.events.send(ev).await;
-    }
-
-    /// The lease changed hands (or could not be renewed).
-    async fn on_writer(&mut self, sync: &mut Sync, now: Writer) -> Result<()> {
-        let what = format!(
-            "lease {}/{}",
-            sync.opts.lease.namespace, sync.opts.lease.name
-        );
-        self.state.status.standby = None;
-        let ev = match now {
-            Writer::Us => {
-                // Everything seen while another sync wrote is planned (and reserved) again.
-                sync.adopt_earlier(&self.state);
-                if let Some(r) = sync.reservations.as_mut() {
-                    r.view_changed();
-                }
-                self.dirty = true;
-                SyncEvent::Note(format!("{what} taken: this sync writes"))
-            }
-            Writer::Other { holder } => {
-                self.state.status.standby = Some(holder.clone());
-                SyncEvent::Note(format!(
-                    "{what} is held by {holder}: following both sides without writing until it is free"
-                ))
-            }
-            Writer::Unknown => SyncEvent::Trouble(format!(
-                "{what} could not be renewed: no writes until it is held again"
-            )),
-            Writer::Refused(why) => return Err(lease_refused(&sync.opts, &why)),
-        };
-        let _ = sync.events.send(ev).await;
-        Ok(())
-    }
-
-    /// The settle tick: report the splits that waited for their nodes, end on a stop, and
-    /// (only the lease's holder) plan and write what changed.
-    async fn on_settle(&mut self, sync: &mut Sync) -> Option<SyncEnd> {
-        let cfg = sync.cfg.clone();
-        if !self.state.splits_to_report.is_empty() {
-            report_splits(
-                &mut self.state,
-                &self.conn,
-                &self.prefix,
-                &sync.events,
-                &cfg,
-            );
-        }
-        if sync.stop.is_stopped() {
-            if self.batch_running {
-                return None;
-            }
-            self.state.refresh_lag_percentiles();
-            return Some(SyncEnd {
-                cutover: false,
-                status: self.state.status.clone(),
-                unwritten: self.state.unwritten_now(),
-            });
-        }
-        // Only the lease's holder writes (to the API server, the log, the kvstore).
-        if !sync.lease.holding() {
-            // A standby plans and writes nothing, but says what it sees.
-            self.state.status.kvstore_nodes = self.state.counts.nodes().count();
-            self.state.status.identities = self.state.masters.len();
-            return None;
-        }
-        if let Some(r) = sync.reservations.as_mut() {
-            r.pump(&self.state, cfg.scope.range, Instant::now());
-        }
-        if !self.dirty || self.batch_running {
-            return None;
-        }
-        self.dirty = false;
-        let ops = plan_round(
-            &mut self.state,
-            &sync.decisions,
-            &sync.opts,
-            &sync.events,
-            &cfg,
-        )
-        .await;
-        publish(&self.state, &sync.metrics);
-        if !ops.is_empty() {
-            self.batch_running = true;
-            let (done_tx, stop) = (self.done_tx.clone(), sync.stop.clone());
-            let gate = sync.lease.gate.clone();
-            tokio::spawn(async move {
-                let result = write(&cfg, ops.clone(), stop, gate).await;
-                let _ = done_tx.send((ops, result)).await;
-            });
-        }
-        None
-    }
-
-    /// The status tick: retry failed writes whose wait is over, report the status, close
-    /// moot conflicts and, once the rollout is over, start a cutover check.
-    async fn on_status(&mut self, sync: &mut Sync) {
-        let state = &mut self.state;
-        // A failed write is tried again when its wait is over, even when nothing else
-        // happens (at the quiet end of a rollout, nothing else would).
-        let now = Instant::now();
-        if state.failed.values().any(|until| *until <= now) {
-            state.failed.retain(|_, until| *until > now);
-            self.dirty = true;
-        }
-        state.refresh_lag_percentiles();
-        return_freed_memory();
-        state.status.watching = sync.metrics.healthy();
-        publish_splits(state, &sync.metrics);
-        // The grace starts when the last kvstore-mode node goes. In the demo's in-memory
-        // kvstore a node's keys go the moment it moves (its lease is revoked, none lapses
-        // later), so a few seconds do.
-        let grace = match &sync.cfg.kv {
-            KvSource::Live(_) => Duration::from_secs(5).min(sync.opts.cutover_grace),
-            _ => sync.opts.cutover_grace,
-        };
-        if state.status.kvstore_nodes > 0 {
-            state.no_nodes_since = None;
-            // A kvstore-mode node coming back starts the watch for cutover again.
-            self.cutover_announced = false;
-            self.last_verify_failed = None;
-        } else if state.no_nodes_since.is_none() {
-            state.no_nodes_since = Some(now);
-        }
-        let rollout_over =
-            state.no_nodes_since.is_some_and(|t| t.elapsed() >= grace) && sync.lease.holding();
-        if rollout_over && close_moot(state, &sync.events, &sync.cfg).await {
-            self.dirty = true;
-        }
-        self.say_cutover_wait(sync, grace);
-        let _ = sync
-            .events
-            .send(SyncEvent::Status(self.state.status.clone()))
-            .await;
-        // Cutover is checked (a full consistent verify) at most every 30 s while it may be
-        // near, and announced once.
-        let due = self
-            .last_verify
-            .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
-        if !(rollout_over && self.quiet() && due && !self.cutover_announced && !self.verifying) {
-            return;
-        }
-        self.last_verify = Some(Instant::now());
-        self.verifying = true;
-        let (cfg, tx) = (sync.cfg.clone(), self.verdict_tx.clone());
-        let (reused, mut moot) = (self.state.reused.clone(), self.state.moot.clone());
-        // Sync's own reservations are no kvstore identities: verify expects no object there.
-        moot.extend(self.state.reservations_alone().map(|id| id.to_string()));
-        tokio::spawn(async move {
-            let _ = tx.send(cutover_verified(&cfg, &reused, &moot).await).await;
-        });
-    }
-
-    /// What cutover waits for, on the status line, the Sync screen and in `/metrics`.
-    fn say_cutover_wait(&mut self, sync: &Sync, grace: Duration) {
-        let state = &self.state;
-        let unsettled = state.in_flight.len()
-            + state.failed.len()
-            + usize::from(self.batch_running || self.dirty);
-        let wait = (!self.cutover_announced)
-            .then(|| {
-                crate::core::sync::cutover_wait(
-                    &state.status,
-                    state.no_nodes_since.map(|t| t.elapsed()),
-                    grace,
-                    (unsettled, sync.lease.holding(), self.verifying),
-                    self.last_verify_failed.as_ref(),
-                )
-            })
-            .flatten();
-        sync.metrics
-            .cutover_waiting(wait.as_ref().map(|w| w.reason()));
-        self.state.status.cutover_wait = wait;
-    }
-
-    /// Nothing pending, in flight, failing or waiting to be planned.
-    fn quiet(&self) -> bool {
-        self.state.status.pending == 0
-            && self.state.in_flight.is_empty()
-            && self.state.failed.is_empty()
-            && !self.batch_running
-            && !self.dirty
-    }
-
-    /// A cutover check's verdict: announced if it passed and the rollout is still over and
-    /// quiet (a node may have come back, or something arrived, while it ran).
-    async fn on_verdict(
-        &mut self,
-        sync: &mut Sync,
-        verdict: std::result::Result<(), CutoverWait>,
-    ) -> Option<SyncEnd> {
-        self.verifying = false;
-        if let Err(failed) = verdict {
-            // Said until the next check, so nobody wonders whether sync is stuck.
-            let _ = sync
-                .events
-                .send(SyncEvent::Note(format!("cutover not yet: {failed}")))
-                .await;
-            self.last_verify_failed = Some(failed);
-            return None;
-        }
-        self.last_verify_failed = None;
-        let still_over = self.state.no_nodes_since.is_some() && sync.lease.holding();
-        if !still_over || !self.quiet() || self.cutover_announced {
-            return None;
-        }
-        self.cutover_announced = true;
-        let state = &mut self.state;
-        let report = CutoverReport {
-            mirrored: state.status.mirrored,
-            mapped: state.reused.len(),
-            skipped: state.skipped,
-            moot: state.moot.len(),
-        };
-        let _ = sync.events.send(SyncEvent::Cutover(report)).await;
-        // No kvstore-mode node is left to need them. Released in a task; a sync that ends
-        // (`--until-cutover`) waits for it.
-        if let Some(task) = sync.reservations.take() {
-            let (cfg, metrics, events) =
-                (sync.cfg.clone(), sync.metrics.clone(), sync.events.clone());
-            sync.releasing = Some(tokio::spawn(async move {
-                let kept = task.finish(FINISH_WAIT).await;
-                release(kept, &cfg, &metrics, &events).await;
-            }));
-            state.status.reservations = 0;
-        }
-        sync.opts.until_cutover.then(|| SyncEnd {
-            cutover: true,
-            status: state.status.clone(),
-            unwritten: 0,
-        })
+/// The lease keeper's word as the machine takes it (a refusal ends sync before).
+fn holder_of(w: Writer) -> LeaseHolder {
+    match w {
+        Writer::Us => LeaseHolder::Us,
+        Writer::Other { holder } => LeaseHolder::Other(holder),
+        Writer::Unknown | Writer::Refused(_) => LeaseHolder::Unknown,
     }
 }
 
@@ -1035,29 +779,22 @@ async fn release(
     let _ = events.send(ev).await;
 }
 
-/// Once the rollout is over, closes each conflict still waiting for a decision whose labels
-/// no kvstore-mode node uses: no agent will use the id the kvstore held for them, so there is
-/// nothing left to carry over. Logged and reported once each; true if any was closed.
-async fn close_moot(
-    state: &mut SyncState,
-    events: &mpsc::Sender<SyncEvent>,
-    cfg: &ServiceConfig,
-) -> bool {
-    let mut closed = false;
-    for (id, labels, kind) in state.moot_now() {
+/// Logs each conflict the machine closes as moot (no kvstore-mode node uses its labels any
+/// more, so no agent will use the id the kvstore held for them): the ones logged, which the
+/// machine then closes. A log that fails stops the closing there.
+fn log_moot(moot: Vec<(String, LabelKey, Kind)>, cfg: &ServiceConfig) -> Vec<(String, LabelKey)> {
+    let mut logged = Vec::new();
+    for (id, labels, kind) in moot {
         let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
         r.outcome = Some(Outcome::Skipped);
         r.error =
             Some("no kvstore-mode node uses these labels any more: closed without a write".into());
         if cfg.log.append(r).is_err() {
-            return closed;
+            break;
         }
-        state.moot.insert(id.clone());
-        state.reused.remove(&id);
-        closed = true;
-        let _ = events.send(SyncEvent::Moot { id, labels }).await;
+        logged.push((id, labels));
     }
-    closed
+    logged
 }
 
 /// The next decision made while sync runs; never, when nobody can make one.
@@ -1131,54 +868,45 @@ async fn cutover_verified(
 /// reported without them.
 const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
 
-/// Reports the splits found since the last settle, each once its kvstore labels' nodes can
-/// be named (up to `SPLIT_NODES_WAIT` for their `value/` keys): in a task, so the loop does
-/// not wait on etcd.
+/// Reports the splits the machine found, each once its kvstore labels' nodes can be named
+/// (up to `SPLIT_NODES_WAIT` for their `value/` keys): in a task, so the loop does not wait
+/// on etcd.
 fn report_splits(
-    state: &mut SyncState,
+    found: Vec<SplitFound>,
     conn: &KvFollower,
     prefix: &str,
     events: &mpsc::Sender<SyncEvent>,
     cfg: &Arc<ServiceConfig>,
 ) {
-    let found: Vec<(u32, LabelKey, Vec<u8>, Instant)> = std::mem::take(&mut state.splits_to_report)
-        .into_iter()
-        .filter_map(|(id, found)| {
-            // Resolved meanwhile (the kvstore's GC, an object deleted): nothing to report.
-            let k8s_labels = state.k8s.get(&id)?.clone();
-            let kv_value = state.masters.get(id.to_string().as_bytes())?.clone();
-            Some((id, k8s_labels, kv_value, found))
-        })
-        .collect();
     let (conn, prefix) = (conn.clone(), prefix.to_string());
     let (events, cfg) = (events.clone(), cfg.clone());
     tokio::spawn(async move {
-        for (id, k8s_labels, kv_value, found) in found {
-            let Ok(kv_labels) = valid_label_key(&kv_value) else {
+        for f in found {
+            let Ok(kv_labels) = valid_label_key(&f.kv_value) else {
                 continue;
             };
             let nodes = loop {
                 let nodes = conn
-                    .nodes_using(&prefix, &kv_value)
+                    .nodes_using(&prefix, &f.kv_value)
                     .await
                     .unwrap_or_default();
-                if !nodes.is_empty() || found.elapsed() >= SPLIT_NODES_WAIT {
+                if !nodes.is_empty() || f.found.elapsed() >= SPLIT_NODES_WAIT {
                     break nodes;
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             };
             let split = SplitAllocation {
-                id,
+                id: f.id,
                 kvstore_labels: kv_labels.to_string(),
-                k8s_labels,
+                k8s_labels: f.k8s_labels,
                 nodes,
             };
             let mut record = Record::decision(
-                &id.to_string(),
+                &f.id.to_string(),
                 kv_labels,
                 Kind::Remap,
                 ("split-allocation", "rule"),
-                Some(id),
+                Some(f.id),
             );
             record.error = Some(split.to_string());
             let _ = cfg.log.append(record);
@@ -1187,31 +915,19 @@ fn report_splits(
     });
 }
 
-/// One round of sync's core (`SyncState::round`): the creates it makes; its reports logged
-/// and sent.
-async fn plan_round(
-    state: &mut SyncState,
-    decisions: &BTreeMap<String, LoggedDecision>,
-    opts: &SyncOptions,
-    events: &mpsc::Sender<SyncEvent>,
-    cfg: &ServiceConfig,
-) -> Vec<Op> {
-    let range = cfg.scope.range;
-    let (ops, reports) = state.round(decisions, range, opts.accept_proposals, Instant::now());
-    for report in reports {
-        let ev = match report {
-            SyncReport::Invalid { id, labels, reason } => {
-                let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
-                r.outcome = Some(Outcome::Skipped);
-                r.error = Some(reason.clone());
-                let _ = cfg.log.append(r);
-                SyncEvent::Invalid { id, reason }
-            }
-            SyncReport::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
-        };
-        let _ = events.send(ev).await;
-    }
-    ops
+/// A report of the machine's: a malformed entry is logged as skipped; both are sent.
+async fn report(report: SyncReport, events: &mpsc::Sender<SyncEvent>, cfg: &ServiceConfig) {
+    let ev = match report {
+        SyncReport::Invalid { id, labels, reason } => {
+            let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
+            r.outcome = Some(Outcome::Skipped);
+            r.error = Some(reason.clone());
+            let _ = cfg.log.append(r);
+            SyncEvent::Invalid { id, reason }
+        }
+        SyncReport::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
+    };
+    let _ = events.send(ev).await;
 }
 
 /// A create the server refused (401, 403): sync cannot write, and waiting will not fix it.
@@ -1243,15 +959,9 @@ fn publish_splits(state: &SyncState, metrics: &Metrics) {
     metrics.splits_found.inc_by(new_splits);
 }
 
-/// Folds a batch's outcomes into the state (`SyncState::take_results`) and the metrics;
-/// returns what to report when the batch as a whole failed or was halted.
-fn take_results(
-    state: &mut SyncState,
-    ops: Vec<Op>,
-    result: Result<ApplyReport>,
-    metrics: &Metrics,
-) -> Option<String> {
-    let outcome = match result {
+/// A batch's result as the machine takes it in.
+fn batch_outcome(result: Result<ApplyReport>) -> BatchOutcome {
+    match result {
         Err(e) => BatchOutcome::Failed(e.to_string()),
         Ok(report) => BatchOutcome::Done {
             results: report
@@ -1261,14 +971,16 @@ fn take_results(
                 .collect(),
             halted: report.stopped.clone(),
         },
-    };
-    let taken = state.take_results(ops, outcome, Instant::now());
+    }
+}
+
+/// What a batch changed, in the metrics.
+fn record_taken(taken: &Taken, metrics: &Metrics) {
     metrics.mirrored.inc_by(taken.mirrored);
     metrics.write_failures.inc_by(taken.failures);
     for lag in &taken.lags {
         metrics.lag.observe(lag.as_secs_f64());
     }
-    taken.trouble
 }
 
 /// Writes one round's creates through the executor, logging each decision and outcome.

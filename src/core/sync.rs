@@ -15,6 +15,8 @@ use crate::core::plan_cache::PlanCache;
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 
+pub mod machine;
+
 /// One change under the identities prefix, as `sync` follows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvChange {

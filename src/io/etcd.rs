@@ -406,23 +406,8 @@ pub enum Drift {
 
 pub use crate::core::sync::{KvChange, kv_change};
 
-/// What the identities watch reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvWatchEvent {
-    /// The watch is established: etcd accepted it.
-    Connected,
-    /// Changes of one watch response, all at `revision`.
-    Changes {
-        changes: Vec<KvChange>,
-        revision: i64,
-    },
-    /// etcd compacted past the watched revision: read a fresh snapshot.
-    Compacted { compact_revision: i64 },
-    /// The server answered a progress request (or sent changes outside the identities):
-    /// the watch is alive, nothing changed, and every change up to `revision` was seen, so
-    /// a watch opened again starts there (a compaction bites less often).
-    Progress { revision: i64 },
-}
+/// What the identities watch reports (defined beside the machine that takes it in).
+pub use crate::core::sync::machine::KvWatchEvent;
 
 /// How often the watch asks etcd for a progress report, so a quiet watch still hears from
 /// its server (etcd 3.4 answers at once; its own notifications come every 10 minutes).

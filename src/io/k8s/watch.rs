@@ -2,7 +2,6 @@
 //! by the server's `timeoutSeconds`, and an idle deadline past which a silent connection is
 //! a stalled one.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::Method;
@@ -11,36 +10,11 @@ use super::errors::{RequestError, status_of};
 use super::target::{K8sTarget, urlencode};
 use super::transport::EventLines;
 use crate::core::identity::collection_path;
-use crate::core::labels::{LabelKey, canonical_key};
+use crate::core::labels::canonical_key;
 
-/// One CiliumIdentity change, as `sync` follows them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum K8sChange {
-    /// The watch is established: the server answered 200 and streams from here.
-    Connected,
-    Upsert {
-        id: u32,
-        labels: LabelKey,
-        resource_version: String,
-    },
-    Deleted {
-        id: u32,
-        resource_version: String,
-    },
-    /// Progress without a change (`allowWatchBookmarks`).
-    Bookmark {
-        resource_version: String,
-    },
-    /// The watched version is too old (410): list again.
-    Expired,
-    /// A fresh list after a 410, made by the one follower that then watches on from its
-    /// `resource_version`: what sync holds is replaced by it, so no event between the list
-    /// and the watch can fall between two lists.
-    Relisted {
-        identities: BTreeMap<u32, LabelKey>,
-        resource_version: String,
-    },
-}
+/// One CiliumIdentity change, as `sync` follows them (defined beside the machine that takes
+/// it in).
+pub use crate::core::sync::machine::K8sChange;
 
 /// How long the server keeps one watch of sync's open (`timeoutSeconds`).
 pub const WATCH_ROTATE: Duration = Duration::from_secs(45);

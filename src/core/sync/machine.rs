@@ -1,0 +1,671 @@
+//! Sync's decisions as one state machine: events in (both watches, the lease, the
+//! operator's decisions, the outcomes of writes and checks, the ticks), each with the time it
+//! happened; commands out (writes, reports, reservation requests, checks, the end). What to
+//! write, when to retry, when the rollout is over, when cutover is checked and reached, what
+//! is moot, when a fresh snapshot is due: all decided here, and nothing else. `app::sync`
+//! carries the commands out and feeds the results back; the deterministic simulation
+//! (`crate::sim`) drives the very same machine through whole rollouts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
+use crate::core::kvstore::parse_id;
+use crate::core::labels::LabelKey;
+use crate::core::planner::resume::LoggedDecision;
+use crate::core::planner::{Kind, Op};
+use crate::core::range::IdRange;
+
+/// An event of the kvstore's watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvWatchEvent {
+    /// The watch is established: etcd accepted it.
+    Connected,
+    /// Changes of one watch response, all at `revision`.
+    Changes {
+        changes: Vec<KvChange>,
+        revision: i64,
+    },
+    /// etcd compacted past the watched revision: read a fresh snapshot.
+    Compacted { compact_revision: i64 },
+    /// The server answered a progress request (or sent changes outside the identities):
+    /// the watch is alive, nothing changed, and every change up to `revision` was seen, so
+    /// a watch opened again starts there (a compaction bites less often).
+    Progress { revision: i64 },
+}
+
+/// An event of the Kubernetes watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum K8sChange {
+    /// The watch is established: the server answered 200 and streams from here.
+    Connected,
+    Upsert {
+        id: u32,
+        labels: LabelKey,
+        resource_version: String,
+    },
+    Deleted {
+        id: u32,
+        resource_version: String,
+    },
+    /// Progress without a change (`allowWatchBookmarks`).
+    Bookmark {
+        resource_version: String,
+    },
+    /// The watched version is too old (410): list again.
+    Expired,
+    /// A fresh list after a 410, made by the one follower that then watches on from its
+    /// `resource_version`: what sync holds is replaced by it, so no event between the list
+    /// and the watch can fall between two lists.
+    Relisted {
+        identities: BTreeMap<u32, LabelKey>,
+        resource_version: String,
+    },
+}
+
+/// Who holds the one-writer Lease, as the lease keeper last knew it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseHolder {
+    /// Not known (not yet answered, or a renewal failed): no writes.
+    Unknown,
+    Us,
+    Other(String),
+}
+
+/// One event, with the time it happened passed beside it.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Kv(KvWatchEvent),
+    K8s(K8sChange),
+    Lease(LeaseHolder),
+    /// The operator decided (the TUI, while sync runs).
+    Decided(LoggedDecision),
+    /// A batch of writes ended.
+    BatchDone {
+        ops: Vec<Op>,
+        outcome: BatchOutcome,
+    },
+    /// The settle tick (100 ms): plan and write what changed.
+    Settle,
+    /// The status tick (1 s): retries due, the status, moot conflicts, cutover.
+    Status {
+        watching: bool,
+    },
+    /// A cutover check's verdict.
+    Verdict(Result<(), CutoverWait>),
+    /// The moot closures asked for were logged (those that were).
+    MootLogged(Vec<(String, LabelKey)>),
+    /// The reservations answered: how many are held, and the master keys sync wrote.
+    Reservations {
+        held: usize,
+        own_masters: BTreeSet<u32>,
+    },
+    /// Stop: no new batch; the end once the batch in flight is in.
+    Stop,
+}
+
+/// What the reservations (`--reserve-in-kvstore`) are asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserve {
+    /// A master key went (the kvstore's GC): reserve it again if Kubernetes holds `k8s`.
+    MasterGone { id: u32, k8s: Option<LabelKey> },
+    /// Kubernetes holds `id` for `labels`: reserve it.
+    Want { id: u32, labels: LabelKey },
+    /// The object at `id` went: unreserve.
+    Deleted { id: u32 },
+    /// A fresh view of Kubernetes: every id in it is looked at again.
+    ViewChanged,
+    /// Take over what an earlier sync reserved and did not release.
+    AdoptEarlier,
+    /// Write what is due.
+    Pump,
+    /// Cutover: no kvstore-mode node is left to need them.
+    Release,
+}
+
+/// A split allocation to report once its nodes can be named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitFound {
+    pub id: u32,
+    pub k8s_labels: LabelKey,
+    pub kv_value: Vec<u8>,
+    pub found: Instant,
+}
+
+/// What carried each kvstore identity over, when cutover was reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CutoverReport {
+    /// Objects this sync created.
+    pub mirrored: u64,
+    /// Identities served at another id that holds their labels.
+    pub mapped: usize,
+    /// Identities the operator skipped.
+    pub skipped: usize,
+    /// Conflicts closed as moot.
+    pub moot: usize,
+}
+
+impl std::fmt::Display for CutoverReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes ({} mirrored by sync, {} mapped to an id holding their labels, {} skipped by decision, {} closed as moot)",
+            self.mirrored, self.mapped, self.skipped, self.moot
+        )
+    }
+}
+
+/// How sync ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncEnd {
+    pub cutover: bool,
+    pub status: SyncStatus,
+    /// Writes that failed and had not been made when sync stopped (a failure retried
+    /// successfully later is not among them).
+    pub unwritten: usize,
+}
+
+/// A command for the shell that carries the machine out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Both watches are established.
+    Following,
+    Note(String),
+    Trouble(String),
+    /// A malformed entry or a conflict, once each (an invalid one is logged as skipped).
+    Report(SyncReport),
+    /// Create these (each decision logged before its write), only while the Lease is held.
+    Write(Vec<Op>),
+    /// What a batch changed, for the metrics.
+    Taken(Taken),
+    Reserve(Reserve),
+    ReportSplits(Vec<SplitFound>),
+    /// Log these as closed without a write, then answer with `Input::MootLogged`.
+    CloseMoot(Vec<(String, LabelKey, Kind)>),
+    /// A conflict closed as moot (logged).
+    Moot {
+        id: String,
+        labels: LabelKey,
+    },
+    /// Run the cutover check (a consistent verify) with these expectations beside the logs.
+    Verify {
+        reused: BTreeMap<String, u32>,
+        moot: BTreeSet<String>,
+    },
+    Status(SyncStatus),
+    Cutover(CutoverReport),
+    /// The kvstore was compacted past the watch: read a fresh snapshot (the batch in flight
+    /// is taken in first), keeping this state's memory.
+    Resnapshot,
+    End(SyncEnd),
+}
+
+/// What a run of sync is set to.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub range: IdRange,
+    pub accept_proposals: bool,
+    pub until_cutover: bool,
+    pub reserve_in_kvstore: bool,
+    /// How long no kvstore-mode node must be seen before cutover.
+    pub cutover_grace: Duration,
+    /// The Lease as `namespace/name`, for what is said about it.
+    pub lease: String,
+}
+
+/// The longest a cutover check waits for the next: at most one every 30 s while it may be
+/// near (a full consistent verify takes 18 s at 65k on a real server).
+pub const VERIFY_EVERY: Duration = Duration::from_secs(30);
+
+/// Sync's decisions (see the module).
+pub struct Machine {
+    pub state: SyncState,
+    pub decisions: BTreeMap<String, LoggedDecision>,
+    settings: Settings,
+    holder: LeaseHolder,
+    /// The Lease is valid now (the lease keeper's write gate), told with each input.
+    lease_valid: bool,
+    dirty: bool,
+    batch_running: bool,
+    verifying: bool,
+    last_verify: Option<Instant>,
+    last_verify_failed: Option<CutoverWait>,
+    cutover_announced: bool,
+    kv_up: bool,
+    k8s_up: bool,
+    following: bool,
+    stopping: bool,
+    ended: bool,
+}
+
+impl Machine {
+    pub fn new(settings: Settings, decisions: BTreeMap<String, LoggedDecision>) -> Self {
+        Machine {
+            state: SyncState::default(),
+            decisions,
+            settings,
+            holder: LeaseHolder::Unknown,
+            lease_valid: false,
+            dirty: true,
+            batch_running: false,
+            verifying: false,
+            last_verify: None,
+            last_verify_failed: None,
+            cutover_announced: false,
+            kv_up: false,
+            k8s_up: false,
+            following: false,
+            stopping: false,
+            ended: false,
+        }
+    }
+
+    /// Who holds the Lease, known without a word (at start, before the keeper's first
+    /// change is followed).
+    pub fn know_holder(&mut self, holder: LeaseHolder) {
+        self.holder = holder;
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// This sync holds the Lease and it is valid: it may write.
+    pub fn holding(&self) -> bool {
+        self.holder == LeaseHolder::Us && self.lease_valid
+    }
+
+    pub fn batch_running(&self) -> bool {
+        self.batch_running
+    }
+
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// A round starts from a fresh read of both sides (`state`, with what an earlier round
+    /// carried folded in): nothing of the old round's watches, batch or checks is left.
+    pub fn start_round(&mut self, state: SyncState, lease_valid: bool) -> Vec<Output> {
+        self.state = state;
+        self.lease_valid = lease_valid;
+        self.dirty = true;
+        self.batch_running = false;
+        self.verifying = false;
+        self.last_verify = None;
+        self.last_verify_failed = None;
+        self.cutover_announced = false;
+        self.kv_up = false;
+        self.k8s_up = false;
+        self.following = false;
+        let mut out = Vec::new();
+        if self.settings.reserve_in_kvstore {
+            out.push(Output::Reserve(Reserve::AdoptEarlier));
+            if self.holding() {
+                // A fresh view: every id in it is looked at; the first batch goes before the
+                // watches deliver anything.
+                out.push(Output::Reserve(Reserve::ViewChanged));
+                out.push(Output::Reserve(Reserve::Pump));
+            }
+        }
+        out
+    }
+
+    /// One event at `now`; `lease_valid`: the Lease's write gate is open at `now`.
+    pub fn step(&mut self, input: Input, now: Instant, lease_valid: bool) -> Vec<Output> {
+        self.lease_valid = lease_valid;
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        match input {
+            Input::Kv(ev) => self.on_kvstore(ev, now, &mut out),
+            Input::K8s(ch) => self.on_kubernetes(ch, now, &mut out),
+            Input::Lease(holder) => self.on_lease(holder, &mut out),
+            Input::Decided(d) => {
+                self.state.reported.remove(&d.id);
+                // The decisions changed: resumed onto the plan again at the next round.
+                self.state.overlay = None;
+                self.decisions.insert(d.id.clone(), d);
+                self.dirty = true;
+            }
+            Input::BatchDone { ops, outcome } => {
+                self.batch_running = false;
+                let taken = self.state.take_results(ops, outcome, now);
+                if let Some(t) = &taken.trouble {
+                    out.push(Output::Trouble(t.clone()));
+                }
+                out.push(Output::Taken(taken));
+                self.dirty = true;
+            }
+            Input::Settle => self.on_settle(now, &mut out),
+            Input::Status { watching } => self.on_status(now, watching, &mut out),
+            Input::Verdict(v) => self.on_verdict(v, &mut out),
+            Input::MootLogged(closed) => {
+                for (id, labels) in closed {
+                    self.state.moot.insert(id.clone());
+                    self.state.reused.remove(&id);
+                    out.push(Output::Moot { id, labels });
+                }
+                self.dirty = true;
+            }
+            Input::Reservations { held, own_masters } => {
+                self.state.status.reservations = held;
+                if own_masters != self.state.own_masters {
+                    // Sync's own master keys are never a kvstore identity to create for.
+                    self.state.own_masters = own_masters;
+                    self.dirty = true;
+                }
+            }
+            Input::Stop => self.stopping = true,
+        }
+        if self.kv_up && self.k8s_up && !self.following {
+            self.following = true;
+            out.push(Output::Following);
+        }
+        out
+    }
+
+    fn on_kvstore(&mut self, ev: KvWatchEvent, now: Instant, out: &mut Vec<Output>) {
+        match ev {
+            KvWatchEvent::Connected => self.kv_up = true,
+            KvWatchEvent::Progress { .. } => {}
+            KvWatchEvent::Changes { changes, revision } => {
+                self.state.kv_revision = revision;
+                let gone: Vec<u32> = changes
+                    .iter()
+                    .filter_map(|c| match c {
+                        KvChange::Master {
+                            id, value: None, ..
+                        } => parse_id(id).ok(),
+                        _ => None,
+                    })
+                    .collect();
+                for c in changes {
+                    self.state.apply_kv_change(c, now);
+                }
+                if self.settings.reserve_in_kvstore && self.holding() && !gone.is_empty() {
+                    for id in gone {
+                        let k8s = self.state.k8s.get(&id).cloned();
+                        out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
+                    }
+                    out.push(Output::Reserve(Reserve::Pump));
+                }
+                self.dirty = true;
+            }
+            KvWatchEvent::Compacted { compact_revision } => {
+                out.push(Output::Trouble(format!(
+                    "the kvstore was compacted past the watched revision ({compact_revision}): reading a fresh snapshot, keeping every decision"
+                )));
+                out.push(Output::Resnapshot);
+            }
+        }
+    }
+
+    fn on_kubernetes(&mut self, ch: K8sChange, now: Instant, out: &mut Vec<Output>) {
+        let reserve = self.settings.reserve_in_kvstore;
+        let holding = self.holding();
+        let state = &mut self.state;
+        match ch {
+            K8sChange::Connected => {
+                self.k8s_up = true;
+                // The API server is back: what failed while it was gone is tried now, not
+                // when its wait is over.
+                if !state.failed.is_empty() {
+                    state.failed.clear();
+                    self.dirty = true;
+                }
+            }
+            K8sChange::Upsert {
+                id,
+                labels,
+                resource_version,
+            } => {
+                state.k8s_upsert(id, labels.clone(), resource_version, now);
+                // At once, not at the next plan: the window in which a kvstore-mode agent
+                // can hand the id out again is as short as the watch's lag.
+                if reserve && holding {
+                    out.push(Output::Reserve(Reserve::Want { id, labels }));
+                    out.push(Output::Reserve(Reserve::Pump));
+                }
+                self.dirty = true;
+            }
+            K8sChange::Deleted {
+                id,
+                resource_version,
+            } => {
+                state.k8s_delete(id, resource_version);
+                if reserve {
+                    out.push(Output::Reserve(Reserve::Deleted { id }));
+                }
+                self.dirty = true;
+            }
+            K8sChange::Bookmark { resource_version } => state.k8s_version = resource_version,
+            // The follower lists again and sends `Relisted`.
+            K8sChange::Expired => {}
+            K8sChange::Relisted {
+                identities,
+                resource_version,
+            } => {
+                state.k8s_relisted(identities, resource_version, now);
+                if reserve {
+                    out.push(Output::Reserve(Reserve::ViewChanged));
+                }
+                self.dirty = true;
+            }
+        }
+    }
+
+    fn on_lease(&mut self, holder: LeaseHolder, out: &mut Vec<Output>) {
+        let what = format!("lease {}", self.settings.lease);
+        self.state.status.standby = None;
+        match &holder {
+            LeaseHolder::Us => {
+                // Everything seen while another sync wrote is planned (and reserved) again.
+                if self.settings.reserve_in_kvstore {
+                    out.push(Output::Reserve(Reserve::AdoptEarlier));
+                    out.push(Output::Reserve(Reserve::ViewChanged));
+                }
+                self.dirty = true;
+                out.push(Output::Note(format!("{what} taken: this sync writes")));
+            }
+            LeaseHolder::Other(who) => {
+                self.state.status.standby = Some(who.clone());
+                out.push(Output::Note(format!(
+                    "{what} is held by {who}: following both sides without writing until it is free"
+                )));
+            }
+            LeaseHolder::Unknown => out.push(Output::Trouble(format!(
+                "{what} could not be renewed: no writes until it is held again"
+            ))),
+        }
+        self.holder = holder;
+    }
+
+    /// The settle tick: the splits found since the last one, the end on a stop, and (only
+    /// the Lease's holder) a plan and the writes of what changed.
+    fn on_settle(&mut self, now: Instant, out: &mut Vec<Output>) {
+        if !self.state.splits_to_report.is_empty() {
+            out.push(Output::ReportSplits(self.splits_to_report()));
+        }
+        if self.stopping {
+            if self.batch_running {
+                return;
+            }
+            self.state.refresh_lag_percentiles();
+            self.ended = true;
+            out.push(Output::End(SyncEnd {
+                cutover: false,
+                status: self.state.status.clone(),
+                unwritten: self.state.unwritten_now(),
+            }));
+            return;
+        }
+        // Only the lease's holder writes (to the API server, the log, the kvstore).
+        if !self.holding() {
+            // A standby plans and writes nothing, but says what it sees.
+            self.state.status.kvstore_nodes = self.state.counts.nodes().count();
+            self.state.status.identities = self.state.masters.len();
+            return;
+        }
+        if self.settings.reserve_in_kvstore {
+            out.push(Output::Reserve(Reserve::Pump));
+        }
+        if !self.dirty || self.batch_running {
+            return;
+        }
+        self.dirty = false;
+        let s = &self.settings;
+        let (ops, reports) = self
+            .state
+            .round(&self.decisions, s.range, s.accept_proposals, now);
+        out.extend(reports.into_iter().map(Output::Report));
+        if !ops.is_empty() {
+            self.batch_running = true;
+            out.push(Output::Write(ops));
+        }
+    }
+
+    /// The splits found and still there (the kvstore's GC or a delete may have ended one).
+    fn splits_to_report(&mut self) -> Vec<SplitFound> {
+        let state = &mut self.state;
+        std::mem::take(&mut state.splits_to_report)
+            .into_iter()
+            .filter_map(|(id, found)| {
+                Some(SplitFound {
+                    id,
+                    k8s_labels: state.k8s.get(&id)?.clone(),
+                    kv_value: state.masters.get(id.to_string().as_bytes())?.clone(),
+                    found,
+                })
+            })
+            .collect()
+    }
+
+    /// The status tick: retries whose wait is over, the status, moot conflicts and, once
+    /// the rollout is over and all is quiet, a cutover check.
+    fn on_status(&mut self, now: Instant, watching: bool, out: &mut Vec<Output>) {
+        let state = &mut self.state;
+        // A failed write is tried again when its wait is over, even when nothing else
+        // happens (at the quiet end of a rollout, nothing else would).
+        if state.failed.values().any(|until| *until <= now) {
+            state.failed.retain(|_, until| *until > now);
+            self.dirty = true;
+        }
+        state.refresh_lag_percentiles();
+        state.status.watching = watching;
+        if state.status.kvstore_nodes > 0 {
+            state.no_nodes_since = None;
+            // A kvstore-mode node coming back starts the watch for cutover again.
+            self.cutover_announced = false;
+            self.last_verify_failed = None;
+        } else if state.no_nodes_since.is_none() {
+            state.no_nodes_since = Some(now);
+        }
+        let grace = self.settings.cutover_grace;
+        let rollout_over = self.rollout_over(now);
+        if rollout_over {
+            let moot = self.state.moot_now();
+            if !moot.is_empty() {
+                // Closed once logged (`MootLogged`); nothing is quiet until then.
+                self.dirty = true;
+                out.push(Output::CloseMoot(moot));
+            }
+        }
+        self.say_cutover_wait(now, grace);
+        out.push(Output::Status(self.state.status.clone()));
+        let due = self
+            .last_verify
+            .is_none_or(|t| now.saturating_duration_since(t) > VERIFY_EVERY);
+        if !(rollout_over && self.quiet() && due && !self.cutover_announced && !self.verifying) {
+            return;
+        }
+        self.last_verify = Some(now);
+        self.verifying = true;
+        let mut moot = self.state.moot.clone();
+        // Sync's own reservations are no kvstore identities: verify expects no object there.
+        moot.extend(self.state.reservations_alone().map(|id| id.to_string()));
+        out.push(Output::Verify {
+            reused: self.state.reused.clone(),
+            moot,
+        });
+    }
+
+    /// No kvstore-mode node for the grace, and this sync holds the Lease.
+    fn rollout_over(&self, now: Instant) -> bool {
+        self.state
+            .no_nodes_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.settings.cutover_grace)
+            && self.holding()
+    }
+
+    /// What cutover waits for, in the status.
+    fn say_cutover_wait(&mut self, now: Instant, grace: Duration) {
+        let state = &self.state;
+        let unsettled = state.in_flight.len()
+            + state.failed.len()
+            + usize::from(self.batch_running || self.dirty);
+        let wait = (!self.cutover_announced)
+            .then(|| {
+                super::cutover_wait(
+                    &state.status,
+                    state
+                        .no_nodes_since
+                        .map(|t| now.saturating_duration_since(t)),
+                    grace,
+                    (unsettled, self.holding(), self.verifying),
+                    self.last_verify_failed.as_ref(),
+                )
+            })
+            .flatten();
+        self.state.status.cutover_wait = wait;
+    }
+
+    /// Nothing pending, in flight, failing or waiting to be planned.
+    fn quiet(&self) -> bool {
+        self.state.status.pending == 0
+            && self.state.in_flight.is_empty()
+            && self.state.failed.is_empty()
+            && !self.batch_running
+            && !self.dirty
+    }
+
+    /// A cutover check's verdict: announced if it passed and the rollout is still over and
+    /// quiet (a node may have come back, or something arrived, while it ran).
+    fn on_verdict(&mut self, verdict: Result<(), CutoverWait>, out: &mut Vec<Output>) {
+        self.verifying = false;
+        if let Err(failed) = verdict {
+            // Said until the next check, so nobody wonders whether sync is stuck.
+            out.push(Output::Note(format!("cutover not yet: {failed}")));
+            self.last_verify_failed = Some(failed);
+            return;
+        }
+        self.last_verify_failed = None;
+        let still_over = self.state.no_nodes_since.is_some() && self.holding();
+        if !still_over || !self.quiet() || self.cutover_announced {
+            return;
+        }
+        self.cutover_announced = true;
+        let state = &mut self.state;
+        out.push(Output::Cutover(CutoverReport {
+            mirrored: state.status.mirrored,
+            mapped: state.reused.len(),
+            skipped: state.skipped,
+            moot: state.moot.len(),
+        }));
+        if self.settings.reserve_in_kvstore {
+            out.push(Output::Reserve(Reserve::Release));
+            state.status.reservations = 0;
+        }
+        if self.settings.until_cutover {
+            self.ended = true;
+            out.push(Output::End(SyncEnd {
+                cutover: true,
+                status: state.status.clone(),
+                unwritten: 0,
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,7 +5,8 @@
 //! `io` is the only code that talks to etcd, Kubernetes and files; `apply` carries out
 //! operations against the API server; `app` composes them into flows and the engine service;
 //! `tui` is the terminal front end, which sees only `core` data and the service's messages;
-//! `sandbox` is the in-process Kubernetes API server of the demo and the tests.
+//! `sandbox` is the in-process Kubernetes API server of the demo and the tests; `sim` runs the
+//! real sync machine through whole simulated rollouts, deterministic from a seed.
 
 pub mod app;
 pub mod apply;
@@ -13,6 +14,7 @@ pub mod core;
 pub mod error;
 pub mod io;
 pub mod sandbox;
+pub mod sim;
 pub mod tui;
 
 pub use error::{Error, Result};

@@ -280,6 +280,7 @@ pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
         let c = read_log(p)?;
         let more = c.expectations();
         e.mappings.extend(more.mappings);
+        e.mapped_labels.extend(more.mapped_labels);
         for id in &more.rolled_back {
             e.rolled_back.insert(id.clone());
         }

@@ -638,10 +638,12 @@ impl Round {
                 Output::Moot { id, labels } => {
                     let _ = sync.events.send(SyncEvent::Moot { id, labels }).await;
                 }
-                Output::Verify { reused, moot } => {
+                Output::Verify { reused, nowhere } => {
                     let (cfg, tx) = (sync.cfg.clone(), self.verdict_tx.clone());
                     tokio::spawn(async move {
-                        let _ = tx.send(cutover_verified(&cfg, &reused, &moot).await).await;
+                        let _ = tx
+                            .send(cutover_verified(&cfg, &reused, &nowhere).await)
+                            .await;
                     });
                 }
                 Output::Status(status) => {
@@ -814,7 +816,7 @@ async fn next_decision(
 async fn cutover_verified(
     cfg: &ServiceConfig,
     reused: &BTreeMap<String, u32>,
-    moot: &BTreeSet<String>,
+    nowhere: &BTreeSet<String>,
 ) -> std::result::Result<(), CutoverWait> {
     let logs: Vec<std::path::PathBuf> = cfg
         .resume
@@ -823,15 +825,9 @@ async fn cutover_verified(
         .chain(std::iter::once(cfg.log.path().to_path_buf()))
         .collect();
     let failed = |first: String| CutoverWait::Verify { problems: 1, first };
-    let mut expect = flows::expectations_from_logs(&logs)
+    let logged = flows::expectations_from_logs(&logs)
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
-    for (id, target) in reused {
-        expect.mappings.entry(id.clone()).or_insert(Some(*target));
-    }
-    // Closed as moot: like a skip, a decision recorded in the log, not a problem.
-    for id in moot {
-        expect.mappings.insert(id.clone(), None);
-    }
+    let expect = crate::core::sync::machine::cutover_expectations(logged, reused, nowhere);
     let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
         .await
         .map_err(|e| failed(format!("verify could not run: {e}")))?;

@@ -8,5 +8,6 @@ pub mod outcome;
 pub mod plan_cache;
 pub mod planner;
 pub mod range;
+pub mod rng;
 pub mod sync;
 pub mod verify;

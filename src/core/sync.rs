@@ -812,11 +812,18 @@ impl SyncState {
             .clone()
             .filter(|i| i.decided && i.action == Action::Skip)
             .count();
-        // Kvstore ids the plan serves at another id that already holds their labels.
+        // Kvstore ids the plan serves at another id that already holds their labels: mapped
+        // there, or a create there made already (by a CRD-mode agent, another sync, or this
+        // one before a crash cut its outcome line off).
+        let k8s = &self.k8s;
         self.reused = items
             .clone()
-            .filter(|i| i.action == Action::None)
             .filter_map(|i| i.target_id.map(|t| (i, t)))
+            .filter(|(i, t)| {
+                i.action == Action::None
+                    || (i.action == Action::Create
+                        && k8s.get(t).is_some_and(|l| l.as_str() == i.labels))
+            })
             .filter(|(i, t)| !same_id(&i.id, *t))
             .map(|(i, t)| (i.id.clone(), t))
             .collect();
@@ -1488,6 +1495,38 @@ mod tests {
         assert_eq!((sync.status.splits, sync.status.splits_found), (1, 3));
         let found: Vec<u32> = sync.splits_to_report.iter().map(|(id, _)| *id).collect();
         assert_eq!(found, [300, 300, 300]);
+    }
+
+    #[test]
+    fn a_decided_create_already_made_by_someone_else_counts_as_served_there() {
+        // 300 = A is a remap (Kubernetes holds 300 for B), decided to 5000; A is at 5000 now,
+        // created by no outcome this sync logged (another sync, or one cut off by a crash).
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: b"300".to_vec(),
+                value: Some(b"k8s:app=a;".to_vec()),
+                created: true,
+            },
+            t0,
+        );
+        sync.k8s.insert(300, "k8s:app=b;".into());
+        sync.k8s.insert(5000, "k8s:app=a;".into());
+        let decisions: BTreeMap<String, LoggedDecision> = [(
+            "300".to_string(),
+            LoggedDecision {
+                id: "300".into(),
+                labels: "k8s:app=a;".into(),
+                action: Action::Create,
+                target_id: Some(5000),
+            },
+        )]
+        .into();
+        let (ops, _) = sync.round(&decisions, range, false, t0);
+        assert!(ops.is_empty(), "nothing to write: {ops:?}");
+        assert_eq!(sync.reused.get("300"), Some(&5000));
     }
 
     #[test]

@@ -38,6 +38,10 @@ impl ProblemKind {
 pub struct Expectations {
     /// kvstore id (text) -> the id it is served at (`None` = skipped); absent: its own id.
     pub mappings: BTreeMap<String, Option<u32>>,
+    /// The labels a mapping was recorded for, where known: the kvstore reuses an id its GC
+    /// freed for other labels, and a mapping recorded for the old labels says nothing of the
+    /// new identity, which is then expected at its own id.
+    pub mapped_labels: BTreeMap<String, String>,
     /// kvstore ids whose object a rollback deleted.
     pub rolled_back: BTreeSet<String>,
 }
@@ -87,7 +91,12 @@ pub fn verify(
     entries.sort_by_key(|(id, _)| *id);
     for (id, labels) in entries {
         report.checked += 1;
-        let expected_at = match mappings.get(&id.to_string()) {
+        let key = id.to_string();
+        let stale = expect
+            .mapped_labels
+            .get(&key)
+            .is_some_and(|recorded| recorded != labels);
+        let expected_at = match mappings.get(&key).filter(|_| !stale) {
             Some(Some(t)) => Some(*t),
             Some(None) => None,
             None => Some(id),
@@ -136,6 +145,24 @@ mod tests {
         crate::core::labels::canonical_key(&crate::core::labels::to_security_labels(
             &parse_label_key(s).unwrap(),
         ))
+    }
+
+    #[test]
+    fn a_mapping_recorded_for_other_labels_says_nothing_of_the_id_reused_since() {
+        // 300 was mapped to 900 for A; the kvstore's GC freed 300 and an agent took it for B.
+        let masters = vec![MasterEntry::new("300", "k8s:b=1;")];
+        let mut k8s = BTreeMap::new();
+        k8s.insert(300, sl("k8s:b=1;"));
+        k8s.insert(900, sl("k8s:a=1;"));
+        let mut expect = Expectations::default();
+        expect.mappings.insert("300".into(), Some(900));
+        expect.mapped_labels.insert("300".into(), "k8s:a=1;".into());
+        let range = IdRange::for_cluster(0).unwrap();
+        assert!(verify(&masters, &k8s, &expect, range).passed());
+        // Recorded for these very labels, the mapping holds.
+        expect.mapped_labels.insert("300".into(), "k8s:b=1;".into());
+        let r = verify(&masters, &k8s, &expect, range);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
     }
 
     #[test]

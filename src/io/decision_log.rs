@@ -302,7 +302,16 @@ impl LogContents {
 
     /// What `verify` expects, from this log.
     pub fn expectations(&self) -> Expectations {
+        let mut mapped_labels = BTreeMap::new();
+        for r in &self.records {
+            if r.outcome
+                .is_some_and(|o| o.is_serving() || o == Outcome::Skipped)
+            {
+                mapped_labels.insert(r.id.clone(), r.labels.clone());
+            }
+        }
         Expectations {
+            mapped_labels,
             mappings: self.mappings(),
             rolled_back: self.rolled_back(),
         }

@@ -13,6 +13,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("app", &["core", "io", "apply", "app", "error"]),
     ("tui", &["core", "apply", "app", "tui", "error"]),
     ("sandbox", &["core", "io", "sandbox", "error"]),
+    ("sim", &["core", "sim"]),
 ];
 
 /// Names that must not appear in a layer's code.
@@ -29,6 +30,17 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         ],
     ),
     ("tui", &["kube::", "etcd_client::", "k8s_openapi::"]),
+    (
+        "sim",
+        &[
+            "tokio::",
+            "std::fs",
+            "std::net",
+            "std::thread",
+            "kube::",
+            "etcd_client::",
+        ],
+    ),
 ];
 
 fn src_dir() -> PathBuf {

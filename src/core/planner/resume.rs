@@ -179,6 +179,26 @@ pub fn resume(
             dropped.push(drop(id, &format!("is invalid now ({})", item.reason)));
             continue;
         }
+        let present = match item.kind {
+            Kind::Reuse => item.labels_present_at,
+            Kind::AlreadyMigrated => item.numeric_id(),
+            _ => None,
+        };
+        if d.action == Action::Create
+            && let Some(x) = present
+            && d.target_id != Some(x)
+        {
+            // Decided before these labels reached Kubernetes at x (a CRD-mode agent, or an
+            // object at the kvstore's own id): a create now would be a second object for
+            // them, which nobody decided. They are served at x.
+            dropped.push(drop(
+                id,
+                &format!(
+                    "its labels are in Kubernetes at {x} now: served there, not created again"
+                ),
+            ));
+            continue;
+        }
         item.action = d.action;
         item.target_id = d.target_id;
         item.decided = true;
@@ -299,6 +319,43 @@ mod tests {
         ]);
         assert_eq!(r.len(), 1);
         assert_eq!(r["1"].target_id, Some(400));
+    }
+
+    #[test]
+    fn a_create_decided_before_the_labels_reached_kubernetes_is_not_made_a_second_object() {
+        // 300 was a remap (Kubernetes holds 300 for other labels), decided to 5000; since, a
+        // CRD-mode agent put A at 400. 301 was a remap too; since, its own id holds B.
+        let masters = [MasterEntry::new("300", A), MasterEntry::new("301", B)];
+        let mut k8s = BTreeMap::new();
+        k8s.insert(300, "k8s:app=x;".to_string());
+        k8s.insert(400, A.to_string());
+        k8s.insert(301, B.to_string());
+        let decisions: BTreeMap<String, LoggedDecision> = [("300", A, 5000), ("301", B, 5001)]
+            .into_iter()
+            .map(|(id, labels, t)| {
+                let d = LoggedDecision {
+                    id: id.into(),
+                    labels: labels.into(),
+                    action: Action::Create,
+                    target_id: Some(t),
+                };
+                (id.to_string(), d)
+            })
+            .collect();
+        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let r = resume(&live, &decisions, &k8s, range());
+        assert_eq!(r.resumed, 0, "{:?}", r.dropped);
+        let item = |id: &str| r.items.iter().find(|i| i.id == id).unwrap();
+        assert_eq!(
+            (item("300").action, item("300").target_id),
+            (Action::None, Some(400))
+        );
+        assert_eq!(item("301").kind, Kind::AlreadyMigrated);
+        assert!(
+            r.dropped.iter().all(|d| d.reason.contains("served there")),
+            "{:?}",
+            r.dropped
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::core::labels::LabelKey;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::planner::{Kind, Op};
 use crate::core::range::IdRange;
+use crate::core::verify::Expectations;
 
 /// An event of the kvstore's watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,10 +188,12 @@ pub enum Output {
         id: String,
         labels: LabelKey,
     },
-    /// Run the cutover check (a consistent verify) with these expectations beside the logs.
+    /// Run the cutover check (a consistent verify) with these expectations beside the logs:
+    /// identities served at another id that holds their labels, and those expected nowhere
+    /// (closed as moot, skipped by a decision, sync's own reservations).
     Verify {
         reused: BTreeMap<String, u32>,
-        moot: BTreeSet<String>,
+        nowhere: BTreeSet<String>,
     },
     Status(SyncStatus),
     Cutover(CutoverReport),
@@ -211,6 +214,26 @@ pub struct Settings {
     pub cutover_grace: Duration,
     /// The Lease as `namespace/name`, for what is said about it.
     pub lease: String,
+}
+
+/// What the cutover check expects: what the decision logs recorded, then the plan's reuses
+/// (current: each target holds the labels now, so it wins over a mapping recorded earlier,
+/// perhaps for labels the id held before the kvstore's GC freed it), then what is expected
+/// nowhere (moot, skipped by a decision, sync's own reservations).
+pub fn cutover_expectations(
+    mut logged: Expectations,
+    reused: &BTreeMap<String, u32>,
+    nowhere: &BTreeSet<String>,
+) -> Expectations {
+    for (id, target) in reused {
+        logged.mappings.insert(id.clone(), Some(*target));
+        logged.mapped_labels.remove(id);
+    }
+    for id in nowhere {
+        logged.mappings.insert(id.clone(), None);
+        logged.mapped_labels.remove(id);
+    }
+    logged
 }
 
 /// The longest a cutover check waits for the next: at most one every 30 s while it may be
@@ -581,12 +604,29 @@ impl Machine {
         }
         self.last_verify = Some(now);
         self.verifying = true;
-        let mut moot = self.state.moot.clone();
+        let mut nowhere = self.state.moot.clone();
         // Sync's own reservations are no kvstore identities: verify expects no object there.
-        moot.extend(self.state.reservations_alone().map(|id| id.to_string()));
+        nowhere.extend(self.state.reservations_alone().map(|id| id.to_string()));
+        // Skipped by a decision: like moot, a decision, not a problem (the log records the
+        // decision, not an outcome, so verify would otherwise expect the object for ever).
+        nowhere.extend(
+            self.decisions
+                .values()
+                .filter(|d| {
+                    // Only while the id still holds the labels decided on (the kvstore's GC
+                    // may have freed it for others since).
+                    d.action == crate::core::planner::Action::Skip
+                        && self
+                            .state
+                            .masters
+                            .get(d.id.as_bytes())
+                            .is_some_and(|v| v == d.labels.as_bytes())
+                })
+                .map(|d| d.id.clone()),
+        );
         out.push(Output::Verify {
             reused: self.state.reused.clone(),
-            moot,
+            nowhere,
         });
     }
 

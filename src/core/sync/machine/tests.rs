@@ -52,6 +52,15 @@ fn with_300(t0: Instant) -> SyncState {
     state
 }
 
+/// Kubernetes holds 300 for other labels: 300 becomes a conflict.
+fn taken_by_b() -> Input {
+    Input::K8s(K8sChange::Upsert {
+        id: 300,
+        labels: "k8s:app=b;".into(),
+        resource_version: "2".into(),
+    })
+}
+
 fn slave(present: bool) -> KvChange {
     KvChange::Slave {
         label_key: A.as_bytes().to_vec(),
@@ -259,15 +268,7 @@ fn moot_conflicts_close_only_once_logged() {
     let t0 = Instant::now();
     let mut m = following(false, false, t0);
     // Kubernetes holds 300 for other labels: 300 is a conflict that waits for a decision.
-    m.step(
-        Input::K8s(K8sChange::Upsert {
-            id: 300,
-            labels: "k8s:app=b;".into(),
-            resource_version: "2".into(),
-        }),
-        t0,
-        true,
-    );
+    m.step(taken_by_b(), t0, true);
     let out = m.step(Input::Settle, t0, true);
     assert!(
         out.iter()
@@ -335,4 +336,50 @@ fn reservations_are_asked_for_only_with_reserve_in_kvstore() {
             })));
         }
     }
+}
+
+#[test]
+fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    m.step(taken_by_b(), t0, true);
+    m.step(
+        Input::Decided(LoggedDecision {
+            id: "300".into(),
+            labels: A.into(),
+            action: crate::core::planner::Action::Skip,
+            target_id: None,
+        }),
+        t0,
+        true,
+    );
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let out = m.step(
+        Input::Status { watching: true },
+        t0 + Duration::from_secs(10),
+        true,
+    );
+    let nowhere = out.iter().find_map(|o| match o {
+        Output::Verify { nowhere, .. } => Some(nowhere.clone()),
+        _ => None,
+    });
+    assert_eq!(nowhere, Some(["300".to_string()].into()), "{out:?}");
+}
+
+#[test]
+fn the_plan_s_reuses_win_over_what_the_log_recorded_and_nowhere_over_both() {
+    let mut logged = Expectations::default();
+    // Recorded for 300 when it held other labels (the kvstore's GC freed it since).
+    logged.mappings.insert("300".into(), Some(300));
+    logged
+        .mapped_labels
+        .insert("300".into(), "k8s:app=old;".into());
+    logged.mappings.insert("301".into(), Some(900));
+    let reused = [("300".to_string(), 400)].into();
+    let nowhere = ["301".to_string()].into();
+    let e = cutover_expectations(logged, &reused, &nowhere);
+    assert_eq!(e.mappings["300"], Some(400));
+    assert!(!e.mapped_labels.contains_key("300"));
+    assert_eq!(e.mappings["301"], None);
 }

@@ -1,0 +1,525 @@
+//! One sync instance in the simulated world: the real `Machine`, and a shell that does what
+//! `app::sync` does with its commands (log, then write; run the cutover check; close moot
+//! conflicts once logged; read a fresh snapshot), with the world's faults, checking the
+//! invariants on every command the machine gives.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::report::{Failure, Trace};
+use super::world::World;
+use crate::core::kvstore::MasterEntry;
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::outcome::Outcome;
+use crate::core::planner::resume::{self, LogStep, LoggedDecision};
+use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
+use crate::core::range::IdRange;
+use crate::core::rng::Rng;
+use crate::core::sync::machine::{
+    Input, K8sChange, KvWatchEvent, LeaseHolder, Machine, Output, Settings,
+};
+use crate::core::sync::{BatchOutcome, CutoverWait};
+use crate::core::verify::{Expectations, ProblemKind, verify};
+
+/// A line of an instance's decision log (it outlives a crash).
+#[derive(Debug, Clone)]
+pub enum LogLine {
+    Decision(LoggedDecision),
+    /// A create's decision, written before the create.
+    Write {
+        id: String,
+        target: u32,
+    },
+    /// What became of an identity: serving at `target`, or skipped (`None`; malformed
+    /// entries, closed as moot).
+    Outcome {
+        id: String,
+        labels: String,
+        target: Option<u32>,
+    },
+    Moot {
+        id: String,
+    },
+}
+
+/// Faults the shell meets while carrying commands out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// The log cannot be written (disk full).
+    pub disk_full: bool,
+    /// The API server fails every create of a batch (500s past the retry budget).
+    pub server_down: bool,
+    /// Now and then a batch fails on its own (a rollout in progress, not its quiet end).
+    pub flaky: bool,
+}
+
+pub struct Instance {
+    pub idx: usize,
+    pub machine: Machine,
+    pub alive: bool,
+    pub kv_pos: i64,
+    pub k8s_pos: u64,
+    kv_connected: bool,
+    k8s_connected: bool,
+    k8s_expired: bool,
+    pub batch: Option<Vec<Op>>,
+    pub verify: Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
+    /// What the lease keeper last told it.
+    pub told: LeaseHolder,
+    /// Splits reported (with the kvstore's value and Kubernetes' labels) and, as far as this
+    /// instance has seen, still the same occurrence.
+    open_splits: BTreeMap<u32, (Vec<u8>, String)>,
+    pub cutover: Option<Duration>,
+    pub ended: bool,
+}
+
+/// The clock the machine sees: the simulation's time after a fixed start.
+pub struct Clock(pub Instant);
+
+impl Clock {
+    pub fn at(&self, t: Duration) -> Instant {
+        self.0 + t
+    }
+}
+
+/// Cluster 0's range, which the machine plans in.
+pub const RANGE: IdRange = IdRange {
+    min: 256,
+    max: 65535,
+};
+
+impl Instance {
+    /// An instance started (or restarted) on the world, resuming the decisions in `log`.
+    pub fn start(
+        idx: usize,
+        settings: Settings,
+        log: &[LogLine],
+        world: &World,
+        clock: &Clock,
+    ) -> Self {
+        let steps = log.iter().filter_map(|l| match l {
+            LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
+            _ => None,
+        });
+        let machine = Machine::new(settings, resume::replay(steps));
+        let mut i = Instance {
+            idx,
+            machine,
+            alive: true,
+            kv_pos: 0,
+            k8s_pos: 0,
+            kv_connected: false,
+            k8s_connected: false,
+            k8s_expired: false,
+            batch: None,
+            verify: None,
+            told: LeaseHolder::Unknown,
+            open_splits: BTreeMap::new(),
+            cutover: None,
+            ended: false,
+        };
+        i.fresh_round(world, None, clock.at(world.now));
+        i
+    }
+
+    /// A fresh read of both sides: the machine's round starts on it, keeping `carried`.
+    fn fresh_round(
+        &mut self,
+        world: &World,
+        carried: Option<crate::core::sync::SyncState>,
+        now: Instant,
+    ) {
+        let mut state = world.snapshot();
+        if let Some(old) = carried {
+            state.carry_over(old, now);
+        }
+        self.kv_pos = world.kv_rev;
+        self.k8s_pos = world.k8s_rv;
+        self.kv_connected = false;
+        self.k8s_connected = false;
+        self.k8s_expired = false;
+        self.verify = None;
+        // Reservation requests are checked like any other output (there are none here).
+        let _ = self.machine.start_round(state, world.lease_valid(self.idx));
+    }
+
+    /// The next kvstore watch event, as the watch delivers it (at most `n` changes at once).
+    pub fn next_kv(&mut self, world: &World, n: usize) -> KvWatchEvent {
+        if !self.kv_connected {
+            self.kv_connected = true;
+            return KvWatchEvent::Connected;
+        }
+        if self.kv_pos < world.kv_compacted {
+            return KvWatchEvent::Compacted {
+                compact_revision: world.kv_compacted,
+            };
+        }
+        let changes: Vec<_> = world
+            .kv_log
+            .iter()
+            .filter(|(rev, _)| *rev > self.kv_pos)
+            .take(n)
+            .collect();
+        let Some((last, _)) = changes.last() else {
+            return KvWatchEvent::Progress {
+                revision: world.kv_rev,
+            };
+        };
+        let revision = *last;
+        self.kv_pos = revision;
+        KvWatchEvent::Changes {
+            changes: changes.into_iter().map(|(_, c)| c.clone()).collect(),
+            revision,
+        }
+    }
+
+    /// The next Kubernetes watch event: a change, a bookmark, a 410 and its relist.
+    pub fn next_k8s(&mut self, world: &World) -> K8sChange {
+        if !self.k8s_connected {
+            self.k8s_connected = true;
+            return K8sChange::Connected;
+        }
+        if self.k8s_expired {
+            self.k8s_expired = false;
+            self.k8s_pos = world.k8s_rv;
+            return K8sChange::Relisted {
+                identities: world
+                    .objects
+                    .iter()
+                    .map(|(id, (l, _))| (*id, l.clone()))
+                    .collect(),
+                resource_version: world.k8s_rv.to_string(),
+            };
+        }
+        if self.k8s_pos < world.k8s_window {
+            self.k8s_expired = true;
+            return K8sChange::Expired;
+        }
+        match world.k8s_log.iter().find(|(rv, _)| *rv > self.k8s_pos) {
+            Some((rv, ch)) => {
+                self.k8s_pos = *rv;
+                ch.clone()
+            }
+            None => K8sChange::Bookmark {
+                resource_version: world.k8s_rv.to_string(),
+            },
+        }
+    }
+
+    /// One input to the machine; its commands carried out and checked.
+    pub fn feed(
+        &mut self,
+        input: Input,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        ctx: (&Clock, &mut Rng, Faults, &mut Trace),
+    ) -> Result<(), Failure> {
+        let (clock, rng, faults, trace) = ctx;
+        let i = self.idx;
+        let now = clock.at(world.now);
+        let mut queue: VecDeque<Output> =
+            self.machine.step(input, now, world.lease_valid(i)).into();
+        while let Some(o) = queue.pop_front() {
+            match o {
+                Output::Write(mut ops) => {
+                    ops.sort_by_key(|o| o.target_id);
+                    self.check_write(&ops, world)?;
+                    for op in &ops {
+                        trace.line(
+                            world.now,
+                            format!(
+                                "i{i} write {} -> {:?} {} ({:?})",
+                                op.id, op.target_id, op.label_key, op.kind
+                            ),
+                        );
+                    }
+                    if faults.disk_full {
+                        // Log before act: no line, no create; the batch fails whole.
+                        self.batch = None;
+                        let outcome = BatchOutcome::Failed("the decision log: disk full".into());
+                        queue.extend(self.machine.step(
+                            Input::BatchDone { ops, outcome },
+                            now,
+                            world.lease_valid(i),
+                        ));
+                        continue;
+                    }
+                    for op in &ops {
+                        if let Some(target) = op.target_id {
+                            log.push(LogLine::Write {
+                                id: op.id.clone(),
+                                target,
+                            });
+                        }
+                    }
+                    self.batch = Some(ops);
+                }
+                Output::Reserve(r) => {
+                    if !self.machine.settings().reserve_in_kvstore {
+                        return Err(Failure::new(
+                            "no etcd write without --reserve-in-kvstore",
+                            format!("i{i} asked for {r:?}"),
+                        ));
+                    }
+                }
+                Output::ReportSplits(found) => {
+                    for f in found {
+                        // The same two label sets at the same id, reported again while this
+                        // instance never saw the split end: one occurrence reported twice.
+                        let pair = (f.kv_value.clone(), f.k8s_labels.to_string());
+                        if self.open_splits.get(&f.id) == Some(&pair) {
+                            return Err(Failure::new(
+                                "every split reported exactly once per occurrence",
+                                format!(
+                                    "i{i} reported the split at {} again before it ended",
+                                    f.id
+                                ),
+                            ));
+                        }
+                        trace.line(world.now, format!("i{i} split {}", f.id));
+                        self.open_splits.insert(f.id, pair);
+                    }
+                }
+                Output::CloseMoot(moot) => {
+                    let mut logged = Vec::new();
+                    for (id, labels, _) in moot {
+                        if faults.disk_full || (rng.chance(0.05) && !logged.is_empty()) {
+                            break;
+                        }
+                        log.push(LogLine::Moot { id: id.clone() });
+                        logged.push((id, labels));
+                    }
+                    queue.extend(self.machine.step(
+                        Input::MootLogged(logged),
+                        now,
+                        world.lease_valid(i),
+                    ));
+                }
+                Output::Moot { id, .. } => {
+                    if !log
+                        .iter()
+                        .any(|l| matches!(l, LogLine::Moot { id: m } if *m == id))
+                    {
+                        return Err(Failure::new(
+                            "no act without its log line first",
+                            format!("i{i} closed {id} as moot without its line"),
+                        ));
+                    }
+                    trace.line(world.now, format!("i{i} moot {id}"));
+                }
+                Output::Verify { reused, nowhere } => self.verify = Some((reused, nowhere)),
+                Output::Cutover(report) => {
+                    self.check_cutover(world)?;
+                    trace.line(world.now, format!("i{i} cutover {report}"));
+                    self.cutover.get_or_insert(world.now);
+                }
+                Output::Resnapshot => {
+                    trace.line(world.now, format!("i{i} resnapshot"));
+                    if self.batch.is_some() {
+                        let outcome = self.execute_batch(world, log, (rng, faults, trace));
+                        let ops = self.batch.take().unwrap_or_default();
+                        let _ = self.machine.step(
+                            Input::BatchDone { ops, outcome },
+                            now,
+                            world.lease_valid(i),
+                        );
+                    }
+                    let carried = std::mem::take(&mut self.machine.state);
+                    self.fresh_round(world, Some(carried), now);
+                }
+                Output::End(end) => {
+                    trace.line(world.now, format!("i{i} end cutover={}", end.cutover));
+                    self.ended = true;
+                }
+                Output::Report(r) => {
+                    if let crate::core::sync::SyncReport::Invalid { id, labels, .. } = &r {
+                        // Logged as skipped, as `app::sync` does.
+                        log.push(LogLine::Outcome {
+                            id: id.clone(),
+                            labels: labels.clone(),
+                            target: None,
+                        });
+                    }
+                    trace.line(world.now, format!("i{i} report {r:?}"));
+                }
+                Output::Trouble(t) => trace.line(world.now, format!("i{i} trouble {t}")),
+                Output::Note(n) => trace.line(world.now, format!("i{i} note {n}")),
+                Output::Following | Output::Status(_) | Output::Taken(_) => {}
+            }
+        }
+        let splits = &self.machine.state.splits;
+        self.open_splits.retain(|id, _| splits.contains(id));
+        Ok(())
+    }
+
+    /// The invariants of a batch, as the machine gives it.
+    fn check_write(&self, ops: &[Op], world: &World) -> Result<(), Failure> {
+        let i = self.idx;
+        if !world.lease_valid(i) {
+            return Err(Failure::new(
+                "writes only while the Lease is valid",
+                format!(
+                    "i{i} wrote {} ops without a valid Lease ({:?})",
+                    ops.len(),
+                    world.lease
+                ),
+            ));
+        }
+        let view = &self.machine.state.k8s;
+        for op in ops {
+            if op.op != OpKind::Create {
+                return Err(Failure::new(
+                    "never updates or deletes a CiliumIdentity",
+                    format!("i{i}: {:?} of {}", op.op, op.id),
+                ));
+            }
+            let Some(target) = op.target_id else {
+                return Err(Failure::new("every create has a target", format!("{op:?}")));
+            };
+            if !RANGE.contains(target) || valid_label_key(op.label_key.as_bytes()).is_err() {
+                return Err(Failure::new(
+                    "never a malformed entry or an id outside the range",
+                    format!("i{i}: {} at {target}: {}", op.id, op.label_key),
+                ));
+            }
+            let elsewhere = view
+                .iter()
+                .find(|(id, l)| **id != target && l.as_str() == op.label_key.as_str());
+            let decided = matches!(
+                op.decided_by,
+                DecidedBy::Operator | DecidedBy::AcceptProposals
+            );
+            if let Some((at, _)) = elsewhere
+                && !(op.kind == Kind::Duplicate && decided)
+            {
+                return Err(Failure::new(
+                    "never a second object for a label set except a decided duplicate",
+                    format!(
+                        "i{i}: {} at {target} ({:?}, {:?}) while {} holds {}",
+                        op.id, op.kind, op.decided_by, at, op.label_key
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
+    fn check_cutover(&self, world: &World) -> Result<(), Failure> {
+        let i = self.idx;
+        if !world.lease_valid(i) {
+            return Err(Failure::new(
+                "cutover only by the Lease's holder",
+                format!("i{i}: {:?}", world.lease),
+            ));
+        }
+        if let Some(((labels, node), (_, rev))) = world
+            .values
+            .iter()
+            .find(|(_, (_, rev))| *rev <= self.kv_pos)
+        {
+            return Err(Failure::new(
+                "cutover never before the rollout is over",
+                format!(
+                    "i{i}: node {node} still uses {labels} (since revision {rev}, seen up to {})",
+                    self.kv_pos
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The batch in flight, carried out by the API server: creates, never overwrites.
+    pub fn execute_batch(
+        &mut self,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
+    ) -> BatchOutcome {
+        let Some(ops) = &self.batch else {
+            return BatchOutcome::Failed("no batch".into());
+        };
+        if faults.server_down || (faults.flaky && rng.chance(0.05)) {
+            trace.line(world.now, format!("i{} batch failed", self.idx));
+            return BatchOutcome::Failed("the API server answered 500".into());
+        }
+        let mut results = Vec::new();
+        for op in ops {
+            let Some(target) = op.target_id else {
+                continue;
+            };
+            let outcome = if world.create_object(target, op.label_key.clone()) {
+                world.created_by_sync.insert(target);
+                Outcome::Created
+            } else if world.objects.get(&target).map(|(l, _)| l) == Some(&op.label_key) {
+                Outcome::AlreadyExisted
+            } else {
+                Outcome::Conflict
+            };
+            if outcome.is_serving() {
+                log.push(LogLine::Outcome {
+                    id: op.id.clone(),
+                    labels: op.label_key.to_string(),
+                    target: Some(target),
+                });
+            }
+            results.push((target, outcome));
+        }
+        BatchOutcome::Done {
+            results,
+            halted: None,
+        }
+    }
+
+    /// The cutover check: a verify of the world as it is, with what this instance's log and
+    /// the machine expect.
+    pub fn run_verify(
+        &mut self,
+        world: &World,
+        log: &[LogLine],
+    ) -> Option<Result<(), CutoverWait>> {
+        let (reused, nowhere) = self.verify.take()?;
+        let mut expect = Expectations::default();
+        // As the decision log's reader does: outcomes count, decisions do not.
+        for l in log {
+            match l {
+                LogLine::Outcome { id, labels, target } => {
+                    expect.mappings.insert(id.clone(), *target);
+                    expect.mapped_labels.insert(id.clone(), labels.clone());
+                }
+                LogLine::Moot { id } => {
+                    expect.mappings.insert(id.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        let expect = crate::core::sync::machine::cutover_expectations(expect, &reused, &nowhere);
+        let masters: Vec<MasterEntry> = world
+            .masters
+            .iter()
+            .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
+            .collect();
+        let k8s: BTreeMap<u32, LabelKey> = world
+            .objects
+            .iter()
+            .map(|(id, (l, _))| (*id, l.clone()))
+            .collect();
+        let report = verify(&masters, &k8s, &expect, RANGE);
+        let problems: Vec<_> = report
+            .problems
+            .iter()
+            .filter(|p| p.problem != ProblemKind::Skipped)
+            .collect();
+        Some(match problems.first() {
+            None => Ok(()),
+            Some(p) => Err(CutoverWait::Verify {
+                problems: problems.len(),
+                first: format!("{} {}", p.id, p.problem.as_str()),
+            }),
+        })
+    }
+}
+
+/// How often, in simulated time, the shell ticks (as `SyncOptions` does).
+pub const SETTLE: Duration = Duration::from_millis(100);
+pub const STATUS: Duration = Duration::from_secs(1);

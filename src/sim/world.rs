@@ -1,0 +1,283 @@
+//! The simulated world sync runs in: an etcd (revisions, create-only master keys, `value/`
+//! keys that go with their node, compaction), a kube-apiserver (resourceVersions, create-only
+//! objects, a watch window that expires with 410), nodes whose agents allocate as Cilium's do
+//! (kvstore mode: the labels' `value/` key, else an id already holding them, else a random
+//! free id from a pool fed only by the master keys; CRD mode: the oldest object with the
+//! labels, else a random free name) and roll from kvstore to CRD mode, both GCs, the Lease,
+//! and agents that write malformed entries. Deterministic from its `Rng`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::core::labels::LabelKey;
+use crate::core::rng::Rng;
+use crate::core::sync::machine::K8sChange;
+use crate::core::sync::{KvChange, SyncState};
+
+/// The ids agents allocate from: narrow, so the two sides collide as they do in a real
+/// rollout with many nodes.
+pub const POOL: std::ops::Range<u32> = 256..296;
+/// Distinct label sets the workloads use.
+pub const LABEL_SETS: usize = 28;
+
+pub fn labels(i: usize) -> String {
+    format!("k8s:app=w{i};k8s:io.kubernetes.pod.namespace=ns{};", i % 3)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Kvstore,
+    Crd,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub name: String,
+    pub mode: Mode,
+}
+
+/// Who holds the one-writer Lease: an instance, until when, and since when its renewals
+/// succeed (the write gate is two thirds of the duration after the last renewal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    pub holder: usize,
+    pub renewed: Duration,
+}
+
+pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Default)]
+pub struct World {
+    pub now: Duration,
+    pub kv_rev: i64,
+    /// `id/<n>` (the raw id text, so an agent can write one out of range) -> value.
+    pub masters: BTreeMap<String, String>,
+    /// `value/<labels>/<node>` -> (id, revision it was created at).
+    pub values: BTreeMap<(String, String), (u32, i64)>,
+    /// Every kvstore change, by revision; a watch from before `compacted` is cancelled.
+    pub kv_log: Vec<(i64, KvChange)>,
+    pub kv_compacted: i64,
+    pub k8s_rv: u64,
+    /// Objects: id -> labels and the resourceVersion that created them (the oldest wins).
+    pub objects: BTreeMap<u32, (LabelKey, u64)>,
+    /// Objects sync created, by id.
+    pub created_by_sync: BTreeSet<u32>,
+    pub k8s_log: Vec<(u64, K8sChange)>,
+    /// The API server's watch window: a watch from before this expires (410).
+    pub k8s_window: u64,
+    pub nodes: Vec<Node>,
+    pub lease: Option<LeaseState>,
+}
+
+impl World {
+    pub fn new(nodes: usize) -> Self {
+        World {
+            kv_rev: 1,
+            k8s_rv: 1,
+            nodes: (0..nodes)
+                .map(|i| Node {
+                    name: format!("10.0.0.{}", i + 1),
+                    mode: Mode::Kvstore,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn kv_put(&mut self, change: KvChange) {
+        self.kv_rev += 1;
+        self.kv_log.push((self.kv_rev, change));
+    }
+
+    fn put_master(&mut self, id: String, value: String) {
+        self.masters.insert(id.clone(), value.clone());
+        self.kv_put(KvChange::Master {
+            id: id.into_bytes(),
+            value: Some(value.into_bytes()),
+            created: true,
+        });
+    }
+
+    fn put_value(&mut self, labels: &str, node: &str, id: u32) {
+        self.kv_put(KvChange::Slave {
+            label_key: labels.as_bytes().to_vec(),
+            node: node.as_bytes().to_vec(),
+            present: true,
+        });
+        self.values
+            .insert((labels.to_string(), node.to_string()), (id, self.kv_rev));
+    }
+
+    /// A kvstore-mode agent allocates `labels` as Cilium's allocator does.
+    pub fn kvstore_allocate(&mut self, rng: &mut Rng, node: usize, labels: &str) {
+        let name = self.nodes[node].name.clone();
+        if self
+            .values
+            .contains_key(&(labels.to_string(), name.clone()))
+        {
+            return;
+        }
+        let held = self
+            .masters
+            .iter()
+            .find(|(_, v)| v.as_str() == labels)
+            .and_then(|(id, _)| id.parse::<u32>().ok());
+        let id = match held {
+            Some(id) => id,
+            None => {
+                // The pool knows only the master keys: an id Kubernetes holds looks free.
+                let free: Vec<u32> = POOL
+                    .filter(|id| !self.masters.contains_key(&id.to_string()))
+                    .collect();
+                let Some(&id) = rng.pick(&free) else {
+                    return;
+                };
+                self.put_master(id.to_string(), labels.to_string());
+                id
+            }
+        };
+        self.put_value(labels, &name, id);
+    }
+
+    /// A CRD-mode agent allocates `labels`: the oldest object with them, else a free name.
+    pub fn crd_allocate(&mut self, rng: &mut Rng, labels: &str) {
+        if self.objects.values().any(|(l, _)| l.as_str() == labels) {
+            return;
+        }
+        let free: Vec<u32> = POOL.filter(|id| !self.objects.contains_key(id)).collect();
+        if let Some(&id) = rng.pick(&free) {
+            self.create_object(id, labels.into());
+        }
+    }
+
+    /// A create: refused (false) when the name is taken; an object is never changed.
+    pub fn create_object(&mut self, id: u32, labels: LabelKey) -> bool {
+        if self.objects.contains_key(&id) {
+            return false;
+        }
+        self.k8s_rv += 1;
+        self.objects.insert(id, (labels.clone(), self.k8s_rv));
+        self.k8s_log.push((
+            self.k8s_rv,
+            K8sChange::Upsert {
+                id,
+                labels,
+                resource_version: self.k8s_rv.to_string(),
+            },
+        ));
+        true
+    }
+
+    /// The operator's GC deletes an object.
+    pub fn delete_object(&mut self, id: u32) {
+        if self.objects.remove(&id).is_none() {
+            return;
+        }
+        self.k8s_rv += 1;
+        self.k8s_log.push((
+            self.k8s_rv,
+            K8sChange::Deleted {
+                id,
+                resource_version: self.k8s_rv.to_string(),
+            },
+        ));
+    }
+
+    /// A node leaves kvstore mode: its `value/` keys lapse with its lease.
+    pub fn roll(&mut self, node: usize) {
+        self.nodes[node].mode = Mode::Crd;
+        let name = self.nodes[node].name.clone();
+        let gone: Vec<(String, String)> = self
+            .values
+            .keys()
+            .filter(|(_, n)| *n == name)
+            .cloned()
+            .collect();
+        for key in gone {
+            self.values.remove(&key);
+            self.kv_put(KvChange::Slave {
+                label_key: key.0.into_bytes(),
+                node: key.1.into_bytes(),
+                present: false,
+            });
+        }
+    }
+
+    /// Cilium's kvstore GC: a master key no `value/` key uses goes.
+    pub fn kv_gc(&mut self, rng: &mut Rng) {
+        let used: BTreeSet<&str> = self.values.keys().map(|(l, _)| l.as_str()).collect();
+        let unused: Vec<String> = self
+            .masters
+            .iter()
+            .filter(|(_, v)| !used.contains(v.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if let Some(id) = rng.pick(&unused).cloned() {
+            self.masters.remove(&id);
+            self.kv_put(KvChange::Master {
+                id: id.into_bytes(),
+                value: None,
+                created: false,
+            });
+        }
+    }
+
+    /// An agent (or a person) writes a malformed master key: bad labels, or an id out of
+    /// range. Sync must report it and never write it.
+    pub fn malformed(&mut self, rng: &mut Rng) {
+        let (id, value) = if rng.chance(0.5) {
+            let free: Vec<u32> = POOL
+                .filter(|id| !self.masters.contains_key(&id.to_string()))
+                .collect();
+            let Some(&id) = rng.pick(&free) else {
+                return;
+            };
+            (id.to_string(), "no labels here".to_string())
+        } else {
+            (
+                "70000".to_string(),
+                labels(rng.below(LABEL_SETS as u64) as usize),
+            )
+        };
+        if !self.masters.contains_key(&id) {
+            self.put_master(id, value);
+        }
+    }
+
+    /// What a fresh read of both sides gives sync.
+    pub fn snapshot(&self) -> SyncState {
+        let mut s = SyncState {
+            kv_revision: self.kv_rev,
+            k8s_version: self.k8s_rv.to_string(),
+            ..Default::default()
+        };
+        for (id, v) in &self.masters {
+            s.masters
+                .insert(id.clone().into_bytes(), v.clone().into_bytes());
+        }
+        for (labels, node) in self.values.keys() {
+            s.counts.add_key(labels.as_bytes(), node.as_bytes());
+        }
+        s.k8s = self
+            .objects
+            .iter()
+            .map(|(id, (l, _))| (*id, l.clone()))
+            .collect();
+        s
+    }
+
+    /// Kvstore-mode nodes now.
+    pub fn kvstore_nodes(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.mode == Mode::Kvstore)
+            .count()
+    }
+
+    /// Whether instance `i` may write now: it holds the Lease and renewed it within two
+    /// thirds of its duration.
+    pub fn lease_valid(&self, i: usize) -> bool {
+        self.lease
+            .is_some_and(|l| l.holder == i && self.now < l.renewed + LEASE_DURATION * 2 / 3)
+    }
+}

@@ -66,9 +66,12 @@ pub struct Instance {
     pub verify: Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
     /// What the lease keeper last told it.
     pub told: LeaseHolder,
-    /// Splits reported (with the kvstore's value and Kubernetes' labels) and, as far as this
-    /// instance has seen, still the same occurrence.
-    open_splits: BTreeMap<u32, (Vec<u8>, String)>,
+    /// Both sides as this instance was told them, change by change: an independent account
+    /// of when a split begins (one id, two label sets), to hold the reports against.
+    shadow: Shadow,
+    /// Per id: splits begun (as the shadow saw them) and splits reported.
+    occurrences: BTreeMap<u32, u32>,
+    reports: BTreeMap<u32, u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
 }
@@ -114,7 +117,9 @@ impl Instance {
             batch: None,
             verify: None,
             told: LeaseHolder::Unknown,
-            open_splits: BTreeMap::new(),
+            shadow: Shadow::default(),
+            occurrences: BTreeMap::new(),
+            reports: BTreeMap::new(),
             cutover: None,
             ended: false,
         };
@@ -130,9 +135,19 @@ impl Instance {
         now: Instant,
     ) {
         let mut state = world.snapshot();
+        let fresh = Shadow::of(&state);
+        let first = carried.is_none();
         if let Some(old) = carried {
             state.carry_over(old, now);
         }
+        // At a start every split there is one to report at most once; after a fresh
+        // snapshot, those that began in the gap.
+        for id in fresh.split_ids() {
+            if first || !self.shadow.split(id) {
+                *self.occurrences.entry(id).or_default() += 1;
+            }
+        }
+        self.shadow = fresh;
         self.kv_pos = world.kv_rev;
         self.k8s_pos = world.k8s_rv;
         self.kv_connected = false;
@@ -217,6 +232,7 @@ impl Instance {
         let (clock, rng, faults, trace) = ctx;
         let i = self.idx;
         let now = clock.at(world.now);
+        self.shadow_sees(&input);
         let mut queue: VecDeque<Output> =
             self.machine.step(input, now, world.lease_valid(i)).into();
         while let Some(o) = queue.pop_front() {
@@ -264,20 +280,19 @@ impl Instance {
                 }
                 Output::ReportSplits(found) => {
                     for f in found {
-                        // The same two label sets at the same id, reported again while this
-                        // instance never saw the split end: one occurrence reported twice.
-                        let pair = (f.kv_value.clone(), f.k8s_labels.to_string());
-                        if self.open_splits.get(&f.id) == Some(&pair) {
+                        let reports = self.reports.entry(f.id).or_default();
+                        *reports += 1;
+                        let began = self.occurrences.get(&f.id).copied().unwrap_or(0);
+                        if *reports > began {
                             return Err(Failure::new(
                                 "every split reported exactly once per occurrence",
                                 format!(
-                                    "i{i} reported the split at {} again before it ended",
-                                    f.id
+                                    "i{i} reported the split at {} {} times; it began {began} times",
+                                    f.id, reports
                                 ),
                             ));
                         }
                         trace.line(world.now, format!("i{i} split {}", f.id));
-                        self.open_splits.insert(f.id, pair);
                     }
                 }
                 Output::CloseMoot(moot) => {
@@ -347,8 +362,6 @@ impl Instance {
                 Output::Following | Output::Status(_) | Output::Taken(_) => {}
             }
         }
-        let splits = &self.machine.state.splits;
-        self.open_splits.retain(|id, _| splits.contains(id));
         Ok(())
     }
 
@@ -517,6 +530,109 @@ impl Instance {
                 first: format!("{} {}", p.id, p.problem.as_str()),
             }),
         })
+    }
+}
+
+/// Both sides as an instance was told them.
+#[derive(Debug, Default)]
+struct Shadow {
+    kv: BTreeMap<u32, Vec<u8>>,
+    k8s: BTreeMap<u32, LabelKey>,
+}
+
+impl Shadow {
+    fn of(state: &crate::core::sync::SyncState) -> Self {
+        Shadow {
+            kv: state
+                .masters
+                .iter()
+                .filter_map(|(id, v)| Some((std::str::from_utf8(id).ok()?.parse().ok()?, v.clone())))
+                .collect(),
+            k8s: state.k8s.clone(),
+        }
+    }
+
+    fn split(&self, id: u32) -> bool {
+        match (self.kv.get(&id), self.k8s.get(&id)) {
+            (Some(v), Some(l)) => valid_label_key(v).is_ok_and(|kv| kv != l.as_str()),
+            _ => false,
+        }
+    }
+
+    fn split_ids(&self) -> Vec<u32> {
+        self.k8s.keys().copied().filter(|id| self.split(*id)).collect()
+    }
+}
+
+impl Instance {
+    /// The shadow takes an input in, change by change, counting each split that begins.
+    fn shadow_sees(&mut self, input: &Input) {
+        let mut touched: Vec<(u32, bool)> = Vec::new();
+        let mut apply = |shadow: &mut Shadow, id: u32, f: &mut dyn FnMut(&mut Shadow)| {
+            let before = shadow.split(id);
+            f(shadow);
+            touched.push((id, !before && shadow.split(id)));
+        };
+        match input {
+            Input::Kv(KvWatchEvent::Changes { changes, .. }) => {
+                for c in changes {
+                    if let crate::core::sync::KvChange::Master { id, value, .. } = c
+                        && let Some(id) = std::str::from_utf8(id).ok().and_then(|t| t.parse().ok())
+                    {
+                        apply(&mut self.shadow, id, &mut |s| match value {
+                            Some(v) => {
+                                s.kv.insert(id, v.clone());
+                            }
+                            None => {
+                                s.kv.remove(&id);
+                            }
+                        });
+                    }
+                }
+            }
+            Input::K8s(K8sChange::Upsert { id, labels, .. }) => {
+                apply(&mut self.shadow, *id, &mut |s| {
+                    s.k8s.insert(*id, labels.clone());
+                });
+            }
+            Input::K8s(K8sChange::Deleted { id, .. }) => {
+                apply(&mut self.shadow, *id, &mut |s| {
+                    s.k8s.remove(id);
+                });
+            }
+            Input::K8s(K8sChange::Relisted { identities, .. }) => {
+                let ids: BTreeSet<u32> =
+                    identities.keys().chain(self.shadow.k8s.keys()).copied().collect();
+                let before: BTreeSet<u32> =
+                    ids.iter().copied().filter(|id| self.shadow.split(*id)).collect();
+                self.shadow.k8s = identities.clone();
+                for id in ids {
+                    touched.push((id, !before.contains(&id) && self.shadow.split(id)));
+                }
+            }
+            Input::BatchDone {
+                ops,
+                outcome: BatchOutcome::Done { results, .. },
+            } => {
+                // What sync created is in its view at once (before the watch says so).
+                for (t, o) in results {
+                    if let Some(op) = ops.iter().find(|op| op.target_id == Some(*t))
+                        && matches!(o, Outcome::Created | Outcome::AlreadyExisted)
+                    {
+                        let labels = op.label_key.clone();
+                        apply(&mut self.shadow, *t, &mut |s| {
+                            s.k8s.insert(*t, labels.clone());
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+        for (id, began) in touched {
+            if began {
+                *self.occurrences.entry(id).or_default() += 1;
+            }
+        }
     }
 }
 

@@ -546,7 +546,9 @@ impl Shadow {
             kv: state
                 .masters
                 .iter()
-                .filter_map(|(id, v)| Some((std::str::from_utf8(id).ok()?.parse().ok()?, v.clone())))
+                .filter_map(|(id, v)| {
+                    Some((std::str::from_utf8(id).ok()?.parse().ok()?, v.clone()))
+                })
                 .collect(),
             k8s: state.k8s.clone(),
         }
@@ -560,7 +562,11 @@ impl Shadow {
     }
 
     fn split_ids(&self) -> Vec<u32> {
-        self.k8s.keys().copied().filter(|id| self.split(*id)).collect()
+        self.k8s
+            .keys()
+            .copied()
+            .filter(|id| self.split(*id))
+            .collect()
     }
 }
 
@@ -601,10 +607,16 @@ impl Instance {
                 });
             }
             Input::K8s(K8sChange::Relisted { identities, .. }) => {
-                let ids: BTreeSet<u32> =
-                    identities.keys().chain(self.shadow.k8s.keys()).copied().collect();
-                let before: BTreeSet<u32> =
-                    ids.iter().copied().filter(|id| self.shadow.split(*id)).collect();
+                let ids: BTreeSet<u32> = identities
+                    .keys()
+                    .chain(self.shadow.k8s.keys())
+                    .copied()
+                    .collect();
+                let before: BTreeSet<u32> = ids
+                    .iter()
+                    .copied()
+                    .filter(|id| self.shadow.split(*id))
+                    .collect();
                 self.shadow.k8s = identities.clone();
                 for id in ids {
                     touched.push((id, !before.contains(&id) && self.shadow.split(id)));

@@ -1392,3 +1392,56 @@ fn the_audit_screen_matches_its_snapshot() {
     );
     check_screen("audit", &mut m);
 }
+
+#[test]
+fn a_rescan_never_proposes_a_target_a_kept_decision_holds() {
+    let mut m = scanned_model();
+    // 302 is a remap; the operator sent it to 257, the next id the plan would propose.
+    let remap = m.cluster.items.iter_mut().find(|i| i.id == "302").unwrap();
+    let proposed = remap.target_id.unwrap();
+    remap.target_id = Some(proposed + 1);
+    remap.decided = true;
+    // Sync brought a second remap in (310, its id taken by other labels): the rescan's plan,
+    // not knowing the decision, proposes 257 for it.
+    let cmds = update(&mut m, key('R'));
+    let generation = match cmds.last() {
+        Some(Command::Send(Request::Scan { generation })) => *generation,
+        other => panic!("{other:?}"),
+    };
+    let (mut masters, mut k8s) = world();
+    masters.push(MasterEntry::new("310", "k8s:app=late;"));
+    k8s.insert(310, sl("k8s:app=other-late;"));
+    let items = plan(
+        &masters,
+        &HashMap::new(),
+        &k8s,
+        IdRange::for_cluster(0).unwrap(),
+    );
+    let fresh_310 = items.iter().find(|i| i.id == "310").unwrap().target_id;
+    assert_eq!(fresh_310, Some(proposed + 1), "the collision this is about");
+    update(
+        &mut m,
+        Msg::Engine(Event::Scanned {
+            generation,
+            scan: Box::new(ScanResult {
+                items,
+                k8s,
+                source: SourceInfo {
+                    endpoints: vec!["http://127.0.0.1:2379".into()],
+                    revision: 43,
+                    prefix: "cilium/state/identities/v1".into(),
+                },
+                crd_present: true,
+                other_names: 0,
+            }),
+        }),
+    );
+    assert_eq!(
+        item(&m, "302").target_id,
+        Some(proposed + 1),
+        "the decision stays"
+    );
+    let late = item(&m, "310").target_id.unwrap();
+    assert_ne!(late, proposed + 1);
+    assert!(item(&m, "310").reason.contains(&format!("at {late}")));
+}

@@ -31,6 +31,63 @@ impl Parsed<'_> {
 
 const TRANSITION_RISK: &str = "Until every node runs in CRD mode, traffic that a kvstore-mode node tags with the old id is read by CRD-mode nodes as the other labels, so policy between old and new nodes can allow or drop the wrong traffic; finish the rollout quickly.";
 
+/// Why a remap goes where it goes.
+fn remap_reason(id: u32, new_id: u32) -> Cow<'static, str> {
+    Cow::Owned(format!(
+        "id {id} is taken in Kubernetes by other labels: create these labels at {new_id}, the lowest id free on both sides. {TRANSITION_RISK}"
+    ))
+}
+
+/// Moves proposals off targets another item already takes. A decision kept across a rescan
+/// holds its target, which the fresh plan did not know of (sync had not written it yet): each
+/// undecided remap whose target a decided create, or an earlier proposal, takes gets the
+/// lowest id free in Kubernetes, among the kvstore ids and among every item's targets.
+pub fn repropose_taken_targets(
+    items: &mut [PlanItem],
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+) {
+    let creates = |i: &PlanItem| i.action == Action::Create;
+    let mut taken: BTreeSet<u32> = items
+        .iter()
+        .filter(|i| i.decided && creates(i))
+        .filter_map(|i| i.target_id)
+        .collect();
+    let mut used: BTreeSet<u32> = k8s
+        .keys()
+        .copied()
+        .chain(items.iter().filter_map(PlanItem::numeric_id))
+        .chain(items.iter().filter_map(|i| i.target_id))
+        .collect();
+    let mut next = range.min;
+    for item in items
+        .iter_mut()
+        .filter(|i| !i.decided && i.kind == Kind::Remap && creates(i))
+    {
+        let (Some(t), Some(own)) = (item.target_id, item.numeric_id()) else {
+            continue;
+        };
+        if taken.insert(t) {
+            continue;
+        }
+        while used.contains(&next) && next < range.max {
+            next += 1;
+        }
+        if used.contains(&next) {
+            item.action = Action::None;
+            item.target_id = None;
+            item.reason = Cow::Owned(format!(
+                "id {own} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
+            ));
+            continue;
+        }
+        used.insert(next);
+        taken.insert(next);
+        item.target_id = Some(next);
+        item.reason = remap_reason(own, next);
+    }
+}
+
 /// What Cilium does with one label set under two objects, said wherever a duplicate is proposed.
 const DUPLICATE_FATE: &str = "Cilium 1.18's agents allocating these labels afresh take the oldest object (by creationTimestamp; 1.9's took any), pods keep the id they hold, and the operator's GC marks an object no CiliumEndpoint uses (annotation io.cilium.heartbeat) and deletes it after its heartbeat timeout; an agent that uses it removes the mark.";
 
@@ -249,9 +306,7 @@ impl<'a> Rules<'a> {
         item.kind = Kind::Remap;
         item.action = Action::Create;
         item.target_id = Some(new_id);
-        item.reason = Cow::Owned(format!(
-            "id {id} is taken in Kubernetes by other labels: create these labels at {new_id}, the lowest id free on both sides. {TRANSITION_RISK}"
-        ));
+        item.reason = remap_reason(id, new_id);
     }
 
     /// The lowest id free on both sides, taken; `None` when the range is full.

@@ -131,6 +131,48 @@ fn remap_avoids_kvstore_ids_and_earlier_proposals() {
 }
 
 #[test]
+fn a_proposal_on_a_target_a_kept_decision_holds_moves_to_the_next_free_id() {
+    // The fresh plan proposes 258, 259, 260 for 600, 601, 602; but 600 was decided to 259
+    // before the rescan, which the plan did not know. 601 moves off 259 to the lowest id
+    // nothing takes (258, which 600 no longer uses); 602 keeps 260.
+    let masters = vec![
+        MasterEntry::new("600", A),
+        MasterEntry::new("601", B),
+        MasterEntry::new("602", C),
+    ];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(256, sl("k8s:app=y;"));
+    k8s.insert(257, sl("k8s:app=z;"));
+    for (id, l) in [
+        (600, "k8s:app=o1;"),
+        (601, "k8s:app=o2;"),
+        (602, "k8s:app=o3;"),
+    ] {
+        k8s.insert(id, sl(l));
+    }
+    let mut items = plan(&masters, &HashMap::new(), &k8s, range0());
+    let decided = items.iter_mut().find(|i| i.id == "600").unwrap();
+    decided.target_id = Some(259);
+    decided.decided = true;
+    assert_eq!(
+        by_id(&items, "601").target_id,
+        Some(259),
+        "as the rescan proposes it"
+    );
+    repropose_taken_targets(&mut items, &k8s, range0());
+    assert_eq!(
+        by_id(&items, "600").target_id,
+        Some(259),
+        "a decision stays"
+    );
+    assert_eq!(by_id(&items, "601").target_id, Some(258));
+    assert!(by_id(&items, "601").reason.contains("at 258"));
+    assert_eq!(by_id(&items, "602").target_id, Some(260));
+    let targets: BTreeSet<u32> = items.iter().filter_map(|i| i.target_id).collect();
+    assert_eq!(targets.len(), 3, "one target per remap");
+}
+
+#[test]
 fn second_remap_of_same_labels_reuses_the_first() {
     let masters = vec![MasterEntry::new("600", A), MasterEntry::new("601", A)];
     let mut k8s = BTreeMap::new();

@@ -251,7 +251,9 @@ fn scanned(
     model.scan.drift = (0, 0);
     model.scan.k8s_pending = false;
     model.scan.listing = None;
-    let kept = merge_decisions(&model.cluster.items, scan.items);
+    let mut kept = merge_decisions(&model.cluster.items, scan.items);
+    // A kept decision holds its target: no fresh proposal may land on it too.
+    crate::core::planner::repropose_taken_targets(&mut kept, &scan.k8s, model.cluster.range);
     model.cluster.k8s = scan.k8s;
     model.cluster.crd_present = scan.crd_present;
     model.status = format!(

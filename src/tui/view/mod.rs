@@ -185,7 +185,7 @@ pub fn footer_hints(
     let mut hints = Vec::new();
     let mut cut = false;
     for b in bindings_for(screen) {
-        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "?") || !offered(b.action) {
+        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "6" | "?") || !offered(b.action) {
             continue;
         }
         let text = b.short;

@@ -185,10 +185,15 @@ pub enum CliCommand {
     Sync(SyncArgs),
     /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
     Completions { shell: clap_complete::Shell },
-    /// Print the manual page (roff), e.g. `cilium-idmig man > cilium-idmig.1`.
-    Man,
+    /// Print a manual page (roff): the tool's, e.g. `cilium-idmig man > cilium-idmig.1`,
+    /// or a command's, e.g. `cilium-idmig man apply > cilium-idmig-apply.1`.
+    Man {
+        /// The command whose page to print (cilium-idmig-COMMAND(1)).
+        command: Option<String>,
+    },
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
     Sandbox {
+        /// Port on 127.0.0.1 to serve on (0 picks a free one, printed at start).
         #[arg(long, default_value_t = 0)]
         port: u16,
         /// Write a kubeconfig pointing at it here.
@@ -208,13 +213,18 @@ pub struct Conn {
     /// Cilium's etcd config file (endpoints, trusted-ca-file, cert-file, key-file, username, password).
     #[arg(long)]
     pub etcd_config: Option<PathBuf>,
+    /// Where Cilium keeps identities in etcd; change it only if Cilium was set up with
+    /// another kvstore prefix.
     #[arg(long, default_value = DEFAULT_PREFIX)]
     pub kvstore_prefix: String,
+    /// Keys per etcd read (read in pages at one revision): etcd 3.4 caps a response at
+    /// 4 MiB, so lower it for clusters with very large label keys.
     #[arg(long, default_value_t = 2000)]
     pub etcd_page_size: i64,
     /// kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context to use (default: the kubeconfig's current context).
     #[arg(long)]
     pub context: Option<String>,
     /// Cilium cluster ID (0..=255, or 0..=511 with --max-connected-clusters 511); sets the identity range.
@@ -238,6 +248,7 @@ pub struct Tuning {
     /// Client-side request rate limit; 0 leaves pacing to the API server (429 + Retry-After).
     #[arg(long, default_value_t = 0.0)]
     k8s_qps: f64,
+    /// With --k8s-qps: requests allowed at once before the rate limit paces them.
     #[arg(long, default_value_t = 100)]
     k8s_burst: u32,
     /// Deadline of one request, e.g. 30s, 500ms, 2m.
@@ -348,6 +359,10 @@ pub struct DemoArgs {
     /// `kubectl get ciliumidentities -o json > identities.json` (read-only).
     #[arg(long, value_name = "FILE", requires = "from_snapshot")]
     pub k8s_snapshot: Option<PathBuf>,
+    /// With --from-snapshot: the kvstore prefix the dump's keys are under, when Cilium was
+    /// set up with another than the default (the rehearsal keeps them under the default).
+    #[arg(long, value_name = "PREFIX", requires = "from_snapshot")]
+    pub kvstore_prefix: Option<String>,
     /// Kvstore-mode nodes of the generated cluster; the rollout moves them to CRD mode
     /// one by one once sync runs.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]

@@ -37,7 +37,7 @@ pub enum Exit {
 pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
     match cmd {
         CliCommand::Completions { shell } => completions(shell),
-        CliCommand::Man => man(),
+        CliCommand::Man { command } => man(command),
         CliCommand::Plan { conn, output } => plan(conn, output).await,
         CliCommand::Apply {
             conn,
@@ -127,10 +127,34 @@ fn completions(shell: clap_complete::Shell) -> anyhow::Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// `man`: the manual page in roff.
-fn man() -> anyhow::Result<Exit> {
+/// `man [COMMAND]`: the tool's manual page, or one command's (`cilium-idmig-COMMAND(1)`,
+/// the pages the main one's SUBCOMMANDS section names), in roff.
+fn man(command: Option<String>) -> anyhow::Result<Exit> {
+    let cmd = super::args::Cli::command();
+    let page_of = match &command {
+        None => cmd,
+        Some(name) => {
+            let Some(sub) = cmd.find_subcommand(name) else {
+                let names: Vec<String> = cmd
+                    .get_subcommands()
+                    .map(|c| c.get_name().to_string())
+                    .filter(|n| n != "help")
+                    .collect();
+                return Err(cilium_idmig::Error::Config(format!(
+                    "no command {name:?}: man prints the page of one of {}",
+                    names.join(", ")
+                ))
+                .into());
+            };
+            // Named as the main page's SUBCOMMANDS section names it.
+            let page = format!("cilium-idmig-{name}");
+            sub.clone()
+                .name(page.clone())
+                .bin_name(format!("cilium-idmig {name}"))
+        }
+    };
     let mut page = Vec::new();
-    clap_mangen::Man::new(super::args::Cli::command())
+    clap_mangen::Man::new(page_of)
         .render(&mut page)
         .context("rendering the manual page")?;
     out!("{}", String::from_utf8_lossy(&page)).context("writing the manual page")?;
@@ -237,6 +261,7 @@ async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         sandbox_latency,
         from_snapshot,
         k8s_snapshot,
+        kvstore_prefix,
         nodes,
         rollout_speed,
         sync: then_sync,
@@ -253,6 +278,7 @@ async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         latency: sandbox_latency,
         kvstore_dump: from_snapshot,
         k8s_dump: k8s_snapshot,
+        dump_prefix: kvstore_prefix,
         nodes,
     };
     let demo = demo::world(cfg).await?;

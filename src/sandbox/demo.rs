@@ -32,6 +32,27 @@ pub struct DemoConfig {
     /// With `kvstore_dump`: the Kubernetes side from this `kubectl get -o json` dump (else
     /// the sandbox starts with no identity, as a cluster that never ran CRD mode).
     pub k8s_dump: Option<PathBuf>,
+    /// With `kvstore_dump`: the prefix its keys live under, when Cilium was set up with
+    /// another than the default (`None`: the default). The rehearsal keeps them under the
+    /// default.
+    pub dump_prefix: Option<String>,
+}
+
+/// The keys under `from`, moved under `to` (the dump checked each is under `from`).
+fn rebase(keys: snapshot_file::DumpedKeys, from: &str, to: &str) -> snapshot_file::DumpedKeys {
+    let (from, to) = (
+        crate::core::kvstore::normalize_prefix(from),
+        crate::core::kvstore::normalize_prefix(to),
+    );
+    if from == to {
+        return keys;
+    }
+    keys.into_iter()
+        .map(|(k, v)| match k.strip_prefix(from.as_bytes()) {
+            Some(rest) => ([to.as_bytes(), rest].concat(), v),
+            None => (k, v),
+        })
+        .collect()
 }
 
 /// Starts the sandbox seeded with the Kubernetes side of a generated dataset, and returns
@@ -40,7 +61,9 @@ pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
     // Read (and refuse) the dumps before anything starts.
     let (keys, k8s) = match &cfg.kvstore_dump {
         Some(path) => {
-            let keys = snapshot_file::read_etcd_dump(path, DEFAULT_PREFIX)?;
+            let prefix = cfg.dump_prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
+            let keys = snapshot_file::read_etcd_dump(path, prefix)?;
+            let keys = rebase(keys, prefix, DEFAULT_PREFIX);
             let k8s = match &cfg.k8s_dump {
                 Some(p) => snapshot_file::read_k8s_dump(p)?,
                 None => Vec::new(),

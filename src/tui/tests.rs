@@ -61,6 +61,16 @@ fn scan_event(generation: u64) -> Event {
     let mut nodes = HashMap::new();
     nodes.insert(masters[1].value.clone(), 4);
     let items = plan(&masters, &nodes, &k8s, IdRange::for_cluster(0).unwrap());
+    scanned_event(generation, items, k8s, 42)
+}
+
+/// A finished scan of `items` and `k8s`, read at `revision`.
+fn scanned_event(
+    generation: u64,
+    items: Vec<crate::core::planner::PlanItem>,
+    k8s: BTreeMap<u32, String>,
+    revision: i64,
+) -> Event {
     Event::Scanned {
         generation,
         scan: Box::new(ScanResult {
@@ -68,7 +78,7 @@ fn scan_event(generation: u64) -> Event {
             k8s,
             source: SourceInfo {
                 endpoints: vec!["http://127.0.0.1:2379".into()],
-                revision: 42,
+                revision,
                 prefix: "cilium/state/identities/v1".into(),
             },
             crd_present: true,
@@ -1421,20 +1431,7 @@ fn a_rescan_never_proposes_a_target_a_kept_decision_holds() {
     assert_eq!(fresh_310, Some(proposed + 1), "the collision this is about");
     update(
         &mut m,
-        Msg::Engine(Event::Scanned {
-            generation,
-            scan: Box::new(ScanResult {
-                items,
-                k8s,
-                source: SourceInfo {
-                    endpoints: vec!["http://127.0.0.1:2379".into()],
-                    revision: 43,
-                    prefix: "cilium/state/identities/v1".into(),
-                },
-                crd_present: true,
-                other_names: 0,
-            }),
-        }),
+        Msg::Engine(scanned_event(generation, items, k8s, 43)),
     );
     assert_eq!(
         item(&m, "302").target_id,

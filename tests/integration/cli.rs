@@ -533,3 +533,82 @@ async fn the_mistakes_people_make_get_a_clear_answer() {
     let r = w.cli(&args).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 }
+
+/// A page per command, as the main page's SUBCOMMANDS section names them; an unknown one is
+/// refused with the list.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_command_the_manual_names_has_a_page_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = run(dir.path(), &["man"]).await;
+    let named: Vec<String> = main
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("cilium\\-idmig\\-"))
+        .filter_map(|l| l.strip_suffix("(1)"))
+        .map(|n| n.replace("\\-", "-"))
+        .collect();
+    assert!(
+        named.len() >= 8 && named.contains(&"apply".to_string()),
+        "{named:?}"
+    );
+    for name in named.iter().filter(|n| *n != "help") {
+        let r = run(dir.path(), &["man", name]).await;
+        assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+        assert!(
+            r.stdout.contains(&format!(".TH cilium-idmig-{name} 1")),
+            "{name}"
+        );
+    }
+    let r = run(dir.path(), &["man", "aply"]).await;
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("apply, rollback"), "{}", r.stderr);
+}
+
+/// A rehearsal from a dump of a cluster set up with another kvstore prefix: refused as
+/// another prefix's dump without --kvstore-prefix, rehearsed with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rehearsal_reads_a_dump_made_under_another_kvstore_prefix() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let labels = "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;";
+    let dump = serde_json::json!({
+        "header": {"revision": 9},
+        "kvs": [
+            {"key": b64("custom/ids/v1/id/300"), "value": b64(labels)},
+            {"key": b64(&format!("custom/ids/v1/value/{labels}/10.0.0.1")), "value": b64("300")},
+        ],
+        "count": 2,
+    });
+    let file = dir.path().join("kvstore.json");
+    std::fs::write(&file, dump.to_string()).unwrap();
+    let file = file.to_str().unwrap();
+    let r = run(dir.path(), &["demo", "--headless", "--from-snapshot", file]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("another prefix"), "{}", r.stderr);
+    let r = run(
+        dir.path(),
+        &[
+            "demo",
+            "--headless",
+            "--from-snapshot",
+            file,
+            "--kvstore-prefix",
+            "custom/ids/v1",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("created 1,"), "{}", r.stdout);
+    assert!(r.stdout.contains("1 ok"), "{}", r.stdout);
+    let r = run(
+        dir.path(),
+        &["demo", "--headless", "--kvstore-prefix", "custom/ids/v1"],
+    )
+    .await;
+    assert_eq!(
+        r.code, 2,
+        "without a dump the prefix means nothing: {}",
+        r.stderr
+    );
+}

@@ -121,7 +121,7 @@ pub fn rollback_plan(ops: &[Op], json: bool) -> serde_json::Result<String> {
     let s = crate::app::rollback::summarize(ops);
     let _ = writeln!(
         out,
-        "rollback plan: {} to delete, {} already gone, {} kept (not this tool's object as it created it)",
+        "rollback plan: {} to delete, {} already gone, {} kept (changed since this tool created it, or not its object)",
         s.delete, s.gone, s.keep
     );
     Ok(out)

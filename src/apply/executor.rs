@@ -172,7 +172,13 @@ pub async fn apply(
             ..Progress::default()
         }
     });
-    ctx.emit(ApplyEvent::Started { writes, total }).await;
+    let deletes = writes - creates;
+    ctx.emit(ApplyEvent::Started {
+        writes,
+        deletes,
+        total,
+    })
+    .await;
 
     let ctx_ref = &ctx;
     let mut stream = futures::stream::iter(ops)

@@ -80,6 +80,8 @@ pub enum ApplyEvent {
     CrdEstablished,
     Started {
         writes: usize,
+        /// Of the writes, deletes (a rollback's); the rest are creates.
+        deletes: usize,
         total: usize,
     },
     Retrying {

@@ -112,18 +112,19 @@ pub enum CliCommand {
     /// Delete exactly the CiliumIdentity objects that earlier runs created (from their
     /// decision logs), each only if it is still the object the run created. Without --yes it
     /// prints the plan and changes nothing.
+    #[command(group(clap::ArgGroup::new("runs").required(true).multiple(true)))]
     Rollback {
         #[command(flatten)]
-        conn: Conn,
+        conn: K8sConn,
         /// Decision logs of the runs to roll back (repeatable); the rollback's own decisions
         /// and outcomes are appended to the last one.
-        #[arg(long, required_unless_present = "run", num_args = 1..)]
+        #[arg(long, num_args = 1.., group = "runs")]
         decision_log: Vec<PathBuf>,
         /// A run to roll back by the annotation on its objects (repeatable), when its log
         /// is lost: the id from the log's session line or an object's
         /// `cilium-idmig.io/run` annotation. Each object is still checked (uid, labels) and
         /// deleted with preconditions.
-        #[arg(long, value_name = "RUN_ID")]
+        #[arg(long, value_name = "RUN_ID", group = "runs")]
         run: Vec<String>,
         /// Required to delete anything.
         #[arg(long)]
@@ -205,8 +206,18 @@ pub enum CliCommand {
     },
 }
 
+/// Both ends: the kvstore and Kubernetes.
 #[derive(Args, Clone, Default)]
 pub struct Conn {
+    #[command(flatten)]
+    pub etcd: EtcdConn,
+    #[command(flatten)]
+    pub k8s: K8sConn,
+}
+
+/// Where Cilium's kvstore is.
+#[derive(Args, Clone, Default)]
+pub struct EtcdConn {
     /// etcd endpoints, comma-separated.
     #[arg(long, value_delimiter = ',', env = "CILIUM_IDMIG_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Vec<String>,
@@ -221,6 +232,11 @@ pub struct Conn {
     /// 4 MiB, so lower it for clusters with very large label keys.
     #[arg(long, default_value_t = 2000)]
     pub etcd_page_size: i64,
+}
+
+/// Which cluster: the API server and the identity range (all `rollback` needs).
+#[derive(Args, Clone, Default)]
+pub struct K8sConn {
     /// kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -278,14 +294,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 impl Conn {
     pub fn etcd(&self) -> EtcdOptions {
+        let e = &self.etcd;
         EtcdOptions {
-            endpoints: self.etcd_endpoints.clone(),
-            config_file: self.etcd_config.clone(),
-            prefix: self.kvstore_prefix.clone(),
-            page_size: self.etcd_page_size,
+            endpoints: e.etcd_endpoints.clone(),
+            config_file: e.etcd_config.clone(),
+            prefix: e.kvstore_prefix.clone(),
+            page_size: e.etcd_page_size,
             ..Default::default()
         }
     }
+    pub fn scope(&self) -> cilium_idmig::Result<ClusterScope> {
+        self.k8s.scope()
+    }
+    pub async fn target(&self) -> cilium_idmig::Result<K8sTarget> {
+        self.k8s.target().await
+    }
+}
+
+impl K8sConn {
     pub fn scope(&self) -> cilium_idmig::Result<ClusterScope> {
         ClusterScope::new(self.cluster_id, self.max_connected_clusters)
             .map_err(cilium_idmig::Error::Config)

@@ -563,7 +563,7 @@ fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
 /// `rollback`: checks the rollback role, then prints the plan (without `--yes`) or deletes
 /// exactly what the runs created, through the same service and printer as an apply.
 async fn rollback(
-    conn: Conn,
+    conn: super::args::K8sConn,
     spec: rollback::RollbackSpec,
     yes: bool,
     tuning: super::args::Tuning,

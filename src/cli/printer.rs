@@ -174,9 +174,15 @@ fn event_line(ev: &ApplyEvent) -> Option<String> {
     Some(match ev {
         ApplyEvent::CrdCreating => "creating CRD ciliumidentities.cilium.io ...".into(),
         ApplyEvent::CrdEstablished => "CRD established".into(),
-        ApplyEvent::Started { writes, total } => {
-            format!("applying {total} items ({writes} creates)")
-        }
+        ApplyEvent::Started {
+            writes,
+            deletes,
+            total,
+        } => match (writes - deletes, deletes) {
+            (_, 0) => format!("applying {total} items ({writes} to create)"),
+            (0, d) => format!("rolling back {total} objects ({d} to delete)"),
+            (c, d) => format!("applying {total} items ({c} to create, {d} to delete)"),
+        },
         ApplyEvent::Stopping { reason } => format!("stopping: {reason}"),
         ApplyEvent::Problem(r) => format!(
             "  {} -> {}: {}: {}",

@@ -306,6 +306,7 @@ fn progress_signal_and_stale_commit_results() {
     update(
         &mut m,
         Msg::Engine(Event::Apply(ApplyEvent::Started {
+            deletes: 0,
             writes: 4,
             total: 7,
         })),

@@ -612,3 +612,34 @@ async fn a_rehearsal_reads_a_dump_made_under_another_kvstore_prefix() {
         r.stderr
     );
 }
+
+/// No kubeconfig to be found: said plainly, with what was looked at, and exit 2.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_kubeconfig_is_said_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kubeconfig, said) in [
+        (None, "KUBECONFIG is not set"),
+        (
+            Some("/tmp/nope/kc"),
+            "KUBECONFIG names /tmp/nope/kc, which does not exist",
+        ),
+    ] {
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.current_dir(dir.path())
+            .args(["rollback", "--decision-log", "x.jsonl"])
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBECONFIG");
+        if let Some(k) = kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        let out = cmd.output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(said) && stderr.contains("--kubeconfig"),
+            "{stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}

@@ -69,7 +69,11 @@ impl World {
     pub(crate) async fn cli(&self, args: &[&str]) -> Run {
         let kc = self.path("kubeconfig");
         let mut full: Vec<&str> = args.to_vec();
-        full.extend(["--etcd-endpoints", &self.etcd.endpoint, "--kubeconfig", &kc]);
+        // Rollback reads no kvstore, and takes no etcd flag.
+        if args.first() != Some(&"rollback") {
+            full.extend(["--etcd-endpoints", &self.etcd.endpoint]);
+        }
+        full.extend(["--kubeconfig", &kc]);
         run(self.dir.path(), &full).await
     }
 

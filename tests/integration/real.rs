@@ -23,7 +23,11 @@ async fn cli(dir: &Path, kc: &Path, etcd: &Etcd, args: &[&str], secs: u64) -> (R
         .args(args)
         .arg("--kubeconfig")
         .arg(kc)
-        .args(["--etcd-endpoints", &etcd.endpoint])
+        // Rollback reads no kvstore, and takes no etcd flag.
+        .args(match args.first() {
+            Some(&"rollback") => vec![],
+            _ => vec!["--etcd-endpoints", &etcd.endpoint],
+        })
         .env_remove("KUBECONFIG")
         .env("HOME", dir)
         .kill_on_drop(true)

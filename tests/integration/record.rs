@@ -163,6 +163,19 @@ async fn rollback_deletes_exactly_what_the_run_created() {
         r.stdout, r.stderr
     );
     assert!(r.stdout.contains("kept 2"), "{}", r.stdout);
+    assert!(
+        r.stderr.contains("rolling back") && r.stderr.contains("to delete)"),
+        "a rollback's progress speaks of deletes: {}",
+        r.stderr
+    );
+    // Neither a log nor a run: both ways to name what to roll back are offered.
+    let none = w.cli(&["rollback"]).await;
+    assert_eq!(none.code, 2, "{}", none.stderr);
+    assert!(
+        none.stderr.contains("--decision-log") && none.stderr.contains("--run"),
+        "{}",
+        none.stderr
+    );
     let after = w.sb.objects();
     assert!(after.len() < n);
     for (name, obj) in &before {
@@ -232,7 +245,7 @@ async fn a_rollback_killed_midway_finishes_on_a_rerun() {
             "--concurrency",
             "4",
         ])
-        .args(["--etcd-endpoints", &w.etcd.endpoint, "--kubeconfig", &kc])
+        .args(["--kubeconfig", &kc])
         .spawn()
         .unwrap();
     // Kill it once some deletions have gone through.

@@ -42,6 +42,33 @@ pub struct K8sTarget {
     pub(super) watch_list: Arc<AtomicU8>,
 }
 
+/// Why no configuration can be inferred, said plainly, when that is plain from the
+/// environment: `KUBECONFIG` names files none of which exist, or it is unset, there is no
+/// `~/.kube/config` and this is not a pod.
+fn no_kubeconfig_to_infer() -> Option<String> {
+    const DO: &str = "pass --kubeconfig FILE or set KUBECONFIG";
+    if let Some(list) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        let paths: Vec<std::path::PathBuf> = std::env::split_paths(&list).collect();
+        if paths.iter().all(|p| !p.exists()) {
+            let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+            return Some(format!(
+                "kubeconfig: KUBECONFIG names {}, which does not exist; {DO} to an existing file",
+                names.join(", ")
+            ));
+        }
+        return None;
+    }
+    let home = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".kube/config"));
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    match home {
+        Some(p) if !p.exists() && !in_cluster => Some(format!(
+            "kubeconfig: none found (KUBECONFIG is not set, {} does not exist, and this is not a pod in a cluster); {DO}",
+            p.display()
+        )),
+        _ => None,
+    }
+}
+
 impl K8sTarget {
     /// Connects with an explicit kubeconfig, `KUBECONFIG`, `~/.kube/config`, or in-cluster config.
     pub async fn connect(opts: &K8sOptions) -> Result<Self> {
@@ -66,9 +93,14 @@ impl K8sTarget {
             None if opts.context.is_some() => kube::Config::from_kubeconfig(&kopts)
                 .await
                 .map_err(|e| Error::kubeconfig(None, e, ""))?,
-            None => kube::Config::infer().await.map_err(|e| {
-                Error::kubeconfig(None, e, "; pass --kubeconfig FILE or set KUBECONFIG")
-            })?,
+            None => {
+                if let Some(why) = no_kubeconfig_to_infer() {
+                    return Err(Error::Config(why));
+                }
+                kube::Config::infer().await.map_err(|e| {
+                    Error::kubeconfig(None, e, "; pass --kubeconfig FILE or set KUBECONFIG")
+                })?
+            }
         };
         let context = opts.context.clone().or_else(|| current_context(opts));
         Self::from_config(config, context)

@@ -57,7 +57,7 @@ pub(super) fn on_apply(c: &mut CommitState, ev: ApplyEvent) {
         ApplyEvent::CrdEstablished => {
             c.crd_note = Some("CRD ciliumidentities.cilium.io created and Established".into())
         }
-        ApplyEvent::Started { writes, total } => {
+        ApplyEvent::Started { writes, total, .. } => {
             c.writes = writes;
             c.total = total;
         }

@@ -115,6 +115,11 @@ pub enum ServiceRequest {
     Audit {
         generation: u64,
     },
+    /// The nodes that use one identity's labels now (for its details).
+    NodesUsing {
+        id: String,
+        labels: String,
+    },
     /// Write the decision log and a Markdown summary next to `path`.
     Export {
         path: PathBuf,
@@ -193,6 +198,11 @@ pub enum ServiceEvent {
     RollbackPlanned {
         generation: u64,
         ops: Vec<Op>,
+    },
+    /// The nodes that use `id`'s labels (`None`: the source keeps no names).
+    NodesUsing {
+        id: String,
+        nodes: Option<Vec<String>>,
     },
     /// An audit of both stores finished.
     Audited {
@@ -336,6 +346,16 @@ impl Service {
                             run: Box::new(run),
                         },
                         Err(e) => ServiceEvent::failed(generation, Task::Audit, e),
+                    };
+                    let _ = tx.send(ev).await;
+                });
+            }
+            ServiceRequest::NodesUsing { id, labels } => {
+                let (cfg, tx) = (cfg.clone(), self.tx.clone());
+                tokio::spawn(async move {
+                    let ev = match cfg.kv.nodes_using(labels.as_bytes()).await {
+                        Ok(nodes) => ServiceEvent::NodesUsing { id, nodes },
+                        Err(e) => ServiceEvent::failed(0, Task::NodeCount, e),
                     };
                     let _ = tx.send(ev).await;
                 });

@@ -80,6 +80,23 @@ impl KvSource {
         }
     }
 
+    /// The nodes whose `value/` keys use `label_key` now; `None` where the source keeps no
+    /// names (a rehearsal's snapshot keeps node counts only).
+    pub async fn nodes_using(&self, label_key: &[u8]) -> Result<Option<Vec<String>>> {
+        match self {
+            KvSource::Memory(_) => Ok(None),
+            _ => {
+                let prefix = self.prefix();
+                Ok(Some(
+                    self.follower()
+                        .await?
+                        .nodes_using(&prefix, label_key)
+                        .await?,
+                ))
+            }
+        }
+    }
+
     /// Every `value/` key with the id it holds, at the snapshot's revision; `None` where the
     /// source does not keep them (a rehearsal's snapshot keeps node counts only).
     pub async fn read_value_keys(

@@ -478,10 +478,34 @@ fn enter_shows_the_identity_behind_a_row() {
         .position(|&i| m.cluster.items[i].id == "302")
         .unwrap();
     m.table.selected = row;
-    update(&mut m, code(KeyCode::Enter));
+    let cmds = update(&mut m, code(KeyCode::Enter));
     assert!(matches!(m.modal, Some(Modal::Detail { .. })));
+    // The nodes behind it are asked for, and named once they come (an answer for another
+    // identity is dropped).
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, Command::Send(Request::NodesUsing { id, .. }) if id == "302")),
+        "{cmds:?}"
+    );
+    assert!(render(&m).contains("nodes: reading"));
+    update(
+        &mut m,
+        Msg::Engine(Event::NodesUsing {
+            id: "301".into(),
+            nodes: Some(vec!["10.0.0.9".into()]),
+        }),
+    );
+    assert!(render(&m).contains("nodes: reading"));
+    update(
+        &mut m,
+        Msg::Engine(Event::NodesUsing {
+            id: "302".into(),
+            nodes: Some(vec!["10.0.0.1".into(), "10.0.0.2".into()]),
+        }),
+    );
     let screen = render(&m);
     for expected in [
+        "nodes: 10.0.0.1, 10.0.0.2",
         "id 302",
         "remap",
         "app = \"db\"",

@@ -105,6 +105,24 @@ async fn preflight_scan_drift_commit_and_export() {
         && c.status == cilium_idmig::app::preflight::CheckStatus::Ok
         && c.detail.contains("2 identities")));
 
+    // The details of an identity name the nodes whose value/ keys use it, read from etcd.
+    etcd.put(&format!("{P}/value/k8s:app=a;/10.0.0.7"), b"300")
+        .await;
+    tx.send(Request::NodesUsing {
+        id: "300".into(),
+        labels: "k8s:app=a;".into(),
+    })
+    .await
+    .unwrap();
+    let ev = next(&mut rx, "nodes", |e| matches!(e, Event::NodesUsing { .. })).await;
+    let Event::NodesUsing { id, nodes } = ev else {
+        unreachable!()
+    };
+    assert_eq!(
+        (id.as_str(), nodes),
+        ("300", Some(vec!["10.0.0.7".to_string()]))
+    );
+
     tx.send(Request::Scan { generation: 7 }).await.unwrap();
     let Event::Scanned { generation, scan } =
         next(&mut rx, "scan", |e| matches!(e, Event::Scanned { .. })).await

@@ -122,9 +122,11 @@ pub enum Modal {
     Export {
         input: TextField,
     },
-    /// Everything about one identity (an index into the items).
+    /// Everything about one identity (an index into the items), with the nodes that use it
+    /// once read (`None`: being read; `Some(None)`: the source keeps no names).
     Detail {
         index: usize,
+        nodes: Option<Option<Vec<String>>>,
     },
     /// An earlier session left decisions never committed: resume them? (never silently)
     ResumeOffer {

@@ -99,6 +99,15 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             vec![]
         }
+        ServiceEvent::NodesUsing { id, nodes: names } => {
+            // Only for the identity whose details are open; a later one is dropped.
+            if let Some(crate::tui::model::Modal::Detail { index, nodes }) = &mut model.modal
+                && model.cluster.items.get(*index).is_some_and(|i| i.id == id)
+            {
+                *nodes = Some(names);
+            }
+            vec![]
+        }
         ServiceEvent::Audited { generation, run } => {
             if generation == model.audit.generation {
                 model.audit.running = false;

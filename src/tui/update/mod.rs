@@ -217,10 +217,16 @@ fn table_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
             vec![]
         }
         KeyAction::Open => {
-            if let Some(&index) = model.table.view.get(model.table.selected) {
-                model.modal = Some(Modal::Detail { index });
-            }
-            vec![]
+            let Some(&index) = model.table.view.get(model.table.selected) else {
+                return vec![];
+            };
+            model.modal = Some(Modal::Detail { index, nodes: None });
+            let item = &model.cluster.items[index];
+            // The names come from the kvstore now; the count is shown until they do.
+            vec![Command::Send(ServiceRequest::NodesUsing {
+                id: item.id.clone(),
+                labels: item.labels.clone(),
+            })]
         }
         KeyAction::Bulk => {
             let targets = decisions::visible_conflicts(model);

@@ -18,7 +18,7 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
     match modal {
         Modal::Help | Modal::Message(_) => vec![],
         Modal::ResumeOffer { path, .. } => on_resume_offer(model, path, &key),
-        Modal::Detail { index } => {
+        Modal::Detail { index, .. } => {
             // Enter on a conflict goes on to review it; any other key closes.
             if key.code == KeyCode::Enter && model.cluster.items[index].kind.is_conflict() {
                 model.review.conflict = Some(index);

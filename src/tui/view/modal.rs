@@ -36,6 +36,15 @@ fn describe_targets(model: &Model, targets: &[usize]) -> String {
     )
 }
 
+/// Up to eight node names, then how many more.
+fn names_shown(nodes: &[String]) -> String {
+    const SHOWN: usize = 8;
+    match nodes.len() {
+        n if n <= SHOWN => nodes.join(", "),
+        n => format!("{} and {} more", nodes[..SHOWN].join(", "), n - SHOWN),
+    }
+}
+
 /// A text field with its cursor drawn as a block.
 fn with_cursor(field: &TextField) -> String {
     let (before, after) = field.split();
@@ -44,12 +53,23 @@ fn with_cursor(field: &TextField) -> String {
 
 /// Everything about one identity: each label on its own line, nodes, kind, reason, the
 /// decision and who made it, and what Kubernetes holds at its id.
-fn detail(model: &Model, index: usize, area: Rect) -> (&'static str, Vec<Line<'static>>, u16) {
+fn detail(
+    model: &Model,
+    index: usize,
+    nodes: Option<&Option<Vec<String>>>,
+    area: Rect,
+) -> (&'static str, Vec<Line<'static>>, u16) {
     let item = &model.cluster.items[index];
     let mut lines = vec![Line::raw(format!(
         "id {}  ·  {}  ·  used by {} node(s)",
         item.id, item.kind, item.nodes
     ))];
+    lines.push(Line::raw(match nodes {
+        None => "nodes: reading…".to_string(),
+        Some(None) => "nodes: not known (this kvstore source keeps counts only)".to_string(),
+        Some(Some(n)) if n.is_empty() => "nodes: none uses it now".to_string(),
+        Some(Some(n)) => format!("nodes: {}", names_shown(n)),
+    }));
     let target = item.target_id.map_or("-".to_string(), |t| t.to_string());
     let decision = match item.action {
         Action::Create => format!("create at {target}"),
@@ -294,7 +314,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             4,
         ),
         Modal::ConfirmBulk { targets } => confirm_bulk(model, targets),
-        Modal::Detail { index } => detail(model, *index, area),
+        Modal::Detail { index, nodes } => detail(model, *index, nodes.as_ref(), area),
         Modal::ResumeOffer {
             path,
             decisions,

@@ -873,6 +873,9 @@ impl SyncState {
                 Outcome::Created | Outcome::AlreadyExisted => {
                     self.unwritten.remove(&t);
                     self.set_object(t, label_key.clone());
+                    // A remap target a kvstore-mode agent took meanwhile is split now: found
+                    // at once, not when the watch shows sync its own object.
+                    self.check_split(t, now);
                     if outcome == Outcome::Created {
                         self.created.insert(t);
                         self.status.mirrored += 1;

@@ -72,6 +72,10 @@ pub struct Instance {
     /// Per id: splits begun (as the shadow saw them) and splits reported.
     occurrences: BTreeMap<u32, u32>,
     reports: BTreeMap<u32, u32>,
+    /// Splits that began while this instance followed (not those already there when it
+    /// started, which are conflicts of its first plan): each must be reported while it
+    /// lasts.
+    pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
 }
@@ -120,6 +124,7 @@ impl Instance {
             shadow: Shadow::default(),
             occurrences: BTreeMap::new(),
             reports: BTreeMap::new(),
+            must_report: BTreeSet::new(),
             cutover: None,
             ended: false,
         };
@@ -145,9 +150,14 @@ impl Instance {
         for id in fresh.split_ids() {
             if first || !self.shadow.split(id) {
                 *self.occurrences.entry(id).or_default() += 1;
+                if !first {
+                    self.must_report.insert(id);
+                }
             }
         }
         self.shadow = fresh;
+        let shadow = &self.shadow;
+        self.must_report.retain(|id| shadow.split(*id));
         self.kv_pos = world.kv_rev;
         self.k8s_pos = world.k8s_rv;
         self.kv_connected = false;
@@ -233,11 +243,18 @@ impl Instance {
         let i = self.idx;
         let now = clock.at(world.now);
         self.shadow_sees(&input);
+        let settle = matches!(input, Input::Settle);
         let mut queue: VecDeque<Output> =
             self.machine.step(input, now, world.lease_valid(i)).into();
         while let Some(o) = queue.pop_front() {
             match o {
                 Output::Write(mut ops) => {
+                    if self.batch.is_some() {
+                        return Err(Failure::new(
+                            "one batch of writes at a time",
+                            format!("i{i} wrote {} more while its batch was out", ops.len()),
+                        ));
+                    }
                     ops.sort_by_key(|o| o.target_id);
                     self.check_write(&ops, world)?;
                     for op in &ops {
@@ -293,6 +310,7 @@ impl Instance {
                             ));
                         }
                         trace.line(world.now, format!("i{i} split {}", f.id));
+                        self.must_report.remove(&f.id);
                     }
                 }
                 Output::CloseMoot(moot) => {
@@ -361,6 +379,31 @@ impl Instance {
                 Output::Note(n) => trace.line(world.now, format!("i{i} note {n}")),
                 Output::Following | Output::Status(_) | Output::Taken(_) => {}
             }
+        }
+        // A split begun is reported at the next settle (its nodes named later, by the shell).
+        if settle
+            && !self.ended
+            && let Some(id) = self.must_report.iter().find(|id| self.shadow.split(**id))
+        {
+            return Err(Failure::new(
+                "every split reported exactly once per occurrence",
+                format!("i{i}: the split at {id} was not reported at the settle after it began"),
+            ));
+        }
+        // What the machine says of itself matches what it did.
+        if self.machine.batch_running() != self.batch.is_some()
+            || self.machine.ended() != self.ended
+        {
+            return Err(Failure::new(
+                "the machine knows its batch in flight and its end",
+                format!(
+                    "i{i}: batch out {} (machine: {}), ended {} (machine: {})",
+                    self.batch.is_some(),
+                    self.machine.batch_running(),
+                    self.ended,
+                    self.machine.ended()
+                ),
+            ));
         }
         Ok(())
     }
@@ -643,6 +686,9 @@ impl Instance {
         for (id, began) in touched {
             if began {
                 *self.occurrences.entry(id).or_default() += 1;
+                self.must_report.insert(id);
+            } else if !self.shadow.split(id) {
+                self.must_report.remove(&id);
             }
         }
     }

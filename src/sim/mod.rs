@@ -337,21 +337,11 @@ impl Sim {
         self.feed(i, Input::Verdict(verdict))
     }
 
-    /// The operator's GC: an object whose labels no kvstore identity holds goes.
+    /// The operator's GC (see `World::k8s_gc`).
     fn k8s_gc(&mut self) {
-        let held: std::collections::BTreeSet<&str> =
-            self.world.masters.values().map(String::as_str).collect();
-        let unused: Vec<u32> = self
-            .world
-            .objects
-            .iter()
-            .filter(|(_, (l, _))| !held.contains(l.as_str()))
-            .map(|(id, _)| *id)
-            .collect();
-        if let Some(&id) = self.rng.pick(&unused) {
+        if let Some(id) = self.world.k8s_gc(&mut self.rng) {
             self.trace
                 .line(self.world.now, format!("GC deletes object {id}"));
-            self.world.delete_object(id);
         }
     }
 

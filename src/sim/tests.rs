@@ -68,6 +68,16 @@ const REGRESSIONS: &[(u64, usize, &str)] = &[
         "a decided create whose target already held the labels, made by someone else: never counted as served",
     ),
     (822, 1500, "the same, with a second instance"),
+    (
+        383,
+        2000,
+        "an object sync made, deleted since by the operator's GC and rightly not made again: cutover waited for it for ever",
+    ),
+    (
+        693,
+        2000,
+        "a split sync's own create made (a remap target a kvstore-mode agent had taken) was found only when the watch showed it",
+    ),
 ];
 
 #[test]

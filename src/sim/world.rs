@@ -62,6 +62,8 @@ pub struct World {
     pub objects: BTreeMap<u32, (LabelKey, u64)>,
     /// Objects sync created, by id.
     pub created_by_sync: BTreeSet<u32>,
+    /// Ids CRD-mode agents hold (their endpoints reference them): the GC leaves them.
+    pub crd_used: BTreeSet<u32>,
     pub k8s_log: Vec<(u64, K8sChange)>,
     /// The API server's watch window: a watch from before this expires (410).
     pub k8s_window: u64,
@@ -141,13 +143,37 @@ impl World {
 
     /// A CRD-mode agent allocates `labels`: the oldest object with them, else a free name.
     pub fn crd_allocate(&mut self, rng: &mut Rng, labels: &str) {
-        if self.objects.values().any(|(l, _)| l.as_str() == labels) {
+        let oldest = self
+            .objects
+            .iter()
+            .filter(|(_, (l, _))| l.as_str() == labels)
+            .min_by_key(|(_, (_, rv))| *rv)
+            .map(|(id, _)| *id);
+        if let Some(id) = oldest {
+            self.crd_used.insert(id);
             return;
         }
         let free: Vec<u32> = POOL.filter(|id| !self.objects.contains_key(id)).collect();
-        if let Some(&id) = rng.pick(&free) {
-            self.create_object(id, labels.into());
+        if let Some(&id) = rng.pick(&free)
+            && self.create_object(id, labels.into())
+        {
+            self.crd_used.insert(id);
         }
+    }
+
+    /// The operator's GC: an object no endpoint references (no CRD-mode agent holds its
+    /// id, no kvstore-mode node's `value/` key names it) goes.
+    pub fn k8s_gc(&mut self, rng: &mut Rng) -> Option<u32> {
+        let in_use: BTreeSet<u32> = self.values.values().map(|(id, _)| *id).collect();
+        let unused: Vec<u32> = self
+            .objects
+            .keys()
+            .copied()
+            .filter(|id| !self.crd_used.contains(id) && !in_use.contains(id))
+            .collect();
+        let id = *rng.pick(&unused)?;
+        self.delete_object(id);
+        Some(id)
     }
 
     /// A create: refused (false) when the name is taken; an object is never changed.

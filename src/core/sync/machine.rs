@@ -624,6 +624,23 @@ impl Machine {
                 })
                 .map(|d| d.id.clone()),
         );
+        // Made by this sync and deleted since by the cluster's GC (or a person), and not
+        // made again (sync makes such an object again only while nodes use it, and once):
+        // the deletion is respected, and not waited for.
+        let state = &self.state;
+        if !state.deleted_after_create.is_empty() {
+            nowhere.extend(
+                state
+                    .planned_items()
+                    .into_iter()
+                    .filter(|i| {
+                        i.target_id.is_some_and(|t| {
+                            state.deleted_after_create.contains(&t) && !state.k8s.contains_key(&t)
+                        })
+                    })
+                    .map(|i| i.id),
+            );
+        }
         out.push(Output::Verify {
             reused: self.state.reused.clone(),
             nowhere,

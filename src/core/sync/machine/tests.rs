@@ -61,6 +61,14 @@ fn taken_by_b() -> Input {
     })
 }
 
+/// The node's `value/` key comes (or goes), as the kvstore's watch tells it.
+fn node(present: bool) -> Input {
+    Input::Kv(KvWatchEvent::Changes {
+        changes: vec![slave(present)],
+        revision: 6,
+    })
+}
+
 fn slave(present: bool) -> KvChange {
     KvChange::Slave {
         label_key: A.as_bytes().to_vec(),
@@ -137,14 +145,7 @@ fn cutover_comes_after_the_grace_and_a_passing_check_and_only_once() {
     assert!(!verify(&out));
     // It goes; the grace counts from the next status.
     let t1 = t0 + Duration::from_secs(61);
-    m.step(
-        Input::Kv(KvWatchEvent::Changes {
-            changes: vec![slave(false)],
-            revision: 5,
-        }),
-        t1,
-        true,
-    );
+    m.step(node(false), t1, true);
     m.step(Input::Settle, t1, true);
     for s in [0, 5, 9] {
         let out = m.step(
@@ -211,14 +212,7 @@ fn a_verdict_after_a_node_came_back_is_not_cutover() {
     let out = m.step(Input::Status { watching: true }, t1, true);
     assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
     // While the check runs a node comes back.
-    m.step(
-        Input::Kv(KvWatchEvent::Changes {
-            changes: vec![slave(true)],
-            revision: 6,
-        }),
-        t1,
-        true,
-    );
+    m.step(node(true), t1, true);
     m.step(Input::Settle, t1, true);
     m.step(Input::Status { watching: true }, t1, true);
     let out = m.step(Input::Verdict(Ok(())), t1, true);
@@ -365,6 +359,8 @@ fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
         _ => None,
     });
     assert_eq!(nowhere, Some(["300".to_string()].into()), "{out:?}");
+    // A decision to create is no reason to expect nothing.
+    assert!(m.decisions.values().filter(|d| d.id != "300").count() == 0);
 }
 
 #[test]
@@ -382,4 +378,263 @@ fn the_plan_s_reuses_win_over_what_the_log_recorded_and_nowhere_over_both() {
     assert_eq!(e.mappings["300"], Some(400));
     assert!(!e.mapped_labels.contains_key("300"));
     assert_eq!(e.mappings["301"], None);
+}
+
+/// A machine that reserves in the kvstore, holding the Lease, following both sides.
+fn reserving(t0: Instant) -> Machine {
+    let mut s = settings(false);
+    s.reserve_in_kvstore = true;
+    let mut m = Machine::new(s, BTreeMap::new());
+    m.start_round(with_300(t0), true);
+    m.step(Input::Lease(LeaseHolder::Us), t0, true);
+    m
+}
+
+fn reserve_asks(out: &[Output]) -> Vec<Reserve> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Reserve(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_master_key_gone_is_reserved_again_only_when_one_went() {
+    let t0 = Instant::now();
+    let mut m = reserving(t0);
+    m.step(taken_by_b(), t0, true);
+    let slave_only = node(true);
+    assert!(reserve_asks(&m.step(slave_only, t0, true)).is_empty());
+    let gone = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![KvChange::Master {
+            id: b"300".to_vec(),
+            value: None,
+            created: false,
+        }],
+        revision: 5,
+    });
+    assert_eq!(
+        reserve_asks(&m.step(gone, t0, true)),
+        [
+            Reserve::MasterGone {
+                id: 300,
+                k8s: Some("k8s:app=b;".into())
+            },
+            Reserve::Pump
+        ]
+    );
+}
+
+#[test]
+fn the_reservations_own_master_keys_change_the_plan_only_when_they_change() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    let waits_for_writes = |m: &mut Machine, t: Instant| {
+        let out = m.step(Input::Status { watching: true }, t, true);
+        out.iter().any(|o| {
+            matches!(o, Output::Status(s) if matches!(s.cutover_wait, Some(CutoverWait::Writes(_))))
+        })
+    };
+    // Nodes are there: cutover waits for them; what matters is whether a plan is due.
+    m.step(
+        Input::Reservations {
+            held: 0,
+            own_masters: Default::default(),
+        },
+        t0,
+        true,
+    );
+    assert_eq!(m.state.status.reservations, 0);
+    m.step(node(false), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let later = t0 + Duration::from_secs(10);
+    m.step(
+        Input::Reservations {
+            held: 3,
+            own_masters: Default::default(),
+        },
+        later,
+        true,
+    );
+    assert_eq!(m.state.status.reservations, 3);
+    assert!(
+        !waits_for_writes(&mut m, later),
+        "the same masters: nothing to plan"
+    );
+    m.step(
+        Input::Reservations {
+            held: 3,
+            own_masters: [300].into(),
+        },
+        later,
+        true,
+    );
+    assert!(
+        waits_for_writes(&mut m, later),
+        "new masters of its own: a plan is due"
+    );
+}
+
+#[test]
+fn a_failed_write_is_tried_again_once_its_wait_is_over_or_the_server_is_back() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    let failed = Input::BatchDone {
+        ops,
+        outcome: BatchOutcome::Failed("500".into()),
+    };
+    m.step(failed.clone(), t0, true);
+    assert!(
+        writes(&m.step(Input::Settle, t0, true)).is_empty(),
+        "not before its wait"
+    );
+    // Nothing else happens; the status tick at the end of the wait makes it due.
+    let due = t0 + crate::core::sync::RETRY_AFTER;
+    m.step(
+        Input::Status { watching: true },
+        due - Duration::from_secs(1),
+        true,
+    );
+    assert!(writes(&m.step(Input::Settle, due - Duration::from_secs(1), true)).is_empty());
+    m.step(Input::Status { watching: true }, due, true);
+    let again = writes(&m.step(Input::Settle, due, true));
+    assert_eq!(again.len(), 1, "tried again at the end of its wait");
+    // Failed again; the API server's watch connects again: tried at once.
+    m.step(
+        Input::BatchDone {
+            ops: again,
+            outcome: BatchOutcome::Failed("500".into()),
+        },
+        due,
+        true,
+    );
+    m.step(Input::Settle, due, true);
+    m.step(Input::K8s(K8sChange::Connected), due, true);
+    assert_eq!(writes(&m.step(Input::Settle, due, true)).len(), 1);
+}
+
+#[test]
+fn a_settle_with_no_split_reports_none_and_one_with_a_split_reports_it() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let out = m.step(Input::Settle, t0, true);
+    assert!(
+        !out.iter().any(|o| matches!(o, Output::ReportSplits(_))),
+        "{out:?}"
+    );
+    m.step(taken_by_b(), t0, true);
+    let out = m.step(Input::Settle, t0, true);
+    let found: Vec<u32> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::ReportSplits(f) => Some(f.iter().map(|f| f.id).collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(found, [300]);
+}
+
+#[test]
+fn a_check_is_due_only_strictly_after_verify_every() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let verify = |out: &[Output]| out.iter().any(|o| matches!(o, Output::Verify { .. }));
+    let t1 = t0 + GRACE_OF_TESTS;
+    assert!(verify(&m.step(Input::Status { watching: true }, t1, true)));
+    m.step(
+        Input::Verdict(Err(CutoverWait::Verify {
+            problems: 1,
+            first: "x".into(),
+        })),
+        t1,
+        true,
+    );
+    assert!(!verify(&m.step(
+        Input::Status { watching: true },
+        t1 + VERIFY_EVERY,
+        true
+    )));
+    let just_after = t1 + VERIFY_EVERY + Duration::from_millis(1);
+    assert!(verify(&m.step(
+        Input::Status { watching: true },
+        just_after,
+        true
+    )));
+}
+
+const GRACE_OF_TESTS: Duration = Duration::from_secs(10);
+
+#[test]
+fn the_status_says_what_cutover_waits_for() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let wait = |m: &mut Machine, t: Instant| {
+        m.step(Input::Status { watching: true }, t, true)
+            .into_iter()
+            .find_map(|o| match o {
+                Output::Status(s) => Some(s.cutover_wait),
+                _ => None,
+            })
+            .flatten()
+    };
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    assert_eq!(wait(&mut m, t0), Some(CutoverWait::Nodes(1)));
+    m.step(done(ops), t0, true);
+    let node_gone = node(false);
+    m.step(node_gone, t0, true);
+    m.step(Input::Settle, t0, true);
+    assert_eq!(
+        wait(&mut m, t0),
+        Some(CutoverWait::Grace {
+            left: GRACE_OF_TESTS
+        })
+    );
+    // The grace over, a new identity arrives: its write is what cutover waits for.
+    let t1 = t0 + GRACE_OF_TESTS;
+    let arrives = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![KvChange::Master {
+            id: b"301".to_vec(),
+            value: Some(b"k8s:app=c;".to_vec()),
+            created: true,
+        }],
+        revision: 7,
+    });
+    m.step(arrives, t1, true);
+    assert_eq!(wait(&mut m, t1), Some(CutoverWait::Writes(1)));
+    let ops = writes(&m.step(Input::Settle, t1, true));
+    assert_eq!(
+        wait(&mut m, t1),
+        Some(CutoverWait::Writes(2)),
+        "in flight, and the batch"
+    );
+    m.step(done(ops), t1, true);
+    m.step(Input::Settle, t1, true);
+    let out = m.step(Input::Status { watching: true }, t1, true);
+    assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
+    assert_eq!(wait(&mut m, t1), Some(CutoverWait::Checking));
+}
+
+#[test]
+fn a_cutover_report_reads_as_one_line_with_each_count() {
+    let r = CutoverReport {
+        mirrored: 5,
+        mapped: 2,
+        skipped: 1,
+        moot: 3,
+    };
+    assert_eq!(
+        r.to_string(),
+        "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes (5 mirrored by sync, 2 mapped to an id holding their labels, 1 skipped by decision, 3 closed as moot)"
+    );
 }

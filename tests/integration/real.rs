@@ -553,3 +553,96 @@ async fn the_same_rollout_with_sync_reaches_cutover_and_is_audited_as_the_stores
     // its labels, so policy selects both.)
     assert_eq!(p.end_splits, 0, "{p:?}");
 }
+
+/// A sync of the binary with its own decision log, its output going to `out`.
+fn spawn_sync(dir: &Path, kc: &Path, etcd: &Etcd, log: &str, out: &Path) -> tokio::process::Child {
+    tokio::process::Command::new(bin())
+        .current_dir(dir)
+        .args([
+            "sync",
+            "--decision-log",
+            log,
+            "--etcd-endpoints",
+            &etcd.endpoint,
+        ])
+        .arg("--kubeconfig")
+        .arg(kc)
+        .env_remove("KUBECONFIG")
+        .env("HOME", dir)
+        .stdout(std::fs::File::create(out).unwrap())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `file` holds `text` (`secs` at most).
+async fn said(file: &Path, text: &str, secs: u64) {
+    let start = Instant::now();
+    loop {
+        let now = std::fs::read_to_string(file).unwrap_or_default();
+        if now.contains(text) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "{text:?} not said in {secs} s: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Two syncs on one cluster with the real server's Leases: one writes, the other follows;
+/// the writer killed (its Lease not given up), the other takes over and mirrors what comes.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_syncs_share_one_lease_on_a_real_server_and_the_second_takes_over() {
+    let Some(cp) = ControlPlane::start("real::two_syncs") else {
+        return;
+    };
+    let etcd = Etcd::start().await;
+    for (id, l) in [(300, A), (301, B)] {
+        etcd.put(&format!("{P}/id/{id}"), l.as_bytes()).await;
+        etcd.put(
+            &format!("{P}/value/{l}/10.0.0.1"),
+            id.to_string().as_bytes(),
+        )
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (out1, out2) = (d.join("sync1.out"), d.join("sync2.out"));
+    let mut first = spawn_sync(d, &cp.kubeconfig, &etcd, "one.jsonl", &out1);
+    said(&out1, "taken: this sync writes", 30).await;
+    let second = spawn_sync(d, &cp.kubeconfig, &etcd, "two.jsonl", &out2);
+    said(&out2, "following both sides without writing", 30).await;
+    let start = Instant::now();
+    while cp.identities().len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            cp.identities()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The writer dies without giving its Lease up: the second takes it once it lapses.
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let killed = Instant::now();
+    said(&out2, "taken: this sync writes", 40).await;
+    let took_over = killed.elapsed();
+    etcd.put(&format!("{P}/id/302"), C.as_bytes()).await;
+    let start = Instant::now();
+    while !cp.identities().contains_key("302") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "302 never mirrored"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cp.identities()["302"], security_labels(C));
+    assert!(
+        took_over < Duration::from_secs(25),
+        "took over after {took_over:?}"
+    );
+    drop(second);
+}

@@ -102,11 +102,19 @@ fn range_check(masters: &[crate::core::kvstore::MasterEntry], scope: ClusterScop
         } else {
             CheckStatus::Warn
         },
-        detail: format!(
-            "{} of {} kvstore ids outside {scope}",
-            outside,
-            ids.len()
-        ),
+        detail: {
+            // Keys whose id is no number at all are not counted here: the plan lists them
+            // as invalid with the rest.
+            let not_numbers = masters.len() - ids.len();
+            format!(
+                "{outside} of the {} numeric kvstore ids outside {scope}{}",
+                ids.len(),
+                match not_numbers {
+                    0 => String::new(),
+                    n => format!(" ({n} more keys have no numeric id)"),
+                }
+            )
+        },
         fix: (outside > 0).then(|| {
             "they are planned as invalid and never written; if this cluster has another ID, or the mesh was installed with max-connected-clusters 511, pass --cluster-id and --max-connected-clusters to match the agents' settings".into()
         }),
@@ -304,10 +312,18 @@ mod tests {
         let entry = |id: &str| MasterEntry::new(id.as_bytes().to_vec(), b"k8s:app=a;".to_vec());
         let inside = range_check(&[entry("300"), entry("301")], scope);
         assert_eq!(inside.status, CheckStatus::Ok);
-        let outside = range_check(&[entry("300"), entry("70000"), entry("5")], scope);
+        let outside = range_check(
+            &[entry("300"), entry("70000"), entry("5"), entry("x1")],
+            scope,
+        );
         assert_eq!(outside.status, CheckStatus::Warn);
         assert!(!outside.failed());
-        assert!(outside.detail.starts_with("2 of 3"), "{}", outside.detail);
+        assert!(
+            outside.detail.starts_with("2 of the 3 numeric kvstore ids")
+                && outside.detail.ends_with("(1 more keys have no numeric id)"),
+            "{}",
+            outside.detail
+        );
         assert!(outside.fix.unwrap().contains("never written"));
     }
 

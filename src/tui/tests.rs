@@ -1429,6 +1429,28 @@ fn the_audit_screen_matches_its_snapshot() {
 }
 
 #[test]
+fn every_sorted_column_shows_its_arrow() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    for (col, name) in [
+        ("kind", "kind"),
+        ("target", "target"),
+        ("nodes", "nodes"),
+        ("labels", "labels"),
+    ] {
+        update(&mut m, key('s'));
+        assert!(
+            render(&m).contains(&format!("{name}↑")),
+            "{col}:\n{}",
+            render(&m)
+        );
+        update(&mut m, key('S'));
+        assert!(render(&m).contains(&format!("{name}↓")), "{col} reversed");
+        update(&mut m, key('S'));
+    }
+}
+
+#[test]
 fn a_rescan_never_proposes_a_target_a_kept_decision_holds() {
     let mut m = scanned_model();
     // 302 is a remap; the operator sent it to 257, the next id the plan would propose.
@@ -1439,6 +1461,10 @@ fn a_rescan_never_proposes_a_target_a_kept_decision_holds() {
     // Sync brought a second remap in (310, its id taken by other labels): the rescan's plan,
     // not knowing the decision, proposes 257 for it.
     let cmds = update(&mut m, key('R'));
+    assert!(
+        matches!(cmds.first(), Some(Command::Send(Request::Preflight))),
+        "R reads the preflight's counts again too: {cmds:?}"
+    );
     let generation = match cmds.last() {
         Some(Command::Send(Request::Scan { generation })) => *generation,
         other => panic!("{other:?}"),

@@ -360,7 +360,12 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
             start_commit(model)
         }
         KeyAction::Rescan if model.rollback.is_some() => commit::plan_rollback(model),
-        KeyAction::Rescan => rescan(model),
+        KeyAction::Rescan => {
+            // The preflight counts what the scan reads: both are read again.
+            let mut cmds = vec![Command::Send(ServiceRequest::Preflight)];
+            cmds.extend(rescan(model));
+            cmds
+        }
         KeyAction::Export => {
             model.modal = Some(Modal::Export {
                 input: TextField::new("cilium-idmig-export"),

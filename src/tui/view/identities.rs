@@ -101,7 +101,8 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Constraint::Length(8),
             Constraint::Length(16),
             Constraint::Length(14),
-            Constraint::Length(5),
+            // "nodes" and the sort arrow.
+            Constraint::Length(6),
             Constraint::Min(10),
         ],
     )

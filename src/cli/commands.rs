@@ -515,8 +515,14 @@ async fn apply(
 ) -> anyhow::Result<Exit> {
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = open_log(&log_path)?;
+    let kept = log.clone();
     let mut handle = world.service("apply", log, spec.options.clone(), Vec::new(), false);
-    let run = printer::apply(&mut handle, spec).await?;
+    let run = printer::apply(&mut handle, spec).await;
+    // Refused before anything was decided or written: no log file is left behind.
+    if kept.discard_if_unused() {
+        eprintln!("decision log: none kept (nothing was decided or written)");
+    }
+    let run = run?;
     match json {
         true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
         false => out!("{}", report::apply_summary(&run.report))?,
@@ -756,6 +762,7 @@ async fn interactive(
         .or_else(|| session.rollback.last().cloned())
         .unwrap_or_else(decision_log::default_path);
     let log = open_log(&log_path)?;
+    let kept = log.clone();
     let range = world.scope.range;
     let command = if session.rollback.is_empty() {
         "tui"
@@ -786,7 +793,11 @@ async fn interactive(
             }
         }
     }
-    outln!("decision log: {}", log_path.display())?;
+    if kept.discard_if_unused() {
+        outln!("decision log: none kept (nothing was decided or written)")?;
+    } else {
+        outln!("decision log: {}", log_path.display())?;
+    }
     Ok(Exit::Ok)
 }
 

@@ -151,6 +151,10 @@ pub struct DecisionLog {
     operator: String,
     /// What opening it repaired (a torn last line removed), to tell the operator.
     repaired: Option<String>,
+    /// This run made the file (it was empty or absent when opened).
+    fresh: bool,
+    /// A decision or an outcome was recorded (session lines do not count).
+    recorded: std::sync::atomic::AtomicBool,
 }
 
 impl DecisionLog {
@@ -165,12 +169,28 @@ impl DecisionLog {
         if let Some(note) = &repaired {
             tracing::warn!("{note}");
         }
+        let fresh = file
+            .metadata()
+            .map_err(|e| Error::file_io(path, "cannot read the decision log's size", e))?
+            .len()
+            == 0;
         Ok(DecisionLog {
             path: path.to_path_buf(),
             file: Mutex::new(file),
             operator: super::operator::current(),
             repaired,
+            fresh,
+            recorded: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Removes the log when this run made it and recorded nothing in it (only its session
+    /// line): a run that decided and wrote nothing leaves no file behind. True if removed.
+    pub fn discard_if_unused(&self) -> bool {
+        if !self.fresh || self.recorded.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        std::fs::remove_file(&self.path).is_ok()
     }
 
     /// What opening the log repaired, if anything: one line for the operator.
@@ -207,6 +227,8 @@ impl DecisionLog {
     pub fn append(&self, mut record: Record) -> Result<()> {
         record.ts = now();
         record.operator = self.operator.clone();
+        self.recorded
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.append_line(&record)
     }
 
@@ -522,6 +544,42 @@ mod tests {
         let other = DecisionLog::open(&path).unwrap();
         assert!(other.repaired().is_none());
         assert_eq!(std::fs::read(&path).unwrap(), torn);
+    }
+
+    #[test]
+    fn a_log_this_run_made_and_recorded_nothing_in_is_removed_and_no_other() {
+        let session = || Session {
+            command: "tui".into(),
+            server: "https://k8s:6443".into(),
+            context: None,
+            kvstore_endpoints: vec![],
+            kvstore_prefix: "cilium/state/identities/v1".into(),
+            cluster_id: 0,
+            max_connected_clusters: MaxConnectedClusters::C255,
+            run: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        log.begin_session(session()).unwrap();
+        assert!(log.discard_if_unused());
+        assert!(!path.exists());
+        // One with a record is kept; so is one that was there before this run.
+        let log = DecisionLog::open(&path).unwrap();
+        log.append(Record::new(
+            "300",
+            "k8s:a=1;",
+            Kind::Create,
+            "create (proposal)".into(),
+            Some(300),
+        ))
+        .unwrap();
+        assert!(!log.discard_if_unused());
+        drop(log);
+        let again = DecisionLog::open(&path).unwrap();
+        again.begin_session(session()).unwrap();
+        assert!(!again.discard_if_unused());
+        assert!(path.exists());
     }
 
     #[test]

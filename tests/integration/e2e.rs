@@ -159,6 +159,18 @@ async fn plan_then_apply_a_reviewed_plan() {
         r.stderr
     );
     assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
+    // Refused before anything was decided or written: no decision log is left behind.
+    assert!(r.stderr.contains("none kept"), "{}", r.stderr);
+    let logs: Vec<_> = std::fs::read_dir(w.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("cilium-idmig-decisions-")
+        })
+        .collect();
+    assert!(logs.is_empty(), "{logs:?}");
 
     // An edit that collides with Kubernetes is refused with the item and the reason.
     let edited = w.path("edited.json");

@@ -71,6 +71,8 @@ impl Drop for TerminalGuard {
 /// What a commit did, for the lines the terminal keeps after the TUI exits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CommitSummary {
+    /// Commits this session made (a paused one resumed counts twice).
+    pub commits: usize,
     pub created: usize,
     pub already_there: usize,
     pub not_attempted: usize,
@@ -85,9 +87,16 @@ impl CommitSummary {
     pub fn of(model: &Model) -> Option<Self> {
         use crate::apply::outcome::Outcome;
         let r = model.commit.report.as_ref()?;
+        // What the session wrote, over every commit; what is left, from the last.
+        let (created, already_there) = if model.commit.rollback {
+            (r.count(Outcome::Created), r.count(Outcome::AlreadyExisted))
+        } else {
+            (model.session.created, model.session.already_there)
+        };
         Some(CommitSummary {
-            created: r.count(Outcome::Created),
-            already_there: r.count(Outcome::AlreadyExisted),
+            commits: model.session.commits,
+            created,
+            already_there,
             not_attempted: r.count(Outcome::NotAttempted),
             failed: r.count(Outcome::Failed) + r.count(Outcome::Conflict),
             stopped: r.stopped.is_some(),
@@ -120,12 +129,17 @@ impl std::fmt::Display for CommitSummary {
         }
         write!(
             f,
-            "commit: {} created, {} already there, {} not attempted, {} failed{}",
+            "commit: {} created, {} already there, {} not attempted, {} failed{}{}",
             self.created,
             self.already_there,
             self.not_attempted,
             self.failed,
-            if self.stopped { " (stopped)" } else { "" }
+            if self.stopped { " (stopped)" } else { "" },
+            if self.commits > 1 {
+                format!(" (this session, {} commits)", self.commits)
+            } else {
+                String::new()
+            }
         )
     }
 }

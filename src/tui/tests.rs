@@ -689,6 +689,11 @@ fn pause_stays_and_r_resumes_what_is_left() {
         screen.contains("written: 1 created, 0 already there · not written: 1 not attempted"),
         "{screen}"
     );
+    assert!(screen.contains("Commit: Paused"), "{screen}");
+    assert!(
+        screen.contains("created 1 of") && !screen.contains("ETA 0s"),
+        "{screen}"
+    );
     let summary = super::CommitSummary::of(&m).unwrap();
     assert!(summary.unfinished());
     assert_eq!(
@@ -706,6 +711,37 @@ fn pause_stays_and_r_resumes_what_is_left() {
         "{cmds:?}"
     );
     assert_eq!(m.commit.phase, CommitPhase::Running);
+    assert!(
+        render(&m).contains("earlier this session: 1 created"),
+        "{}",
+        render(&m)
+    );
+    // The resumed commit writes the rest; the panel and the quit summary count both.
+    let mut rest = ApplyReport::default();
+    rest.results
+        .push(OpResult::new("303", Some(303), Outcome::Created));
+    let generation = m.commit.generation;
+    update(
+        &mut m,
+        Msg::Engine(Event::Committed {
+            generation,
+            run: Box::new(ApplyRun {
+                report: rest,
+                ..Default::default()
+            }),
+            verify: None,
+        }),
+    );
+    let screen = render(&m);
+    assert!(screen.contains("Commit: Done"), "{screen}");
+    assert!(
+        screen.contains("this session: 2 created, 0 already there, in 2 commits"),
+        "{screen}"
+    );
+    assert_eq!(
+        super::CommitSummary::of(&m).unwrap().to_string(),
+        "commit: 2 created, 0 already there, 0 not attempted, 0 failed (this session, 2 commits)"
+    );
 }
 
 // ---- snapshots ---------------------------------------------------------------------------

@@ -40,7 +40,28 @@ pub struct CommitState {
     pub deleted: usize,
 }
 
+/// What every commit of this session wrote (a paused commit resumed is two commits of one
+/// session): the totals a quit summary and the progress panel give.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionTotals {
+    pub commits: usize,
+    pub created: usize,
+    pub already_there: usize,
+}
+
 impl CommitState {
+    /// How the panel names where the commit is: paused (stopped with `p`, `r` resumes)
+    /// rather than done when it was stopped.
+    pub fn phase_title(&self) -> &'static str {
+        match self.phase {
+            CommitPhase::Idle => "Idle",
+            CommitPhase::Running => "Running",
+            CommitPhase::Stopping => "Stopping",
+            CommitPhase::Done if self.stop_reason.is_some() => "Paused",
+            CommitPhase::Done => "Done",
+        }
+    }
+
     /// Whether a finished commit left anything to write: failures, or items not attempted
     /// because it was stopped.
     pub fn has_work_left(&self) -> bool {

@@ -7,7 +7,7 @@ mod table;
 mod text_field;
 
 pub use audit::AuditView;
-pub use commit::{CommitPhase, CommitState};
+pub use commit::{CommitPhase, CommitState, SessionTotals};
 pub use table::{KindFilter, SortColumn, TableState};
 pub use text_field::TextField;
 
@@ -212,6 +212,8 @@ pub struct Model {
     pub table: TableState,
     pub review: ReviewState,
     pub commit: CommitState,
+    /// Every commit of this session, summed.
+    pub session: SessionTotals,
     pub sync: SyncView,
     pub audit: AuditView,
     pub status: String,
@@ -239,6 +241,7 @@ impl Model {
             table: TableState::default(),
             review: ReviewState::default(),
             commit: CommitState::default(),
+            session: SessionTotals::default(),
             sync: SyncView::default(),
             audit: AuditView::default(),
             status: String::new(),

@@ -346,6 +346,15 @@ fn committed(
     model.commit.started = None;
     model.commit.stop_reason = report.stopped.clone();
     model.commit.retries = report.retries;
+    // The report is the last word: the progress watch may lag it by a write or two.
+    use crate::apply::outcome::Outcome;
+    model.commit.created = report.count(Outcome::Created);
+    model.commit.done = report.results.len();
+    if !model.commit.rollback {
+        model.session.commits += 1;
+        model.session.created += report.count(Outcome::Created);
+        model.session.already_there += report.count(Outcome::AlreadyExisted);
+    }
     model.commit.report = Some(report);
     model.commit.verify = verify;
     if model.quit_after_commit {

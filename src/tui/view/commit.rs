@@ -105,7 +105,7 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
         .block(
             Block::default()
                 .borders(Borders::ALL)
-                .title(format!(" Commit: {:?} ", c.phase)),
+                .title(format!(" Commit: {} ", c.phase_title())),
         )
         .gauge_style(t.fg(Color::Green))
         .ratio(ratio)
@@ -117,7 +117,8 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     } else {
         0.0
     };
-    let eta = if rate > 0.0 && c.total > c.done {
+    // An ETA only while writes run: a paused or finished commit has none.
+    let eta = if c.phase == CommitPhase::Running && rate > 0.0 && c.total > c.done {
         format!("{:.0}s", (c.total - c.done) as f64 / rate)
     } else {
         "-".into()
@@ -140,6 +141,20 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     ];
     if let Some(n) = &c.crd_note {
         lines.push(Line::raw(n.clone()));
+    }
+    let s = &model.session;
+    match (c.phase == CommitPhase::Done, s.commits) {
+        (false, n) if n > 0 && !c.rollback => lines.push(Line::raw(format!(
+            "earlier this session: {} created, {} already there ({n} commit{})",
+            s.created,
+            s.already_there,
+            if n == 1 { "" } else { "s" }
+        ))),
+        (true, n) if n > 1 && !c.rollback => lines.push(Line::raw(format!(
+            "this session: {} created, {} already there, in {n} commits",
+            s.created, s.already_there
+        ))),
+        _ => {}
     }
     if let Some(s) = &c.stop_reason {
         lines.push(Line::styled(

@@ -87,18 +87,17 @@ pub struct SplitAllocation {
 
 impl std::fmt::Display for SplitAllocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (id, kv, k8s) = (self.id, &self.kvstore_labels, &self.k8s_labels);
+        if self.nodes.is_empty() {
+            return write!(
+                f,
+                "split allocation at id {id}: the kvstore holds {kv}, Kubernetes holds {k8s}; no kvstore-mode node uses the kvstore's labels now, so there is nothing to roll (they get a remap proposal)"
+            );
+        }
         write!(
             f,
-            "split allocation at id {}: the kvstore holds {} (used by kvstore-mode nodes {}), Kubernetes holds {}. Policy between those nodes and CRD-mode nodes reads {} as the wrong labels until they move to CRD mode: roll them next. The kvstore's labels get a remap proposal.",
-            self.id,
-            self.kvstore_labels,
-            if self.nodes.is_empty() {
-                "none right now".to_string()
-            } else {
-                self.nodes.join(", ")
-            },
-            self.k8s_labels,
-            self.id
+            "split allocation at id {id}: the kvstore holds {kv} (used by kvstore-mode nodes {}), Kubernetes holds {k8s}: roll those nodes to CRD mode next (until then policy between them and CRD-mode nodes reads {id} as the wrong labels); the kvstore's labels get a remap proposal",
+            self.nodes.join(", ")
         )
     }
 }

@@ -1288,6 +1288,25 @@ fn the_sync_screen_shows_its_newest_reports_whole_however_long_the_older_ones() 
             "{w}x{h}:\n{screen}"
         );
     }
+    // The pane scrolls back through the older ones, and Enter shows one whole.
+    update(&mut m, code(KeyCode::Up));
+    update(&mut m, code(KeyCode::Up));
+    let screen = render(&m);
+    assert!(screen.contains("Reports: 2 back of 31"), "{screen}");
+    assert!(!screen.contains("cutover reached"), "{screen}");
+    update(&mut m, code(KeyCode::Enter));
+    assert!(
+        matches!(&m.modal, Some(Modal::Message(t)) if t.starts_with("split allocation at id 28:") && t.ends_with("shop; ")),
+        "{:?}",
+        m.modal
+    );
+    update(&mut m, code(KeyCode::Esc));
+    // A report arriving keeps the pane on what it shows; PgDn goes back to the newest.
+    m.sync.push("a newer report".into());
+    assert!(render(&m).contains("Reports: 3 back of 32"));
+    update(&mut m, code(KeyCode::PageDown));
+    update(&mut m, code(KeyCode::PageDown));
+    assert!(render(&m).contains("the newest of 32"), "{}", render(&m));
 }
 
 #[test]

@@ -187,6 +187,8 @@ pub struct SyncView {
     /// The latest reports, newest last (at most 200: bounded over days).
     pub lines: std::collections::VecDeque<String>,
     pub cutover: bool,
+    /// How many reports back from the newest the pane's bottom line is (0: the newest).
+    pub scroll: usize,
 }
 
 impl SyncView {
@@ -195,6 +197,24 @@ impl SyncView {
         if self.lines.len() > 200 {
             self.lines.pop_front();
         }
+        // Scrolled back, the pane stays on what it shows.
+        if self.scroll > 0 {
+            self.scroll = (self.scroll + 1).min(self.lines.len().saturating_sub(1));
+        }
+    }
+
+    /// Scrolls by `delta` reports (positive: older), within the reports.
+    pub fn scroll_by(&mut self, delta: isize) {
+        let last = self.lines.len().saturating_sub(1) as isize;
+        self.scroll = (self.scroll as isize + delta).clamp(0, last) as usize;
+    }
+
+    /// The report at the bottom of the pane.
+    pub fn current(&self) -> Option<&String> {
+        self.lines
+            .len()
+            .checked_sub(1 + self.scroll)
+            .and_then(|i| self.lines.get(i))
     }
 }
 

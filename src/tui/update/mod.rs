@@ -136,6 +136,25 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         }
         KeyAction::Audit => audit(model),
         KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
+            if model.screen == Screen::Sync =>
+        {
+            let page = (model.table.page as isize / 2).max(1);
+            model.sync.scroll_by(match action {
+                KeyAction::Up => 1,
+                KeyAction::Down => -1,
+                KeyAction::PageUp => page,
+                _ => -page,
+            });
+            vec![]
+        }
+        KeyAction::Open if model.screen == Screen::Sync => {
+            model.modal = Some(Modal::Message(match model.sync.current() {
+                Some(report) => report.clone(),
+                None => "no report yet".into(),
+            }));
+            vec![]
+        }
+        KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
             if model.screen == Screen::Audit =>
         {
             let page = model.table.page as isize / 2;

@@ -93,7 +93,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let room = usize::from(list.height.saturating_sub(2));
     let width = usize::from(list.width.saturating_sub(2)).max(1);
     let mut shown: Vec<Line> = Vec::new();
-    for l in s.lines.iter().rev() {
+    for l in s.lines.iter().rev().skip(s.scroll) {
         let rows = super::wrap::words(l, width);
         if shown.len() + rows.len() > room {
             break;
@@ -101,8 +101,13 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         shown.extend(rows.into_iter().rev().map(Line::raw));
     }
     shown.reverse();
+    let title = match (s.lines.len(), s.scroll) {
+        (0, _) => " Reports ".to_string(),
+        (n, 0) => format!(" Reports: the newest of {n} (↑ older, Enter whole) "),
+        (n, k) => format!(" Reports: {k} back of {n} (↓ newer, Enter whole) "),
+    };
     frame.render_widget(
-        Paragraph::new(shown).block(Block::default().borders(Borders::ALL).title(" Reports ")),
+        Paragraph::new(shown).block(Block::default().borders(Borders::ALL).title(title)),
         list,
     );
 }

@@ -3,7 +3,7 @@
 //! flight, a compaction that asks for a fresh snapshot, moot closures only once logged.
 //! Whole rollouts are `crate::sim`'s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -637,4 +637,124 @@ fn a_cutover_report_reads_as_one_line_with_each_count() {
         r.to_string(),
         "cutover reached: no kvstore-mode node is left, nothing is pending, and verify passes (5 mirrored by sync, 2 mapped to an id holding their labels, 1 skipped by decision, 3 closed as moot)"
     );
+}
+
+/// The `nowhere` of the first cutover check, once the rollout is over and all is quiet.
+fn first_check_nowhere(m: &mut Machine, t0: Instant) -> BTreeSet<String> {
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let out = m.step(Input::Status { watching: true }, t0 + GRACE_OF_TESTS, true);
+    out.into_iter()
+        .find_map(|o| match o {
+            Output::Verify { nowhere, .. } => Some(nowhere),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no check: {:?}", m.state.status.cutover_wait))
+}
+
+#[test]
+fn only_skips_and_objects_the_gc_took_back_are_expected_nowhere() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let decide = |id: &str, labels: &str, action, target_id| {
+        Input::Decided(LoggedDecision {
+            id: id.into(),
+            labels: labels.into(),
+            action,
+            target_id,
+        })
+    };
+    // 301 = C is decided to be created (as proposed); 302 = D skipped.
+    for (id, l) in [("301", "k8s:app=c;"), ("302", "k8s:app=d;")] {
+        m.step(
+            Input::Kv(KvWatchEvent::Changes {
+                changes: vec![KvChange::Master {
+                    id: id.as_bytes().to_vec(),
+                    value: Some(l.as_bytes().to_vec()),
+                    created: true,
+                }],
+                revision: 8,
+            }),
+            t0,
+            true,
+        );
+    }
+    m.step(
+        decide(
+            "301",
+            "k8s:app=c;",
+            crate::core::planner::Action::Create,
+            Some(301),
+        ),
+        t0,
+        true,
+    );
+    m.step(
+        decide(
+            "302",
+            "k8s:app=d;",
+            crate::core::planner::Action::Skip,
+            None,
+        ),
+        t0,
+        true,
+    );
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    assert_eq!(ops.len(), 2, "300 and 301: {ops:?}");
+    m.step(done(ops), t0, true);
+    // The cluster's GC deletes 300, which sync made; no node uses it, so it is not made again.
+    m.step(
+        Input::K8s(K8sChange::Deleted {
+            id: 300,
+            resource_version: "9".into(),
+        }),
+        t0,
+        true,
+    );
+    let nowhere = first_check_nowhere(&mut m, t0);
+    assert_eq!(nowhere, ["300".to_string(), "302".to_string()].into());
+}
+
+#[test]
+fn a_failed_write_not_yet_due_waits_while_another_is_tried() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(
+        Input::BatchDone {
+            ops,
+            outcome: BatchOutcome::Failed("500".into()),
+        },
+        t0,
+        true,
+    );
+    // A second identity fails 5 s later: due 5 s after the first.
+    let t1 = t0 + Duration::from_secs(5);
+    m.step(
+        Input::Kv(KvWatchEvent::Changes {
+            changes: vec![KvChange::Master {
+                id: b"301".to_vec(),
+                value: Some(b"k8s:app=c;".to_vec()),
+                created: true,
+            }],
+            revision: 8,
+        }),
+        t1,
+        true,
+    );
+    let ops = writes(&m.step(Input::Settle, t1, true));
+    assert_eq!(ops.len(), 1);
+    m.step(
+        Input::BatchDone {
+            ops,
+            outcome: BatchOutcome::Failed("500".into()),
+        },
+        t1,
+        true,
+    );
+    let due = t0 + crate::core::sync::RETRY_AFTER;
+    m.step(Input::Status { watching: true }, due, true);
+    let again = writes(&m.step(Input::Settle, due, true));
+    let targets: Vec<Option<u32>> = again.iter().map(|o| o.target_id).collect();
+    assert_eq!(targets, [Some(300)], "only the one whose wait is over");
 }

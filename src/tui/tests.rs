@@ -1548,3 +1548,23 @@ fn a_rescan_never_proposes_a_target_a_kept_decision_holds() {
     assert_ne!(late, proposed + 1);
     assert!(item(&m, "310").reason.contains(&format!("at {late}")));
 }
+
+#[test]
+fn accept_all_counts_as_the_header_does() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    let undecided = m.undecided();
+    assert!(undecided > 0);
+    update(&mut m, key('A'));
+    for (w, h) in [(80, 24), (120, 35)] {
+        let screen = render_at(&m, w, h);
+        assert!(
+            screen.contains(&format!("{undecided} undecided")) && screen.contains("reuses"),
+            "{w}x{h}:\n{screen}"
+        );
+        assert!(
+            screen.contains("y or Enter"),
+            "the popup's last line shows: {screen}"
+        );
+    }
+}

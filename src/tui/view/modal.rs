@@ -278,9 +278,19 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
         Modal::ConfirmAcceptAll { count } => (
             " Accept all remaining proposals? ",
             vec![
-                Line::raw(format!(
-                    "{count} conflicts will take their proposed resolution."
-                )),
+                Line::raw({
+                    // The header's undecided, and the rest (reuses the plan resolves itself):
+                    // the same counts as everywhere else.
+                    let undecided = model.undecided().min(*count);
+                    match count - undecided {
+                        0 => format!(
+                            "the {undecided} undecided conflicts take their proposed resolution."
+                        ),
+                        rest => format!(
+                            "{count} conflicts take their proposed resolution: the {undecided} undecided (remaps, duplicates) and {rest} the plan already resolves (reuses)."
+                        ),
+                    }
+                }),
                 Line::raw("y or Enter: accept · any other key: cancel"),
             ],
             4,

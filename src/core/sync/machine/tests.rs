@@ -758,3 +758,34 @@ fn a_failed_write_not_yet_due_waits_while_another_is_tried() {
     let targets: Vec<Option<u32>> = again.iter().map(|o| o.target_id).collect();
     assert_eq!(targets, [Some(300)], "only the one whose wait is over");
 }
+
+#[test]
+fn a_verdict_when_something_arrived_meanwhile_is_not_cutover() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let t1 = t0 + GRACE_OF_TESTS;
+    let out = m.step(Input::Status { watching: true }, t1, true);
+    assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
+    // While the check runs a new identity arrives: nothing is quiet until it is written.
+    m.step(
+        Input::Kv(KvWatchEvent::Changes {
+            changes: vec![KvChange::Master {
+                id: b"301".to_vec(),
+                value: Some(b"k8s:app=c;".to_vec()),
+                created: true,
+            }],
+            revision: 9,
+        }),
+        t1,
+        true,
+    );
+    let out = m.step(Input::Verdict(Ok(())), t1, true);
+    assert!(
+        !out.iter().any(|o| matches!(o, Output::Cutover(_))),
+        "{out:?}"
+    );
+}

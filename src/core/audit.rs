@@ -136,6 +136,8 @@ struct Stores<'a> {
     k8s_by_labels: BTreeMap<&'a str, BTreeSet<u32>>,
     nodes_by_labels: BTreeMap<&'a str, BTreeSet<&'a str>>,
     endpoints: Option<&'a BTreeMap<u32, Vec<String>>>,
+    /// Ids `sync --reserve-in-kvstore` holds in the kvstore (its own `value/` keys).
+    reserved: BTreeSet<u32>,
 }
 
 impl<'a> Stores<'a> {
@@ -172,6 +174,12 @@ pub fn audit(input: &AuditInput) -> AuditReport {
         k8s_by_labels: BTreeMap::new(),
         nodes_by_labels: BTreeMap::new(),
         endpoints: input.endpoints,
+        reserved: input
+            .values
+            .iter()
+            .filter(|v| v.node == crate::core::kvstore::RESERVATION_NODE)
+            .filter_map(|v| v.id.parse().ok())
+            .collect(),
     };
     for m in input.masters {
         match (parse_id(&m.id), valid_label_key(&m.value)) {
@@ -325,14 +333,30 @@ fn doubles_and_duplicates(s: &Stores, out: &mut Vec<Finding>) {
         }
         if kv_ids.len() > 1 {
             let ids: Vec<u32> = kv_ids.iter().copied().collect();
+            let listed = ids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let reserved: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|id| s.reserved.contains(id))
+                .collect();
+            let action = match reserved.as_slice() {
+                [] => format!(
+                    "the kvstore holds these labels at {listed}: agents reuse whichever their cache finds first; the unused ones go with Cilium's kvstore GC"
+                ),
+                r => format!(
+                    "the kvstore holds these labels at {listed}, {} of them `sync --reserve-in-kvstore`'s reservation of the id Kubernetes holds for them: by design, released at cutover; nothing to do",
+                    r.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                ),
+            };
             out.push(Finding {
                 side: Some(Side::Kvstore),
                 other_id: ids.get(1).copied(),
                 nodes: s.nodes(labels),
-                action: format!(
-                    "the kvstore holds these labels at {}: agents reuse whichever their cache finds first; the unused ones go with Cilium's kvstore GC",
-                    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-                ),
+                action,
                 ..finding(FindingKind::Duplicate, ids[0], labels)
             });
         }

@@ -248,3 +248,36 @@ proptest! {
         prop_assert!(r.clean(), "{:?}", r.findings);
     }
 }
+
+/// The action of the one duplicate finding of `r`.
+fn duplicate_action(r: &AuditReport) -> String {
+    r.findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Duplicate)
+        .map(|f| f.action.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_kvstore_duplicate_that_is_syncs_reservation_says_so() {
+    let a = "k8s:app=a;";
+    // 300 is the agents' id for A; 400 is sync's reservation of the id Kubernetes holds.
+    let masters = [("300", a), ("400", a)];
+    let agent = value(a, "10.0.0.1", 300);
+    let reservation = value(a, crate::core::kvstore::RESERVATION_NODE, 400);
+    let r = run(
+        &masters,
+        &[agent.clone(), reservation],
+        &[obj(400, a)],
+        None,
+    );
+    let action = duplicate_action(&r);
+    assert!(
+        action.contains("400 of them `sync --reserve-in-kvstore`'s reservation"),
+        "{action}"
+    );
+    // Without the reservation's value/ key, the plain text.
+    let r = run(&masters, &[agent], &[obj(400, a)], None);
+    let action = duplicate_action(&r);
+    assert!(action.contains("Cilium's kvstore GC"), "{action}");
+}

@@ -144,12 +144,7 @@ pub fn summary(run: &AuditRun) -> String {
 }
 
 fn join_or_none(items: &[String]) -> String {
-    const SHOWN: usize = 8;
-    match items.len() {
-        0 => "none".into(),
-        n if n <= SHOWN => items.join(", "),
-        n => format!("{} and {} more", items[..SHOWN].join(", "), n - SHOWN),
-    }
+    crate::core::audit::names_list(items, 8)
 }
 
 /// What `audit --watch` exports: `cilium_idmig_audit_findings{kind}` after each audit, and

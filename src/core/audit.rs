@@ -235,12 +235,19 @@ fn finding(kind: FindingKind, id: u32, labels: &str) -> Finding {
     }
 }
 
-fn list(names: &[String]) -> String {
+/// Names joined with commas, the first `shown` of them and then how many more; `none`
+/// when there are none. Every list of nodes and endpoints the audit prints reads so.
+pub fn names_list(names: &[String], shown: usize) -> String {
     match names.len() {
         0 => "none".into(),
-        n if n <= 5 => names.join(", "),
-        n => format!("{} and {} more", names[..5].join(", "), n - 5),
+        n if n <= shown => names.join(", "),
+        n => format!("{} and {} more", names[..shown].join(", "), n - shown),
     }
+}
+
+/// As the findings' actions name nodes.
+fn list(names: &[String]) -> String {
+    names_list(names, 5)
 }
 
 /// Ids both sides hold for different labels, and ids only one side holds.

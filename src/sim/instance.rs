@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::report::{Failure, Trace};
 use super::world::World;
-use crate::core::kvstore::MasterEntry;
+use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::outcome::Outcome;
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
@@ -589,9 +589,7 @@ impl Shadow {
             kv: state
                 .masters
                 .iter()
-                .filter_map(|(id, v)| {
-                    Some((std::str::from_utf8(id).ok()?.parse().ok()?, v.clone()))
-                })
+                .filter_map(|(id, v)| Some((parse_id(id).ok()?, v.clone())))
                 .collect(),
             k8s: state.k8s.clone(),
         }
@@ -626,7 +624,7 @@ impl Instance {
             Input::Kv(KvWatchEvent::Changes { changes, .. }) => {
                 for c in changes {
                     if let crate::core::sync::KvChange::Master { id, value, .. } = c
-                        && let Some(id) = std::str::from_utf8(id).ok().and_then(|t| t.parse().ok())
+                        && let Ok(id) = parse_id(id)
                     {
                         apply(&mut self.shadow, id, &mut |s| match value {
                             Some(v) => {

@@ -292,14 +292,6 @@ impl World {
         s
     }
 
-    /// Kvstore-mode nodes now.
-    pub fn kvstore_nodes(&self) -> usize {
-        self.nodes
-            .iter()
-            .filter(|n| n.mode == Mode::Kvstore)
-            .count()
-    }
-
     /// Whether instance `i` may write now: it holds the Lease and renewed it within two
     /// thirds of its duration.
     pub fn lease_valid(&self, i: usize) -> bool {

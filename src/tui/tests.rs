@@ -130,6 +130,18 @@ fn node_counts_arrive_after_the_table_and_stale_ones_are_dropped() {
     assert_eq!(item(&m, "300").nodes, 0);
 }
 
+/// The engine's word that commit `generation` ended with `report` (not verified).
+fn committed(generation: u64, report: ApplyReport) -> Msg {
+    Msg::Engine(Event::Committed {
+        generation,
+        run: Box::new(ApplyRun {
+            report,
+            ..Default::default()
+        }),
+        verify: None,
+    })
+}
+
 fn key(c: char) -> Msg {
     Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
 }
@@ -344,29 +356,9 @@ fn progress_signal_and_stale_commit_results() {
         stopped: Some("stopped by the operator".into()),
         ..Default::default()
     };
-    update(
-        &mut m,
-        Msg::Engine(Event::Committed {
-            generation: 99,
-            run: Box::new(ApplyRun {
-                report: report.clone(),
-                ..Default::default()
-            }),
-            verify: None,
-        }),
-    );
+    update(&mut m, committed(99, report.clone()));
     assert!(!m.quit, "a result for another commit is ignored");
-    update(
-        &mut m,
-        Msg::Engine(Event::Committed {
-            generation: 1,
-            run: Box::new(ApplyRun {
-                report,
-                ..Default::default()
-            }),
-            verify: None,
-        }),
-    );
+    update(&mut m, committed(1, report));
     assert!(m.quit);
     assert_eq!(m.commit.phase, CommitPhase::Done);
 }
@@ -671,17 +663,7 @@ fn pause_stays_and_r_resumes_what_is_left() {
         .results
         .push(OpResult::new("303", Some(303), Outcome::NotAttempted));
     let generation = m.commit.generation;
-    update(
-        &mut m,
-        Msg::Engine(Event::Committed {
-            generation,
-            run: Box::new(ApplyRun {
-                report,
-                ..Default::default()
-            }),
-            verify: None,
-        }),
-    );
+    update(&mut m, committed(generation, report));
     assert!(!m.quit, "a pause stays");
     assert_eq!(m.commit.phase, CommitPhase::Done);
     let screen = render(&m);
@@ -721,17 +703,7 @@ fn pause_stays_and_r_resumes_what_is_left() {
     rest.results
         .push(OpResult::new("303", Some(303), Outcome::Created));
     let generation = m.commit.generation;
-    update(
-        &mut m,
-        Msg::Engine(Event::Committed {
-            generation,
-            run: Box::new(ApplyRun {
-                report: rest,
-                ..Default::default()
-            }),
-            verify: None,
-        }),
-    );
+    update(&mut m, committed(generation, rest));
     let screen = render(&m);
     assert!(screen.contains("Commit: Done"), "{screen}");
     assert!(
@@ -1028,17 +1000,7 @@ fn a_rollback_is_reviewed_then_confirmed_by_typing_yes() {
     let mut kept = OpResult::new("301", Some(301), Outcome::Kept);
     kept.error = Some("deleted and created again since".into());
     report.results.push(kept);
-    let cmds = update(
-        &mut m,
-        Msg::Engine(Event::Committed {
-            generation: 1,
-            run: Box::new(ApplyRun {
-                report,
-                ..Default::default()
-            }),
-            verify: None,
-        }),
-    );
+    let cmds = update(&mut m, committed(1, report));
     assert_eq!(m.commit.phase, CommitPhase::Done);
     // What is left is read again.
     assert!(

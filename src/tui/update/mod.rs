@@ -68,6 +68,26 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
     }
 }
 
+/// The arrows and PgUp/PgDn on the screens that scroll a pane rather than the table. A page
+/// is the table's rows; the Sync and Audit panes move half as many entries, each taking two
+/// rows or more.
+fn scroll(model: &mut Model, action: KeyAction) -> Vec<Command> {
+    let page = model.table.page as isize;
+    let delta = |page: isize| match action {
+        KeyAction::Up => -1,
+        KeyAction::Down => 1,
+        KeyAction::PageUp => -page,
+        _ => page,
+    };
+    match model.screen {
+        // Counted back from the newest report: up is older.
+        Screen::Sync => model.sync.scroll_by(-delta((page / 2).max(1))),
+        Screen::Audit => model.audit.scroll(delta(page / 2)),
+        _ => commit::scroll_rollback(model, delta(page)),
+    }
+    vec![]
+}
+
 /// The Audit screen's first visit reads both stores; later visits show that audit until `R`.
 fn first_audit(model: &mut Model) -> Vec<Command> {
     if model.screen == Screen::Audit && model.audit.run.is_none() {
@@ -136,47 +156,18 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         }
         KeyAction::Audit => audit(model),
         KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
-            if model.screen == Screen::Sync =>
+            if matches!(
+                model.screen,
+                Screen::Sync | Screen::Audit | Screen::Rollback
+            ) =>
         {
-            let page = (model.table.page as isize / 2).max(1);
-            model.sync.scroll_by(match action {
-                KeyAction::Up => 1,
-                KeyAction::Down => -1,
-                KeyAction::PageUp => page,
-                _ => -page,
-            });
-            vec![]
+            scroll(model, action)
         }
         KeyAction::Open if model.screen == Screen::Sync => {
             model.modal = Some(Modal::Message(match model.sync.current() {
                 Some(report) => report.clone(),
                 None => "no report yet".into(),
             }));
-            vec![]
-        }
-        KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
-            if model.screen == Screen::Audit =>
-        {
-            let page = model.table.page as isize / 2;
-            model.audit.scroll(match action {
-                KeyAction::Up => -1,
-                KeyAction::Down => 1,
-                KeyAction::PageUp => -page,
-                _ => page,
-            });
-            vec![]
-        }
-        KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
-            if model.screen == Screen::Rollback =>
-        {
-            let page = model.table.page as isize;
-            let delta = match action {
-                KeyAction::Up => -1,
-                KeyAction::Down => 1,
-                KeyAction::PageUp => -page,
-                _ => page,
-            };
-            commit::scroll_rollback(model, delta);
             vec![]
         }
         KeyAction::Up => nav(model, -1),

@@ -10,7 +10,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::theme::Theme;
 use crate::app::audit::counts_text;
-use crate::core::audit::{Finding, FindingKind, Side};
+use crate::core::audit::{Finding, FindingKind, Side, names_list};
 use crate::tui::model::Model;
 
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
@@ -126,20 +126,12 @@ fn finding_lines(f: &Finding, t: &Theme) -> Vec<Line<'static>> {
         out.push(Line::styled(
             format!(
                 "  nodes: {} · endpoints: {}",
-                short_list(&f.nodes),
-                short_list(&f.endpoints)
+                names_list(&f.nodes, 4),
+                names_list(&f.endpoints, 4)
             ),
             t.dim(),
         ));
     }
     out.push(Line::raw(format!("  do: {}", f.action)));
     out
-}
-
-fn short_list(items: &[String]) -> String {
-    match items.len() {
-        0 => "none".into(),
-        n if n <= 4 => items.join(", "),
-        n => format!("{} and {} more", items[..4].join(", "), n - 4),
-    }
 }

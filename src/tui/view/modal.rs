@@ -36,15 +36,6 @@ fn describe_targets(model: &Model, targets: &[usize]) -> String {
     )
 }
 
-/// Up to eight node names, then how many more.
-fn names_shown(nodes: &[String]) -> String {
-    const SHOWN: usize = 8;
-    match nodes.len() {
-        n if n <= SHOWN => nodes.join(", "),
-        n => format!("{} and {} more", nodes[..SHOWN].join(", "), n - SHOWN),
-    }
-}
-
 /// A text field with its cursor drawn as a block.
 fn with_cursor(field: &TextField) -> String {
     let (before, after) = field.split();
@@ -68,7 +59,7 @@ fn detail(
         None => "nodes: reading…".to_string(),
         Some(None) => "nodes: not known (this kvstore source keeps counts only)".to_string(),
         Some(Some(n)) if n.is_empty() => "nodes: none uses it now".to_string(),
-        Some(Some(n)) => format!("nodes: {}", names_shown(n)),
+        Some(Some(n)) => format!("nodes: {}", crate::core::audit::names_list(n, 8)),
     }));
     let target = item.target_id.map_or("-".to_string(), |t| t.to_string());
     let decision = match item.action {

@@ -38,17 +38,35 @@ fn following(until_cutover: bool, nodes: bool, t0: Instant) -> Machine {
     m
 }
 
+/// `id/<id>` written with `labels`.
+fn master(id: &str, labels: &str) -> KvChange {
+    KvChange::Master {
+        id: id.as_bytes().to_vec(),
+        value: Some(labels.as_bytes().to_vec()),
+        created: true,
+    }
+}
+
+/// A new kvstore identity, as the watch tells it.
+fn arrives(id: &str, labels: &str) -> Input {
+    Input::Kv(KvWatchEvent::Changes {
+        changes: vec![master(id, labels)],
+        revision: 8,
+    })
+}
+
+/// A batch the API server failed whole.
+fn failed(ops: Vec<Op>) -> Input {
+    Input::BatchDone {
+        ops,
+        outcome: BatchOutcome::Failed("500".into()),
+    }
+}
+
 /// What sync knows with `300 = A` in the kvstore.
 fn with_300(t0: Instant) -> SyncState {
     let mut state = SyncState::default();
-    state.apply_kv_change(
-        KvChange::Master {
-            id: b"300".to_vec(),
-            value: Some(A.as_bytes().to_vec()),
-            created: true,
-        },
-        t0,
-    );
+    state.apply_kv_change(master("300", A), t0);
     state
 }
 
@@ -485,11 +503,7 @@ fn a_failed_write_is_tried_again_once_its_wait_is_over_or_the_server_is_back() {
     let t0 = Instant::now();
     let mut m = following(false, true, t0);
     let ops = writes(&m.step(Input::Settle, t0, true));
-    let failed = Input::BatchDone {
-        ops,
-        outcome: BatchOutcome::Failed("500".into()),
-    };
-    m.step(failed.clone(), t0, true);
+    m.step(failed(ops), t0, true);
     assert!(
         writes(&m.step(Input::Settle, t0, true)).is_empty(),
         "not before its wait"
@@ -506,14 +520,7 @@ fn a_failed_write_is_tried_again_once_its_wait_is_over_or_the_server_is_back() {
     let again = writes(&m.step(Input::Settle, due, true));
     assert_eq!(again.len(), 1, "tried again at the end of its wait");
     // Failed again; the API server's watch connects again: tried at once.
-    m.step(
-        Input::BatchDone {
-            ops: again,
-            outcome: BatchOutcome::Failed("500".into()),
-        },
-        due,
-        true,
-    );
+    m.step(failed(again), due, true);
     m.step(Input::Settle, due, true);
     m.step(Input::K8s(K8sChange::Connected), due, true);
     assert_eq!(writes(&m.step(Input::Settle, due, true)).len(), 1);
@@ -602,14 +609,7 @@ fn the_status_says_what_cutover_waits_for() {
     );
     // The grace over, a new identity arrives: its write is what cutover waits for.
     let t1 = t0 + GRACE_OF_TESTS;
-    let arrives = Input::Kv(KvWatchEvent::Changes {
-        changes: vec![KvChange::Master {
-            id: b"301".to_vec(),
-            value: Some(b"k8s:app=c;".to_vec()),
-            created: true,
-        }],
-        revision: 7,
-    });
+    let arrives = arrives("301", "k8s:app=c;");
     m.step(arrives, t1, true);
     assert_eq!(wait(&mut m, t1), Some(CutoverWait::Writes(1)));
     let ops = writes(&m.step(Input::Settle, t1, true));
@@ -666,18 +666,7 @@ fn only_skips_and_objects_the_gc_took_back_are_expected_nowhere() {
     };
     // 301 = C is decided to be created (as proposed); 302 = D skipped.
     for (id, l) in [("301", "k8s:app=c;"), ("302", "k8s:app=d;")] {
-        m.step(
-            Input::Kv(KvWatchEvent::Changes {
-                changes: vec![KvChange::Master {
-                    id: id.as_bytes().to_vec(),
-                    value: Some(l.as_bytes().to_vec()),
-                    created: true,
-                }],
-                revision: 8,
-            }),
-            t0,
-            true,
-        );
+        m.step(arrives(id, l), t0, true);
     }
     m.step(
         decide(
@@ -720,38 +709,13 @@ fn a_failed_write_not_yet_due_waits_while_another_is_tried() {
     let t0 = Instant::now();
     let mut m = following(false, true, t0);
     let ops = writes(&m.step(Input::Settle, t0, true));
-    m.step(
-        Input::BatchDone {
-            ops,
-            outcome: BatchOutcome::Failed("500".into()),
-        },
-        t0,
-        true,
-    );
+    m.step(failed(ops), t0, true);
     // A second identity fails 5 s later: due 5 s after the first.
     let t1 = t0 + Duration::from_secs(5);
-    m.step(
-        Input::Kv(KvWatchEvent::Changes {
-            changes: vec![KvChange::Master {
-                id: b"301".to_vec(),
-                value: Some(b"k8s:app=c;".to_vec()),
-                created: true,
-            }],
-            revision: 8,
-        }),
-        t1,
-        true,
-    );
+    m.step(arrives("301", "k8s:app=c;"), t1, true);
     let ops = writes(&m.step(Input::Settle, t1, true));
     assert_eq!(ops.len(), 1);
-    m.step(
-        Input::BatchDone {
-            ops,
-            outcome: BatchOutcome::Failed("500".into()),
-        },
-        t1,
-        true,
-    );
+    m.step(failed(ops), t1, true);
     let due = t0 + crate::core::sync::RETRY_AFTER;
     m.step(Input::Status { watching: true }, due, true);
     let again = writes(&m.step(Input::Settle, due, true));
@@ -771,18 +735,7 @@ fn a_verdict_when_something_arrived_meanwhile_is_not_cutover() {
     let out = m.step(Input::Status { watching: true }, t1, true);
     assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
     // While the check runs a new identity arrives: nothing is quiet until it is written.
-    m.step(
-        Input::Kv(KvWatchEvent::Changes {
-            changes: vec![KvChange::Master {
-                id: b"301".to_vec(),
-                value: Some(b"k8s:app=c;".to_vec()),
-                created: true,
-            }],
-            revision: 9,
-        }),
-        t1,
-        true,
-    );
+    m.step(arrives("301", "k8s:app=c;"), t1, true);
     let out = m.step(Input::Verdict(Ok(())), t1, true);
     assert!(
         !out.iter().any(|o| matches!(o, Output::Cutover(_))),

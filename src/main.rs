@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 
-use cli::args::{Cli, CliCommand};
+use cli::args::{Cli, CliCommand, Logging};
 use cli::commands::{self, Exit};
 
 /// Installed as `kubectl-cilium_idmig` on the PATH, the binary is a kubectl plugin
@@ -39,24 +39,30 @@ fn main() -> ExitCode {
                 eprintln!("\n  tip: did you mean '{flag}'?");
                 return ExitCode::from(2);
             }
+            if let Some(tip) = cli::suggest::flags_after_command(&e) {
+                let _ = e.print();
+                eprintln!("\n  tip: {tip}");
+                return ExitCode::from(2);
+            }
             e.exit()
         }
     };
-    let mut cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
+    let command = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli.into_command(),
         Err(e) => e.exit(),
     };
-    if let Some(op) = &cli.operator {
+    if let Some(op) = command.operator() {
         cilium_idmig::io::operator::set_explicit(op);
     }
-    let interactive = match &cli.command {
-        None | Some(CliCommand::Tui(_)) => true,
-        Some(CliCommand::Demo(args)) => !args.headless,
+    let interactive = match &command {
+        CliCommand::Tui(_) => true,
+        CliCommand::Demo(args) => !args.headless,
         _ => false,
     };
-    let _guard = match init_logging(&cli, interactive) {
-        Ok(g) => g,
-        Err(e) => {
+    let _guard = match command.logging().map(|log| init_logging(log, interactive)) {
+        None => None,
+        Some(Ok(g)) => g,
+        Some(Err(e)) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(2);
         }
@@ -68,10 +74,6 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let command = cli
-        .command
-        .take()
-        .unwrap_or(CliCommand::Tui(cli.tui.clone()));
     match rt.block_on(commands::run(command, name)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
@@ -94,12 +96,12 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(
-    cli: &Cli,
+    log: &Logging,
     interactive: bool,
 ) -> anyhow::Result<Option<tracing_appender::non_blocking::WorkerGuard>> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .with_context(|| format!("--log-level {:?}", cli.log_level))?;
-    match &cli.log_file {
+    let filter = tracing_subscriber::EnvFilter::try_new(&log.log_level)
+        .with_context(|| format!("--log-level {:?}", log.log_level))?;
+    match &log.log_file {
         Some(path) => {
             let dir = path
                 .parent()

@@ -28,19 +28,12 @@ pub const LONG_VERSION: &str = concat!(
     name = "cilium-idmig",
     version,
     long_version = LONG_VERSION,
-    about = "Migrate Cilium security identities from the etcd kvstore to CiliumIdentity resources"
+    about = "Migrate Cilium security identities from the etcd kvstore to CiliumIdentity resources",
+    // The interactive migrator's flags belong to it: before a command they would be
+    // silently ignored, so they are refused there instead.
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
-    /// Who is running the migration, for the decision log and the plan (a shared account's
-    /// person); by default the user behind sudo, else the account.
-    #[arg(long, global = true, env = "CILIUM_IDMIG_OPERATOR")]
-    pub operator: Option<String>,
-    /// Write logs to this file (tracing-appender); otherwise warnings go to stderr.
-    #[arg(long, global = true)]
-    pub log_file: Option<PathBuf>,
-    /// Log filter, e.g. info or cilium_idmig=debug.
-    #[arg(long, global = true, default_value = "info")]
-    pub log_level: String,
     /// Without a command, opens the interactive migrator with these flags.
     #[command(flatten)]
     pub tui: TuiArgs,
@@ -48,11 +41,84 @@ pub struct Cli {
     pub command: Option<CliCommand>,
 }
 
+/// Who runs a command that records decisions (the decision log, the plan). Not global:
+/// `sandbox`, `man` and `completions` record nothing and do not take it.
+#[derive(Args, Clone, Default)]
+pub struct Operator {
+    /// Who is running the migration, for the decision log and the plan (a shared account's
+    /// person); by default the user behind sudo, else the account.
+    #[arg(long, env = "CILIUM_IDMIG_OPERATOR")]
+    pub operator: Option<String>,
+}
+
+/// Where a command's logs go. Not global: `man` and `completions` only print.
+#[derive(Args, Clone)]
+pub struct Logging {
+    /// Write logs to this file (tracing-appender); otherwise warnings go to stderr.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Log filter, e.g. info or cilium_idmig=debug.
+    #[arg(long, value_name = "FILTER", default_value = "info")]
+    pub log_level: String,
+}
+
+impl Default for Logging {
+    fn default() -> Self {
+        Logging {
+            log_file: None,
+            log_level: "info".into(),
+        }
+    }
+}
+
+impl Cli {
+    /// The command to run: the one named, else the interactive migrator.
+    pub fn into_command(self) -> CliCommand {
+        self.command.unwrap_or(CliCommand::Tui(self.tui))
+    }
+}
+
+impl CliCommand {
+    /// The operator named on the command line, for the commands that record decisions.
+    pub fn operator(&self) -> Option<&str> {
+        let who = match self {
+            CliCommand::Tui(a) => &a.who,
+            CliCommand::Demo(a) => &a.who,
+            CliCommand::Sync(a) => &a.who,
+            CliCommand::Plan { who, .. }
+            | CliCommand::Apply { who, .. }
+            | CliCommand::Rollback { who, .. } => who,
+            _ => return None,
+        };
+        who.operator.as_deref()
+    }
+
+    /// Where logs go; `None` for the commands that only print (`man`, `completions`).
+    pub fn logging(&self) -> Option<&Logging> {
+        match self {
+            CliCommand::Tui(a) => Some(&a.log),
+            CliCommand::Demo(a) => Some(&a.log),
+            CliCommand::Sync(a) => Some(&a.log),
+            CliCommand::Plan { log, .. }
+            | CliCommand::Apply { log, .. }
+            | CliCommand::Rollback { log, .. }
+            | CliCommand::Audit { log, .. }
+            | CliCommand::Verify { log, .. }
+            | CliCommand::Sandbox { log, .. } => Some(log),
+            CliCommand::Completions { .. } | CliCommand::Man { .. } => None,
+        }
+    }
+}
+
 /// The interactive migrator's flags, both as `tui` and as the default with no command.
 #[derive(Args, Clone, Default)]
 pub struct TuiArgs {
     #[command(flatten)]
     pub conn: Conn,
+    #[command(flatten)]
+    pub who: Operator,
+    #[command(flatten)]
+    pub log: Logging,
     #[command(flatten)]
     pub tuning: Tuning,
     /// Where this session's decisions and outcomes go (appended; created with mode 0600).
@@ -79,6 +145,10 @@ pub enum CliCommand {
     /// Read both sides and write the plan; changes nothing.
     Plan {
         #[command(flatten)]
+        who: Operator,
+        #[command(flatten)]
+        log: Logging,
+        #[command(flatten)]
         conn: Conn,
         /// Where to write the plan (a new file, mode 0600).
         #[arg(long, short)]
@@ -86,6 +156,10 @@ pub enum CliCommand {
     },
     /// Apply a saved plan, or plan and apply in one go.
     Apply {
+        #[command(flatten)]
+        who: Operator,
+        #[command(flatten)]
+        log: Logging,
         #[command(flatten)]
         conn: Conn,
         /// A plan written by `plan` (possibly edited); re-checked against the live cluster.
@@ -114,6 +188,10 @@ pub enum CliCommand {
     /// prints the plan and changes nothing.
     #[command(group(clap::ArgGroup::new("runs").required(true).multiple(true)))]
     Rollback {
+        #[command(flatten)]
+        who: Operator,
+        #[command(flatten)]
+        log: Logging,
         #[command(flatten)]
         conn: K8sConn,
         /// Decision logs of the runs to roll back (repeatable); the rollback's own decisions
@@ -148,6 +226,8 @@ pub enum CliCommand {
     /// Cilium 1.17+ double-write clusters. Writes nothing. Exit 0 clean, 1 findings.
     Audit {
         #[command(flatten)]
+        log: Logging,
+        #[command(flatten)]
         conn: Conn,
         /// How the report is printed (json: one object with `counts` and `findings`).
         #[arg(long, value_enum, default_value_t = Output::Text)]
@@ -165,6 +245,8 @@ pub enum CliCommand {
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     Verify {
+        #[command(flatten)]
+        log: Logging,
         #[command(flatten)]
         conn: Conn,
         /// Decision log(s) whose recorded mappings count as the expected ids: repeat the
@@ -194,6 +276,8 @@ pub enum CliCommand {
     },
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
     Sandbox {
+        #[command(flatten)]
+        log: Logging,
         /// Port on 127.0.0.1 to serve on (0 picks a free one, printed at start).
         #[arg(long, default_value_t = 0)]
         port: u16,
@@ -360,6 +444,10 @@ pub enum Output {
 /// The flags of `demo`.
 #[derive(Args, Clone)]
 pub struct DemoArgs {
+    #[command(flatten)]
+    pub who: Operator,
+    #[command(flatten)]
+    pub log: Logging,
     #[arg(long, default_value_t = 2000)]
     pub identities: usize,
     #[arg(long, default_value_t = 42)]
@@ -409,6 +497,10 @@ pub struct DemoArgs {
 /// The flags of `sync`.
 #[derive(Args, Clone)]
 pub struct SyncArgs {
+    #[command(flatten)]
+    pub who: Operator,
+    #[command(flatten)]
+    pub log: Logging,
     #[command(flatten)]
     pub conn: Conn,
     /// Where decisions and outcomes go; a restart with the same log resumes its decisions.

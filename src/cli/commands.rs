@@ -38,7 +38,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
     match cmd {
         CliCommand::Completions { shell } => completions(shell),
         CliCommand::Man { command } => man(command),
-        CliCommand::Plan { conn, output } => plan(conn, output).await,
+        CliCommand::Plan { conn, output, .. } => plan(conn, output).await,
         CliCommand::Apply {
             conn,
             plan,
@@ -48,6 +48,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             decision_log,
             tuning,
             json,
+            ..
         } => {
             if !yes {
                 return Err(cilium_idmig::Error::Config(
@@ -67,6 +68,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             conn,
             decision_log,
             output,
+            ..
         } => verify(conn, decision_log, output).await,
         CliCommand::Audit {
             conn,
@@ -91,6 +93,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             json,
             include_in_use,
             run,
+            ..
         } => {
             let spec = rollback::RollbackSpec {
                 logs: decision_log,
@@ -103,6 +106,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             port,
             kubeconfig_out,
             no_crd,
+            ..
         } => sandbox(port, kubeconfig_out, no_crd).await,
     }
 }
@@ -266,6 +270,7 @@ async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         rollout_speed,
         sync: then_sync,
         reserve_in_kvstore,
+        ..
     } = args;
     let what = match &from_snapshot {
         Some(p) => format!("a rehearsal on the identities in {}", p.display()),
@@ -356,6 +361,7 @@ async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
         resume,
         rollback,
         reserve_in_kvstore,
+        ..
     } = args;
     let world = World::of(&conn).await?;
     let finish = Finish::Apply {
@@ -384,6 +390,7 @@ async fn sync_command(args: SyncArgs) -> anyhow::Result<Exit> {
         lease_namespace,
         lease_name,
         tuning,
+        ..
     } = args;
     let world = World::of(&conn).await?;
     let opts = cilium_idmig::app::sync::SyncOptions {

@@ -30,6 +30,20 @@ pub fn did_you_mean(cmd: &clap::Command, err: &clap::Error, args: &[String]) -> 
         .map(|long| format!("--{long}"))
 }
 
+/// The tip for flags typed before the command (`cilium-idmig --log-level debug plan`): each
+/// command takes its own flags after its name, and clap only says they conflict.
+pub fn flags_after_command(err: &clap::Error) -> Option<String> {
+    if err.kind() != ErrorKind::ArgumentConflict {
+        return None;
+    }
+    let Some(ContextValue::String(sub)) = err.get(ContextKind::InvalidSubcommand) else {
+        return None;
+    };
+    Some(format!(
+        "a command's flags go after its name: cilium-idmig {sub} [FLAGS]"
+    ))
+}
+
 /// Optimal string alignment distance: insertions, deletions, substitutions and swaps of
 /// neighbours each count one.
 fn edits(a: &str, b: &str) -> usize {
@@ -83,5 +97,20 @@ mod tests {
             .collect();
         let err = cmd.clone().try_get_matches_from(&args).unwrap_err();
         assert_eq!(did_you_mean(&cmd, &err, &args), None);
+    }
+
+    #[test]
+    fn flags_before_the_command_get_the_tip_to_move_them() {
+        let cmd = crate::cli::args::Cli::command();
+        let err = cmd
+            .clone()
+            .try_get_matches_from(["cilium-idmig", "--log-level", "debug", "plan"])
+            .unwrap_err();
+        let tip = flags_after_command(&err).unwrap_or_default();
+        assert!(tip.contains("cilium-idmig plan [FLAGS]"), "{tip}");
+        let err = cmd
+            .try_get_matches_from(["cilium-idmig", "plan", "--yse"])
+            .unwrap_err();
+        assert_eq!(flags_after_command(&err), None);
     }
 }

@@ -49,7 +49,7 @@ fn groups(crd_established: bool) -> Vec<Group> {
                 "customresourcedefinition",
                 "CustomResourceDefinition",
                 false,
-                &["create", "get"],
+                &["create", "get", "list"],
                 &["crd", "crds"],
             )],
         },
@@ -84,7 +84,7 @@ fn groups(crd_established: bool) -> Vec<Group> {
             "ciliumidentity",
             KIND,
             false,
-            &["create", "delete", "get", "list", "watch"],
+            &["create", "delete", "get", "list", "patch", "watch"],
             &["ciliumid"],
         );
         r["categories"] = json!(["cilium"]);

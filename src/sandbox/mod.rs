@@ -12,11 +12,13 @@ pub mod generator;
 mod http;
 mod leases;
 mod list_watch;
+mod openapi;
 pub mod rollout;
 mod selector;
 mod server;
 mod state;
 mod store;
+mod writes;
 
 pub use faults::{Fault, FaultConfig, Rng};
 pub use selector::Selector;

@@ -16,9 +16,10 @@ use super::faults::Fault;
 use super::http::{Body, full, json_response, page_not_found, query_params, status};
 use super::leases;
 use super::list_watch::{list, watch};
+use super::openapi;
 use super::state::Shared;
-use crate::core::identity::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
-use crate::core::labels::{is_dns1123_subdomain, is_valid_label_key, is_valid_label_value};
+use super::writes::{FieldValidation, create_identity, delete_identity, not_found, patch_identity};
+use crate::core::identity::{CRD_NAME, GROUP, PLURAL, VERSION};
 
 /// Returned by the service to make hyper close the connection without an answer.
 #[derive(Debug)]
@@ -74,6 +75,12 @@ async fn handle(
         false
     };
     let (table, manager) = (wants_table(&req), field_manager(&req));
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let dry_run = params.iter().any(|(k, v)| k == "dryRun" && v == "All");
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
@@ -91,6 +98,7 @@ async fn handle(
             table,
             dry_run,
             manager: &manager,
+            content_type: &content_type,
         };
         route_identity(&shared, method, call).await
     } else {
@@ -225,7 +233,27 @@ fn route(
         (Method::GET, _) if discovery_doc.is_some() => {
             json_response(StatusCode::OK, &discovery_doc.unwrap_or_default())
         }
+        (Method::GET, p) if p.starts_with(openapi::ROOT) => {
+            match openapi::document(p, shared.store().crd_established()) {
+                Some(doc) => json_response(StatusCode::OK, &doc),
+                None => page_not_found(),
+            }
+        }
         (Method::POST, p) if p == crd_path => create_crd(shared, body),
+        // `kubectl get crd`: the list holds the one CRD the sandbox serves, once created.
+        (Method::GET, p) if p == crd_path => {
+            let store = shared.store();
+            let items: Vec<Value> = store.crd_object().into_iter().collect();
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "apiVersion": "apiextensions.k8s.io/v1",
+                    "kind": "CustomResourceDefinitionList",
+                    "metadata": {"resourceVersion": store.rv.to_string()},
+                    "items": items,
+                }),
+            )
+        }
         (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match shared
             .store()
             .crd_object()
@@ -280,6 +308,7 @@ struct IdentityCall<'a> {
     table: bool,
     dry_run: bool,
     manager: &'a str,
+    content_type: &'a str,
 }
 
 /// CiliumIdentities: list, watch, create, get, delete (404 until the CRD is established).
@@ -298,14 +327,16 @@ async fn route_identity(
         table,
         dry_run,
         manager,
+        content_type,
     } = call;
+    let fields = FieldValidation::of(params);
     let watching = params
         .iter()
         .any(|(k, v)| k == "watch" && (v == "true" || v == "1"));
     match (method, name.is_empty()) {
         (Method::GET, true) if watching => watch(shared, params),
         (Method::GET, true) => list(shared, params, table).await,
-        (Method::POST, true) => create_identity(shared, body, manager, dry_run),
+        (Method::POST, true) => create_identity(shared, body, manager, dry_run, fields),
         (Method::GET, false) => match shared.store().objects.get(name) {
             Some(o) if table => {
                 let rv = o["metadata"]["resourceVersion"].as_str().unwrap_or("");
@@ -317,6 +348,7 @@ async fn route_identity(
             Some(o) => json_response(StatusCode::OK, o),
             None => not_found(name),
         },
+        (Method::PATCH, false) => patch_identity(shared, name, body, content_type, dry_run, fields),
         (Method::DELETE, false) => delete_identity(shared, name, body, dry_run),
         _ => status(
             405,
@@ -325,15 +357,6 @@ async fn route_identity(
             None,
         ),
     }
-}
-
-fn not_found(name: &str) -> Response<Body> {
-    status(
-        404,
-        "NotFound",
-        &format!("{PLURAL}.{GROUP} \"{name}\" not found"),
-        Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
-    )
 }
 
 fn create_crd(shared: &Shared, body: &[u8]) -> Response<Body> {
@@ -381,178 +404,4 @@ fn access_review(shared: &Shared, body: &[u8]) -> Response<Body> {
         .any(|(v, r)| *v == verb && *r == resource);
     review["status"] = json!({"allowed": !denied, "reason": if denied { "denied by the sandbox's RBAC" } else { "" }});
     json_response(StatusCode::CREATED, &review)
-}
-
-fn invalid(name: &str, causes: Vec<(String, String)>) -> Response<Body> {
-    let msg = causes
-        .iter()
-        .map(|(f, m)| format!("{f}: {m}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    status(
-        422,
-        "Invalid",
-        &format!("{KIND}.{GROUP} \"{name}\" is invalid: {msg}"),
-        Some(json!({"name": name, "group": GROUP, "kind": KIND,
-            "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "field": f, "message": m})).collect::<Vec<_>>()})),
-    )
-}
-
-/// DELETE, honouring `DeleteOptions.preconditions` (uid, resourceVersion) as the API server
-/// does: a mismatch is a 409 Conflict, and the object stays.
-fn delete_identity(shared: &Shared, name: &str, body: &[u8], dry_run: bool) -> Response<Body> {
-    let options: Value = if body.is_empty() {
-        Value::Null
-    } else {
-        match serde_json::from_slice(body) {
-            Ok(v) => v,
-            Err(e) => {
-                return status(
-                    400,
-                    "BadRequest",
-                    &format!("invalid DeleteOptions: {e}"),
-                    None,
-                );
-            }
-        }
-    };
-    let mut store = shared.store();
-    let Some(obj) = store.objects.get(name) else {
-        return not_found(name);
-    };
-    let meta = |field: &str| {
-        obj.pointer(&format!("/metadata/{field}"))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
-        if let Some(want) = options
-            .pointer(&format!("/preconditions/{field}"))
-            .and_then(Value::as_str)
-        {
-            let have = meta(field);
-            if want != have {
-                let message = format!(
-                    "Operation cannot be fulfilled on {PLURAL}.{GROUP} \"{name}\": StorageError: invalid object, Code: 4, Key: /registry/{GROUP}/{PLURAL}/{name}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"
-                );
-                return status(
-                    409,
-                    "Conflict",
-                    &message,
-                    Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
-                );
-            }
-        }
-    }
-    // `--dry-run=server`: every check made, nothing deleted, the object as it would go.
-    if dry_run || is_dry_run(&options["dryRun"]) {
-        return json_response(StatusCode::OK, obj);
-    }
-    match store.delete(name) {
-        Some(o) => json_response(StatusCode::OK, &o),
-        None => not_found(name),
-    }
-}
-
-/// `dryRun: ["All"]` in a body's options (the query's `dryRun=All` is read by the router).
-fn is_dry_run(v: &Value) -> bool {
-    v.as_array()
-        .is_some_and(|a| a.iter().any(|x| x.as_str() == Some("All")))
-}
-
-fn create_identity(shared: &Shared, body: &[u8], manager: &str, dry_run: bool) -> Response<Body> {
-    let obj: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return status(
-                400,
-                "BadRequest",
-                &format!("the body of the request was in an unknown format: {e}"),
-                None,
-            );
-        }
-    };
-    if obj["apiVersion"] != format!("{GROUP}/{VERSION}") || obj["kind"] != KIND {
-        return status(
-            400,
-            "BadRequest",
-            &format!(
-                "the API version in the data ({}) does not match the expected API version ({GROUP}/{VERSION})",
-                obj["apiVersion"]
-            ),
-            None,
-        );
-    }
-    let name = obj
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let mut causes = Vec::new();
-    if name.is_empty() {
-        causes.push((
-            "metadata.name".into(),
-            "Required value: name or generateName is required".into(),
-        ));
-    } else if !is_dns1123_subdomain(&name) {
-        causes.push(("metadata.name".into(), format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")));
-    }
-    if let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) {
-        for (k, v) in labels {
-            let vs = v.as_str().unwrap_or("");
-            if !is_valid_label_key(k) {
-                causes.push(("metadata.labels".into(), format!("Invalid value: {k:?}: name part must consist of alphanumeric characters, '-', '_' or '.'")));
-            }
-            if !v.is_string() || !is_valid_label_value(vs) {
-                causes.push(("metadata.labels".into(), format!("Invalid value: {v}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")));
-            }
-        }
-    }
-    match obj.get("security-labels") {
-        Some(Value::Object(m)) => {
-            for (k, v) in m {
-                if !v.is_string() {
-                    causes.push((format!("security-labels.{k}"), format!("Invalid value: \"{}\": security-labels.{k} in body must be of type string: \"{}\"", json_type(v), json_type(v))));
-                }
-            }
-        }
-        None => causes.push(("security-labels".into(), "Required value".into())),
-        Some(v) => causes.push((
-            "security-labels".into(),
-            format!(
-                "Invalid value: \"{}\": security-labels in body must be of type object",
-                json_type(v)
-            ),
-        )),
-    }
-    if !causes.is_empty() {
-        return invalid(&name, causes);
-    }
-    let mut store = shared.store();
-    if store.objects.contains_key(&name) {
-        return status(
-            409,
-            "AlreadyExists",
-            &format!("{PLURAL}.{GROUP} \"{name}\" already exists"),
-            Some(json!({"name": name, "group": GROUP, "kind": PLURAL})),
-        );
-    }
-    if dry_run {
-        // Validated and answered as created; nothing stored, no resourceVersion spent.
-        return json_response(StatusCode::CREATED, &obj);
-    }
-    let created = store.insert_by(name, obj, manager);
-    json_response(StatusCode::CREATED, &created)
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }

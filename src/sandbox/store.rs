@@ -160,6 +160,16 @@ impl Store {
         self.events = events;
     }
 
+    /// Stores a changed object under a new resourceVersion and records the MODIFIED event
+    /// (the caller has validated it and kept the server-owned metadata).
+    pub fn replace(&mut self, name: &str, mut obj: Value) -> Value {
+        let rv = self.next_rv();
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.objects.insert(name.to_string(), obj.clone());
+        self.record("MODIFIED", &obj);
+        obj
+    }
+
     pub fn delete(&mut self, name: &str) -> Option<Value> {
         let mut obj = self.objects.remove(name)?;
         let rv = self.next_rv();

@@ -534,6 +534,45 @@ async fn the_mistakes_people_make_get_a_clear_answer() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 }
 
+/// Each command lists only the flags it uses: `--operator` where decisions are recorded,
+/// the log flags where something runs, neither on `man` and `completions`; and flags typed
+/// before the command are refused with where they go, not silently dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_command_offers_only_the_flags_it_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = ["plan", "apply", "rollback", "sync", "demo", "tui"];
+    let runs = ["audit", "verify", "sandbox"];
+    let prints = ["man", "completions"];
+    for cmd in records.iter().chain(&runs).chain(&prints) {
+        let r = run(dir.path(), &[cmd, "--help"]).await;
+        assert_eq!(r.code, 0, "{cmd}: {}", r.stderr);
+        assert_eq!(
+            r.stdout.contains("--operator"),
+            records.contains(cmd),
+            "{cmd}: {}",
+            r.stdout
+        );
+        assert_eq!(
+            r.stdout.contains("--log-level") && r.stdout.contains("--log-file"),
+            !prints.contains(cmd),
+            "{cmd}: {}",
+            r.stdout
+        );
+    }
+    let r = run(dir.path(), &["--log-level", "debug", "plan"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("flags go after its name: cilium-idmig plan"),
+        "{}",
+        r.stderr
+    );
+    // The flag where it belongs reaches the command: a bad filter is named.
+    let r = run(dir.path(), &["sandbox", "--log-level", "==="]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("--log-level"), "{}", r.stderr);
+}
+
 /// A page per command, as the main page's SUBCOMMANDS section names them; an unknown one is
 /// refused with the list.
 #[tokio::test(flavor = "multi_thread")]

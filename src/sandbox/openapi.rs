@@ -1,0 +1,146 @@
+//! The OpenAPI v3 documents kubectl reads before it sends an object (`kubectl create -f`,
+//! `apply`): the root listing each group version, and cilium.io/v2's with the
+//! CiliumIdentity schema and operations. They say the server validates fields itself
+//! (`fieldValidation` on writes), so kubectl sends `fieldValidation=Strict` and leaves the
+//! checking to the sandbox, as it does against a real 1.27+ server. Only what is served is
+//! described: list, watch, get, create, patch, delete.
+
+use serde_json::{Value, json};
+
+use crate::core::identity::{GROUP, KIND, PLURAL, VERSION};
+
+/// Where kubectl looks first.
+pub(super) const ROOT: &str = "/openapi/v3";
+
+/// The group version the sandbox documents (its only custom resource).
+fn group_version_path() -> String {
+    format!("apis/{GROUP}/{VERSION}")
+}
+
+/// The document at `path` (the query is not part of it), if there is one. The cilium.io
+/// document exists only once the CRD is established, as a real server publishes it.
+pub(super) fn document(path: &str, crd_established: bool) -> Option<Value> {
+    let path = path.trim_end_matches('/');
+    if path == ROOT {
+        let mut paths = serde_json::Map::new();
+        if crd_established {
+            // The hash lets clients cache the document; it changes only with the schema.
+            paths.insert(
+                group_version_path(),
+                json!({"serverRelativeURL": format!("{ROOT}/{}?hash=sandbox-1", group_version_path())}),
+            );
+        }
+        return Some(json!({ "paths": paths }));
+    }
+    if crd_established && path == format!("{ROOT}/{}", group_version_path()) {
+        return Some(group_version());
+    }
+    None
+}
+
+fn schema_name() -> String {
+    format!("io.cilium.{VERSION}.{KIND}")
+}
+
+/// An operation on CiliumIdentities, with the query parameters it takes.
+fn operation(action: &str, kind: &str, params: &[&str]) -> Value {
+    let parameters: Vec<Value> = params
+        .iter()
+        .map(|p| json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}))
+        .collect();
+    json!({
+        "operationId": format!("{action}CiliumIo{}{kind}", VERSION.to_uppercase()),
+        "parameters": parameters,
+        "responses": {"200": {"description": "OK"}},
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": {"group": GROUP, "version": VERSION, "kind": kind},
+    })
+}
+
+fn group_version() -> Value {
+    let writes = ["dryRun", "fieldManager", "fieldValidation"];
+    let list = [
+        "labelSelector",
+        "limit",
+        "continue",
+        "resourceVersion",
+        "watch",
+        "timeoutSeconds",
+        "allowWatchBookmarks",
+    ];
+    let meta = "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes CRD Swagger", "version": "v0.1.0"},
+        "paths": {
+            format!("/apis/{GROUP}/{VERSION}/{PLURAL}"): {
+                "get": operation("list", &format!("{KIND}List"), &list),
+                "post": operation("post", KIND, &writes),
+            },
+            format!("/apis/{GROUP}/{VERSION}/{PLURAL}/{{name}}"): {
+                "get": operation("get", KIND, &[]),
+                "patch": operation("patch", KIND, &writes),
+                "delete": operation("delete", KIND, &["dryRun"]),
+            },
+        },
+        "components": {"schemas": {
+            schema_name(): {
+                "type": "object",
+                "required": ["metadata", "security-labels"],
+                "properties": {
+                    "apiVersion": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "metadata": {"allOf": [{"$ref": meta}], "default": {}},
+                    "security-labels": string_map,
+                },
+                "x-kubernetes-group-version-kind": [{"group": GROUP, "version": VERSION, "kind": KIND}],
+            },
+            "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "labels": string_map,
+                    "annotations": string_map,
+                    "resourceVersion": {"type": "string"},
+                    "uid": {"type": "string"},
+                },
+            },
+        }},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_names_cilium_io_only_once_the_crd_is_established() {
+        let before = document(ROOT, false).unwrap_or_default();
+        assert_eq!(before["paths"], json!({}));
+        let after = document(ROOT, true).unwrap_or_default();
+        let url = after["paths"]["apis/cilium.io/v2"]["serverRelativeURL"]
+            .as_str()
+            .unwrap_or("");
+        let path = url.split('?').next().unwrap_or("");
+        assert!(document(path, true).is_some(), "{url}");
+        assert!(document(path, false).is_none());
+    }
+
+    #[test]
+    fn writes_take_field_validation_so_kubectl_leaves_it_to_the_server() {
+        let doc = group_version();
+        let patch = &doc["paths"]["/apis/cilium.io/v2/ciliumidentities/{name}"]["patch"];
+        let names: Vec<&str> = patch["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        assert!(names.contains(&"fieldValidation"), "{names:?}");
+        assert_eq!(
+            patch["x-kubernetes-group-version-kind"]["kind"],
+            "CiliumIdentity"
+        );
+    }
+}

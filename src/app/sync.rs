@@ -22,6 +22,7 @@ use super::metrics::{Metrics, Source};
 use super::reserve::{self, ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers};
 use crate::apply::outcome::{ApplyReport, Outcome};
+use crate::core::kvstore::NodeCounts;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{Kind, Op};
@@ -108,6 +109,8 @@ pub use crate::core::sync::SyncStatus;
 #[derive(Debug, Clone)]
 pub enum SyncEvent {
     Status(SyncStatus),
+    /// Which nodes use each label set now (from the kvstore watch), when they moved.
+    NodeCounts(NodeCounts),
     /// A conflict that waits for a decision (once per identity).
     Conflict {
         id: String,
@@ -650,6 +653,9 @@ impl Round {
                     sync.metrics
                         .cutover_waiting(status.cutover_wait.as_ref().map(|w| w.reason()));
                     let _ = sync.events.send(SyncEvent::Status(status)).await;
+                }
+                Output::NodeCounts(counts) => {
+                    let _ = sync.events.send(SyncEvent::NodeCounts(counts)).await;
                 }
                 Output::Cutover(report) => {
                     let _ = sync.events.send(SyncEvent::Cutover(report)).await;

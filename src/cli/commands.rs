@@ -703,6 +703,8 @@ async fn sync(
                 Some(SyncEvent::Note(n)) => { let _ = outln!("{n}"); },
                 Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
                 Some(SyncEvent::Cutover(report)) => { let _ = outln!("{report}"); },
+                // Node counts are for the screens; the status line carries the node total.
+                Some(SyncEvent::NodeCounts(_)) => {},
                 None => break,
             },
             sig = signals.recv() => {

@@ -214,6 +214,8 @@ impl std::fmt::Display for SyncStatus {
 pub struct SyncState {
     pub masters: BTreeMap<Vec<u8>, Vec<u8>>,
     pub counts: NodeCounts,
+    /// The counts moved since they were last published to the screens that show them.
+    pub counts_changed: bool,
     pub k8s: BTreeMap<u32, LabelKey>,
     pub kv_revision: i64,
     pub k8s_version: String,
@@ -371,6 +373,7 @@ impl SyncState {
         SyncState {
             masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
             counts: snap.node_counts,
+            counts_changed: true,
             kv_revision: snap.source.revision,
             ..Default::default()
         }
@@ -470,12 +473,18 @@ impl SyncState {
                 label_key,
                 node,
                 present: true,
-            } => self.counts.add_key(&label_key, &node),
+            } => {
+                self.counts.add_key(&label_key, &node);
+                self.counts_changed = true;
+            }
             KvChange::Slave {
                 label_key,
                 node,
                 present: false,
-            } => self.counts.remove_key(&label_key, &node),
+            } => {
+                self.counts.remove_key(&label_key, &node);
+                self.counts_changed = true;
+            }
         }
     }
 

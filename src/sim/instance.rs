@@ -377,7 +377,10 @@ impl Instance {
                 }
                 Output::Trouble(t) => trace.line(world.now, format!("i{i} trouble {t}")),
                 Output::Note(n) => trace.line(world.now, format!("i{i} note {n}")),
-                Output::Following | Output::Status(_) | Output::Taken(_) => {}
+                Output::Following
+                | Output::Status(_)
+                | Output::NodeCounts(_)
+                | Output::Taken(_) => {}
             }
         }
         // A split begun is reported at the next settle (its nodes named later, by the shell).

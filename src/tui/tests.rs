@@ -130,6 +130,39 @@ fn node_counts_arrive_after_the_table_and_stale_ones_are_dropped() {
     assert_eq!(item(&m, "300").nodes, 0);
 }
 
+/// While sync runs, its counts (from the kvstore watch) are every screen's node counts: a
+/// later scan's older read gives way to them, and once sync ends a scan's own count again.
+#[test]
+fn node_counts_while_sync_runs_are_syncs_on_every_screen() {
+    let mut m = Model::new(IdRange::for_cluster(0).unwrap(), true);
+    init(&mut m);
+    update(&mut m, Msg::Engine(scan_event(1)));
+    update(&mut m, Msg::Engine(counts_event(1)));
+    assert_eq!(item(&m, "301").nodes, 4);
+    let (masters, _) = world();
+    let mut live = crate::core::kvstore::NodeCounts::default();
+    live.add(&masters[1].value, 1);
+    update(
+        &mut m,
+        Msg::Engine(Event::Sync(SyncEvent::NodeCounts(live))),
+    );
+    assert_eq!(item(&m, "301").nodes, 1, "the table follows sync");
+    // A rescan's counts (read before the watch moved on) do not bring 4 back.
+    update(&mut m, Msg::Engine(scan_event(1)));
+    assert_eq!(item(&m, "301").nodes, 1);
+    update(&mut m, Msg::Engine(counts_event(1)));
+    assert_eq!(item(&m, "301").nodes, 1);
+    // Sync over: the next scan's counts are the newest again.
+    update(
+        &mut m,
+        Msg::Engine(Event::SyncEnded {
+            end: crate::app::sync::SyncEnd::default(),
+        }),
+    );
+    update(&mut m, Msg::Engine(counts_event(1)));
+    assert_eq!(item(&m, "301").nodes, 4);
+}
+
 /// The engine's word that commit `generation` ended with `report` (not verified).
 fn committed(generation: u64, report: ApplyReport) -> Msg {
     Msg::Engine(Event::Committed {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
-use crate::core::kvstore::parse_id;
+use crate::core::kvstore::{NodeCounts, parse_id};
 use crate::core::labels::LabelKey;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::planner::{Kind, Op};
@@ -196,6 +196,10 @@ pub enum Output {
         nowhere: BTreeSet<String>,
     },
     Status(SyncStatus),
+    /// Which nodes use each label set now, as the kvstore watch has it: the one source of
+    /// node counts while sync runs (every screen shows these, not an older scan's). Sent
+    /// with a status when they moved, at most once per `COUNTS_EVERY`.
+    NodeCounts(NodeCounts),
     Cutover(CutoverReport),
     /// The kvstore was compacted past the watch: read a fresh snapshot (the batch in flight
     /// is taken in first), keeping this state's memory.
@@ -240,6 +244,9 @@ pub fn cutover_expectations(
 /// near (a full consistent verify takes 18 s at 65k on a real server).
 pub const VERIFY_EVERY: Duration = Duration::from_secs(30);
 
+/// The most often node counts are published: at 65,280 label sets a copy is about 1 MiB.
+pub const COUNTS_EVERY: Duration = Duration::from_secs(5);
+
 /// Sync's decisions (see the module).
 pub struct Machine {
     pub state: SyncState,
@@ -259,6 +266,7 @@ pub struct Machine {
     following: bool,
     stopping: bool,
     ended: bool,
+    counts_published: Option<Instant>,
 }
 
 impl Machine {
@@ -280,6 +288,7 @@ impl Machine {
             following: false,
             stopping: false,
             ended: false,
+            counts_published: None,
         }
     }
 
@@ -596,6 +605,14 @@ impl Machine {
         }
         self.say_cutover_wait(now, grace);
         out.push(Output::Status(self.state.status.clone()));
+        let counts_due = self
+            .counts_published
+            .is_none_or(|t| now.saturating_duration_since(t) >= COUNTS_EVERY);
+        if self.state.counts_changed && counts_due {
+            self.state.counts_changed = false;
+            self.counts_published = Some(now);
+            out.push(Output::NodeCounts(self.state.counts.clone()));
+        }
         let due = self
             .last_verify
             .is_none_or(|t| now.saturating_duration_since(t) > VERIFY_EVERY);

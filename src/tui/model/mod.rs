@@ -189,6 +189,9 @@ pub struct SyncView {
     pub cutover: bool,
     /// How many reports back from the newest the pane's bottom line is (0: the newest).
     pub scroll: usize,
+    /// The node counts sync last published from its kvstore watch: while sync runs, the
+    /// one source of every screen's node counts (a scan's older ones give way to them).
+    pub node_counts: Option<crate::core::kvstore::NodeCounts>,
 }
 
 impl SyncView {

@@ -21,10 +21,9 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                 return vec![];
             }
             model.scan.counting = false;
-            for item in &mut model.cluster.items {
-                item.nodes = counts.get(item.labels.as_bytes());
-            }
-            model.rebuild_view();
+            // Sync's counts, from its watch, are newer than any scan's read.
+            let counts = model.sync.node_counts.as_ref().unwrap_or(&counts);
+            set_node_counts(model, &counts.clone());
             vec![]
         }
         ServiceEvent::Failed {
@@ -121,6 +120,8 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             model.sync.running = false;
             model.sync.following = false;
             model.sync.stopping = false;
+            // No longer followed: the next scan's counts are the newest again.
+            model.sync.node_counts = None;
             model.sync.push(format!("sync ended: {}", end.status));
             if model.quit_after_commit {
                 model.quit = true;
@@ -158,6 +159,11 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
     match ev {
         SyncEvent::Status(s) => {
             model.sync.status = Some(s);
+            vec![]
+        }
+        SyncEvent::NodeCounts(counts) => {
+            set_node_counts(model, &counts);
+            model.sync.node_counts = Some(counts);
             vec![]
         }
         SyncEvent::Conflict { id, kind, reason } => {
@@ -277,6 +283,9 @@ fn scanned(
     );
     model.cluster.source = Some(scan.source);
     model.set_items(kept);
+    if let Some(counts) = model.sync.node_counts.clone() {
+        set_node_counts(model, &counts);
+    }
     model.review.undo.clear();
     let first = model.conflicts().next();
     model.review.conflict = first;
@@ -285,6 +294,15 @@ fn scanned(
         return start_commit(model);
     }
     vec![]
+}
+
+/// Every identity's node count from `counts`: the table, its sort, the detail popup and the
+/// conflicts all read them from the items.
+fn set_node_counts(model: &mut Model, counts: &crate::core::kvstore::NodeCounts) {
+    for item in &mut model.cluster.items {
+        item.nodes = counts.get(item.labels.as_bytes());
+    }
+    model.rebuild_view();
 }
 
 fn failed(

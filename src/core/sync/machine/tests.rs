@@ -742,3 +742,39 @@ fn a_verdict_when_something_arrived_meanwhile_is_not_cutover() {
         "{out:?}"
     );
 }
+
+/// The counts a status publishes, if it publishes any.
+fn published(out: &[Output]) -> Option<u32> {
+    out.iter().find_map(|o| match o {
+        Output::NodeCounts(c) => Some(c.get(A.as_bytes())),
+        _ => None,
+    })
+}
+
+#[test]
+fn node_counts_are_published_when_they_moved_at_most_every_counts_every() {
+    let t0 = Instant::now();
+    let mut m = following(false, true, t0);
+    let status = Input::Status { watching: true };
+    // The snapshot's counts go out with the first status, then not again while unchanged.
+    assert_eq!(published(&m.step(status.clone(), t0, true)), Some(1));
+    assert_eq!(
+        published(&m.step(status.clone(), t0 + COUNTS_EVERY, true)),
+        None
+    );
+    // The node leaves: said, but not sooner than COUNTS_EVERY after the last time.
+    let second = Duration::from_secs(1);
+    m.step(node(false), t0 + second, true);
+    assert_eq!(
+        published(&m.step(status.clone(), t0 + 2 * second, true)),
+        None
+    );
+    assert_eq!(
+        published(&m.step(status.clone(), t0 + COUNTS_EVERY, true)),
+        Some(0)
+    );
+    assert_eq!(
+        published(&m.step(status, t0 + 2 * COUNTS_EVERY, true)),
+        None
+    );
+}

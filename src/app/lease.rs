@@ -1,11 +1,8 @@
 //! One writer per cluster: sync takes a `coordination.k8s.io/v1` Lease and writes only while
 //! it holds it. A second sync (another bastion host, a colleague) follows both sides and
 //! waits, saying who holds the lease, and takes over within the lease's duration when the
-//! holder dies. The rules are client-go's leader election: another holder's lease counts
-//! as expired only once its record has not changed for a whole lease duration on our own
-//! clock (no trust in clock skew), every change is a replace at the version read (two
-//! candidates cannot both win), and a holder that cannot renew within two thirds of the
-//! duration stops writing before anyone else may start.
+//! holder dies. The rules (client-go's leader election) are `core::lease::Elector`'s; this
+//! keeper only reads and writes the Lease, keeps the clock, and publishes who may write.
 
 use std::time::Duration;
 
@@ -16,6 +13,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::apply::executor::WriteGate;
+pub use crate::core::lease::Writer;
+use crate::core::lease::{Claim, Elector, LeaseRecord, TryOutcome};
 use crate::io::lease::LeaseApi;
 
 /// Which lease, and how long a holder keeps it without renewing.
@@ -34,19 +33,6 @@ impl Default for LeaseOptions {
             duration: Duration::from_secs(15),
         }
     }
-}
-
-/// Who may write now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Writer {
-    /// Not known yet (the first answer has not come).
-    Unknown,
-    /// This sync holds the lease: it writes.
-    Us,
-    /// Another sync holds it: this one follows and waits.
-    Other { holder: String },
-    /// The API server refuses the lease to these credentials (403): the operator's to fix.
-    Refused(String),
 }
 
 /// The running lease keeper.
@@ -98,12 +84,6 @@ impl Drop for LeaseKeeper {
     }
 }
 
-/// What one try found.
-enum Try {
-    Held,
-    HeldBy(String),
-}
-
 async fn keep(
     api: LeaseApi,
     opts: LeaseOptions,
@@ -111,53 +91,56 @@ async fn keep(
     (tx, gate): (watch::Sender<Writer>, WriteGate),
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let retry = Duration::from_secs(2);
-    let renew_every = opts.duration / 3;
-    let renew_deadline = opts.duration * 2 / 3;
-    let mut seen = Observed::default();
+    let mut elector = Elector::new(me, opts.duration);
     loop {
         // The validity counts from before the request: its answer may come late.
         let started = std::time::Instant::now();
         // A try that hangs (a dead connection) is given up in time to try again before the
         // deadline, instead of holding the loop while the lease runs out.
-        let tried = tokio::time::timeout(renew_every, try_take(&api, &opts, &me, &mut seen)).await;
-        let wait = match tried {
-            Ok(Ok(Try::Held)) => {
-                gate.set(Some(started + renew_deadline));
-                tx.send_if_modified(|w| set(w, Writer::Us));
-                renew_every.saturating_sub(started.elapsed())
-            }
-            Ok(Ok(Try::HeldBy(holder))) => {
-                gate.set(None);
-                tx.send_if_modified(|w| set(w, Writer::Other { holder }));
-                retry
-            }
-            Ok(Err(e)) if e.code() == Some(403) => {
-                gate.set(None);
-                tx.send_if_modified(|w| set(w, Writer::Refused(e.to_string())));
-                return;
-            }
-            // Unreachable, failing or hanging: the gate closes on its own at the deadline.
-            Ok(Err(_)) | Err(_) => retry.min(renew_every),
+        let tried =
+            tokio::time::timeout(elector.renew_every(), try_take(&api, &opts, &mut elector)).await;
+        let outcome = match tried {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) if e.code() == Some(403) => TryOutcome::Refused(e.to_string()),
+            Ok(Err(_)) | Err(_) => TryOutcome::Failed,
         };
+        let refused = matches!(outcome, TryOutcome::Refused(_));
+        let wait = elector.tried(outcome, started, std::time::Instant::now());
+        publish(&elector, &tx, &gate);
+        if refused {
+            return;
+        }
         // Wake at the deadline too, to tell the loop that writes must stop.
-        let deadline = gate.until().filter(|_| *tx.borrow() == Writer::Us);
+        let deadline = elector.deadline();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = sleep_until_some(deadline) => {}
             _ = &mut stopped => {
-                if gate.until().is_some() {
+                if elector.release() {
                     gate.set(None);
-                    let _ = tokio::time::timeout(renew_every, give_up(&api, &me)).await;
+                    let _ = tokio::time::timeout(elector.renew_every(), give_up(&api, elector.me())).await;
                 }
                 return;
             }
         }
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-            gate.set(None);
-            tx.send_if_modified(|w| set(w, Writer::Unknown));
+        if elector.check_deadline(std::time::Instant::now()) {
+            publish(&elector, &tx, &gate);
         }
     }
+}
+
+/// Tells the loop and the executor what the elector now says: who writes, and until when.
+fn publish(elector: &Elector, tx: &watch::Sender<Writer>, gate: &WriteGate) {
+    gate.set(
+        elector
+            .gate_until()
+            .filter(|_| *elector.writer() == Writer::Us),
+    );
+    tx.send_if_modified(|w| {
+        let changed = w != elector.writer();
+        *w = elector.writer().clone();
+        changed
+    });
 }
 
 /// Sleeps until `at`, or for ever without one.
@@ -168,85 +151,78 @@ async fn sleep_until_some(at: Option<std::time::Instant>) {
     }
 }
 
-fn set(w: &mut Writer, new: Writer) -> bool {
-    let changed = *w != new;
-    *w = new;
-    changed
-}
-
-/// The last version of another holder's record we saw, and since when (our clock).
-#[derive(Default)]
-struct Observed {
-    version: String,
-    since: Option<Instant>,
-}
-
+/// One try: read the Lease, let the elector decide, and create or replace it at the
+/// version read when the elector claims it.
 async fn try_take(
     api: &LeaseApi,
     opts: &LeaseOptions,
-    me: &str,
-    seen: &mut Observed,
-) -> Result<Try, crate::io::k8s::RequestError> {
+    elector: &mut Elector,
+) -> Result<TryOutcome, crate::io::k8s::RequestError> {
     let now = MicroTime(Timestamp::now());
     let secs = i32::try_from(opts.duration.as_secs()).unwrap_or(i32::MAX);
-    let Some(lease) = api.get().await? else {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(api.name.clone()),
-                namespace: Some(api.namespace.clone()),
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(me.to_string()),
-                lease_duration_seconds: Some(secs),
-                acquire_time: Some(now.clone()),
-                renew_time: Some(now),
-                lease_transitions: Some(0),
-                ..Default::default()
-            }),
-        };
-        return match api.create(&lease).await {
-            Ok(_) => Ok(Try::Held),
-            // Another candidate created it first: theirs.
-            Err(e) if e.is_already_exists() => Ok(Try::HeldBy("another sync".into())),
-            Err(e) => Err(e),
-        };
-    };
-    let spec = lease.spec.clone().unwrap_or_default();
-    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-    let version = lease.metadata.resource_version.clone().unwrap_or_default();
-    if seen.version != version || seen.since.is_none() {
-        seen.version = version;
-        seen.since = Some(Instant::now());
-    }
-    if let Some(h) = &holder
-        && h != me
-    {
-        let theirs = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-        if seen.since.is_some_and(|s| s.elapsed() < theirs) {
-            return Ok(Try::HeldBy(h.clone()));
+    let me = elector.me().to_string();
+    let lease = api.get().await?;
+    let record = lease.as_ref().map(|l| {
+        let spec = l.spec.clone().unwrap_or_default();
+        LeaseRecord {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64),
+            version: l.metadata.resource_version.clone().unwrap_or_default(),
         }
-    }
+    });
+    // Our clock at the answer, not at the request: "unchanged for a whole duration" counts
+    // from when we saw it.
+    let take = match elector.claim(record.as_ref(), std::time::Instant::now()) {
+        Claim::HeldBy(holder) => return Ok(TryOutcome::HeldBy(holder)),
+        Claim::Create => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(api.name.clone()),
+                    namespace: Some(api.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match api.create(&lease).await {
+                Ok(l) => Ok(TryOutcome::Held {
+                    version: l.metadata.resource_version.unwrap_or_default(),
+                }),
+                // Another candidate created it first: theirs.
+                Err(e) if e.is_already_exists() => Ok(TryOutcome::HeldBy("another sync".into())),
+                Err(e) => Err(e),
+            };
+        }
+        Claim::Replace { take } => take,
+    };
     // Ours already, free, or expired: renew or take it, at the version read.
-    let mut next = lease.clone();
+    let Some(mut next) = lease else {
+        return Ok(TryOutcome::Failed);
+    };
     let s = next.spec.get_or_insert_with(LeaseSpec::default);
-    if holder.as_deref() != Some(me) {
+    if take {
         s.acquire_time = Some(now.clone());
-        s.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        s.lease_transitions = Some(s.lease_transitions.unwrap_or(0) + 1);
     }
-    s.holder_identity = Some(me.to_string());
+    s.holder_identity = Some(me);
     s.lease_duration_seconds = Some(secs);
     s.renew_time = Some(now);
     match api.replace(&next).await {
-        Ok(l) => {
-            seen.version = l.metadata.resource_version.unwrap_or_default();
-            seen.since = Some(Instant::now());
-            Ok(Try::Held)
-        }
+        Ok(l) => Ok(TryOutcome::Held {
+            version: l.metadata.resource_version.unwrap_or_default(),
+        }),
         // Someone wrote it in between (a renewal, another candidate): not ours this time.
-        Err(e) if e.is_conflict() => {
-            Ok(Try::HeldBy(holder.unwrap_or_else(|| "another sync".into())))
-        }
+        Err(e) if e.is_conflict() => Ok(TryOutcome::HeldBy(
+            record
+                .and_then(|r| r.holder)
+                .unwrap_or_else(|| "another sync".into()),
+        )),
         Err(e) => Err(e),
     }
 }

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod identity;
 pub mod kvstore;
 pub mod labels;
+pub mod lease;
 pub mod outcome;
 pub mod plan_cache;
 pub mod planner;

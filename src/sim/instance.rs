@@ -10,6 +10,7 @@ use super::report::{Failure, Trace};
 use super::world::World;
 use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
@@ -66,6 +67,10 @@ pub struct Instance {
     pub verify: Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
     /// What the lease keeper last told it.
     pub told: LeaseHolder,
+    /// Its lease keeper's rules (core's, as the real keeper runs them), and when it tries
+    /// next.
+    pub elector: Elector,
+    pub next_try: Duration,
     /// Both sides as this instance was told them, change by change: an independent account
     /// of when a split begins (one id, two label sets), to hold the reports against.
     shadow: Shadow,
@@ -78,6 +83,25 @@ pub struct Instance {
     pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
+}
+
+/// Instance `i` writes (or announces cutover): its gate is open, the Lease record names
+/// it, and no other instance's gate is open (two instances never both write).
+pub fn check_sole_writer(i: usize, world: &World, what: &str) -> Result<(), Failure> {
+    let others: Vec<usize> = (0..world.gates.len())
+        .filter(|&j| j != i && world.lease_valid(j))
+        .collect();
+    if !world.lease_valid(i) || world.lease_holder() != Some(i) || !others.is_empty() {
+        return Err(Failure::new(
+            "writes only while the Lease is valid, by one instance at a time",
+            format!(
+                "{what}: its gate open {}, the record {:?}, others whose gate is open {others:?}",
+                world.lease_valid(i),
+                world.lease
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The clock the machine sees: the simulation's time after a fixed start.
@@ -121,6 +145,11 @@ impl Instance {
             batch: None,
             verify: None,
             told: LeaseHolder::Unknown,
+            elector: Elector::new(
+                super::world::lease_identity(idx),
+                super::world::LEASE_DURATION,
+            ),
+            next_try: world.now,
             shadow: Shadow::default(),
             occurrences: BTreeMap::new(),
             reports: BTreeMap::new(),
@@ -414,16 +443,7 @@ impl Instance {
     /// The invariants of a batch, as the machine gives it.
     fn check_write(&self, ops: &[Op], world: &World) -> Result<(), Failure> {
         let i = self.idx;
-        if !world.lease_valid(i) {
-            return Err(Failure::new(
-                "writes only while the Lease is valid",
-                format!(
-                    "i{i} wrote {} ops without a valid Lease ({:?})",
-                    ops.len(),
-                    world.lease
-                ),
-            ));
-        }
+        check_sole_writer(i, world, &format!("i{i} wrote {} ops", ops.len()))?;
         let view = &self.machine.state.k8s;
         for op in ops {
             if op.op != OpKind::Create {
@@ -466,12 +486,7 @@ impl Instance {
     /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
     fn check_cutover(&self, world: &World) -> Result<(), Failure> {
         let i = self.idx;
-        if !world.lease_valid(i) {
-            return Err(Failure::new(
-                "cutover only by the Lease's holder",
-                format!("i{i}: {:?}", world.lease),
-            ));
-        }
+        check_sole_writer(i, world, &format!("i{i} announced cutover"))?;
         if let Some(((labels, node), (_, rev))) = world
             .values
             .iter()

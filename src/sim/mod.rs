@@ -17,6 +17,7 @@ pub use report::{Failure, Trace};
 
 use std::time::{Duration, Instant};
 
+use crate::core::lease::{Claim, LeaseRecord, TryOutcome, Writer};
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
@@ -65,7 +66,8 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         cutover_grace: GRACE,
         lease: "kube-system/cilium-idmig-sync".into(),
     };
-    let world = World::new(nodes);
+    let mut world = World::new(nodes);
+    world.gates = vec![None; instances];
     let logs = vec![Vec::new(); instances];
     let clock = Clock(Instant::now());
     let mut sim = Sim {
@@ -255,40 +257,78 @@ impl Sim {
         Ok(())
     }
 
-    /// The lease keepers: the holder renews unless its renewals fail; an expired Lease goes
-    /// to an instance whose renewals work. Each is told when what it knows changes.
+    /// The lease keepers, each with core's rules (`Elector`) as the real keeper runs them:
+    /// each whose wait is over reads the record and decides; then the writes land in a random
+    /// order, so one can come between another's read and write (a 409). A keeper whose
+    /// renewals fail gets no answer. Each is told when who holds the Lease changes for it.
     fn lease(&mut self) -> Result<(), Failure> {
         let now = self.world.now;
-        let can = |s: &Sim, i: usize| s.instances[i].alive && !s.renewals_fail[i];
-        match self.world.lease {
-            Some(mut l) if now < l.renewed + LEASE_DURATION => {
-                if can(self, l.holder) {
-                    l.renewed = now;
-                    self.world.lease = Some(l);
-                    self.tell(l.holder, LeaseHolder::Us)?;
-                } else {
-                    self.tell(l.holder, LeaseHolder::Unknown)?;
-                }
-            }
-            _ => {
-                if let Some(j) = (0..self.instances.len()).find(|&j| can(self, j)) {
-                    self.world.lease = Some(world::LeaseState {
-                        holder: j,
-                        renewed: now,
-                    });
-                    self.trace.line(now, format!("i{j} takes the lease"));
-                    self.tell(j, LeaseHolder::Us)?;
-                }
-            }
+        let at = self.clock.at(now);
+        let due: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.instances[i].alive && self.instances[i].next_try <= now)
+            .collect();
+        let mut tries: Vec<(usize, Option<LeaseRecord>, Claim)> = due
+            .into_iter()
+            .map(|i| {
+                let read = self.world.lease.clone();
+                let claim = self.instances[i].elector.claim(read.as_ref(), at);
+                (i, read, claim)
+            })
+            .collect();
+        if tries.len() > 1 && self.rng.chance(0.5) {
+            tries.reverse();
         }
-        let holder = self.world.lease.map(|l| l.holder);
-        for k in 0..self.instances.len() {
-            if Some(k) != holder && can(self, k) {
-                let who = holder.map_or(LeaseHolder::Unknown, |h| {
-                    LeaseHolder::Other(format!("i{h}"))
-                });
-                self.tell(k, who)?;
+        let before = self.world.lease_holder();
+        for (i, read, claim) in tries {
+            let outcome = if self.renewals_fail[i] {
+                TryOutcome::Failed
+            } else {
+                match claim {
+                    Claim::HeldBy(holder) => TryOutcome::HeldBy(holder),
+                    Claim::Create | Claim::Replace { .. } => self
+                        .world
+                        .lease_write(read.as_ref(), &world::lease_identity(i)),
+                }
+            };
+            let wait = self.instances[i].elector.tried(outcome, at, at);
+            self.instances[i].next_try = now + wait;
+        }
+        if let Some(j) = self.world.lease_holder()
+            && before != Some(j)
+        {
+            self.trace.line(now, format!("i{j} takes the lease"));
+        }
+        for i in 0..self.instances.len() {
+            let e = &mut self.instances[i].elector;
+            e.check_deadline(at);
+            let gate = e
+                .gate_until()
+                .filter(|_| *e.writer() == Writer::Us)
+                .map(|until| until.saturating_duration_since(self.clock.0));
+            self.world.gates[i] = gate.filter(|_| self.instances[i].alive);
+        }
+        let open: Vec<usize> = (0..self.instances.len())
+            .filter(|&i| self.world.lease_valid(i))
+            .collect();
+        if open.len() > 1 {
+            return Err(Failure::new(
+                "writes only while the Lease is valid, by one instance at a time",
+                format!(
+                    "the gates of {open:?} are open at once: {:?}",
+                    self.world.lease
+                ),
+            ));
+        }
+        for i in 0..self.instances.len() {
+            if !self.instances[i].alive {
+                continue;
             }
+            let told = match self.instances[i].elector.writer() {
+                Writer::Us => LeaseHolder::Us,
+                Writer::Other { holder } => LeaseHolder::Other(holder.clone()),
+                Writer::Unknown | Writer::Refused(_) => LeaseHolder::Unknown,
+            };
+            self.tell(i, told)?;
         }
         Ok(())
     }
@@ -411,6 +451,8 @@ impl Sim {
         }
         self.trace
             .line(self.world.now, format!("i{i} crashes{note} and restarts"));
+        // A dead process writes nothing; the restarted one starts its keeper afresh.
+        self.world.gates[i] = None;
         self.instances[i] = Instance::start(
             i,
             self.settings.clone(),
@@ -455,7 +497,7 @@ impl Sim {
             if ticks.is_multiple_of(10) {
                 self.status()?;
             }
-            if let Some(holder) = self.world.lease.map(|l| l.holder)
+            if let Some(holder) = self.world.lease_holder()
                 && self.instances[holder].cutover.is_some()
             {
                 return Ok(());

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::core::labels::LabelKey;
+use crate::core::lease::{LeaseRecord, TryOutcome};
 use crate::core::rng::Rng;
 use crate::core::sync::machine::K8sChange;
 use crate::core::sync::{KvChange, SyncState};
@@ -36,15 +37,12 @@ pub struct Node {
     pub mode: Mode,
 }
 
-/// Who holds the one-writer Lease: an instance, until when, and since when its renewals
-/// succeed (the write gate is two thirds of the duration after the last renewal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseState {
-    pub holder: usize,
-    pub renewed: Duration,
-}
-
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// The name instance `i` holds the Lease under.
+pub fn lease_identity(i: usize) -> String {
+    format!("i{i}")
+}
 
 #[derive(Debug, Default)]
 pub struct World {
@@ -68,7 +66,12 @@ pub struct World {
     /// The API server's watch window: a watch from before this expires (410).
     pub k8s_window: u64,
     pub nodes: Vec<Node>,
-    pub lease: Option<LeaseState>,
+    /// The one-writer Lease as the API server stores it (replaced only at the version read).
+    pub lease: Option<LeaseRecord>,
+    lease_version: u64,
+    /// Each instance's write gate, as its elector last set it (simulated time; `None`:
+    /// closed).
+    pub gates: Vec<Option<Duration>>,
 }
 
 impl World {
@@ -292,10 +295,35 @@ impl World {
         s
     }
 
-    /// Whether instance `i` may write now: it holds the Lease and renewed it within two
-    /// thirds of its duration.
+    /// Whether instance `i` may write now, as its elector's gate says.
     pub fn lease_valid(&self, i: usize) -> bool {
-        self.lease
-            .is_some_and(|l| l.holder == i && self.now < l.renewed + LEASE_DURATION * 2 / 3)
+        self.gates
+            .get(i)
+            .copied()
+            .flatten()
+            .is_some_and(|until| self.now < until)
+    }
+
+    /// The instance the Lease record names, if any.
+    pub fn lease_holder(&self) -> Option<usize> {
+        let holder = self.lease.as_ref()?.holder.as_deref()?;
+        holder.strip_prefix('i')?.parse().ok()
+    }
+
+    /// A create (no record read) or a replace at the version `read`, by `me`: made only if
+    /// the record is still as read, as the API server does (otherwise 409, or AlreadyExists).
+    pub fn lease_write(&mut self, read: Option<&LeaseRecord>, me: &str) -> TryOutcome {
+        if self.lease.as_ref().map(|r| &r.version) != read.map(|r| &r.version) {
+            let holder = self.lease.as_ref().and_then(|r| r.holder.clone());
+            return TryOutcome::HeldBy(holder.unwrap_or_else(|| "another sync".into()));
+        }
+        self.lease_version += 1;
+        let version = self.lease_version.to_string();
+        self.lease = Some(LeaseRecord {
+            holder: Some(me.to_string()),
+            duration: LEASE_DURATION,
+            version: version.clone(),
+        });
+        TryOutcome::Held { version }
     }
 }

@@ -12,9 +12,11 @@
 //! The reservations live in a task of their own (`ReservationTask`): an etcd write can take
 //! up to the client's timeout on a stalled server, and sync's loop must keep following both
 //! watches meanwhile. The loop queues what to reserve; the task writes one batch at a time
-//! and replies; what arrives meanwhile gathers for the next batch.
+//! and replies; what arrives meanwhile gathers for the next batch. What to reserve, when,
+//! and what each answer changes are `core::sync::reserve`'s rules (`Queue`, `Ledger`); this
+//! module carries them out and logs each write before it is made.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,33 +27,23 @@ use super::config::ServiceConfig;
 use super::metrics::Metrics;
 use crate::apply::executor::WriteGate;
 use crate::core::kvstore::RESERVATION_NODE;
-use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::labels::LabelKey;
 use crate::core::planner::Kind;
 use crate::core::range::IdRange;
 use crate::core::sync::SyncState;
+pub use crate::core::sync::reserve::{Earlier, Reply, Said, Unreleased};
+use crate::core::sync::reserve::{Ledger, Queue, Request, Unreserve};
 use crate::error::Result;
 use crate::io::decision_log::{DecisionLog, LogContents, Record};
 use crate::io::kv_source::KvFollower;
 use crate::io::reservation::{LEASE_TTL_SECS, Released, Reserved, Reserver};
 
-/// What sync holds in the kvstore.
+/// What sync holds in the kvstore, and the connection that writes it.
 pub struct Reservations {
     reserver: Reserver,
     prefix: String,
     lease: i64,
-    /// Reserved ids: the label key and the revision of the master key's write.
-    held: BTreeMap<u32, (LabelKey, i64)>,
-    /// Ids found held in the kvstore meanwhile (nothing written; a split is reported by the
-    /// watch if the labels differ).
-    tried: HashSet<u32>,
-    /// Held ids whose object went from Kubernetes: their `value/` key was deleted, the master
-    /// key waits for the release.
-    unreserved: HashSet<u32>,
-    /// Held ids whose `value/` key is to be written again on a new lease (the old one expired).
-    to_restore: BTreeSet<u32>,
-    /// Ids whose object went and whose `value/` key could not be deleted yet (a failed
-    /// delete, or the lease not valid then): tried again at the next keep-alive.
-    to_unreserve: BTreeSet<u32>,
+    ledger: Ledger,
     /// Writes only while this is open (sync's lease, valid with margin): two syncs never
     /// both write, here as in Kubernetes.
     gate: Option<WriteGate>,
@@ -81,11 +73,7 @@ impl Reservations {
             reserver,
             prefix: prefix.to_string(),
             lease,
-            held: BTreeMap::new(),
-            tried: HashSet::new(),
-            unreserved: HashSet::new(),
-            to_restore: BTreeSet::new(),
-            to_unreserve: BTreeSet::new(),
+            ledger: Ledger::default(),
             gate: None,
         })
     }
@@ -97,31 +85,20 @@ impl Reservations {
     async fn keep_alive(&mut self, log: &DecisionLog, metrics: &Metrics) -> Result<Option<String>> {
         if !self.reserver.keep_alive(self.lease).await? {
             self.lease = self.reserver.grant_lease().await?;
-            self.to_restore = self
-                .held
-                .keys()
-                .filter(|id| !self.unreserved.contains(id))
-                .copied()
-                .collect();
+            self.ledger.lease_lost();
         }
-        let pending: Vec<u32> = std::mem::take(&mut self.to_unreserve).into_iter().collect();
-        for id in pending {
+        for id in self.ledger.take_to_unreserve() {
             self.object_deleted(id, log, metrics).await?;
         }
-        if self.to_restore.is_empty() || !self.may_write() {
+        if !self.ledger.restore_due() || !self.may_write() {
             return Ok(None);
         }
         let (mut restored, mut dropped) = (0, 0);
-        while let Some(id) = self.to_restore.first().copied() {
-            let Some((labels, revision)) = self.held.get(&id).cloned() else {
-                self.to_restore.remove(&id);
-                continue;
-            };
+        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
             let how = "again on a new lease (the old one expired): reserved";
             let back = self
                 .put_back(id, labels, revision, how, log, metrics)
                 .await?;
-            self.to_restore.remove(&id);
             if back {
                 restored += 1;
             } else {
@@ -157,12 +134,11 @@ impl Reservations {
             .reserver
             .restore(&self.prefix, id, labels.as_bytes(), revision, self.lease)
             .await?;
+        self.ledger.put_back(id, labels.clone(), revision, back);
         let what = if back {
             metrics.kvstore_writes.inc();
-            self.held.insert(id, (labels.clone(), revision));
             format!("put value/{labels}/{RESERVATION_NODE} {how}")
         } else {
-            self.held.remove(&id);
             format!(
                 "id/{id} changed since it was written at revision {revision}: not held, nothing written"
             )
@@ -175,7 +151,7 @@ impl Reservations {
 
     /// Master keys written (their `value/` key may have gone with the object since).
     pub fn masters_written(&self) -> usize {
-        self.held.len()
+        self.ledger.masters_written()
     }
 
     /// Writes only while `gate` is open (sync's lease).
@@ -191,12 +167,12 @@ impl Reservations {
     /// Ids whose master key this sync wrote and still holds (with or without its `value/`
     /// key): its own, never a kvstore identity to create an object for.
     pub fn own_masters(&self) -> BTreeSet<u32> {
-        self.held.keys().copied().collect()
+        self.ledger.own_masters()
     }
 
     /// Ids reserved now: master key and `value/` key.
     pub fn count(&self) -> usize {
-        self.held.len() - self.unreserved.len()
+        self.ledger.count()
     }
 
     /// Reserves `id` for `labels` unless it was reserved or found held before. The caller
@@ -209,11 +185,7 @@ impl Reservations {
         log: &DecisionLog,
         metrics: &Metrics,
     ) -> Result<()> {
-        if self.held.contains_key(&id)
-            || self.tried.contains(&id)
-            // Labels that are no valid label key (an object no agent wrote) are never written.
-            || valid_label_key(labels.as_bytes()).is_err()
-        {
+        if !self.ledger.should_reserve(id, labels) {
             return Ok(());
         }
         // The line first: a write is never made that the log does not announce. Its outcome
@@ -234,7 +206,7 @@ impl Reservations {
                 // Held before its outcome line: a log that fails now must not leave a
                 // reservation this sync forgot (it is released at cutover like the rest, and
                 // its intent line says it was about to be made).
-                self.held.insert(id, (labels.clone(), revision));
+                self.ledger.reserved(id, labels.clone(), revision);
                 metrics.kvstore_writes.inc_by(2);
                 let mut l = line(
                     id,
@@ -257,7 +229,7 @@ impl Reservations {
                         String::from_utf8_lossy(&other)
                     ),
                 ))?;
-                self.tried.insert(id);
+                self.ledger.found_held(id);
             }
         }
         metrics.kvstore_reservations.set(self.count() as i64);
@@ -273,15 +245,10 @@ impl Reservations {
         log: &DecisionLog,
         metrics: &Metrics,
     ) -> Result<()> {
-        let Some((labels, _)) = self.held.get(&id) else {
-            return Ok(());
+        let labels = match self.ledger.object_deleted(id, self.may_write()) {
+            Unreserve::Nothing | Unreserve::Later => return Ok(()),
+            Unreserve::Now(labels) => labels,
         };
-        let labels = labels.clone();
-        self.to_restore.remove(&id);
-        if !self.may_write() {
-            self.to_unreserve.insert(id);
-            return Ok(());
-        }
         let announce = line(
             id,
             &labels,
@@ -291,7 +258,7 @@ impl Reservations {
             ),
         );
         if let Err(e) = log.append(announce) {
-            self.to_unreserve.insert(id);
+            self.ledger.unreserve_failed(id);
             return Err(e);
         }
         let deleted = match self
@@ -301,11 +268,11 @@ impl Reservations {
         {
             Ok(d) => d,
             Err(e) => {
-                self.to_unreserve.insert(id);
+                self.ledger.unreserve_failed(id);
                 return Err(e);
             }
         };
-        self.unreserved.insert(id);
+        self.ledger.unreserved(id);
         metrics.kvstore_reservations.set(self.count() as i64);
         if deleted {
             metrics.kvstore_writes.inc();
@@ -332,16 +299,9 @@ impl Reservations {
         metrics: &Metrics,
     ) -> Result<Option<String>> {
         let (mut adopted, mut changed) = (0, 0);
-        for e in earlier {
-            if self.held.contains_key(&e.id) {
-                continue;
-            }
-            if !e.keep {
-                // Its object is gone: the master key is released with the rest if unchanged.
-                self.held.insert(e.id, (e.labels, e.revision));
-                self.unreserved.insert(e.id);
-                continue;
-            }
+        // Those whose object is gone are held without a write (their master key is
+        // released with the rest if unchanged); the others go back on this sync's lease.
+        for e in self.ledger.adopt(earlier) {
             let how = format!(
                 "on this sync's lease: adopted from an earlier sync (id/{} as written at revision {})",
                 e.id, e.revision
@@ -367,11 +327,7 @@ impl Reservations {
     /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
     /// no longer holds, so the id is reserved again if Kubernetes still holds it.
     fn forget(&mut self, id: u32, metrics: &Metrics) {
-        self.to_unreserve.remove(&id);
-        self.held.remove(&id);
-        self.tried.remove(&id);
-        self.unreserved.remove(&id);
-        self.to_restore.remove(&id);
+        self.ledger.forget(id);
         metrics.kvstore_reservations.set(self.count() as i64);
     }
 
@@ -380,7 +336,7 @@ impl Reservations {
     pub async fn release(self, log: &DecisionLog, metrics: &Metrics) -> Result<usize> {
         self.reserver.revoke(self.lease).await?;
         let mut deleted = 0;
-        for (id, (labels, revision)) in &self.held {
+        for (id, labels, revision) in &self.ledger.to_release() {
             // The line first; a log that cannot be written stops the release (what is left
             // stays, as a killed sync leaves it, and is released by the next cutover).
             log.append(line(
@@ -408,21 +364,6 @@ impl Reservations {
     }
 }
 
-/// Reservations the decision logs record as made and not released: id, label key, and the
-/// revision its master key was written at.
-pub type Unreleased = BTreeMap<u32, (LabelKey, i64)>;
-
-/// A reservation an earlier sync recorded in its decision log and did not release.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Earlier {
-    pub id: u32,
-    pub labels: LabelKey,
-    /// The revision its master key was written at.
-    pub revision: i64,
-    /// Kubernetes still holds the object with these labels: its `value/` key is kept.
-    pub keep: bool,
-}
-
 /// Folds one decision log (logs in order) into the reservations recorded as made and not
 /// released: what a sync restarted (after a crash, an upgrade, or on another host) takes over.
 pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
@@ -442,64 +383,17 @@ pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
     }
 }
 
-/// What sync's loop asks of the task that owns the reservations.
-enum Request {
-    /// Reserve these, in order; a failed write ends the batch.
-    Reserve(Vec<(u32, LabelKey)>),
-    /// The object at this id went from Kubernetes.
-    Unreserve(u32),
-    /// What an earlier sync reserved and did not release.
-    Adopt(Vec<Earlier>),
-    /// The kvstore's master key at this id went (Cilium's GC): whatever was known of it
-    /// (reserved by sync, or found held) no longer holds.
-    Forget(u32),
-}
-
-/// What the task answers: after each batch, and whenever it has something to say.
-pub struct Reply {
-    held: usize,
-    /// The master keys this sync wrote, when they changed since the last reply.
-    own_masters: Option<BTreeSet<u32>>,
-    /// The answer to a batch: the next batch may go.
-    batch: bool,
-    /// The batch stopped at a failed write: the whole view is to be looked at again.
-    failed: bool,
-    said: Option<Said>,
-}
-
-/// What the task has to tell the operator.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Said {
-    /// A write failed: the whole view is tried again after a wait.
-    Trouble(String),
-    /// Something worth knowing (a lease taken again).
-    Note(String),
-}
-
 /// How often the reservations' lease is kept alive: well within its 15 minutes, and soon
 /// enough after an outage to find a lease that expired meanwhile.
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
-
-/// After a failed write, how long before the whole view is tried again: a kvstore that is
-/// down is not asked ten times a second.
-const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// Sync's reservations, written by a task of their own (see the module's comment).
 pub struct ReservationTask {
     requests: mpsc::UnboundedSender<Request>,
     replies: mpsc::UnboundedReceiver<Reply>,
     task: JoinHandle<Reservations>,
-    /// Objects that arrived since the last batch went.
-    queued: BTreeMap<u32, LabelKey>,
-    /// Every object of the view is to be looked at (a fresh snapshot or list, the lease taken,
-    /// a failure).
-    whole_view_due: bool,
-    /// No batch before this (after a failure).
-    not_before: Option<Instant>,
-    busy: bool,
-    held: usize,
-    /// The master keys this sync wrote (as of the last reply that changed them).
-    own_masters: BTreeSet<u32>,
+    /// What to ask for next (core's rules).
+    queue: Queue,
 }
 
 impl ReservationTask {
@@ -578,112 +472,64 @@ impl ReservationTask {
             requests,
             replies,
             task,
-            queued: BTreeMap::new(),
-            whole_view_due: true,
-            not_before: None,
-            busy: false,
-            held: 0,
-            own_masters: BTreeSet::new(),
+            queue: Queue::default(),
+        }
+    }
+
+    /// Sends what the queue asks for, in order.
+    fn send(&mut self) {
+        for request in self.queue.take_requests() {
+            let _ = self.requests.send(request);
         }
     }
 
     /// Ids reserved now (as of the last reply).
     pub fn held(&self) -> usize {
-        self.held
+        self.queue.held()
     }
 
     /// The master keys this sync wrote (as of the last reply).
     pub fn own_masters(&self) -> &BTreeSet<u32> {
-        &self.own_masters
+        self.queue.own_masters()
     }
 
     /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
     pub fn want(&mut self, id: u32, labels: LabelKey) {
-        self.queued.insert(id, labels);
+        self.queue.want(id, labels);
     }
 
-    /// Takes over what an earlier sync reserved (`earlier_reservations`), before anything
-    /// else is reserved.
+    /// Takes over what an earlier sync reserved, before anything else is reserved.
     pub fn adopt(&mut self, earlier: Vec<Earlier>) {
-        if !earlier.is_empty() {
-            let _ = self.requests.send(Request::Adopt(earlier));
-        }
+        self.queue.adopt(earlier);
+        self.send();
     }
 
     /// The whole view is to be looked at again at the next batch.
     pub fn view_changed(&mut self) {
-        self.whole_view_due = true;
+        self.queue.view_changed();
     }
 
-    /// An object went from Kubernetes: its `value/` key goes (after any batch already sent,
-    /// so a reservation and its removal keep their order).
+    /// An object went from Kubernetes: its `value/` key goes.
     pub fn deleted(&mut self, id: u32) {
-        self.queued.remove(&id);
-        let _ = self.requests.send(Request::Unreserve(id));
+        self.queue.deleted(id);
+        self.send();
     }
 
-    /// The kvstore's master key at `id` went (Cilium's GC, after the last node using it
-    /// moved): if Kubernetes still holds the object (`labels`), its id is free again in
-    /// kvstore-mode agents' pools, so it is reserved again.
+    /// The kvstore's master key at `id` went: reserved again if Kubernetes holds `labels`.
     pub fn master_gone(&mut self, id: u32, labels: Option<LabelKey>) {
-        let _ = self.requests.send(Request::Forget(id));
-        if let Some(labels) = labels {
-            self.want(id, labels);
-        }
+        self.queue.master_gone(id, labels);
+        self.send();
     }
 
-    /// Sends the next batch unless one is being written or a failure's wait is not over:
-    /// what was queued (and the whole view when due) whose id is in range and not held by
-    /// the kvstore as last seen.
+    /// Sends the next batch, if one is due (see `Queue::pump`).
     pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
-        if self.busy || self.not_before.is_some_and(|t| now < t) {
-            return;
-        }
-        let whole_view = std::mem::take(&mut self.whole_view_due);
-        // Only ids the kvstore does not hold are copied out of the view (at 65,280 objects
-        // a copy of the whole view would be 18 MiB).
-        let needs =
-            |id: u32| range.contains(id) && !state.masters.contains_key(id.to_string().as_bytes());
-        let mut wanted: BTreeMap<u32, LabelKey> = std::mem::take(&mut self.queued)
-            .into_iter()
-            .filter(|(id, _)| needs(*id))
-            .collect();
-        if whole_view {
-            wanted.extend(
-                state
-                    .k8s
-                    .iter()
-                    .filter(|(id, _)| needs(**id))
-                    .map(|(id, l)| (*id, l.clone())),
-            );
-        }
-        let wanted: Vec<(u32, LabelKey)> = wanted.into_iter().collect();
-        if wanted.is_empty() {
-            return;
-        }
-        self.busy = true;
-        let _ = self.requests.send(Request::Reserve(wanted));
+        self.queue.pump(state, range, now);
+        self.send();
     }
 
-    /// Folds in the task's answer; what to tell the operator. After a failed write the whole
-    /// view is tried again: at once when the failure was a lease taken again, else after a
-    /// wait.
+    /// Folds in the task's answer; what to tell the operator.
     pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
-        self.held = reply.held;
-        if let Some(masters) = reply.own_masters {
-            self.own_masters = masters;
-        }
-        if reply.batch {
-            self.busy = false;
-        }
-        if reply.failed {
-            self.whole_view_due = true;
-        }
-        if matches!(reply.said, Some(Said::Trouble(_))) {
-            self.whole_view_due = true;
-            self.not_before = Some(now + RETRY_AFTER_FAILURE);
-        }
-        reply.said
+        self.queue.on_reply(reply, now)
     }
 
     /// Stops taking requests and waits (up to `wait`) for the writes in flight; the
@@ -746,7 +592,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let mut made = BTreeMap::new();
+        let mut made = Unreleased::new();
         note_reservations(&mut made, &first);
         note_reservations(&mut made, &second);
         let got: Vec<(u32, &str, i64)> = made

@@ -29,6 +29,7 @@ use crate::core::planner::{Kind, Op};
 use crate::core::sync::machine::{
     Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound,
 };
+use crate::core::sync::reserve as reserve_rules;
 use crate::core::sync::{BatchOutcome, CutoverWait, SyncReport, SyncState, Taken};
 use crate::error::{Error, Result};
 use crate::io::decision_log::Record;
@@ -505,19 +506,9 @@ impl Sync {
         let Some(r) = self.reservations.as_mut() else {
             return;
         };
-        if self.earlier.is_empty() || !self.machine.holding() {
-            return;
-        }
-        let state = &self.machine.state;
-        let earlier = std::mem::take(&mut self.earlier)
-            .into_iter()
-            .map(|(id, (labels, revision))| reserve::Earlier {
-                keep: state.k8s.get(&id) == Some(&labels),
-                id,
-                labels,
-                revision,
-            })
-            .collect();
+        let holding = self.machine.holding();
+        let earlier =
+            reserve_rules::earlier_to_adopt(&mut self.earlier, &self.machine.state, holding);
         r.adopt(earlier);
     }
 }

@@ -16,6 +16,7 @@ use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 
 pub mod machine;
+pub mod reserve;
 
 /// One change under the identities prefix, as `sync` follows them.
 #[derive(Debug, Clone, PartialEq, Eq)]

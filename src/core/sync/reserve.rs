@@ -1,0 +1,406 @@
+//! The rules of sync's reservations in the kvstore (`--reserve-in-kvstore`), with no IO:
+//! what to reserve and when (`Queue`, the loop's side: batches, the whole view looked at
+//! again after a fresh view or a failure, a wait after a failed write), and what is held
+//! and what each answer from etcd changes (`Ledger`, the writer's side: reserve once, never
+//! an invalid label key, unreserve when the object goes, put `value/` keys back on a new
+//! lease, take over what an earlier sync left, release at cutover). `app::reserve` carries
+//! the writes out (each announced in the decision log first); the simulation drives the
+//! same rules against its own etcd.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use super::SyncState;
+use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::range::IdRange;
+
+/// Reservations the decision logs record as made and not released: id, label key, and the
+/// revision its master key was written at.
+pub type Unreleased = BTreeMap<u32, (LabelKey, i64)>;
+
+/// A reservation an earlier sync recorded in its decision log and did not release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    pub id: u32,
+    pub labels: LabelKey,
+    /// The revision its master key was written at.
+    pub revision: i64,
+    /// Kubernetes still holds the object with these labels: its `value/` key is kept.
+    pub keep: bool,
+}
+
+/// What an earlier sync left, to take over now: only by the Lease's holder (only it
+/// writes), once (`earlier` is emptied), each marked whether Kubernetes still holds its
+/// object with its labels.
+pub fn earlier_to_adopt(
+    earlier: &mut Unreleased,
+    state: &SyncState,
+    holding: bool,
+) -> Vec<Earlier> {
+    if !holding {
+        return Vec::new();
+    }
+    std::mem::take(earlier)
+        .into_iter()
+        .map(|(id, (labels, revision))| Earlier {
+            keep: state.k8s.get(&id) == Some(&labels),
+            id,
+            labels,
+            revision,
+        })
+        .collect()
+}
+
+/// What the loop asks of the writer that owns the reservations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Reserve these, in order; a failed write ends the batch.
+    Reserve(Vec<(u32, LabelKey)>),
+    /// The object at this id went from Kubernetes.
+    Unreserve(u32),
+    /// What an earlier sync reserved and did not release.
+    Adopt(Vec<Earlier>),
+    /// The kvstore's master key at this id went (Cilium's GC): whatever was known of it
+    /// (reserved by sync, or found held) no longer holds.
+    Forget(u32),
+}
+
+/// What the writer answers: after each batch, and whenever it has something to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub held: usize,
+    /// The master keys this sync wrote, when they changed since the last reply.
+    pub own_masters: Option<BTreeSet<u32>>,
+    /// The answer to a batch: the next batch may go.
+    pub batch: bool,
+    /// The batch stopped at a failed write (or a closed write gate): the whole view is to
+    /// be looked at again.
+    pub failed: bool,
+    pub said: Option<Said>,
+}
+
+/// What the writer has to tell the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    /// A write failed: the whole view is tried again after a wait.
+    Trouble(String),
+    /// Something worth knowing (a lease taken again).
+    Note(String),
+}
+
+/// After a failed write, how long before the whole view is tried again: a kvstore that is
+/// down is not asked ten times a second.
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
+
+/// The loop's side: what to ask for next. It never waits on etcd; its requests go out
+/// through `take_requests`.
+#[derive(Debug)]
+pub struct Queue {
+    /// Objects that arrived since the last batch went.
+    queued: BTreeMap<u32, LabelKey>,
+    /// Every object of the view is to be looked at (a fresh snapshot or list, the lease
+    /// taken, a failure).
+    whole_view_due: bool,
+    /// No batch before this (after a failure).
+    not_before: Option<Instant>,
+    busy: bool,
+    held: usize,
+    /// The master keys this sync wrote (as of the last reply that changed them).
+    own_masters: BTreeSet<u32>,
+    outbox: Vec<Request>,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            queued: BTreeMap::new(),
+            whole_view_due: true,
+            not_before: None,
+            busy: false,
+            held: 0,
+            own_masters: BTreeSet::new(),
+            outbox: Vec::new(),
+        }
+    }
+}
+
+impl Queue {
+    /// Ids reserved now (as of the last reply).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The master keys this sync wrote (as of the last reply).
+    pub fn own_masters(&self) -> &BTreeSet<u32> {
+        &self.own_masters
+    }
+
+    /// What to send to the writer, in order.
+    pub fn take_requests(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
+    pub fn want(&mut self, id: u32, labels: LabelKey) {
+        self.queued.insert(id, labels);
+    }
+
+    /// Takes over what an earlier sync reserved, before anything else is reserved.
+    pub fn adopt(&mut self, earlier: Vec<Earlier>) {
+        if !earlier.is_empty() {
+            self.outbox.push(Request::Adopt(earlier));
+        }
+    }
+
+    /// The whole view is to be looked at again at the next batch.
+    pub fn view_changed(&mut self) {
+        self.whole_view_due = true;
+    }
+
+    /// An object went from Kubernetes: its `value/` key goes (after any batch already sent,
+    /// so a reservation and its removal keep their order).
+    pub fn deleted(&mut self, id: u32) {
+        self.queued.remove(&id);
+        self.outbox.push(Request::Unreserve(id));
+    }
+
+    /// The kvstore's master key at `id` went (Cilium's GC, after the last node using it
+    /// moved): if Kubernetes still holds the object (`labels`), its id is free again in
+    /// kvstore-mode agents' pools, so it is reserved again.
+    pub fn master_gone(&mut self, id: u32, labels: Option<LabelKey>) {
+        self.outbox.push(Request::Forget(id));
+        if let Some(labels) = labels {
+            self.want(id, labels);
+        }
+    }
+
+    /// Asks for the next batch unless one is being written or a failure's wait is not
+    /// over: what was queued (and the whole view when due) whose id is in range and not held
+    /// by the kvstore as last seen.
+    pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
+        if self.busy || self.not_before.is_some_and(|t| now < t) {
+            return;
+        }
+        let whole_view = std::mem::take(&mut self.whole_view_due);
+        // Only ids the kvstore does not hold are copied out of the view (at 65,280 objects
+        // a copy of the whole view would be 18 MiB).
+        let needs =
+            |id: u32| range.contains(id) && !state.masters.contains_key(id.to_string().as_bytes());
+        let mut wanted: BTreeMap<u32, LabelKey> = std::mem::take(&mut self.queued)
+            .into_iter()
+            .filter(|(id, _)| needs(*id))
+            .collect();
+        if whole_view {
+            wanted.extend(
+                state
+                    .k8s
+                    .iter()
+                    .filter(|(id, _)| needs(**id))
+                    .map(|(id, l)| (*id, l.clone())),
+            );
+        }
+        let wanted: Vec<(u32, LabelKey)> = wanted.into_iter().collect();
+        if wanted.is_empty() {
+            return;
+        }
+        self.busy = true;
+        self.outbox.push(Request::Reserve(wanted));
+    }
+
+    /// Folds in the writer's answer; what to tell the operator. After a failed write the
+    /// whole view is tried again: at once when the failure was a closed gate or a lease
+    /// taken again, else after a wait.
+    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
+        self.held = reply.held;
+        if let Some(masters) = reply.own_masters {
+            self.own_masters = masters;
+        }
+        if reply.batch {
+            self.busy = false;
+        }
+        if reply.failed {
+            self.whole_view_due = true;
+        }
+        if matches!(reply.said, Some(Said::Trouble(_))) {
+            self.whole_view_due = true;
+            self.not_before = Some(now + RETRY_AFTER_FAILURE);
+        }
+        reply.said
+    }
+}
+
+/// What to do about an object that went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreserve {
+    /// Not reserved: nothing.
+    Nothing,
+    /// The write gate is closed: at the next keep-alive.
+    Later,
+    /// Delete its `value/` key now (announced first).
+    Now(LabelKey),
+}
+
+/// The writer's side: what sync holds in the kvstore, and what each answer changes.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Reserved ids: the label key and the revision of the master key's write.
+    held: BTreeMap<u32, (LabelKey, i64)>,
+    /// Ids found held in the kvstore meanwhile (nothing written; a split is reported by the
+    /// watch if the labels differ).
+    tried: HashSet<u32>,
+    /// Held ids whose object went from Kubernetes: their `value/` key was deleted, the
+    /// master key waits for the release.
+    unreserved: HashSet<u32>,
+    /// Held ids whose `value/` key is to be written again on a new lease (the old one
+    /// expired).
+    to_restore: BTreeSet<u32>,
+    /// Ids whose object went and whose `value/` key could not be deleted yet (a failed
+    /// delete, or the gate closed then): tried again at the next keep-alive.
+    to_unreserve: BTreeSet<u32>,
+}
+
+impl Ledger {
+    /// Whether `id` is to be reserved for `labels`: not reserved or found held before, and
+    /// labels that are a valid label key (an object no agent wrote is never copied).
+    pub fn should_reserve(&self, id: u32, labels: &LabelKey) -> bool {
+        !self.held.contains_key(&id)
+            && !self.tried.contains(&id)
+            && valid_label_key(labels.as_bytes()).is_ok()
+    }
+
+    /// The master key and `value/` key were written, the master key at `revision`.
+    pub fn reserved(&mut self, id: u32, labels: LabelKey, revision: i64) {
+        self.held.insert(id, (labels, revision));
+    }
+
+    /// The master key existed already: nothing written, not tried again until it goes.
+    pub fn found_held(&mut self, id: u32) {
+        self.tried.insert(id);
+    }
+
+    /// The object at `id` went from Kubernetes.
+    pub fn object_deleted(&mut self, id: u32, may_write: bool) -> Unreserve {
+        let Some((labels, _)) = self.held.get(&id) else {
+            return Unreserve::Nothing;
+        };
+        let labels = labels.clone();
+        self.to_restore.remove(&id);
+        if !may_write {
+            self.to_unreserve.insert(id);
+            return Unreserve::Later;
+        }
+        Unreserve::Now(labels)
+    }
+
+    /// The `value/` key of `id` could not be deleted (or the log line not written): at the
+    /// next keep-alive.
+    pub fn unreserve_failed(&mut self, id: u32) {
+        self.to_unreserve.insert(id);
+    }
+
+    /// The `value/` key of `id` is gone; its master key waits for the release.
+    pub fn unreserved(&mut self, id: u32) {
+        self.unreserved.insert(id);
+    }
+
+    /// The deletes left for the keep-alive, taken.
+    pub fn take_to_unreserve(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.to_unreserve).into_iter().collect()
+    }
+
+    /// The lease holding the `value/` keys expired: each held one still reserved is to go
+    /// back on the new lease.
+    pub fn lease_lost(&mut self) {
+        self.to_restore = self
+            .held
+            .keys()
+            .filter(|id| !self.unreserved.contains(id))
+            .copied()
+            .collect();
+    }
+
+    pub fn restore_due(&self) -> bool {
+        !self.to_restore.is_empty()
+    }
+
+    /// The next `value/` key to put back on the new lease: id, labels, master revision. It
+    /// stays due until `put_back` says how it went (a failed write leaves it for the next
+    /// keep-alive).
+    pub fn next_to_restore(&mut self) -> Option<(u32, LabelKey, i64)> {
+        while let Some(id) = self.to_restore.first().copied() {
+            if let Some((labels, revision)) = self.held.get(&id) {
+                return Some((id, labels.clone(), *revision));
+            }
+            self.to_restore.remove(&id);
+        }
+        None
+    }
+
+    /// What an earlier sync left, as this one takes it over: those whose object is gone
+    /// are held (their master key is released with the rest, if unchanged) without a
+    /// write; the others are returned, to put their `value/` key back on this sync's lease.
+    pub fn adopt(&mut self, earlier: Vec<Earlier>) -> Vec<Earlier> {
+        let mut put_back = Vec::new();
+        for e in earlier {
+            if self.held.contains_key(&e.id) {
+                continue;
+            }
+            if e.keep {
+                put_back.push(e);
+            } else {
+                self.held.insert(e.id, (e.labels, e.revision));
+                self.unreserved.insert(e.id);
+            }
+        }
+        put_back
+    }
+
+    /// A `value/` key put back (`back`), or not because the master key changed since it was
+    /// written (no longer held).
+    pub fn put_back(&mut self, id: u32, labels: LabelKey, revision: i64, back: bool) {
+        self.to_restore.remove(&id);
+        if back {
+            self.held.insert(id, (labels, revision));
+        } else {
+            self.held.remove(&id);
+        }
+    }
+
+    /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
+    /// no longer holds, so the id is reserved again if Kubernetes still holds it.
+    pub fn forget(&mut self, id: u32) {
+        self.to_unreserve.remove(&id);
+        self.held.remove(&id);
+        self.tried.remove(&id);
+        self.unreserved.remove(&id);
+        self.to_restore.remove(&id);
+    }
+
+    /// Ids reserved now: master key and `value/` key.
+    pub fn count(&self) -> usize {
+        self.held.len() - self.unreserved.len()
+    }
+
+    /// Master keys written (their `value/` key may have gone with the object since).
+    pub fn masters_written(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Ids whose master key this sync wrote and still holds (with or without its `value/`
+    /// key): its own, never a kvstore identity to create an object for.
+    pub fn own_masters(&self) -> BTreeSet<u32> {
+        self.held.keys().copied().collect()
+    }
+
+    /// What the release deletes, each only if still as written and unused: id, labels,
+    /// master revision.
+    pub fn to_release(&self) -> Vec<(u32, LabelKey, i64)> {
+        self.held
+            .iter()
+            .map(|(id, (labels, revision))| (*id, labels.clone(), *revision))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

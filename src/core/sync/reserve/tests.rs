@@ -1,0 +1,213 @@
+//! The reservations' rules: what is asked for and when, and what each answer changes.
+
+use super::*;
+use crate::core::sync::KvChange;
+
+const A: &str = "k8s:app=a;";
+const B: &str = "k8s:app=b;";
+
+fn range() -> IdRange {
+    IdRange::for_cluster(0).unwrap()
+}
+
+/// Kubernetes holds 300 = A and 301 = B; the kvstore holds 301.
+fn state() -> SyncState {
+    let mut s = SyncState::default();
+    s.k8s.insert(300, A.into());
+    s.k8s.insert(301, B.into());
+    s.k8s.insert(70_000, B.into());
+    s.apply_kv_change(
+        KvChange::Master {
+            id: b"301".to_vec(),
+            value: Some(B.as_bytes().to_vec()),
+            created: true,
+        },
+        Instant::now(),
+    );
+    s
+}
+
+fn reply(batch: bool, failed: bool, said: Option<Said>) -> Reply {
+    Reply {
+        held: 1,
+        own_masters: Some([300].into()),
+        batch,
+        failed,
+        said,
+    }
+}
+
+#[test]
+fn the_first_batch_is_the_whole_view_the_kvstore_lacks_in_range() {
+    let t0 = Instant::now();
+    let mut q = Queue::default();
+    q.pump(&state(), range(), t0);
+    assert_eq!(q.take_requests(), [Request::Reserve(vec![(300, A.into())])]);
+    // One batch at a time: nothing more until it is answered.
+    q.want(302, A.into());
+    q.pump(&state(), range(), t0);
+    assert!(q.take_requests().is_empty());
+    assert_eq!(q.on_reply(reply(true, false, None), t0), None);
+    assert_eq!((q.held(), q.own_masters().len()), (1, 1));
+    q.pump(&state(), range(), t0);
+    assert_eq!(
+        q.take_requests(),
+        [Request::Reserve(vec![(302, A.into())])],
+        "only what was queued: the view is not due again"
+    );
+}
+
+#[test]
+fn a_failed_batch_looks_at_the_whole_view_again_and_trouble_waits_first() {
+    let t0 = Instant::now();
+    let mut q = Queue::default();
+    q.pump(&state(), range(), t0);
+    q.take_requests();
+    // A closed gate: the whole view at once.
+    q.on_reply(reply(true, true, None), t0);
+    q.pump(&state(), range(), t0);
+    assert_eq!(q.take_requests(), [Request::Reserve(vec![(300, A.into())])]);
+    // A failed write: the whole view, after the wait.
+    let said = q.on_reply(reply(true, true, Some(Said::Trouble("down".into()))), t0);
+    assert_eq!(said, Some(Said::Trouble("down".into())));
+    q.pump(
+        &state(),
+        range(),
+        t0 + RETRY_AFTER_FAILURE - Duration::from_millis(1),
+    );
+    assert!(q.take_requests().is_empty());
+    q.pump(&state(), range(), t0 + RETRY_AFTER_FAILURE);
+    assert_eq!(q.take_requests(), [Request::Reserve(vec![(300, A.into())])]);
+}
+
+#[test]
+fn deletes_forgets_and_adoptions_go_out_in_order_and_a_deleted_id_is_not_reserved() {
+    let t0 = Instant::now();
+    let mut q = Queue::default();
+    q.adopt(Vec::new());
+    assert!(
+        q.take_requests().is_empty(),
+        "nothing to adopt, nothing sent"
+    );
+    q.want(302, A.into());
+    q.deleted(302);
+    q.master_gone(303, Some(B.into()));
+    q.master_gone(304, None);
+    let earlier = Earlier {
+        id: 305,
+        labels: A.into(),
+        revision: 9,
+        keep: true,
+    };
+    q.adopt(vec![earlier.clone()]);
+    assert_eq!(
+        q.take_requests(),
+        [
+            Request::Unreserve(302),
+            Request::Forget(303),
+            Request::Forget(304),
+            Request::Adopt(vec![earlier]),
+        ]
+    );
+    let mut s = state();
+    s.k8s.clear();
+    q.pump(&s, range(), t0);
+    assert_eq!(q.take_requests(), [Request::Reserve(vec![(303, B.into())])]);
+}
+
+#[test]
+fn the_ledger_reserves_once_never_an_invalid_key_and_counts_what_it_holds() {
+    let mut l = Ledger::default();
+    assert!(l.should_reserve(300, &A.into()));
+    assert!(!l.should_reserve(300, &"no label key".into()));
+    l.reserved(300, A.into(), 7);
+    assert!(!l.should_reserve(300, &A.into()));
+    l.found_held(301);
+    assert!(!l.should_reserve(301, &B.into()));
+    assert_eq!((l.count(), l.masters_written()), (1, 1));
+    assert_eq!(l.own_masters(), [300].into());
+    // The master key went: both are looked at afresh.
+    l.forget(301);
+    assert!(l.should_reserve(301, &B.into()));
+    l.forget(300);
+    assert_eq!(l.count(), 0);
+}
+
+#[test]
+fn an_object_that_went_is_unreserved_now_or_at_the_keep_alive_and_its_master_kept() {
+    let mut l = Ledger::default();
+    assert_eq!(l.object_deleted(300, true), Unreserve::Nothing);
+    l.reserved(300, A.into(), 7);
+    assert_eq!(l.object_deleted(300, false), Unreserve::Later);
+    assert_eq!(l.take_to_unreserve(), [300]);
+    assert!(l.take_to_unreserve().is_empty());
+    assert_eq!(l.object_deleted(300, true), Unreserve::Now(A.into()));
+    l.unreserve_failed(300);
+    assert_eq!(l.take_to_unreserve(), [300]);
+    l.unreserved(300);
+    // The value/ key is gone; the master key waits for the release.
+    assert_eq!((l.count(), l.masters_written()), (0, 1));
+    assert_eq!(l.to_release(), [(300, A.into(), 7)]);
+}
+
+#[test]
+fn a_lost_lease_puts_back_what_is_still_reserved_until_each_is_answered() {
+    let mut l = Ledger::default();
+    l.reserved(300, A.into(), 7);
+    l.reserved(301, B.into(), 8);
+    l.unreserved(301);
+    assert!(!l.restore_due());
+    l.lease_lost();
+    assert!(l.restore_due());
+    assert_eq!(l.next_to_restore(), Some((300, A.into(), 7)));
+    // Still due until answered (a failed write leaves it for the next keep-alive).
+    assert_eq!(l.next_to_restore(), Some((300, A.into(), 7)));
+    l.put_back(300, A.into(), 7, false);
+    assert_eq!(l.next_to_restore(), None);
+    assert_eq!(
+        l.own_masters(),
+        [301].into(),
+        "changed since: no longer held"
+    );
+}
+
+#[test]
+fn adoption_holds_what_went_and_puts_back_what_kubernetes_still_holds() {
+    let mut l = Ledger::default();
+    l.reserved(300, A.into(), 1);
+    let e = |id, keep| Earlier {
+        id,
+        labels: B.into(),
+        revision: 5,
+        keep,
+    };
+    let back = l.adopt(vec![e(300, true), e(301, true), e(302, false)]);
+    assert_eq!(
+        back,
+        [e(301, true)],
+        "held already, or gone: nothing to write"
+    );
+    assert_eq!(l.masters_written(), 2);
+    assert_eq!(
+        l.count(),
+        1,
+        "302's object is gone: its master key waits for the release"
+    );
+    l.put_back(301, B.into(), 5, true);
+    assert_eq!(l.count(), 2);
+}
+
+#[test]
+fn only_the_holder_takes_over_what_an_earlier_sync_left_and_only_once() {
+    let s = state();
+    let mut earlier: Unreleased = [(300, (A.into(), 3)), (301, (A.into(), 4))].into();
+    assert!(earlier_to_adopt(&mut earlier, &s, false).is_empty());
+    assert_eq!(earlier.len(), 2, "kept for when it holds the Lease");
+    let taken = earlier_to_adopt(&mut earlier, &s, true);
+    assert_eq!(
+        taken.iter().map(|e| (e.id, e.keep)).collect::<Vec<_>>(),
+        [(300, true), (301, false)],
+        "301 holds other labels in Kubernetes now"
+    );
+    assert!(earlier_to_adopt(&mut earlier, &s, true).is_empty());
+}

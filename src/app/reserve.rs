@@ -44,6 +44,8 @@ pub struct Reservations {
     prefix: String,
     lease: i64,
     ledger: Ledger,
+    /// The lease was replaced (the old one lapsed) and not every key is back on it yet.
+    lease_replaced: bool,
     /// Writes only while this is open (sync's lease, valid with margin): two syncs never
     /// both write, here as in Kubernetes.
     gate: Option<WriteGate>,
@@ -74,6 +76,7 @@ impl Reservations {
             prefix: prefix.to_string(),
             lease,
             ledger: Ledger::default(),
+            lease_replaced: false,
             gate: None,
         })
     }
@@ -86,6 +89,7 @@ impl Reservations {
         if !self.reserver.keep_alive(self.lease).await? {
             self.lease = self.reserver.grant_lease().await?;
             self.ledger.lease_lost();
+            self.lease_replaced = true;
         }
         for id in self.ledger.take_to_unreserve() {
             self.object_deleted(id, log, metrics).await?;
@@ -95,7 +99,11 @@ impl Reservations {
         }
         let (mut restored, mut dropped) = (0, 0);
         while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
-            let how = "again on a new lease (the old one expired): reserved";
+            let how = if self.lease_replaced {
+                "again on a new lease (the old one expired): reserved"
+            } else {
+                "on this sync's lease (left by a write that failed): reserved"
+            };
             let back = self
                 .put_back(id, labels, revision, how, log, metrics)
                 .await?;
@@ -106,6 +114,11 @@ impl Reservations {
             }
         }
         metrics.kvstore_reservations.set(self.count() as i64);
+        if !std::mem::take(&mut self.lease_replaced) {
+            return Ok(Some(format!(
+                "put {restored} reservations on this sync's lease that an earlier failure left undone ({dropped} changed since and left alone)"
+            )));
+        }
         Ok(Some(format!(
             "the kvstore reservation lease was gone (etcd out of reach longer than its {LEASE_TTL_SECS} s): a new lease holds {restored} reservations again ({dropped} changed since and left alone)"
         )))
@@ -299,15 +312,16 @@ impl Reservations {
         metrics: &Metrics,
     ) -> Result<Option<String>> {
         let (mut adopted, mut changed) = (0, 0);
-        // Those whose object is gone are held without a write (their master key is
-        // released with the rest if unchanged); the others go back on this sync's lease.
-        for e in self.ledger.adopt(earlier) {
+        // Each is held at once; those whose object is gone wait for the release, the others
+        // go back on this sync's lease here (what a failure leaves is put back at the next
+        // keep-alive).
+        self.ledger.adopt(earlier);
+        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
             let how = format!(
-                "on this sync's lease: adopted from an earlier sync (id/{} as written at revision {})",
-                e.id, e.revision
+                "on this sync's lease: adopted from an earlier sync (id/{id} as written at revision {revision})"
             );
             if self
-                .put_back(e.id, e.labels, e.revision, &how, log, metrics)
+                .put_back(id, labels, revision, &how, log, metrics)
                 .await?
             {
                 adopted += 1;
@@ -326,8 +340,15 @@ impl Reservations {
 
     /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
     /// no longer holds, so the id is reserved again if Kubernetes still holds it.
-    fn forget(&mut self, id: u32, metrics: &Metrics) {
-        self.ledger.forget(id);
+    async fn forget(&mut self, id: u32, metrics: &Metrics) {
+        // What the key holds now decides (see `Ledger::forget`); unread, it is forgotten.
+        let now_at = self
+            .reserver
+            .master_revision(&self.prefix, id)
+            .await
+            .ok()
+            .flatten();
+        self.ledger.forget(id, now_at);
         metrics.kvstore_reservations.set(self.count() as i64);
     }
 
@@ -439,7 +460,7 @@ impl ReservationTask {
                             (false, r.object_deleted(id, &cfg.log, &metrics).await.map(|()| None))
                         }
                         Some(Request::Forget(id)) => {
-                            r.forget(id, &metrics);
+                            r.forget(id, &metrics).await;
                             (false, Ok(None))
                         }
                         Some(Request::Adopt(earlier)) => {

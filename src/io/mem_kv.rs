@@ -208,6 +208,11 @@ impl MemKv {
         self.lock().keys.get(key).map(|e| e.value.clone())
     }
 
+    /// The revision `key` was last written at, if it exists.
+    pub fn mod_revision(&self, key: &[u8]) -> Option<i64> {
+        self.lock().keys.get(key).map(|e| e.mod_rev)
+    }
+
     /// Every key under `prefix` with its value, at the current revision.
     pub fn range(&self, prefix: &[u8]) -> (Pairs, i64) {
         let inner = self.lock();

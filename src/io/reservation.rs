@@ -150,6 +150,23 @@ impl Reserver {
         }
     }
 
+    /// The revision the master key of `id` was last written at, if it exists: whether a
+    /// reservation is still the key it wrote.
+    pub async fn master_revision(&self, prefix: &str, id: u32) -> Result<Option<i64>> {
+        let master = master_key(prefix, id);
+        match self {
+            Reserver::Etcd(c) => {
+                let resp = c
+                    .client()
+                    .get(master, None)
+                    .await
+                    .map_err(|e| self.err("reading a reserved master key", e))?;
+                Ok(resp.kvs().first().map(|kv| kv.mod_revision()))
+            }
+            Reserver::Memory(kv) => Ok(kv.mod_revision(&master)),
+        }
+    }
+
     /// Revokes the lease: every `value/` key of the tool's goes with it.
     pub async fn revoke(&self, lease: i64) -> Result<()> {
         match self {

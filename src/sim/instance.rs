@@ -6,42 +6,24 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+pub use super::log::{LogLine, unreleased};
 use super::report::{Failure, Trace};
+use super::reserver::{SimReserver, Writer};
 use super::world::World;
-use crate::core::kvstore::{MasterEntry, parse_id};
+use crate::core::kvstore::{MasterEntry, RESERVATION_NODE, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
-use crate::core::planner::resume::{self, LogStep, LoggedDecision};
+use crate::core::planner::resume::{self, LogStep};
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
 use crate::core::sync::machine::{
-    Input, K8sChange, KvWatchEvent, LeaseHolder, Machine, Output, Settings,
+    Input, K8sChange, KvWatchEvent, LeaseHolder, Machine, Output, Reserve, Settings,
 };
+use crate::core::sync::reserve::{Unreleased, earlier_to_adopt};
 use crate::core::sync::{BatchOutcome, CutoverWait};
 use crate::core::verify::{Expectations, ProblemKind, verify};
-
-/// A line of an instance's decision log (it outlives a crash).
-#[derive(Debug, Clone)]
-pub enum LogLine {
-    Decision(LoggedDecision),
-    /// A create's decision, written before the create.
-    Write {
-        id: String,
-        target: u32,
-    },
-    /// What became of an identity: serving at `target`, or skipped (`None`; malformed
-    /// entries, closed as moot).
-    Outcome {
-        id: String,
-        labels: String,
-        target: Option<u32>,
-    },
-    Moot {
-        id: String,
-    },
-}
 
 /// Faults the shell meets while carrying commands out.
 #[derive(Debug, Clone, Copy, Default)]
@@ -83,6 +65,10 @@ pub struct Instance {
     pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
+    /// Its reservations (`--reserve-in-kvstore`), started with the first request.
+    pub reserver: Option<SimReserver>,
+    /// What its log records as reserved and not released, to take over.
+    earlier: Unreleased,
 }
 
 /// Instance `i` writes (or announces cutover): its gate is open, the Lease record names
@@ -156,6 +142,8 @@ impl Instance {
             must_report: BTreeSet::new(),
             cutover: None,
             ended: false,
+            reserver: None,
+            earlier: unreleased(log),
         };
         i.fresh_round(world, None, clock.at(world.now));
         i
@@ -323,6 +311,16 @@ impl Instance {
                             format!("i{i} asked for {r:?}"),
                         ));
                     }
+                    let may_write = world.lease_valid(i);
+                    let mut writer = Writer {
+                        world,
+                        log,
+                        may_write,
+                        disk_full: faults.disk_full,
+                        flaky: faults.flaky,
+                        rng,
+                    };
+                    self.reserve(r, now, &mut writer, trace)?;
                 }
                 Output::ReportSplits(found) => {
                     for f in found {
@@ -440,6 +438,48 @@ impl Instance {
         Ok(())
     }
 
+    /// A reservation command carried out as `app::sync` carries it out: to the queue (and
+    /// on to the writer's inbox), or, at cutover, the release.
+    fn reserve(
+        &mut self,
+        cmd: Reserve,
+        now: Instant,
+        w: &mut Writer<'_>,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let i = self.idx;
+        let res = self
+            .reserver
+            .get_or_insert_with(|| SimReserver::start(w.world));
+        if res.released {
+            return Ok(());
+        }
+        match cmd {
+            Reserve::AdoptEarlier => {
+                let holding = self.machine.holding();
+                let earlier = earlier_to_adopt(&mut self.earlier, &self.machine.state, holding);
+                res.queue.adopt(earlier);
+            }
+            Reserve::MasterGone { id, k8s } => res.queue.master_gone(id, k8s),
+            Reserve::Want { id, labels } => res.queue.want(id, labels),
+            Reserve::Deleted { id } => res.queue.deleted(id),
+            Reserve::ViewChanged => res.queue.view_changed(),
+            Reserve::Pump => res.queue.pump(&self.machine.state, RANGE, now),
+            Reserve::Release => {
+                // The writer finishes what it was sent, then the release.
+                res.send();
+                if w.may_write {
+                    check_sole_writer(i, w.world, &format!("i{i} released its reservations"))?;
+                }
+                res.work(w);
+                trace.line(w.world.now, format!("i{i} releases its reservations"));
+                return res.release(i, w);
+            }
+        }
+        res.send();
+        Ok(())
+    }
+
     /// The invariants of a batch, as the machine gives it.
     fn check_write(&self, ops: &[Op], world: &World) -> Result<(), Failure> {
         let i = self.idx;
@@ -487,10 +527,11 @@ impl Instance {
     fn check_cutover(&self, world: &World) -> Result<(), Failure> {
         let i = self.idx;
         check_sole_writer(i, world, &format!("i{i} announced cutover"))?;
+        // Sync's own reservations are no node's use.
         if let Some(((labels, node), (_, rev))) = world
             .values
             .iter()
-            .find(|(_, (_, rev))| *rev <= self.kv_pos)
+            .find(|((_, node), (_, rev))| *rev <= self.kv_pos && node != RESERVATION_NODE)
         {
             return Err(Failure::new(
                 "cutover never before the rollout is over",

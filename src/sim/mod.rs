@@ -1,15 +1,18 @@
 //! A deterministic simulation of whole rollouts, FoundationDB-style: the real sync machine
-//! (`core::sync::machine`) in a simulated world (`world`: etcd, a kube-apiserver, agents that
-//! allocate as Cilium's do, nodes rolling, both GCs, the Lease), with faults (compactions, 410s,
-//! failed and lost batches, a Lease that stops renewing, a second instance, crashes mid-write
-//! with a torn log line, a full disk, malformed entries) and an operator who decides at
-//! random; no tokio, no clock, no sockets, everything from one seed. The invariants are
+//! (`core::sync::machine`), lease keeper (`core::lease`) and reservations
+//! (`core::sync::reserve`, carried out by `reserver`) in a simulated world (`world`: etcd
+//! with leases, a kube-apiserver, agents that allocate as Cilium's do, nodes rolling, both
+//! GCs, the Lease record), with faults (compactions, 410s, failed and lost batches, renewals
+//! that fail, a second instance racing for the Lease, etcd timeouts, crashes mid-write with a
+//! torn log line, a full disk, malformed entries) and an operator who decides at random; no tokio, no clock, no sockets, everything from one seed. The invariants are
 //! checked on every command the machine gives (`instance`); at the end the rollout finishes
 //! and cutover must come within the grace plus two checks. The same seed always gives the
 //! same run and the same trace digest.
 
 pub mod instance;
+pub mod log;
 pub mod report;
+pub mod reserver;
 pub mod world;
 
 pub use crate::core::rng::Rng;
@@ -17,11 +20,13 @@ pub use report::{Failure, Trace};
 
 use std::time::{Duration, Instant};
 
-use crate::core::lease::{Claim, LeaseRecord, TryOutcome, Writer};
+use crate::core::lease::{Claim, LeaseRecord, TryOutcome, Writer as Elected};
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
+use crate::core::sync::reserve::Reply;
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
+use reserver::Writer;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
 
 /// One seed's run.
@@ -33,6 +38,10 @@ pub struct SeedRun {
     pub digest: u64,
     /// When cutover came, in simulated time.
     pub cutover: Option<Duration>,
+    /// Master keys sync wrote as reservations (`--reserve-in-kvstore` runs), and of those,
+    /// how many a release deleted.
+    pub reserved: usize,
+    pub released: usize,
 }
 
 /// The cutover grace the simulated syncs run with.
@@ -62,7 +71,7 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         range: instance::RANGE,
         accept_proposals: rng.chance(0.3),
         until_cutover: false,
-        reserve_in_kvstore: false,
+        reserve_in_kvstore: rng.chance(0.5),
         cutover_grace: GRACE,
         lease: "kube-system/cilium-idmig-sync".into(),
     };
@@ -90,8 +99,8 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
     sim.trace.line(
         Duration::ZERO,
         format!(
-            "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}",
-            sim.settings.accept_proposals
+            "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}",
+            sim.settings.accept_proposals, sim.settings.reserve_in_kvstore
         ),
     );
     let mut done = 0;
@@ -112,6 +121,13 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         failure,
         digest: sim.trace.digest(),
         cutover: sim.instances.iter().filter_map(|i| i.cutover).min(),
+        reserved: sim.world.sync_master_writes,
+        released: sim
+            .logs
+            .iter()
+            .flatten()
+            .filter(|l| matches!(l, LogLine::Released { .. }))
+            .count(),
     }
 }
 
@@ -195,6 +211,7 @@ impl Sim {
                 self.world.malformed(&mut self.rng);
                 Ok(())
             }
+            95..=96 => self.reservations_done(i),
             94 => {
                 if self.rng.chance(0.5) {
                     self.faults.server_down = !self.faults.server_down;
@@ -251,6 +268,11 @@ impl Sim {
     fn status(&mut self) -> Result<(), Failure> {
         self.world.now += STATUS;
         self.lease()?;
+        // Reservation leases lapse unless kept alive; each writer keeps its own.
+        self.world.expire_res_leases();
+        for i in 0..self.instances.len() {
+            self.keep_reservations_alive(i)?;
+        }
         for i in 0..self.instances.len() {
             self.feed(i, Input::Status { watching: true })?;
         }
@@ -303,7 +325,7 @@ impl Sim {
             e.check_deadline(at);
             let gate = e
                 .gate_until()
-                .filter(|_| *e.writer() == Writer::Us)
+                .filter(|_| *e.writer() == Elected::Us)
                 .map(|until| until.saturating_duration_since(self.clock.0));
             self.world.gates[i] = gate.filter(|_| self.instances[i].alive);
         }
@@ -324,11 +346,76 @@ impl Sim {
                 continue;
             }
             let told = match self.instances[i].elector.writer() {
-                Writer::Us => LeaseHolder::Us,
-                Writer::Other { holder } => LeaseHolder::Other(holder.clone()),
-                Writer::Unknown | Writer::Refused(_) => LeaseHolder::Unknown,
+                Elected::Us => LeaseHolder::Us,
+                Elected::Other { holder } => LeaseHolder::Other(holder.clone()),
+                Elected::Unknown | Elected::Refused(_) => LeaseHolder::Unknown,
             };
             self.tell(i, told)?;
+        }
+        Ok(())
+    }
+
+    /// The reservations writer's turn: what the loop sent, carried out; each answer goes
+    /// back to the loop's queue and on to the machine.
+    fn reservations_done(&mut self, i: usize) -> Result<(), Failure> {
+        if self.world.lease_valid(i) && self.instances[i].reserver.is_some() {
+            instance::check_sole_writer(i, &self.world, &format!("i{i} reserved"))?;
+        }
+        let replies = self
+            .with_writer(i, |res, w| res.work(w))
+            .unwrap_or_default();
+        self.answer(i, replies)
+    }
+
+    /// The keep-alive of instance `i`'s reservation lease (and what it left undone).
+    fn keep_reservations_alive(&mut self, i: usize) -> Result<(), Failure> {
+        let reply = self.with_writer(i, |res, w| res.tick(w)).flatten();
+        self.answer(i, reply.into_iter().collect())
+    }
+
+    /// Runs `f` with instance `i`'s reservations and the writer's view of the world, if it
+    /// is alive and reserves (and has not released).
+    fn with_writer<T>(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(&mut reserver::SimReserver, &mut Writer<'_>) -> T,
+    ) -> Option<T> {
+        let may_write = self.world.lease_valid(i);
+        let inst = &mut self.instances[i];
+        let res = inst.reserver.as_mut().filter(|r| !r.released)?;
+        if !inst.alive {
+            return None;
+        }
+        let mut w = Writer {
+            world: &mut self.world,
+            log: &mut self.logs[i],
+            may_write,
+            disk_full: self.faults.disk_full,
+            flaky: self.faults.flaky,
+            rng: &mut self.rng,
+        };
+        Some(f(res, &mut w))
+    }
+
+    /// The writer's answers, folded into the loop's queue and told to the machine.
+    fn answer(&mut self, i: usize, replies: Vec<Reply>) -> Result<(), Failure> {
+        let now = self.clock.at(self.world.now);
+        if let Some(res) = self.instances[i].reserver.as_mut() {
+            for done in std::mem::take(&mut res.done) {
+                self.trace
+                    .line(self.world.now, format!("i{i} etcd: {done}"));
+            }
+        }
+        for reply in replies {
+            let Some(res) = self.instances[i].reserver.as_mut() else {
+                return Ok(());
+            };
+            if let Some(said) = res.queue.on_reply(reply, now) {
+                self.trace
+                    .line(self.world.now, format!("i{i} reservations: {said:?}"));
+            }
+            let (held, own_masters) = (res.queue.held(), res.queue.own_masters().clone());
+            self.feed(i, Input::Reservations { held, own_masters })?;
         }
         Ok(())
     }
@@ -491,6 +578,7 @@ impl Sim {
                 }
                 self.batch_done(i)?;
                 self.verify_done(i)?;
+                self.reservations_done(i)?;
             }
             self.settle()?;
             ticks += 1;

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::lease::{LeaseRecord, TryOutcome};
 use crate::core::rng::Rng;
@@ -39,6 +40,21 @@ pub struct Node {
 
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 
+/// How a reservation's transaction went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResWrite {
+    /// Both keys written, the master key at this revision.
+    Written(i64),
+    /// The master key exists, holding this.
+    Held(String),
+    /// The lease named was revoked or lapsed (etcd refuses the put).
+    LeaseGone,
+}
+
+/// How long sync's reservation lease outlives its last keep-alive (15 minutes in etcd; a
+/// minute here, so a crashed sync's keys lapse within a run).
+pub const RESERVATION_TTL: Duration = Duration::from_secs(60);
+
 /// The name instance `i` holds the Lease under.
 pub fn lease_identity(i: usize) -> String {
     format!("i{i}")
@@ -50,6 +66,18 @@ pub struct World {
     pub kv_rev: i64,
     /// `id/<n>` (the raw id text, so an agent can write one out of range) -> value.
     pub masters: BTreeMap<String, String>,
+    /// The revision each master key was written at (what a release compares).
+    pub master_revs: BTreeMap<String, i64>,
+    /// Master keys sync wrote (`--reserve-in-kvstore`), with their revision: the only
+    /// master keys it may ever delete.
+    pub sync_masters: BTreeMap<String, i64>,
+    /// How many master keys sync wrote in all (one id may be reserved again after a GC).
+    pub sync_master_writes: usize,
+    /// etcd leases holding sync's reservation `value/` keys: lease -> when it lapses.
+    pub res_leases: BTreeMap<u64, Duration>,
+    next_res_lease: u64,
+    /// The lease each reservation `value/` key (by labels) is on.
+    pub res_value_lease: BTreeMap<String, u64>,
     /// `value/<labels>/<node>` -> (id, revision it was created at).
     pub values: BTreeMap<(String, String), (u32, i64)>,
     /// Every kvstore change, by revision; a watch from before `compacted` is cancelled.
@@ -97,10 +125,37 @@ impl World {
     fn put_master(&mut self, id: String, value: String) {
         self.masters.insert(id.clone(), value.clone());
         self.kv_put(KvChange::Master {
-            id: id.into_bytes(),
+            id: id.clone().into_bytes(),
             value: Some(value.into_bytes()),
             created: true,
         });
+        self.master_revs.insert(id, self.kv_rev);
+    }
+
+    fn delete_master(&mut self, id: &str) {
+        self.masters.remove(id);
+        self.master_revs.remove(id);
+        self.kv_put(KvChange::Master {
+            id: id.as_bytes().to_vec(),
+            value: None,
+            created: false,
+        });
+    }
+
+    fn delete_value(&mut self, labels: &str, node: &str) -> bool {
+        if self
+            .values
+            .remove(&(labels.to_string(), node.to_string()))
+            .is_none()
+        {
+            return false;
+        }
+        self.kv_put(KvChange::Slave {
+            label_key: labels.as_bytes().to_vec(),
+            node: node.as_bytes().to_vec(),
+            present: false,
+        });
+        true
     }
 
     fn put_value(&mut self, labels: &str, node: &str, id: u32) {
@@ -167,7 +222,14 @@ impl World {
     /// The operator's GC: an object no endpoint references (no CRD-mode agent holds its
     /// id, no kvstore-mode node's `value/` key names it) goes.
     pub fn k8s_gc(&mut self, rng: &mut Rng) -> Option<u32> {
-        let in_use: BTreeSet<u32> = self.values.values().map(|(id, _)| *id).collect();
+        // Endpoints reference ids: CRD-mode agents' and kvstore-mode nodes' (their `value/`
+        // keys), never sync's reservations.
+        let in_use: BTreeSet<u32> = self
+            .values
+            .iter()
+            .filter(|((_, node), _)| node != RESERVATION_NODE)
+            .map(|(_, (id, _))| *id)
+            .collect();
         let unused: Vec<u32> = self
             .objects
             .keys()
@@ -212,6 +274,107 @@ impl World {
         ));
     }
 
+    /// A new etcd lease for sync's reservations.
+    pub fn res_grant(&mut self) -> u64 {
+        self.next_res_lease += 1;
+        self.res_leases
+            .insert(self.next_res_lease, self.now + RESERVATION_TTL);
+        self.next_res_lease
+    }
+
+    /// Keeps `lease` alive; false when it lapsed already.
+    pub fn res_keep_alive(&mut self, lease: u64) -> bool {
+        match self.res_leases.get_mut(&lease) {
+            Some(until) => {
+                *until = self.now + RESERVATION_TTL;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Leases whose time is up lapse, and their `value/` keys with them.
+    pub fn expire_res_leases(&mut self) {
+        let now = self.now;
+        let gone: Vec<u64> = self
+            .res_leases
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(l, _)| *l)
+            .collect();
+        for lease in gone {
+            self.res_revoke(lease);
+        }
+    }
+
+    /// Revokes `lease`: every reservation `value/` key on it goes.
+    pub fn res_revoke(&mut self, lease: u64) {
+        self.res_leases.remove(&lease);
+        let on_it: Vec<String> = self
+            .res_value_lease
+            .iter()
+            .filter(|(_, l)| **l == lease)
+            .map(|(labels, _)| labels.clone())
+            .collect();
+        for labels in on_it {
+            self.res_value_lease.remove(&labels);
+            self.delete_value(&labels, RESERVATION_NODE);
+        }
+    }
+
+    fn put_reservation_value(&mut self, labels: &str, id: u32, lease: u64) {
+        self.put_value(labels, RESERVATION_NODE, id);
+        self.res_value_lease.insert(labels.to_string(), lease);
+    }
+
+    /// Reserves `id` for `labels` as `io::reservation` does, in one transaction: the master
+    /// key only if it does not exist, and sync's `value/` key on `lease`.
+    pub fn res_reserve(&mut self, id: u32, labels: &str, lease: u64) -> ResWrite {
+        let key = id.to_string();
+        if !self.res_leases.contains_key(&lease) {
+            return ResWrite::LeaseGone;
+        }
+        if let Some(other) = self.masters.get(&key) {
+            return ResWrite::Held(other.clone());
+        }
+        self.put_master(key.clone(), labels.to_string());
+        let revision = self.kv_rev;
+        self.sync_masters.insert(key, revision);
+        self.sync_master_writes += 1;
+        self.put_reservation_value(labels, id, lease);
+        ResWrite::Written(revision)
+    }
+
+    /// Sync's `value/` key for `labels` goes (its object went).
+    pub fn res_unreserve(&mut self, labels: &str) -> bool {
+        self.res_value_lease.remove(labels);
+        self.delete_value(labels, RESERVATION_NODE)
+    }
+
+    /// Puts sync's `value/` key back on `lease` if the master key is still as written.
+    pub fn res_restore(&mut self, id: u32, labels: &str, revision: i64, lease: u64) -> bool {
+        let key = id.to_string();
+        let as_written = self.master_revs.get(&key) == Some(&revision)
+            && self.masters.get(&key).map(String::as_str) == Some(labels);
+        if !as_written || !self.res_leases.contains_key(&lease) {
+            return false;
+        }
+        self.put_reservation_value(labels, id, lease);
+        true
+    }
+
+    /// Deletes the master key at `id` if still as written at `revision` and no node uses
+    /// its labels; whether it was deleted.
+    pub fn res_release(&mut self, id: u32, labels: &str, revision: i64) -> bool {
+        let key = id.to_string();
+        let used = self.values.keys().any(|(l, _)| l == labels);
+        if self.master_revs.get(&key) != Some(&revision) || used {
+            return false;
+        }
+        self.delete_master(&key);
+        true
+    }
+
     /// A node leaves kvstore mode: its `value/` keys lapse with its lease.
     pub fn roll(&mut self, node: usize) {
         self.nodes[node].mode = Mode::Crd;
@@ -242,12 +405,7 @@ impl World {
             .map(|(id, _)| id.clone())
             .collect();
         if let Some(id) = rng.pick(&unused).cloned() {
-            self.masters.remove(&id);
-            self.kv_put(KvChange::Master {
-                id: id.into_bytes(),
-                value: None,
-                created: false,
-            });
+            self.delete_master(&id);
         }
     }
 

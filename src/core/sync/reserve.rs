@@ -336,23 +336,22 @@ impl Ledger {
         None
     }
 
-    /// What an earlier sync left, as this one takes it over: those whose object is gone
-    /// are held (their master key is released with the rest, if unchanged) without a
-    /// write; the others are returned, to put their `value/` key back on this sync's lease.
-    pub fn adopt(&mut self, earlier: Vec<Earlier>) -> Vec<Earlier> {
-        let mut put_back = Vec::new();
+    /// What an earlier sync left, as this one takes it over: each is held at once (its
+    /// master key is this sync's own from now on); those whose object is gone wait for the
+    /// release, the others are due to go back on this sync's lease (`next_to_restore`), so
+    /// a write that fails midway leaves the rest due, not forgotten.
+    pub fn adopt(&mut self, earlier: Vec<Earlier>) {
         for e in earlier {
             if self.held.contains_key(&e.id) {
                 continue;
             }
+            self.held.insert(e.id, (e.labels, e.revision));
             if e.keep {
-                put_back.push(e);
+                self.to_restore.insert(e.id);
             } else {
-                self.held.insert(e.id, (e.labels, e.revision));
                 self.unreserved.insert(e.id);
             }
         }
-        put_back
     }
 
     /// A `value/` key put back (`back`), or not because the master key changed since it was
@@ -366,9 +365,17 @@ impl Ledger {
         }
     }
 
-    /// The master key at `id` is gone: a reservation of it, or a finding that it was held,
-    /// no longer holds, so the id is reserved again if Kubernetes still holds it.
-    pub fn forget(&mut self, id: u32) {
+    /// The loop saw the master key at `id` deleted; `now_at` is the revision the key holds
+    /// as read since (`None`: absent, or not known). A reservation written after that
+    /// deletion (a request queued before the loop saw it, carried out after) is still the
+    /// key it wrote, and stays; otherwise whatever was known of the id goes (a reservation,
+    /// or a finding that it was held), so it is reserved again if Kubernetes holds it.
+    pub fn forget(&mut self, id: u32, now_at: Option<i64>) {
+        if let (Some((_, written)), Some(now_at)) = (self.held.get(&id), now_at)
+            && *written == now_at
+        {
+            return;
+        }
         self.to_unreserve.remove(&id);
         self.held.remove(&id);
         self.tried.remove(&id);

@@ -127,10 +127,23 @@ fn the_ledger_reserves_once_never_an_invalid_key_and_counts_what_it_holds() {
     assert_eq!((l.count(), l.masters_written()), (1, 1));
     assert_eq!(l.own_masters(), [300].into());
     // The master key went: both are looked at afresh.
-    l.forget(301);
+    l.forget(301, None);
     assert!(l.should_reserve(301, &B.into()));
-    l.forget(300);
+    l.forget(300, Some(6));
     assert_eq!(l.count(), 0);
+}
+
+#[test]
+fn a_reservation_written_after_the_deletion_the_loop_saw_is_not_forgotten() {
+    // Reserve(300) was queued, a key at 300 came and went (an agent's, Cilium's GC), and
+    // the writer carried the reservation out before it heard of the deletion.
+    let mut l = Ledger::default();
+    l.reserved(300, A.into(), 78);
+    l.forget(300, Some(78));
+    assert_eq!(l.own_masters(), [300].into(), "still the key it wrote");
+    // Gone since (or written again by someone else): forgotten.
+    l.forget(300, Some(80));
+    assert!(l.own_masters().is_empty());
 }
 
 #[test]
@@ -172,7 +185,7 @@ fn a_lost_lease_puts_back_what_is_still_reserved_until_each_is_answered() {
 }
 
 #[test]
-fn adoption_holds_what_went_and_puts_back_what_kubernetes_still_holds() {
+fn adoption_holds_everything_at_once_and_what_fails_midway_stays_due() {
     let mut l = Ledger::default();
     l.reserved(300, A.into(), 1);
     let e = |id, keep| Earlier {
@@ -181,20 +194,32 @@ fn adoption_holds_what_went_and_puts_back_what_kubernetes_still_holds() {
         revision: 5,
         keep,
     };
-    let back = l.adopt(vec![e(300, true), e(301, true), e(302, false)]);
+    l.adopt(vec![
+        e(300, true),
+        e(301, true),
+        e(302, false),
+        e(303, true),
+    ]);
     assert_eq!(
-        back,
-        [e(301, true)],
-        "held already, or gone: nothing to write"
+        l.masters_written(),
+        4,
+        "every master key left is this sync's own now"
     );
-    assert_eq!(l.masters_written(), 2);
+    assert_eq!(l.own_masters(), [300, 301, 302, 303].into());
     assert_eq!(
         l.count(),
-        1,
+        3,
         "302's object is gone: its master key waits for the release"
     );
+    // 300 was held already: not written again. 301 and 303 go back, in order; a failure
+    // after 301 leaves 303 due for the next keep-alive.
+    assert_eq!(l.next_to_restore(), Some((301, B.into(), 5)));
     l.put_back(301, B.into(), 5, true);
-    assert_eq!(l.count(), 2);
+    assert_eq!(l.next_to_restore(), Some((303, B.into(), 5)));
+    assert!(l.restore_due());
+    l.put_back(303, B.into(), 5, false);
+    assert!(!l.restore_due());
+    assert_eq!(l.own_masters(), [300, 301, 302].into());
 }
 
 #[test]

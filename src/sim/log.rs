@@ -1,0 +1,63 @@
+//! An instance's decision log as the simulation keeps it: it outlives a crash, and a
+//! restart reads its decisions and its reservations back from it.
+
+use crate::core::labels::LabelKey;
+use crate::core::planner::resume::LoggedDecision;
+use crate::core::sync::reserve::Unreleased;
+
+/// A line of an instance's decision log (it outlives a crash).
+#[derive(Debug, Clone)]
+pub enum LogLine {
+    Decision(LoggedDecision),
+    /// A create's decision, written before the create.
+    Write {
+        id: String,
+        target: u32,
+    },
+    /// What became of an identity: serving at `target`, or skipped (`None`; malformed
+    /// entries, closed as moot).
+    Outcome {
+        id: String,
+        labels: String,
+        target: Option<u32>,
+    },
+    Moot {
+        id: String,
+    },
+    /// A reservation's write announced (`reserving`), before it is made.
+    Reserving {
+        id: u32,
+    },
+    /// A reservation made (`reserve-in-kvstore` with the master key's revision).
+    Reserved {
+        id: u32,
+        labels: LabelKey,
+        revision: i64,
+    },
+    /// A reservation's master key deleted at cutover (`release-reservation`).
+    Released {
+        id: u32,
+    },
+}
+
+/// What `log` records as reserved and not released, as `app::reserve::note_reservations`
+/// reads a decision log.
+pub fn unreleased(log: &[LogLine]) -> Unreleased {
+    let mut made = Unreleased::new();
+    for line in log {
+        match line {
+            LogLine::Reserved {
+                id,
+                labels,
+                revision,
+            } => {
+                made.insert(*id, (labels.clone(), *revision));
+            }
+            LogLine::Released { id } => {
+                made.remove(id);
+            }
+            _ => {}
+        }
+    }
+    made
+}

@@ -105,6 +105,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_collection_path_is_the_api_servers() {
+        assert_eq!(collection_path(), "/apis/cilium.io/v2/ciliumidentities");
+    }
+
+    #[test]
     fn object_round_trips_and_sanitizes() {
         let mut l = SecurityLabels::new();
         l.insert("k8s:app".into(), "web".into());

@@ -234,6 +234,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_value_key_needs_a_label_key_before_its_node() {
+        let p = "cilium/state/identities/v1/";
+        assert!(matches!(
+            classify_key(p, b"cilium/state/identities/v1/value/k8s:a=1;/node-1"),
+            KeyKind::Slave {
+                label_key: b"k8s:a=1;",
+                node: b"node-1"
+            }
+        ));
+        assert!(matches!(
+            classify_key(p, b"cilium/state/identities/v1/value//node-1"),
+            KeyKind::Other
+        ));
+    }
+
+    #[test]
+    fn a_node_stays_in_kvstore_mode_until_its_last_key_goes() {
+        let mut c = NodeCounts::with_capacity(4);
+        assert!(c.is_empty());
+        c.add_key(b"k8s:a=1;", b"node-1");
+        c.add_key(b"k8s:b=1;", b"node-1");
+        c.add_key(b"k8s:a=1;", RESERVATION_NODE.as_bytes());
+        assert!(!c.is_empty());
+        assert_eq!(
+            c.nodes().collect::<Vec<_>>(),
+            ["node-1"],
+            "sync's reservations are no node"
+        );
+        c.remove_key(b"k8s:a=1;", b"node-1");
+        assert_eq!(c.nodes().collect::<Vec<_>>(), ["node-1"]);
+        c.remove_key(b"k8s:b=1;", b"node-1");
+        assert_eq!(c.nodes().count(), 0);
+        assert!(c.is_empty());
+    }
+
+    #[test]
     fn node_counts_are_kept_per_label_key_without_copying_it() {
         let mut c = NodeCounts::default();
         c.add(b"k8s:a=1;", 1);

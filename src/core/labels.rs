@@ -317,6 +317,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_size_bound_is_inclusive() {
+        // At the bound the key is read (and refused for its shape); one byte more is too large.
+        let at = "x".repeat(MAX_LABEL_KEY_BYTES);
+        assert!(!matches!(
+            parse_label_key(&at),
+            Err(LabelKeyError::TooLarge { .. })
+        ));
+        let over = "x".repeat(MAX_LABEL_KEY_BYTES + 1);
+        assert!(matches!(
+            parse_label_key(&over),
+            Err(LabelKeyError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn rfc_1123_subdomains_as_kubernetes_checks_them() {
+        for good in ["a", "abc", "a-1", "300", "a.b-c.d9"] {
+            assert!(is_dns1123_subdomain(good), "{good}");
+        }
+        for bad in ["", "A", "-a", "a-", "a..b", "a_b", ".a"] {
+            assert!(!is_dns1123_subdomain(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn canonical_key_round_trips() {
         let raw = "k8s:app=web;reserved:host=;k8s:io.kubernetes.pod.namespace=shop;";
         let labels = parse_label_key(raw).unwrap();

@@ -87,6 +87,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_outcome_is_unfinished_a_problem_or_serving_as_documented() {
+        use Outcome::*;
+        let of = |f: fn(Outcome) -> bool| -> Vec<Outcome> {
+            Outcome::ALL.into_iter().filter(|o| f(*o)).collect()
+        };
+        assert_eq!(of(Outcome::is_unfinished), [Failed, NotAttempted]);
+        assert_eq!(of(Outcome::is_problem), [Conflict, Failed, Kept]);
+        assert_eq!(
+            of(Outcome::is_serving),
+            [Created, AlreadyExisted, AlreadyMigrated, Mapped]
+        );
+        for o in Outcome::ALL {
+            assert_eq!(o.to_string(), o.as_str());
+        }
+    }
+
+    #[test]
     fn serde_spelling_is_the_log_spelling() {
         for o in Outcome::ALL {
             let text = serde_json::to_string(&o).unwrap();

@@ -311,3 +311,6 @@ fn is_local(item: &PlanItem) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests;

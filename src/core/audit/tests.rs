@@ -143,6 +143,91 @@ fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
     assert_eq!(gc.nodes, ["node-4"]);
     assert_eq!(r.counts["one-side"], 5);
     assert_eq!(r.counts.values().sum::<usize>(), r.findings.len());
+    // Every field of every finding, as the text and JSON print them.
+    let k = Some(Side::Kvstore);
+    let c = Some(Side::Kubernetes);
+    let none: [&str; 0] = [];
+    let expected: [Expected; 12] = [
+        (None, None, &["node-1"], &none),
+        (None, Some(401), &["node-2"], &["shop/cart-1"]),
+        (k, Some(303), &none, &none),
+        (c, Some(303), &none, &["shop/web-1"]),
+        (c, Some(501), &none, &none),
+        (k, None, &["node-2"], &none),
+        (k, None, &none, &none),
+        (c, None, &none, &["shop/cart-1"]),
+        (c, None, &none, &none),
+        (c, None, &none, &none),
+        (k, None, &["node-3"], &none),
+        (c, None, &["node-4"], &none),
+    ];
+    for (f, (side, other_id, nodes, endpoints)) in r.findings.iter().zip(expected) {
+        let what = format!("{:?} {}", f.kind, f.id);
+        assert_eq!(f.side, side, "{what}");
+        assert_eq!(f.other_id, other_id, "{what}");
+        assert_eq!(f.nodes, nodes, "{what}");
+        assert_eq!(f.endpoints, endpoints, "{what}");
+        assert!(
+            !f.action.is_empty(),
+            "{what}: every finding says what to do"
+        );
+    }
+}
+
+/// A finding's side, other id, nodes and endpoints.
+type Expected<'a> = (Option<Side>, Option<u32>, &'a [&'a str], &'a [&'a str]);
+
+#[test]
+fn an_id_outside_the_range_is_no_identity_of_this_cluster() {
+    let r = run(
+        &[("300", "k8s:app=a;"), ("70000", "k8s:app=b;")],
+        &[],
+        &[obj(300, "k8s:app=a;")],
+        None,
+    );
+    assert_eq!((r.kvstore_identities, r.invalid_ignored), (1, 1));
+    assert!(r.clean(), "{:?}", r.findings);
+}
+
+#[test]
+fn a_gc_mark_is_a_finding_for_any_one_kind_of_use() {
+    let mark = |id, labels| {
+        let mut o = obj(id, labels);
+        o.gc_marked = true;
+        o
+    };
+    let mut eps = BTreeMap::new();
+    eps.insert(320, vec!["shop/web-1".to_string()]);
+    let r = run(
+        &[],
+        // 321 is tagged by a node for other labels: still in use.
+        &[value("k8s:app=j;", "node-1", 321)],
+        &[
+            mark(320, "k8s:app=h;"),
+            mark(321, "k8s:app=i;"),
+            mark(322, "k8s:app=z;"),
+        ],
+        Some(&eps),
+    );
+    let marked: Vec<u32> = r
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::GcMarked)
+        .map(|f| f.id)
+        .collect();
+    assert_eq!(
+        marked,
+        [320, 321],
+        "used by endpoints only, or by a node's key only"
+    );
+}
+
+#[test]
+fn a_list_of_names_shows_the_first_and_counts_the_rest() {
+    let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(names_list(&names, 2), "a, b and 1 more");
+    assert_eq!(names_list(&names, 3), "a, b, c");
+    assert_eq!(names_list(&[], 3), "none");
 }
 
 #[test]

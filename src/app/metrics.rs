@@ -37,6 +37,9 @@ pub struct Metrics {
     /// `--reserve-in-kvstore`: ids reserved now, and every kvstore write and delete made.
     pub kvstore_reservations: IntGauge,
     pub kvstore_writes: IntCounter,
+    /// Fresh lists after the Kubernetes watch expired (410: an API server restarted with an
+    /// empty watch cache, or a peer that lags).
+    pub relists: IntCounter,
     /// Whether each watch is connected and streaming.
     pub etcd_live: AtomicBool,
     pub k8s_live: AtomicBool,
@@ -115,6 +118,10 @@ impl Metrics {
                 "cilium_idmig_kvstore_writes_total",
                 "Writes and deletes sync made in the kvstore: its reservations and their release",
             )?,
+            relists: counter(
+                "cilium_idmig_kubernetes_relists_total",
+                "Fresh lists of ciliumidentities after the watch expired (410 Gone)",
+            )?,
             etcd_live: AtomicBool::new(false),
             k8s_live: AtomicBool::new(false),
             etcd_heard: AtomicU64::new(0),
@@ -170,6 +177,9 @@ impl Metrics {
             .map_err(err)?;
         m.registry
             .register(Box::new(m.kvstore_writes.clone()))
+            .map_err(err)?;
+        m.registry
+            .register(Box::new(m.relists.clone()))
             .map_err(err)?;
         m.registry
             .register(Box::new(m.watch_up.clone()))

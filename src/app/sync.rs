@@ -1127,6 +1127,7 @@ async fn follow_kubernetes(
                 match cfg.target.list_identities(ReadMode::Consistent, None).await {
                     Ok(k) => {
                         version = k.resource_version.clone();
+                        metrics.relists.inc();
                         let relisted = K8sChange::Relisted {
                             identities: k.identities,
                             resource_version: k.resource_version,

@@ -750,6 +750,18 @@ async fn the_same_rollout_with_sync_reaches_cutover_and_is_audited_as_the_stores
 
 /// A sync of the binary with its own decision log, its output going to `out`.
 fn spawn_sync(dir: &Path, kc: &Path, etcd: &Etcd, log: &str, out: &Path) -> tokio::process::Child {
+    spawn_sync_with(dir, kc, etcd, log, out, &[])
+}
+
+/// `spawn_sync` with more flags.
+fn spawn_sync_with(
+    dir: &Path,
+    kc: &Path,
+    etcd: &Etcd,
+    log: &str,
+    out: &Path,
+    more: &[&str],
+) -> tokio::process::Child {
     tokio::process::Command::new(bin())
         .current_dir(dir)
         .args([
@@ -759,6 +771,7 @@ fn spawn_sync(dir: &Path, kc: &Path, etcd: &Etcd, log: &str, out: &Path) -> toki
             "--etcd-endpoints",
             &etcd.endpoint,
         ])
+        .args(more)
         .arg("--kubeconfig")
         .arg(kc)
         .env_remove("KUBECONFIG")
@@ -839,4 +852,227 @@ async fn two_syncs_share_one_lease_on_a_real_server_and_the_second_takes_over() 
         "took over after {took_over:?}"
     );
     drop(second);
+}
+
+/// Waits until the real server holds the object `id` (`secs` at most).
+async fn mirrored_on(cp: &ControlPlane, id: &str, secs: u64, what: &str, out: &Path) {
+    let start = Instant::now();
+    while !cp.identities().contains_key(id) {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "{what}: {id} not mirrored in {secs} s\n{}",
+            std::fs::read_to_string(out).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Sync on the real server through what production does to it: the API server restarted
+/// (its watch cache starts empty: the watch gets 410 and sync lists afresh), every
+/// connection gone dead behind a proxy (half-open), and sync restarted against an HA peer
+/// on the same etcd (a watch cache of its own), resuming from its decision log; objects
+/// made through one server reach sync through the other.
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_on_a_real_server_rides_out_a_restart_dead_connections_and_a_peer() {
+    let Some(cp) = ControlPlane::start("real::sync_rides_out") else {
+        return;
+    };
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    etcd.put(&format!("{P}/value/{A}/10.0.0.1"), b"300").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Through a proxy, whose connections can be made to go dead.
+    let api = crate::proxy::Proxy::start(&cp.url).await;
+    let via_proxy = d.join("kubeconfig-proxy");
+    let https = api.url().replace("http://", "https://");
+    std::fs::write(
+        &via_proxy,
+        std::fs::read_to_string(&cp.kubeconfig)
+            .unwrap()
+            .replace(&cp.url, &https),
+    )
+    .unwrap();
+    let status = format!("127.0.0.1:{}", crate::harness::free_port());
+    let out = d.join("sync.out");
+    let mut first = spawn_sync_with(
+        d,
+        &via_proxy,
+        &etcd,
+        "sync.jsonl",
+        &out,
+        &["--status-addr", &status],
+    );
+    said(&out, "taken: this sync writes", 60).await;
+    mirrored_on(&cp, "300", 30, "at the start", &out).await;
+
+    // 1. The API server restarts: a fresh watch cache.
+    tokio::task::block_in_place(|| cp.restart_apiserver());
+    etcd.put(&format!("{P}/id/301"), B.as_bytes()).await;
+    mirrored_on(&cp, "301", 90, "after a restart", &out).await;
+    // The watch, back on the restarted server, gets 410 and sync lists afresh.
+    let restarted = Instant::now();
+    loop {
+        let (code, _, metrics) =
+            crate::harness::http(&format!("http://{status}"), "GET", "/metrics", None).await;
+        assert_eq!(code, 200);
+        let relists: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cilium_idmig_kubernetes_relists_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        if relists >= 1.0 {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(90),
+            "no fresh list after the restart's 410:\n{}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // 2. Every open connection goes dead without closing.
+    api.kill_existing();
+    etcd.put(&format!("{P}/id/302"), C.as_bytes()).await;
+    mirrored_on(&cp, "302", 90, "after the connections went dead", &out).await;
+
+    // 3. Sync restarted against an HA peer, resuming its log (the same identity on the
+    // Lease: it takes it back at once).
+    let peer = tokio::task::block_in_place(|| cp.start_peer());
+    assert_ne!(peer.url, cp.url);
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let out2 = d.join("sync2.out");
+    let _second = spawn_sync(d, &peer.kubeconfig, &etcd, "sync.jsonl", &out2);
+    said(&out2, "taken: this sync writes", 60).await;
+    // What it writes through the peer, the other server serves.
+    let d4 = "k8s:app=d;k8s:io.kubernetes.pod.namespace=shop;";
+    etcd.put(&format!("{P}/id/303"), d4.as_bytes()).await;
+    mirrored_on(&cp, "303", 60, "through the peer", &out2).await;
+    // An agent's object made through the other server reaches it through the peer's cache:
+    // the kvstore then takes the id for other labels, a split it reports.
+    let e = "k8s:app=e;k8s:io.kubernetes.pod.namespace=shop;";
+    cp.create_identity(304, &security_labels(e));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let f = "k8s:app=f;k8s:io.kubernetes.pod.namespace=shop;";
+    etcd.put(&format!("{P}/id/304"), f.as_bytes()).await;
+    etcd.put(&format!("{P}/value/{f}/10.0.0.2"), b"304").await;
+    said(&out2, "split allocation at id 304", 60).await;
+    assert_eq!(
+        cp.identities()["304"],
+        security_labels(e),
+        "never overwritten"
+    );
+    drop(peer);
+}
+
+/// An apply killed on the real server once it has written some, then run again with the
+/// same command and log: what it wrote at any point is what an uninterrupted run writes (the
+/// same run on the sandbox, seeded alike), the rerun converges to it, and verify passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_apply_killed_on_a_real_server_and_run_again_converges_to_the_uninterrupted_state() {
+    let Some(cp) = ControlPlane::start("real::apply_killed") else {
+        return;
+    };
+    let etcd = Etcd::start().await;
+    let data = crate::harness::load_dataset(&etcd, 2000, 5, 2).await;
+    // Both clusters start with the generated objects (CRD-mode agents' and conflicts').
+    let items: Vec<serde_json::Value> = data
+        .k8s
+        .iter()
+        .map(|(id, labels)| {
+            serde_json::json!({
+                "apiVersion": "cilium.io/v2",
+                "kind": "CiliumIdentity",
+                "metadata": {"name": id.to_string()},
+                "security-labels": labels,
+            })
+        })
+        .collect();
+    if !items.is_empty() {
+        cp.apply(
+            &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sb = cilium_idmig::sandbox::Sandbox::start(cilium_idmig::sandbox::SandboxConfig::default())
+        .await
+        .unwrap();
+    for (id, labels) in &data.k8s {
+        sb.seed_identity(*id, labels);
+    }
+    let sb_kc = d.join("kubeconfig-sandbox");
+    sb.write_kubeconfig(&sb_kc).unwrap();
+    let apply = ["apply", "--yes", "--accept-proposals", "--decision-log"];
+    // The uninterrupted run, on the sandbox.
+    let mut args = apply.to_vec();
+    args.push("clean.jsonl");
+    let (r, _) = cli(d, &sb_kc, &etcd, &args, 300).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let expected: BTreeMap<String, BTreeMap<String, String>> = sb
+        .objects()
+        .into_iter()
+        .map(|(name, o)| {
+            let labels = serde_json::from_value(o["security-labels"].clone()).unwrap();
+            (name, labels)
+        })
+        .collect();
+    assert!(expected.len() > data.k8s.len() + 1000, "{}", expected.len());
+    // The same run on the real server, killed once it has written a hundred.
+    let before = cp.identities().len();
+    let mut child = tokio::process::Command::new(bin())
+        .current_dir(d)
+        .args(apply)
+        .args(["real.jsonl", "--etcd-endpoints", &etcd.endpoint])
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .env_remove("KUBECONFIG")
+        .env("HOME", d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while cp.identities().len() < before + 100 {
+        assert!(start.elapsed() < Duration::from_secs(120), "no writes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let partial = cp.identities();
+    assert!(
+        partial.len() < expected.len(),
+        "killed after the end: {}",
+        partial.len()
+    );
+    for (name, labels) in &partial {
+        assert_eq!(
+            expected.get(name),
+            Some(labels),
+            "{name} is not what an uninterrupted run writes"
+        );
+    }
+    // Run again, the same command and log: the rest, and nothing else.
+    let mut args = apply.to_vec();
+    args.push("real.jsonl");
+    let (r, _) = cli(d, &cp.kubeconfig, &etcd, &args, 300).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(cp.identities(), expected, "the rerun converges");
+    let (v, _) = cli(
+        d,
+        &cp.kubeconfig,
+        &etcd,
+        &["verify", "--decision-log", "real.jsonl"],
+        120,
+    )
+    .await;
+    assert_eq!(v.code, 0, "{}{}", v.stdout, v.stderr);
+    eprintln!(
+        "killed at {} of {} objects; the rerun converged",
+        partial.len(),
+        expected.len()
+    );
 }

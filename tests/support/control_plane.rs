@@ -196,6 +196,124 @@ impl ControlPlane {
     }
 }
 
+/// A second kube-apiserver on the control plane's etcd: an HA peer with a watch cache of its
+/// own. Killed on drop.
+pub struct Peer {
+    child: std::process::Child,
+    /// The admin's kubeconfig, pointing at this peer.
+    pub kubeconfig: PathBuf,
+    pub url: String,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ControlPlane {
+    /// The API server's command line as the script started it.
+    fn apiserver_argv(&self) -> Vec<String> {
+        let pid = &self.env()["APISERVER_PID"];
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap()
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
+    }
+
+    /// Starts `argv` with its output to `log`, detached from the test's process group.
+    fn spawn_apiserver(&self, argv: &[String], log: &str) -> std::process::Child {
+        let out = std::fs::File::create(self.dir.path().join(log)).unwrap();
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap()
+    }
+
+    /// Waits until the API server behind `kubeconfig` answers `/readyz`.
+    fn wait_ready(&self, kubeconfig: &Path, log: &str) {
+        let start = std::time::Instant::now();
+        loop {
+            let out = self.kubectl_as(kubeconfig, &["get", "--raw", "/readyz"], None);
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(90),
+                "kube-apiserver not ready: {}",
+                std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+
+    /// Restarts the API server alone (killed, then started again on the same port and
+    /// etcd): its watch cache starts empty, so a watch from an older resourceVersion gets
+    /// 410 Gone. Returns when it is ready again.
+    pub fn restart_apiserver(&self) {
+        let argv = self.apiserver_argv();
+        let env = self.env();
+        let pid = &env["APISERVER_PID"];
+        let _ = Command::new("kill").args(["-9", pid]).status();
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let child = self.spawn_apiserver(&argv, "apiserver-restarted.log");
+        // The script's `stop` kills the process `env` names.
+        let text = std::fs::read_to_string(self.dir.path().join("env")).unwrap();
+        let text = text.replace(
+            &format!("APISERVER_PID={pid}"),
+            &format!("APISERVER_PID={}", child.id()),
+        );
+        std::fs::write(self.dir.path().join("env"), text).unwrap();
+        std::mem::forget(child);
+        self.wait_ready(&self.kubeconfig, "apiserver-restarted.log");
+    }
+
+    /// Starts an HA peer: the same API server on another port, on the same etcd.
+    pub fn start_peer(&self) -> Peer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cert_dir = self.dir.path().join("certdir-peer");
+        let argv: Vec<String> = self
+            .apiserver_argv()
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--secure-port=") {
+                    format!("--secure-port={port}")
+                } else if a.starts_with("--cert-dir=") {
+                    format!("--cert-dir={}", cert_dir.display())
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let child = self.spawn_apiserver(&argv, "apiserver-peer.log");
+        let url = format!("https://127.0.0.1:{port}");
+        let kubeconfig = self.dir.path().join("kubeconfig-peer");
+        let text = std::fs::read_to_string(&self.kubeconfig)
+            .unwrap()
+            .replace(&self.url, &url);
+        std::fs::write(&kubeconfig, text).unwrap();
+        let peer = Peer {
+            child,
+            kubeconfig,
+            url,
+        };
+        self.wait_ready(&peer.kubeconfig, "apiserver-peer.log");
+        peer
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let _ = Command::new(&self.script)

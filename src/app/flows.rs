@@ -277,19 +277,17 @@ pub async fn verify(
 pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
     let mut e = Expectations::default();
     for p in paths {
-        let c = read_log(p)?;
-        let more = c.expectations();
-        e.mappings.extend(more.mappings);
-        e.mapped_labels.extend(more.mapped_labels);
-        for id in &more.rolled_back {
-            e.rolled_back.insert(id.clone());
-        }
+        // Folded as it is read: the log's records are never all held at once.
+        let more = crate::io::decision_log::read_expectations(p)?;
         // A later file that serves an id again takes back an earlier rollback.
-        for id in c.mappings().keys() {
+        for id in more.mappings.keys() {
             if !more.rolled_back.contains(id) {
                 e.rolled_back.remove(id);
             }
         }
+        e.mappings.extend(more.mappings);
+        e.mapped_labels.extend(more.mapped_labels);
+        e.rolled_back.extend(more.rolled_back);
     }
     Ok(e)
 }

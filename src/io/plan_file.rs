@@ -85,10 +85,14 @@ impl PlanFile {
             ),
             _ => Error::file_io(path, "cannot create plan file", e),
         })?;
-        let mut text = serde_json::to_vec_pretty(self).map_err(|e| Error::file_cause(path, e))?;
-        text.push(b'\n');
-        f.write_all(&text)
-            .and_then(|_| f.sync_all())
+        // Streamed to the file: at 65,280 identities the text is 30 MB, never held whole.
+        let mut w = std::io::BufWriter::new(&mut f);
+        serde_json::to_writer_pretty(&mut w, self).map_err(|e| Error::file_cause(path, e))?;
+        w.write_all(b"\n")
+            .and_then(|_| w.flush())
+            .map_err(|e| Error::file_io(path, "cannot write plan file", e))?;
+        drop(w);
+        f.sync_all()
             .map_err(|e| Error::file_io(path, "cannot write plan file", e))
     }
 

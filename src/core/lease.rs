@@ -91,10 +91,6 @@ impl Elector {
         &self.me
     }
 
-    pub fn duration(&self) -> Duration {
-        self.duration
-    }
-
     /// How often the holder renews (a third of the duration): a try that takes longer is
     /// given up, in time to try again before the deadline.
     pub fn renew_every(&self) -> Duration {

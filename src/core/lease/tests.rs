@@ -18,6 +18,7 @@ fn record(holder: Option<&str>, version: &str) -> LeaseRecord {
 fn no_record_is_created_and_ours_is_renewed_without_a_transition() {
     let t0 = Instant::now();
     let mut a = Elector::new("a", D);
+    assert_eq!((a.me(), a.renew_every()), ("a", Duration::from_secs(5)));
     assert_eq!(a.claim(None, t0), Claim::Create);
     assert_eq!(
         a.claim(Some(&record(Some("a"), "1")), t0),

@@ -67,7 +67,9 @@ fn stores_that_agree_are_clean() {
 #[test]
 fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
     let mut eps = BTreeMap::new();
+    eps.insert(300, vec!["shop/split-1".to_string()]);
     eps.insert(302, vec!["shop/web-1".to_string()]);
+    eps.insert(310, vec!["shop/gc-1".to_string()]);
     eps.insert(401, vec!["shop/cart-1".to_string()]);
     let mut marked = obj(310, "k8s:app=g;");
     marked.gc_marked = true;
@@ -87,6 +89,7 @@ fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
             value("k8s:app=b;", "node-2", 301),
             value("k8s:app=f;", "node-3", 305), // stale: 305 holds e
             value("k8s:app=g;", "node-4", 310),
+            value("k8s:app=c;", "node-5", 302),
         ],
         &[
             obj(300, "k8s:app=x;"),
@@ -148,9 +151,9 @@ fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
     let c = Some(Side::Kubernetes);
     let none: [&str; 0] = [];
     let expected: [Expected; 12] = [
-        (None, None, &["node-1"], &none),
+        (None, None, &["node-1"], &["shop/split-1"]),
         (None, Some(401), &["node-2"], &["shop/cart-1"]),
-        (k, Some(303), &none, &none),
+        (k, Some(303), &["node-5"], &none),
         (c, Some(303), &none, &["shop/web-1"]),
         (c, Some(501), &none, &none),
         (k, None, &["node-2"], &none),
@@ -159,7 +162,7 @@ fn each_kind_is_found_with_its_nodes_endpoints_and_action() {
         (c, None, &none, &none),
         (c, None, &none, &none),
         (k, None, &["node-3"], &none),
-        (c, None, &["node-4"], &none),
+        (c, None, &["node-4"], &["shop/gc-1"]),
     ];
     for (f, (side, other_id, nodes, endpoints)) in r.findings.iter().zip(expected) {
         let what = format!("{:?} {}", f.kind, f.id);

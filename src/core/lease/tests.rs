@@ -104,6 +104,15 @@ fn held_by_another_or_refused_closes_the_gate_at_once() {
     assert!(!a.may_write(t0));
     assert!(matches!(a.writer(), Writer::Refused(_)));
     assert!(!a.release(), "nothing to give up");
+    a.tried(
+        TryOutcome::Held {
+            version: "3".into(),
+        },
+        t0,
+        t0,
+    );
+    assert!(a.release(), "held: the record is to be cleared");
+    assert!(!a.may_write(t0));
 }
 
 /// One record on a server: a replace holds only at the version read.

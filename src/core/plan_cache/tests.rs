@@ -18,6 +18,15 @@ fn world(
     masters: &[(&str, &str)],
     k8s: &[(u32, &str)],
 ) -> (Masters, BTreeMap<u32, LabelKey>, PlanCache) {
+    world_in(range(), masters, k8s)
+}
+
+/// `world`, planned in `range`.
+fn world_in(
+    range: IdRange,
+    masters: &[(&str, &str)],
+    k8s: &[(u32, &str)],
+) -> (Masters, BTreeMap<u32, LabelKey>, PlanCache) {
     let m: Masters = masters
         .iter()
         .map(|(id, l)| (id.as_bytes().to_vec(), l.as_bytes().to_vec()))
@@ -27,8 +36,8 @@ fn world(
         .iter()
         .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
         .collect();
-    let items = planner::plan(&entries, &NodeCounts::default(), &k, range());
-    let cache = PlanCache::build(items, &m, &k, range());
+    let items = planner::plan(&entries, &NodeCounts::default(), &k, range);
+    let cache = PlanCache::build(items, &m, &k, range);
     (m, k, cache)
 }
 
@@ -88,6 +97,26 @@ fn a_freed_id_below_a_remap_target_or_with_remaps_waiting_is_planned_in_full() {
     assert!(!c.kv_delete(b"256", B.as_bytes(), &k));
 }
 
+fn k8s_none() -> BTreeMap<u32, LabelKey> {
+    BTreeMap::new()
+}
+
+#[test]
+fn a_remap_waiting_for_a_free_id_makes_every_freed_id_a_full_plan() {
+    // A range of two ids, both held by the kvstore; Kubernetes holds 300 for other labels:
+    // the remap of 300 finds no free id.
+    let tiny = IdRange { min: 300, max: 301 };
+    let (_, k, mut c) = world_in(tiny, &[("300", A), ("301", B)], &[(300, C)]);
+    assert!(
+        c.items()
+            .any(|i| i.kind == Kind::Invalid && i.reason.contains("no id in")),
+        "{:?}",
+        c.items().collect::<Vec<_>>()
+    );
+    // Freeing 301 would give it one.
+    assert!(!c.kv_delete(b"301", B.as_bytes(), &k));
+}
+
 #[test]
 fn objects_created_and_deleted_stay_local_where_nothing_else_changes() {
     let (m, _, mut c) = world(&[("300", A)], &[]);
@@ -101,7 +130,10 @@ fn objects_created_and_deleted_stay_local_where_nothing_else_changes() {
     assert!(!c.k8s_set(300, &B.into(), Some(&A.into()), (&m, &counts)));
     // An object at an id the kvstore does not hold, for labels it does not hold: local.
     assert!(c.k8s_set(400, &C.into(), None, (&m, &counts)));
+    assert!(!c.kv_put(b"402", C.as_bytes(), (&m, &k8s_none(), &counts)));
     assert!(c.k8s_remove(400, &C.into(), (&m, &counts)));
+    // Gone again: its labels are free for a new kvstore identity, a local change.
+    assert!(c.kv_put(b"402", C.as_bytes(), (&m, &k8s_none(), &counts)));
     // An object with labels a kvstore identity elsewhere holds: that identity's item changes.
     assert!(!c.k8s_set(401, &A.into(), None, (&m, &counts)));
 }

@@ -5,6 +5,9 @@
 //! label sets across the backends) and double allocations (one label set at two ids).
 //! `cargo bench --bench rollout`; `IDMIG_ROLLOUT_SPEED=2` plays slower (default 4),
 //! `IDMIG_ROLLOUT_SEEDS=1,2,3` picks the seeds. Prints a Markdown table.
+//! `IDMIG_ROLLOUT_CILIUM=N` plays N rounds on Cilium's own allocators instead, on the real
+//! control plane: 1.18's (double-write beside sync with reservations) and 1.9's (Cilium's
+//! one-shot copy, sync alone, sync with reservations), one process per node.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -58,17 +61,29 @@ async fn main() {
     }
 }
 
-/// The double-write rollout and the sync rollout on Cilium 1.18's allocator, side by side.
+/// The rollout on Cilium's own allocators, every way side by side: 1.18's double-write
+/// beside sync with reservations, and on 1.9's the one-shot copy, sync alone and sync with
+/// reservations.
 async fn cilium_1_18(rounds: usize) {
     use support::cilium_rollout::{Way, play};
-    let allocsim = support::control_plane::cilium_bin("allocsim-1.18")
-        .unwrap_or_else(|why| panic!("{why}: set KUBEBUILDER_ASSETS (see the README)"));
+    let allocator = |v: &str| {
+        support::control_plane::cilium_bin(&format!("allocsim-{v}"))
+            .unwrap_or_else(|why| panic!("{why}: set KUBEBUILDER_ASSETS (see the README)"))
+    };
+    let plays = [
+        ("1.18", Way::DoubleWrite),
+        ("1.18", Way::Sync),
+        ("1.9", Way::OneShot),
+        ("1.9", Way::SyncAlone),
+        ("1.9", Way::Sync),
+    ];
     println!(
-        "| round | way | ids agents held for two label sets, summed over 6 rolls (new since the start) | label sets agents held at two ids, summed (new) | ids held for two label sets at the end | allocations that failed | audit at the end: split / double / duplicate / one-side / stale-value | audit equals the stores | took |"
+        "| round | allocator | way | ids agents held for two label sets, summed over 6 rolls (new since the start) | label sets agents held at two ids, summed (new) | ids held for two label sets at the end | allocations that failed | audit at the end: split / double / duplicate / one-side / stale-value | audit equals the stores | took |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for round in 1..=rounds {
-        for way in [Way::DoubleWrite, Way::Sync] {
+        for (version, way) in plays {
+            let allocsim = allocator(version);
             let cp = support::control_plane::ControlPlane::start("rollout")
                 .expect("a real control plane (CONTROL_PLANE)");
             let etcd = support::Etcd::start().await;
@@ -82,7 +97,7 @@ async fn cilium_1_18(rounds: usize) {
             .await;
             let c = |k: &str| p.audit.get(k).copied().unwrap_or_default();
             println!(
-                "| {round} | {}{} | {} ({}) | {} ({}) | {} | {} | {} / {} / {} / {} / {} | {} | {:.0} s |",
+                "| {round} | {version} | {}{} | {} ({}) | {} ({}) | {} | {} | {} / {} / {} / {} / {} | {} | {:.0} s |",
                 way.name(),
                 match p.sync_exit {
                     Some(0) => ", cutover reached",

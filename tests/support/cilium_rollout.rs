@@ -1,8 +1,9 @@
-//! A rollout played by Cilium 1.18's own allocator on a real kube-apiserver and etcd (one
-//! `allocsim-1.18` process per node): either the double-write path Cilium documents
-//! (kvstore -> doublewrite-readkvstore -> doublewrite-readcrd -> crd, nodes rolled one by one)
-//! or the same rollout with `sync --reserve-in-kvstore` carrying it (kvstore -> crd). Both
-//! start where F6 of the reference starts: kvstore-mode nodes and a CRD-mode node that already
+//! A rollout played by Cilium's own allocator on a real kube-apiserver and etcd (one
+//! `allocsim` process per node, 1.18's or 1.9's): the double-write path Cilium 1.17+
+//! documents (kvstore -> doublewrite-readkvstore -> doublewrite-readcrd -> crd, nodes rolled
+//! one by one), or nodes going straight from kvstore to crd mode carried by Cilium's one-shot
+//! copy (1.6.11's `preflight migrate-identity`, run once before the rolls), by `sync` alone,
+//! or by `sync --reserve-in-kvstore`. All start where F6 of the reference starts: kvstore-mode nodes and a CRD-mode node that already
 //! allocated some of the same label sets. It measures what the agents disagree on after each
 //! roll, and reads the truth of both stores next to what `audit` counts.
 
@@ -21,10 +22,15 @@ const PREFIX: &str = "cilium/state/identities/v1";
 /// How the cluster moves from the kvstore to CRDs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Way {
-    /// Cilium 1.17+'s double-write modes, as documented.
+    /// Cilium 1.17+'s double-write modes, as documented (1.18's allocator only).
     DoubleWrite,
-    /// `cilium-idmig sync --reserve-in-kvstore --accept-proposals --until-cutover`, nodes
-    /// going straight from kvstore to crd mode.
+    /// Cilium's one-shot copy (`cilium-1.6.11 preflight migrate-identity`) once, after the
+    /// first allocations; then nodes go straight from kvstore to crd mode.
+    OneShot,
+    /// `cilium-idmig sync --accept-proposals --until-cutover`, nodes going straight from
+    /// kvstore to crd mode.
+    SyncAlone,
+    /// The same with `--reserve-in-kvstore`.
     Sync,
 }
 
@@ -32,6 +38,8 @@ impl Way {
     pub fn name(self) -> &'static str {
         match self {
             Way::DoubleWrite => "double-write (1.18)",
+            Way::OneShot => "one-shot copy (1.6.11 migrate-identity)",
+            Way::SyncAlone => "sync",
             Way::Sync => "sync --reserve-in-kvstore",
         }
     }
@@ -42,7 +50,7 @@ impl Way {
             Way::DoubleWrite => ["doublewrite-readkvstore", "doublewrite-readcrd", "crd"],
             // A pod restart in kvstore mode (new label sets arrive), twice, then CRD mode: the
             // same workloads as the double-write path, the same number of restarts.
-            Way::Sync => ["kvstore", "kvstore", "crd"],
+            Way::OneShot | Way::SyncAlone | Way::Sync => ["kvstore", "kvstore", "crd"],
         }
     }
 }
@@ -367,15 +375,34 @@ pub async fn play(way: Way, allocsim: &Path, bin: &str, cp: &ControlPlane, etcd:
         a.wait(labels.len());
         agents.insert(node, a);
     }
-    let mut sync = (way == Way::Sync).then(|| {
+    if way == Way::OneShot {
+        let migrator = super::control_plane::cilium_bin("cilium-1.6.11")
+            .unwrap_or_else(|why| panic!("Cilium's one-shot copy: {why}"));
+        let out = Command::new(migrator)
+            .args(["preflight", "migrate-identity", "--kvstore", "etcd"])
+            .arg("--kvstore-opt")
+            .arg(format!("etcd.config={}", etcd_config.display()))
+            .arg("--k8s-kubeconfig-path")
+            .arg(&cp.kubeconfig)
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "migrate-identity: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut sync = matches!(way, Way::Sync | Way::SyncAlone).then(|| {
         let log = dir.path().join("sync.out");
+        let reserve: &[&str] = if way == Way::Sync {
+            &["--reserve-in-kvstore"]
+        } else {
+            &[]
+        };
         let child = tokio::process::Command::new(bin)
-            .args([
-                "sync",
-                "--reserve-in-kvstore",
-                "--accept-proposals",
-                "--until-cutover",
-            ])
+            .args(["sync", "--accept-proposals", "--until-cutover"])
+            .args(reserve)
             .args(["--cutover-grace", "5s", "--etcd-endpoints", &etcd.endpoint])
             .arg("--kubeconfig")
             .arg(&cp.kubeconfig)

@@ -162,6 +162,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_scope_says_its_cluster_mesh_and_range() {
+        let s = ClusterScope::new(0, MaxConnectedClusters::default()).unwrap();
+        assert!(!s.range.is_empty());
+        assert_eq!(s.range.len(), 65_280);
+        let text = s.to_string();
+        assert!(
+            text.starts_with("cluster id 0 (max-connected-clusters "),
+            "{text}"
+        );
+        assert!(text.contains("range 256"), "{text}");
+    }
+
+    #[test]
     fn cluster_ranges_match_cilium() {
         assert_eq!(
             IdRange::for_cluster(0).unwrap(),

@@ -39,3 +39,22 @@ impl Rng {
         xs.get(self.below(xs.len() as u64) as usize)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_is_splitmix64_so_a_seed_replays_on_any_platform() {
+        // SplitMix64's published sequence from state 0.
+        let mut r = Rng::new(0);
+        assert_eq!(r.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(r.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+        assert_eq!(r.below(0), 0);
+        assert!(r.below(10) < 10);
+        let xs = [1, 2, 3];
+        assert!(r.pick(&xs).is_some());
+        assert!(r.pick::<u8>(&[]).is_none());
+        assert!(!r.chance(-1.0) && r.chance(2.0));
+    }
+}

@@ -75,6 +75,9 @@ fn a_delete_is_local_only_when_its_labels_and_id_are_its_alone() {
     // Its labels also in Kubernetes elsewhere: the other id's item may change.
     let (_, k, mut c) = world(&[("300", A)], &[(301, A)]);
     assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
+    // A remap (its id taken in Kubernetes by other labels) is no local item.
+    let (_, k, mut c) = world(&[("300", A)], &[(300, "k8s:app=x;")]);
+    assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
     // Its labels under another key too: a duplicate that changes.
     let (_, k, mut c) = world(&[("300", A), ("301", A)], &[]);
     assert!(!c.kv_delete(b"301", A.as_bytes(), &k));

@@ -121,6 +121,15 @@ fn a_remap_waiting_for_a_free_id_makes_every_freed_id_a_full_plan() {
 }
 
 #[test]
+fn a_malformed_entry_is_no_remap_waiting_for_an_id() {
+    // Only a remap that found no free id makes freed ids a full plan; a malformed entry
+    // beside a local item does not.
+    let (_, k, mut c) = world(&[("300", A), ("301", "no labels here")], &[]);
+    assert!(c.items().any(|i| i.kind == Kind::Invalid));
+    assert!(c.kv_delete(b"300", A.as_bytes(), &k));
+}
+
+#[test]
 fn objects_created_and_deleted_stay_local_where_nothing_else_changes() {
     let (m, _, mut c) = world(&[("300", A)], &[]);
     let counts = NodeCounts::default();

@@ -127,6 +127,17 @@ fn a_malformed_entry_is_no_remap_waiting_for_an_id() {
     let (_, k, mut c) = world(&[("300", A), ("301", "no labels here")], &[]);
     assert!(c.items().any(|i| i.kind == Kind::Invalid));
     assert!(c.kv_delete(b"300", A.as_bytes(), &k));
+    // The malformed entry itself is its own item: its removal is local too.
+    assert!(c.kv_delete(b"301", b"no labels here", &k));
+    assert!(c.is_empty());
+}
+
+#[test]
+fn an_identity_whose_labels_kubernetes_holds_twice_is_planned_in_full_when_it_goes() {
+    // Already migrated at its own id, and Kubernetes holds the labels at 302 too.
+    let (_, k, mut c) = world(&[("300", A)], &[(300, A), (302, A)]);
+    assert!(c.items().all(|i| i.kind == Kind::AlreadyMigrated));
+    assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
 }
 
 #[test]

@@ -47,14 +47,20 @@ fn the_first_batch_is_the_whole_view_the_kvstore_lacks_in_range() {
     q.want(302, A.into());
     q.pump(&state(), range(), t0);
     assert!(q.take_requests().is_empty());
+    assert_eq!((q.held(), q.own_masters().len()), (0, 0));
     assert_eq!(q.on_reply(reply(true, false, None), t0), None);
-    assert_eq!((q.held(), q.own_masters().len()), (1, 1));
+    assert_eq!((q.held(), q.own_masters()), (1, &[300].into()));
     q.pump(&state(), range(), t0);
     assert_eq!(
         q.take_requests(),
         [Request::Reserve(vec![(302, A.into())])],
         "only what was queued: the view is not due again"
     );
+    // A fresh view (a new snapshot, the Lease taken): the whole view again.
+    q.on_reply(reply(true, false, None), t0);
+    q.view_changed();
+    q.pump(&state(), range(), t0);
+    assert_eq!(q.take_requests(), [Request::Reserve(vec![(300, A.into())])]);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! replays it; `verify` reads the id mappings back from it, `--resume` the decisions,
 //! `rollback` the objects a run created.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -305,47 +305,14 @@ pub struct LogContents {
 }
 
 impl LogContents {
-    /// The id each identity is served at, from the latest serving or skip record per id.
-    pub fn mappings(&self) -> BTreeMap<String, Option<u32>> {
-        let mut m = BTreeMap::new();
-        for r in &self.records {
-            match r.outcome {
-                Some(o) if o.is_serving() => {
-                    m.insert(r.id.clone(), r.target_id);
-                }
-                Some(Outcome::Skipped) => {
-                    m.insert(r.id.clone(), None);
-                }
-                _ => {}
-            }
-        }
-        m
-    }
-
-    /// What `verify` expects, from this log.
+    /// What `verify` expects, from this log: the latest serving or skip per id (its target
+    /// and labels), and the ids a rollback deleted and nothing served again since.
     pub fn expectations(&self) -> Expectations {
         let mut e = Expectations::default();
         for r in &self.records {
             expect(&mut e, r);
         }
         e
-    }
-
-    /// Ids whose object a rollback deleted (or found gone), and not created again since.
-    pub fn rolled_back(&self) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
-        for r in &self.records {
-            match r.outcome {
-                Some(Outcome::Deleted | Outcome::AlreadyGone) => {
-                    out.insert(r.id.clone());
-                }
-                Some(o) if o.is_serving() => {
-                    out.remove(&r.id);
-                }
-                _ => {}
-            }
-        }
-        out
     }
 
     /// Every decision and undo, in order, as a resume replays them.
@@ -538,7 +505,7 @@ mod tests {
         assert_eq!(c.records.len(), 3);
         assert!(c.records[0].ts.contains('T'));
         assert!(c.records[0].operator.contains('@'));
-        let m = c.mappings();
+        let m = c.expectations().mappings;
         assert_eq!(m["300"], Some(300));
         assert_eq!(m["301"], Some(500));
     }
@@ -664,8 +631,9 @@ mod tests {
             "300 was decided, never committed"
         );
         assert_eq!(c.steps().count(), 2);
-        assert_eq!(c.rolled_back().into_iter().collect::<Vec<_>>(), ["302"]);
-        let m = c.mappings();
+        let e = c.expectations();
+        assert_eq!(e.rolled_back.into_iter().collect::<Vec<_>>(), ["302"]);
+        let m = e.mappings;
         assert_eq!(m.get("301"), Some(&Some(401)));
         assert_eq!(
             m.get("302"),

@@ -21,9 +21,12 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
                 return vec![];
             }
             model.scan.counting = false;
-            // Sync's counts, from its watch, are newer than any scan's read.
-            let counts = model.sync.node_counts.as_ref().unwrap_or(&counts);
-            set_node_counts(model, &counts.clone());
+            // Sync's counts, from its watch, are newer than any scan's read; the scan
+            // already showed them (`scanned`).
+            if model.sync.node_counts.is_none() {
+                set_node_counts(&mut model.cluster.items, &counts);
+                model.rebuild_view();
+            }
             vec![]
         }
         ServiceEvent::Failed {
@@ -162,7 +165,8 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             vec![]
         }
         SyncEvent::NodeCounts(counts) => {
-            set_node_counts(model, &counts);
+            set_node_counts(&mut model.cluster.items, &counts);
+            model.rebuild_view();
             model.sync.node_counts = Some(counts);
             vec![]
         }
@@ -283,8 +287,9 @@ fn scanned(
     );
     model.cluster.source = Some(scan.source);
     model.set_items(kept);
-    if let Some(counts) = model.sync.node_counts.clone() {
-        set_node_counts(model, &counts);
+    if let Some(counts) = &model.sync.node_counts {
+        set_node_counts(&mut model.cluster.items, counts);
+        model.rebuild_view();
     }
     model.review.undo.clear();
     let first = model.conflicts().next();
@@ -297,12 +302,11 @@ fn scanned(
 }
 
 /// Every identity's node count from `counts`: the table, its sort, the detail popup and the
-/// conflicts all read them from the items.
-fn set_node_counts(model: &mut Model, counts: &crate::core::kvstore::NodeCounts) {
-    for item in &mut model.cluster.items {
+/// conflicts all read them from the items (rebuild the view after).
+fn set_node_counts(items: &mut [PlanItem], counts: &crate::core::kvstore::NodeCounts) {
+    for item in items {
         item.nodes = counts.get(item.labels.as_bytes());
     }
-    model.rebuild_view();
 }
 
 fn failed(

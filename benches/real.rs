@@ -10,6 +10,11 @@
 //! - `sync` following that cluster: start-up until both watches follow, then lag p50/p99
 //!   while 50 new identities a second arrive for a minute, its peak RSS and CPU.
 //!
+//! - with `IDMIG_REAL_SOAK_SECS=N` (7200 for the 2 hours), that sync then soaked for N s at
+//!   about 65,000 live identities, 20 allocated and 20 collected a second: its resident
+//!   memory every 30 s and the slope after warm-up. `IDMIG_REAL_SOAK_ONLY=1` skips the
+//!   migrator, the ceiling, plan, rerun and verify (the apply and sync's start stay).
+//!
 //! `cargo bench --bench real` (with `KUBEBUILDER_ASSETS` and `CONTROL_PLANE` set as for
 //! the tests; without them it says so and ends). Prints a Markdown report.
 
@@ -101,23 +106,9 @@ fn row(what: &str, n: usize, t: &Timed) -> String {
 /// one connection pool, 32 in flight): the most the server takes; then deletes them.
 async fn ceiling(cp: &ControlPlane, n: usize) -> Duration {
     use futures::StreamExt;
-    use kube::api::{Api, DynamicObject, PostParams};
-    use kube::discovery::ApiResource;
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig"),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
-    let resource = ApiResource {
-        group: "cilium.io".into(),
-        version: "v2".into(),
-        api_version: "cilium.io/v2".into(),
-        kind: "CiliumIdentity".into(),
-        plural: "ciliumidentities".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    use kube::api::{DynamicObject, PostParams};
+    let api = identities_api(cp).await;
+    let resource = identity_resource();
     let start = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -165,13 +156,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 /// Peak RSS (VmHWM) of a running process, in MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
+    status_mib(pid, "VmHWM:")
 }
 
 /// Waits until `file` holds `text`; how long that took.
@@ -206,14 +191,20 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000);
-    let bin = Path::new(env!("CARGO_BIN_EXE_cilium-idmig"));
+    // `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or the one cargo built.
+    let bin_path = std::env::var("IDMIG_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string());
+    let bin = Path::new(&bin_path);
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     println!("| step | identities | wall | per second | peak RSS | exit |");
     println!("|---|---|---|---|---|---|");
 
     // Cilium's migrator and this tool, each copying the same small kvstore to a fresh server.
+    // A soak alone skips the figures before sync's.
+    let soak_only = std::env::var("IDMIG_REAL_SOAK_ONLY").is_ok();
     match support::control_plane::cilium_bin("cilium-1.6.11") {
+        _ if soak_only => {}
         Err(why) => eprintln!("Cilium 1.6.11's migrator skipped: {why}"),
         Ok(migrator) => {
             let etcd = Etcd::start().await;
@@ -287,16 +278,18 @@ async fn main() {
         return;
     };
     let kc = cp.kubeconfig.display().to_string();
-    let ceiling_n = size.min(10_000);
-    let took = ceiling(&cp, ceiling_n).await;
-    println!(
-        "| the server's ceiling: creates from a plain client, 32 in flight | {ceiling_n} | {:.1} s | {:.0}/s | | |",
-        took.as_secs_f64(),
-        ceiling_n as f64 / took.as_secs_f64()
-    );
-    // The ceiling's objects are gone before the tool reads the cluster.
-    while count(&cp) > 0 {
-        std::thread::sleep(Duration::from_millis(500));
+    if !soak_only {
+        let ceiling_n = size.min(10_000);
+        let took = ceiling(&cp, ceiling_n).await;
+        println!(
+            "| the server's ceiling: creates from a plain client, 32 in flight | {ceiling_n} | {:.1} s | {:.0}/s | | |",
+            took.as_secs_f64(),
+            ceiling_n as f64 / took.as_secs_f64()
+        );
+        // The ceiling's objects are gone before the tool reads the cluster.
+        while count(&cp) > 0 {
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
     let conn = ["--etcd-endpoints", &etcd.endpoint, "--kubeconfig", &kc];
     let with = |args: &[&str]| -> Vec<String> {
@@ -320,12 +313,14 @@ async fn main() {
     let t = run(&apply);
     println!("{}", row("cilium-idmig `apply`", size, &t));
     assert_eq!(t.code, 0, "{}", t.output);
-    let t = run(&["plan", "--output", "plan.json"]);
-    println!("{}", row("`plan` of the migrated cluster", size, &t));
-    let t = run(&apply);
-    println!("{}", row("`apply` again (nothing to do)", size, &t));
-    let t = run(&["verify", "--decision-log", "large.jsonl"]);
-    println!("{}", row("`verify`", size, &t));
+    if !soak_only {
+        let t = run(&["plan", "--output", "plan.json"]);
+        println!("{}", row("`plan` of the migrated cluster", size, &t));
+        let t = run(&apply);
+        println!("{}", row("`apply` again (nothing to do)", size, &t));
+        let t = run(&["verify", "--decision-log", "large.jsonl"]);
+        println!("{}", row("`verify`", size, &t));
+    }
 
     // Sync following it, then 50 new identities a second for a minute.
     let out = d.join("sync.out");
@@ -382,8 +377,6 @@ async fn main() {
         .rfind(|l| l.starts_with("sync:"))
         .unwrap_or("")
         .to_string();
-    let _ = child.kill();
-    let _ = child.wait();
     println!();
     println!(
         "sync at {size} identities: following both sides {:.1} s after start (peak RSS {rss_at_start:.0} MiB then); {written} new identities at 50/s over {:.0} s, all mirrored {:.1} s after the last; {cpu:.1} CPU-seconds in that time ({:.0}% of one core); peak RSS {rss:.0} MiB; its last status: `{last}`",
@@ -392,4 +385,203 @@ async fn main() {
         drained.as_secs_f64(),
         100.0 * cpu / (window + drained).as_secs_f64()
     );
+    let soak_secs: u64 = std::env::var("IDMIG_REAL_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if soak_secs > 0 {
+        let live = (first + written - 256) as usize;
+        soak(&cp, &mut client, pid, &out, live, soak_secs).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A kube client for the control plane's admin kubeconfig, and the `CiliumIdentity` API.
+async fn identities_api(cp: &ControlPlane) -> kube::Api<kube::api::DynamicObject> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig"),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    kube::Api::all_with(client, &identity_resource())
+}
+
+fn identity_resource() -> kube::discovery::ApiResource {
+    kube::discovery::ApiResource {
+        group: "cilium.io".into(),
+        version: "v2".into(),
+        api_version: "cilium.io/v2".into(),
+        kind: "CiliumIdentity".into(),
+        plural: "ciliumidentities".into(),
+    }
+}
+
+/// The soak on the real server: the running sync follows a full cluster (ids 256 up to
+/// 256 + `live`, all mirrored, each used by a kvstore-mode node) while, every second, the
+/// two GCs take the oldest 20 identities from both stores and agents allocate 20 new ones
+/// in the ids freed 14 s before (cluster 0's range holds 65,280 ids, so about 65,000 stay
+/// live and ids wrap round it). Samples the process's resident memory every 30 s; prints
+/// the samples, the slope after the first 10 minutes, the lag and the CPU.
+async fn soak(
+    cp: &ControlPlane,
+    etcd: &mut etcd_client::Client,
+    pid: u32,
+    out: &Path,
+    live: usize,
+    secs: u64,
+) {
+    use etcd_client::{DeleteOptions, Txn, TxnOp};
+    const RANGE: u32 = 65_280;
+    const PER_SECOND: u32 = 20;
+    const GAP_SECONDS: u32 = 14;
+    let api = identities_api(cp).await;
+    let gc_etcd = etcd.clone();
+    let id_at = |seq: u32| 256 + seq % RANGE;
+    // The two GCs, for the identity at `seq`: the kvstore's (its master key and its node's
+    // use), then the cluster's (its object).
+    let collect = |seq: u32| {
+        let api = api.clone();
+        let mut etcd = gc_etcd.clone();
+        async move {
+            let id = id_at(seq);
+            let key = format!("{PREFIX}/id/{id}");
+            let labels = etcd
+                .get(key.clone(), None)
+                .await
+                .expect("get")
+                .kvs()
+                .first()
+                .map(|kv| kv.value_str().unwrap_or_default().to_string());
+            let mut ops = vec![TxnOp::delete(key, None)];
+            if let Some(labels) = labels {
+                ops.push(TxnOp::delete(
+                    format!("{PREFIX}/value/{labels}/"),
+                    Some(DeleteOptions::new().with_prefix()),
+                ));
+            }
+            etcd.txn(Txn::new().and_then(ops)).await.expect("txn");
+            match api
+                .delete(&id.to_string(), &kube::api::DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => panic!("delete {id}: {e}"),
+            }
+        }
+    };
+    let mut oldest = 0u32;
+    let mut newest = live as u32;
+    // First the gap: the range is full after the 50/s minute.
+    while newest - oldest > RANGE - GAP_SECONDS * PER_SECOND {
+        futures::future::join_all((oldest..oldest + PER_SECOND).map(collect)).await;
+        oldest += PER_SECOND;
+    }
+    eprintln!("soak: {} live, starting", newest - oldest);
+    let cpu_at_start = cpu_seconds(pid);
+    let start = Instant::now();
+    let mut samples: Vec<(f64, f64)> = Vec::new();
+    let mut next_sample = Duration::ZERO;
+    let mut late_ticks = 0u32;
+    while start.elapsed() < Duration::from_secs(secs) {
+        let tick = Instant::now();
+        futures::future::join_all((oldest..oldest + PER_SECOND).map(collect)).await;
+        oldest += PER_SECOND;
+        let mut ops = Vec::new();
+        for seq in newest..newest + PER_SECOND {
+            let id = id_at(seq);
+            let labels = format!("k8s:app=soak-{seq};k8s:io.kubernetes.pod.namespace=bench;");
+            ops.push(TxnOp::put(
+                format!("{PREFIX}/id/{id}"),
+                labels.clone(),
+                None,
+            ));
+            ops.push(TxnOp::put(
+                format!("{PREFIX}/value/{labels}/10.0.0.9"),
+                id.to_string(),
+                None,
+            ));
+        }
+        etcd.txn(Txn::new().and_then(ops)).await.expect("txn");
+        newest += PER_SECOND;
+        if start.elapsed() >= next_sample {
+            next_sample += Duration::from_secs(30);
+            let s = (start.elapsed().as_secs_f64(), status_mib(pid, "VmRSS:"));
+            eprintln!("soak: {:.0} s, RSS {:.1} MiB", s.0, s.1);
+            samples.push(s);
+        }
+        match Duration::from_secs(1).checked_sub(tick.elapsed()) {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => late_ticks += 1,
+        }
+    }
+    let took = start.elapsed();
+    let cpu = cpu_seconds(pid) - cpu_at_start;
+    // Until the last allocated is mirrored.
+    let last_id = id_at(newest - 1).to_string();
+    let mut caught_up = false;
+    for _ in 0..600 {
+        if api.get_opt(&last_id).await.ok().flatten().is_some() {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    let last = text
+        .lines()
+        .rfind(|l| l.starts_with("sync:"))
+        .unwrap_or("")
+        .to_string();
+    let settled: Vec<&(f64, f64)> = samples.iter().filter(|s| s.0 >= 600.0).collect();
+    let (lo, hi) = settled
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(s.1), hi.max(s.1)));
+    let lo = if settled.is_empty() { 0.0 } else { lo };
+    println!();
+    println!("| soaked | RSS |");
+    println!("|---|---|");
+    for (t, mib) in samples.iter().filter(|s| (s.0 as u64) % 600 < 30) {
+        println!("| {:.0} min | {mib:.1} MiB |", t / 60.0);
+    }
+    println!();
+    println!(
+        "soak on the real server: {:.0} s, {} identities allocated and {} collected at {PER_SECOND}/s ({} live); RSS {:.1} MiB at the first sample, {:.1} MiB at the last, {lo:.1} to {hi:.1} MiB after 10 minutes, slope {:.2} MiB/hour there; {cpu:.0} CPU-seconds ({:.1}% of one core); {late_ticks} seconds the load itself ran late; the last new identity mirrored: {caught_up}; peak RSS {:.0} MiB; its last status: `{last}`",
+        took.as_secs_f64(),
+        newest - live as u32,
+        oldest,
+        newest - oldest,
+        samples.first().map_or(0.0, |s| s.1),
+        samples.last().map_or(0.0, |s| s.1),
+        slope_per_hour(&settled),
+        100.0 * cpu / took.as_secs_f64(),
+        peak_rss_mib(pid),
+    );
+}
+
+/// Least-squares slope of (seconds, MiB) samples, in MiB per hour.
+fn slope_per_hour(samples: &[&(f64, f64)]) -> f64 {
+    let n = samples.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mx = samples.iter().map(|s| s.0).sum::<f64>() / n;
+    let my = samples.iter().map(|s| s.1).sum::<f64>() / n;
+    let num: f64 = samples.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum();
+    let den: f64 = samples.iter().map(|s| (s.0 - mx).powi(2)).sum();
+    3600.0 * num / den
+}
+
+/// A memory field of `/proc/PID/status` (e.g. `VmRSS:`), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
 }

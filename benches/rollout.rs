@@ -7,7 +7,9 @@
 //! `IDMIG_ROLLOUT_SEEDS=1,2,3` picks the seeds. Prints a Markdown table.
 //! `IDMIG_ROLLOUT_CILIUM=N` plays N rounds on Cilium's own allocators instead, on the real
 //! control plane: 1.18's (double-write beside sync with reservations) and 1.9's (Cilium's
-//! one-shot copy, sync alone, sync with reservations), one process per node.
+//! one-shot copy, sync alone, sync with reservations), one process per node, at each pace of
+//! `IDMIG_ROLLOUT_PACES` (default `0,1,2`: 0 back to back, as fast as Cilium's allocator
+//! answers; 1 the demo's pace, a node rolling every phase of the demo's rollout; 2 twice it).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -23,7 +25,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
     {
-        return cilium_1_18(rounds).await;
+        return on_cilium_allocators(rounds).await;
     }
     let speed: f64 = std::env::var("IDMIG_ROLLOUT_SPEED")
         .ok()
@@ -64,12 +66,27 @@ async fn main() {
 /// The rollout on Cilium's own allocators, every way side by side: 1.18's double-write
 /// beside sync with reservations, and on 1.9's the one-shot copy, sync alone and sync with
 /// reservations.
-async fn cilium_1_18(rounds: usize) {
-    use support::cilium_rollout::{Way, play};
+async fn on_cilium_allocators(rounds: usize) {
+    use support::cilium_rollout::{Pace, Way, play};
+    let paces: Vec<Pace> = std::env::var("IDMIG_ROLLOUT_PACES")
+        .unwrap_or_else(|_| "0,1,2".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse::<f64>().ok())
+        .map(|speed| {
+            if speed > 0.0 {
+                Pace::Demo(speed)
+            } else {
+                Pace::BackToBack
+            }
+        })
+        .collect();
     let allocator = |v: &str| {
         support::control_plane::cilium_bin(&format!("allocsim-{v}"))
             .unwrap_or_else(|why| panic!("{why}: set KUBEBUILDER_ASSETS (see the README)"))
     };
+    // `IDMIG_BIN` (e.g. a copy, so a long run survives a rebuild), or the one cargo built.
+    let bin = std::env::var("IDMIG_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string());
     let plays = [
         ("1.18", Way::DoubleWrite),
         ("1.18", Way::Sync),
@@ -78,26 +95,23 @@ async fn cilium_1_18(rounds: usize) {
         ("1.9", Way::Sync),
     ];
     println!(
-        "| round | allocator | way | ids agents held for two label sets, summed over 6 rolls (new since the start) | label sets agents held at two ids, summed (new) | ids held for two label sets at the end | allocations that failed | audit at the end: split / double / duplicate / one-side / stale-value | audit equals the stores | took |"
+        "| round | pace | allocator | way | ids agents held for two label sets, summed over 6 rolls (new since the start) | label sets agents held at two ids, summed (new) | ids held for two label sets at the end | allocations that failed | audit at the end: split / double / duplicate / one-side / stale-value | audit equals the stores | took |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for round in 1..=rounds {
-        for (version, way) in plays {
+        for (pace, (version, way)) in paces
+            .iter()
+            .flat_map(|&pace| plays.iter().map(move |&play| (pace, play)))
+        {
             let allocsim = allocator(version);
             let cp = support::control_plane::ControlPlane::start("rollout")
                 .expect("a real control plane (CONTROL_PLANE)");
             let etcd = support::Etcd::start().await;
-            let p = play(
-                way,
-                &allocsim,
-                env!("CARGO_BIN_EXE_cilium-idmig"),
-                &cp,
-                &etcd,
-            )
-            .await;
+            let p = play(way, pace, &allocsim, &bin, &cp, &etcd).await;
             let c = |k: &str| p.audit.get(k).copied().unwrap_or_default();
             println!(
-                "| {round} | {version} | {}{} | {} ({}) | {} ({}) | {} | {} | {} / {} / {} / {} / {} | {} | {:.0} s |",
+                "| {round} | {} | {version} | {}{} | {} ({}) | {} ({}) | {} | {} | {} / {} / {} / {} / {} | {} | {:.0} s |",
+                pace.name(),
                 way.name(),
                 match p.sync_exit {
                     Some(0) => ", cutover reached",

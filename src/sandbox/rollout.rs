@@ -85,8 +85,7 @@ pub async fn run(
     let speed = cfg.speed.max(0.01);
     let nodes: Vec<(String, i64)> = leases.into_iter().collect();
     let phases = nodes.len() + 1;
-    // About two minutes at speed 1: each phase, every node allocates every 1.5 s or so.
-    let phase = Duration::from_secs_f64(110.0 / phases as f64 / speed);
+    let phase = phase_length(nodes.len(), speed);
     let step = Duration::from_secs_f64(1.5 / speed);
     let mut sim = Sim::new(kv, api, cfg);
     let _ = events
@@ -134,6 +133,13 @@ pub async fn run(
         ))
         .await;
     sim.counts
+}
+
+/// How long each phase of the rollout lasts (the time between two nodes moving) with
+/// `nodes` kvstore-mode nodes at `speed`: about two minutes in all at speed 1, in which every
+/// node allocates every 1.5 s or so. The benchmark paces Cilium's own allocators by it.
+pub fn phase_length(nodes: usize, speed: f64) -> Duration {
+    Duration::from_secs_f64(110.0 / (nodes + 1) as f64 / speed.max(0.01))
 }
 
 struct Sim {

@@ -703,7 +703,17 @@ async fn rollout(
     };
     let cp = ControlPlane::start(test)?;
     let etcd = Etcd::start().await;
-    Some(crate::support::cilium_rollout::play(way, &allocsim, bin(), &cp, &etcd).await)
+    Some(
+        crate::support::cilium_rollout::play(
+            way,
+            crate::support::cilium_rollout::Pace::BackToBack,
+            &allocsim,
+            bin(),
+            &cp,
+            &etcd,
+        )
+        .await,
+    )
 }
 
 /// Cilium 1.18's documented double-write rollout, played by its own allocator: the stores end

@@ -55,6 +55,38 @@ impl Way {
     }
 }
 
+/// How fast the nodes roll.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pace {
+    /// Every restart allocates as fast as Cilium's allocator answers; the next node rolls
+    /// as soon as it has.
+    BackToBack,
+    /// The demo's rollout clock at this speed (1: the demo's own pace, 2: twice it): a node
+    /// rolls every phase of the demo's rollout (`sandbox::rollout::phase_length` of the
+    /// demo's 6 nodes), and each restart spreads its allocations evenly over that phase.
+    Demo(f64),
+}
+
+impl Pace {
+    pub fn name(self) -> String {
+        match self {
+            Pace::BackToBack => "back to back".into(),
+            Pace::Demo(speed) => format!(
+                "demo x{speed} (a roll every {:.1} s)",
+                self.roll_every().unwrap_or_default().as_secs_f64()
+            ),
+        }
+    }
+
+    /// The time from one roll to the next, when paced.
+    pub fn roll_every(self) -> Option<Duration> {
+        match self {
+            Pace::BackToBack => None,
+            Pace::Demo(speed) => Some(cilium_idmig::sandbox::rollout::phase_length(6, speed)),
+        }
+    }
+}
+
 /// What one played rollout measured.
 #[derive(Debug)]
 pub struct Played {
@@ -100,11 +132,14 @@ struct Agent {
 }
 
 impl Agent {
+    /// `rate`: allocations a second (0: back to back).
+    #[allow(clippy::too_many_arguments)]
     fn start(
         bin: &Path,
         node: usize,
         mode: &str,
         labels: &[String],
+        rate: f64,
         cp: &ControlPlane,
         etcd_config: &Path,
         dir: &Path,
@@ -121,7 +156,7 @@ impl Agent {
                 "-node",
                 &format!("10.0.0.{node}"),
                 "-rate",
-                "0",
+                &rate.to_string(),
             ])
             .args(["-min", "256", "-max", "400", "-lease-ttl", "25s"])
             // A stuck allocation answers with an error after 30 s instead of the agent's 2 min.
@@ -348,8 +383,16 @@ fn audit(bin: &str, cp: &ControlPlane, etcd: &Etcd, dir: &Path) -> (i32, BTreeMa
     (out.status.code().unwrap_or(-1), counts)
 }
 
-/// Plays the rollout `way` with Cilium 1.18's allocator `allocsim` and the tool `bin`.
-pub async fn play(way: Way, allocsim: &Path, bin: &str, cp: &ControlPlane, etcd: &Etcd) -> Played {
+/// Plays the rollout `way` at `pace` with Cilium's allocator `allocsim` (1.18's or 1.9's) and
+/// the tool `bin`.
+pub async fn play(
+    way: Way,
+    pace: Pace,
+    allocsim: &Path,
+    bin: &str,
+    cp: &ControlPlane,
+    etcd: &Etcd,
+) -> Played {
     let start = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let etcd_config: PathBuf = etcd.config_file();
@@ -371,7 +414,16 @@ pub async fn play(way: Way, allocsim: &Path, bin: &str, cp: &ControlPlane, etcd:
         (3, "crd", 10, 29),
     ] {
         let labels = label_sets(from, to);
-        let a = Agent::start(allocsim, node, mode, &labels, cp, &etcd_config, dir.path());
+        let a = Agent::start(
+            allocsim,
+            node,
+            mode,
+            &labels,
+            0.0,
+            cp,
+            &etcd_config,
+            dir.path(),
+        );
         a.wait(labels.len());
         agents.insert(node, a);
     }
@@ -439,6 +491,7 @@ pub async fn play(way: Way, allocsim: &Path, bin: &str, cp: &ControlPlane, etcd:
     for mode in way.modes() {
         for node in [1, 2] {
             roll += 1;
+            let rolled = Instant::now();
             if let Some(mut old) = agents.remove(&node) {
                 allocation_errors.extend(old.errors.lock().unwrap().iter().cloned());
                 old.stop();
@@ -446,8 +499,26 @@ pub async fn play(way: Way, allocsim: &Path, bin: &str, cp: &ControlPlane, etcd:
             // Each restart brings the node's label sets back and three new ones.
             let first = (node - 1) * 5;
             let labels = label_sets(first, first + 24 + roll * 3);
-            let a = Agent::start(allocsim, node, mode, &labels, cp, &etcd_config, dir.path());
+            let rate = pace
+                .roll_every()
+                .map_or(0.0, |every| labels.len() as f64 / every.as_secs_f64());
+            let a = Agent::start(
+                allocsim,
+                node,
+                mode,
+                &labels,
+                rate,
+                cp,
+                &etcd_config,
+                dir.path(),
+            );
             a.wait(labels.len());
+            if let Some(rest) = pace
+                .roll_every()
+                .and_then(|every| every.checked_sub(rolled.elapsed()))
+            {
+                tokio::time::sleep(rest).await;
+            }
             agents.insert(node, a);
             let (s, d) = disagreeing(&agents);
             agent_splits += s.len();

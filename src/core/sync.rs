@@ -1604,4 +1604,190 @@ mod tests {
         sync.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
         assert!(sync.cache.is_none());
     }
+
+    #[test]
+    fn a_key_event_is_a_change_only_where_it_changes_what_sync_follows() {
+        let p = "cilium/state/identities/v1/";
+        let master = |value: Option<&[u8]>, created| {
+            kv_change(p, b"cilium/state/identities/v1/id/300", value, created)
+        };
+        assert_eq!(
+            master(Some(b"k8s:app=a;"), true),
+            Some(KvChange::Master {
+                id: b"300".to_vec(),
+                value: Some(b"k8s:app=a;".to_vec()),
+                created: true
+            })
+        );
+        // A rewrite of a master key is a change (its labels may differ), not a creation.
+        assert_eq!(
+            master(Some(b"k8s:app=b;"), false),
+            Some(KvChange::Master {
+                id: b"300".to_vec(),
+                value: Some(b"k8s:app=b;".to_vec()),
+                created: false
+            })
+        );
+        // A delete never counts as a creation, whatever the event's flag says.
+        assert_eq!(
+            master(None, true),
+            Some(KvChange::Master {
+                id: b"300".to_vec(),
+                value: None,
+                created: false
+            })
+        );
+        let slave = |value: Option<&[u8]>, created| {
+            kv_change(
+                p,
+                b"cilium/state/identities/v1/value/k8s:app=a;/10.0.0.1",
+                value,
+                created,
+            )
+        };
+        let used = |present| {
+            Some(KvChange::Slave {
+                label_key: b"k8s:app=a;".to_vec(),
+                node: b"10.0.0.1".to_vec(),
+                present,
+            })
+        };
+        assert_eq!(slave(Some(b"300"), true), used(true));
+        assert_eq!(slave(None, false), used(false));
+        assert_eq!(slave(None, true), used(false));
+        // A node rewriting its own `value/` key (a lease renewal, a periodic sync) changes
+        // nobody's use.
+        assert_eq!(slave(Some(b"300"), false), None);
+        assert_eq!(
+            kv_change(p, b"cilium/state/identities/v1/locks/x", None, false),
+            None
+        );
+        assert_eq!(kv_change(p, b"elsewhere/id/300", Some(b"x"), true), None);
+    }
+
+    #[test]
+    fn the_status_line_says_each_part_only_when_it_holds() {
+        let mut st = SyncStatus {
+            kvstore_nodes: 2,
+            identities: 10,
+            mirrored: 7,
+            pending: 1,
+            splits: 3,
+            failures: 4,
+            lag_last: Some(Duration::from_millis(12)),
+            lag_p50: Some(Duration::from_millis(10)),
+            lag_p99: None,
+            watching: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            st.to_string(),
+            "sync: 2 kvstore-mode nodes · 10 identities · 7 mirrored · 1 pending · 3 split · 4 failed · lag last 12ms p50 10ms p99 -"
+        );
+        st.watching = false;
+        st.decision_wait_last = Some(Duration::from_millis(1500));
+        st.cutover_wait = Some(CutoverWait::Nodes(2));
+        st.reservations = 1;
+        st.standby = Some("sync-b".into());
+        assert_eq!(
+            st.to_string(),
+            "sync: 2 kvstore-mode nodes · 10 identities · 7 mirrored · 1 pending · 3 split · 4 failed · lag last 12ms p50 10ms p99 - · catching up · decision wait last 1500ms (not lag) · cutover waits for 2 kvstore-mode nodes to move · 1 reserved in the kvstore · standby: sync-b holds the lease"
+        );
+    }
+
+    #[test]
+    fn the_overlay_is_touched_by_what_its_decisions_name_and_nothing_else() {
+        let item = |id: &str, labels: &str, target| PlanItem {
+            id: id.into(),
+            labels: labels.into(),
+            kind: Kind::Remap,
+            action: Action::Create,
+            target_id: target,
+            existing_labels: None,
+            labels_present_at: None,
+            nodes: 1,
+            reason: "".into(),
+            decided: false,
+        };
+        let live = [item("300", "k8s:app=a;", Some(300))];
+        let mut resumed = live.to_vec();
+        resumed[0].target_id = Some(700);
+        resumed[0].decided = true;
+        let decisions = BTreeMap::from([(
+            "300".to_string(),
+            LoggedDecision {
+                id: "300".into(),
+                labels: "k8s:app=a;".into(),
+                action: Action::Create,
+                target_id: Some(700),
+            },
+        )]);
+        let o = Overlay::of(&live, resumed, &decisions);
+        assert!(o.touched(Some(300), None), "the kvstore id");
+        assert!(o.touched(Some(700), None), "the decided target");
+        assert!(o.touched(None, Some(b"k8s:app=a;")), "the labels");
+        assert!(
+            o.touched(Some(301), Some(b"k8s:app=a;")),
+            "the labels, any id"
+        );
+        assert!(!o.touched(Some(301), Some(b"k8s:app=b;")));
+        assert!(!o.touched(Some(301), None));
+        assert!(!o.touched(None, Some(b"k8s:app=b;")));
+        assert!(!o.touched(None, None));
+        assert!(!o.touched(None, Some(b"\xff")));
+    }
+
+    #[test]
+    fn a_state_from_a_snapshot_holds_its_identities_uses_and_revision() {
+        let mut counts = NodeCounts::default();
+        counts.add_key(b"k8s:app=a;", b"node-1");
+        let snap = KvSnapshot {
+            source: crate::core::kvstore::SourceInfo {
+                revision: 42,
+                ..Default::default()
+            },
+            masters: vec![MasterEntry::new("300", "k8s:app=a;")],
+            node_counts: counts.clone(),
+        };
+        let sync = SyncState::from_snapshot(snap);
+        assert_eq!(
+            sync.masters,
+            BTreeMap::from([(b"300".to_vec(), b"k8s:app=a;".to_vec())])
+        );
+        assert_eq!(sync.counts, counts);
+        assert_eq!(sync.kv_revision, 42);
+        // The screens have not seen these counts yet.
+        assert!(sync.counts_changed);
+    }
+
+    #[test]
+    fn unwritten_counts_a_failed_create_only_while_it_is_missing_and_wanted() {
+        let mut sync = SyncState::default();
+        for id in ["300", "301", "302"] {
+            sync.unwritten.insert(id.parse().unwrap(), id.into());
+        }
+        sync.masters.insert(b"300".to_vec(), b"k8s:app=a;".to_vec());
+        sync.masters.insert(b"301".to_vec(), b"k8s:app=b;".to_vec());
+        // 301's object was made since; 302's identity left the kvstore.
+        sync.k8s.insert(301, "k8s:app=b;".into());
+        assert_eq!(sync.unwritten_now(), 1);
+    }
+
+    #[test]
+    fn a_mapping_whose_target_holds_its_labels_is_never_moot() {
+        let mut sync = SyncState::default();
+        sync.masters.insert(b"301".to_vec(), b"k8s:app=r;".to_vec());
+        sync.reused.insert("301".into(), 300);
+        // No node uses `r`, but the object at 300 serves it: nothing left to close.
+        sync.k8s.insert(300, "k8s:app=r;".into());
+        assert!(sync.moot_now().is_empty());
+        // Held for other labels, the mapping is moot.
+        sync.k8s.insert(300, "k8s:app=x;".into());
+        let moot: Vec<(String, Kind)> = sync
+            .moot_now()
+            .into_iter()
+            .map(|(id, _, kind)| (id, kind))
+            .collect();
+        assert_eq!(moot, [("301".into(), Kind::Reuse)]);
+    }
 }

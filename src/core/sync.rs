@@ -569,10 +569,11 @@ impl SyncState {
     /// are not found again; one that began in the gap is found now; a fresh plan follows.
     pub fn carry_over(&mut self, old: SyncState, now: Instant) {
         let fresh = std::mem::take(&mut self.status);
+        // The world's sizes are the fresh read's; the counters go on. (The count of splits
+        // now is set below, from the splits that still hold.)
         self.status = SyncStatus {
             identities: fresh.identities,
             kvstore_nodes: fresh.kvstore_nodes,
-            splits: 0,
             ..old.status
         };
         self.created = old.created;
@@ -1454,8 +1455,15 @@ mod tests {
         }
         fresh.k8s = old.k8s.clone();
         fresh.k8s.insert(302, "k8s:app=y;".into());
+        (fresh.status.identities, fresh.status.kvstore_nodes) = (3, 4);
+        old.status.identities = 2;
         fresh.carry_over(old, t0);
         assert_eq!(fresh.status.mirrored, 1, "the count goes on");
+        assert_eq!(
+            (fresh.status.identities, fresh.status.kvstore_nodes),
+            (3, 4),
+            "the world's sizes are the fresh read's"
+        );
         assert!(fresh.created.contains(&300), "what sync made is remembered");
         assert_eq!(
             fresh
@@ -1499,6 +1507,10 @@ mod tests {
         // The kvstore's GC ends it; an agent allocating the id again starts a new one.
         sync.apply_kv_change(gone.clone(), t0);
         assert_eq!((sync.status.splits, sync.status.splits_found), (0, 1));
+        assert_eq!(sync.status.removed_from_kvstore, 1);
+        // A delete of what is gone already counts nothing.
+        sync.apply_kv_change(gone.clone(), t0);
+        assert_eq!(sync.status.removed_from_kvstore, 1);
         sync.apply_kv_change(put("k8s:app=c;"), t0);
         assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
         // The object deleted ends it too; a new one with other labels is a third.
@@ -1789,5 +1801,43 @@ mod tests {
             .map(|(id, _, kind)| (id, kind))
             .collect();
         assert_eq!(moot, [("301".into(), Kind::Reuse)]);
+    }
+
+    #[test]
+    fn lag_percentiles_cover_the_last_ten_thousand_creates() {
+        let mut sync = SyncState::default();
+        for ms in 0..10_001 {
+            sync.record_lag(Duration::from_millis(ms));
+        }
+        assert_eq!(sync.lags.len(), 10_000);
+        assert_eq!(sync.lags.front(), Some(&Duration::from_millis(1)));
+        assert_eq!(sync.status.lag_last, Some(Duration::from_millis(10_000)));
+    }
+
+    #[test]
+    fn a_relist_ends_the_splits_of_objects_gone_meanwhile_and_finds_new_ones() {
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        for (id, labels) in [("300", "k8s:app=a;"), ("301", "k8s:app=b;")] {
+            sync.apply_kv_change(
+                KvChange::Master {
+                    id: id.as_bytes().to_vec(),
+                    value: Some(labels.as_bytes().to_vec()),
+                    created: true,
+                },
+                t0,
+            );
+        }
+        sync.k8s_upsert(300, "k8s:app=x;".into(), "1".into(), t0);
+        assert_eq!(sync.status.splits, 1);
+        // While the watch was gone, 300's object was deleted and an agent took 301.
+        sync.k8s_relisted(
+            BTreeMap::from([(301, "k8s:app=y;".to_string())]),
+            "9".into(),
+            t0,
+        );
+        assert_eq!(sync.splits, HashSet::from([301]));
+        assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
+        assert_eq!(sync.k8s_version, "9");
     }
 }

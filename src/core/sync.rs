@@ -1840,4 +1840,32 @@ mod tests {
         assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
         assert_eq!(sync.k8s_version, "9");
     }
+
+    #[test]
+    fn a_kept_plan_is_kept_only_for_the_range_it_was_made_for() {
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: b"300".to_vec(),
+                value: Some(b"k8s:app=a;".to_vec()),
+                created: true,
+            },
+            t0,
+        );
+        let narrow = IdRange { min: 256, max: 299 };
+        let (ops, reports) = sync.round(&BTreeMap::new(), narrow, false, t0);
+        assert!(ops.is_empty());
+        assert!(matches!(&reports[..], [SyncReport::Invalid { id, .. }] if id == "300"));
+        let (ops, _) = sync.round(
+            &BTreeMap::new(),
+            IdRange::for_cluster(0).unwrap(),
+            false,
+            t0,
+        );
+        assert_eq!(
+            ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+            [Some(300)]
+        );
+    }
 }

@@ -1868,4 +1868,165 @@ mod tests {
             [Some(300)]
         );
     }
+
+    /// A state following `ids`, each a plain identity with its own labels, used by one node.
+    fn following(ids: &[u32], t0: Instant) -> SyncState {
+        let mut sync = SyncState::default();
+        for id in ids {
+            let labels = format!("k8s:app=a{id};");
+            sync.apply_kv_change(
+                KvChange::Master {
+                    id: id.to_string().into_bytes(),
+                    value: Some(labels.clone().into_bytes()),
+                    created: true,
+                },
+                t0,
+            );
+            sync.apply_kv_change(
+                KvChange::Slave {
+                    label_key: labels.into_bytes(),
+                    node: b"node-1".to_vec(),
+                    present: true,
+                },
+                t0,
+            );
+        }
+        sync
+    }
+
+    #[test]
+    fn each_outcome_of_a_halted_batch_is_folded_in_on_its_own() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let mut sync = following(&[300, 301, 302, 303, 304], t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.len(), 5);
+        let results = vec![
+            (300, Outcome::Created),
+            (301, Outcome::AlreadyExisted),
+            (302, Outcome::Failed),
+            (303, Outcome::Conflict),
+            (304, Outcome::NotAttempted),
+        ];
+        let halted = Some("stopped by the operator".to_string());
+        let taken = sync.take_results(ops, BatchOutcome::Done { results, halted }, t0);
+        assert_eq!((taken.mirrored, taken.failures), (1, 2));
+        assert_eq!((sync.status.mirrored, sync.status.failures), (1, 2));
+        assert!(
+            taken
+                .trouble
+                .unwrap()
+                .starts_with("stopped by the operator")
+        );
+        // Made or found made: served, and never made again.
+        assert_eq!(sync.k8s.keys().copied().collect::<Vec<_>>(), [300, 301]);
+        assert_eq!(sync.created, HashSet::from([300]));
+        assert_eq!(sync.unwritten_now(), 3);
+        // The others wait, then are tried again, all three.
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + Duration::from_secs(1));
+        assert!(ops.is_empty(), "{ops:?}");
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RETRY_AFTER);
+        let mut targets: Vec<u32> = ops.iter().filter_map(|o| o.target_id).collect();
+        targets.sort();
+        assert_eq!(targets, [302, 303, 304]);
+    }
+
+    #[test]
+    fn an_object_sync_made_and_someone_deleted_is_made_again_once_and_only_while_used() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let mut sync = following(&[300], t0);
+        let made = |sync: &mut SyncState, ops| {
+            let results = vec![(300, Outcome::Created)];
+            sync.take_results(
+                ops,
+                BatchOutcome::Done {
+                    results,
+                    halted: None,
+                },
+                t0,
+            );
+        };
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        made(&mut sync, ops);
+        // Deleted while node-1 uses it: made again, once.
+        sync.k8s_delete(300, String::new());
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.len(), 1);
+        assert_eq!(sync.status.recreated, 1);
+        made(&mut sync, ops);
+        // Deleted again: not a third time, counted once however many rounds pass.
+        sync.k8s_delete(300, String::new());
+        for _ in 0..3 {
+            let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+            assert!(ops.is_empty());
+        }
+        assert_eq!(
+            (sync.status.recreated, sync.status.deleted_not_recreated),
+            (1, 1)
+        );
+
+        // One that no node uses any more is not made again at all.
+        let mut sync = following(&[300], t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        made(&mut sync, ops);
+        sync.apply_kv_change(
+            KvChange::Slave {
+                label_key: b"k8s:app=a300;".to_vec(),
+                node: b"node-1".to_vec(),
+                present: false,
+            },
+            t0,
+        );
+        sync.k8s_delete(300, String::new());
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert!(ops.is_empty());
+        assert_eq!(
+            (sync.status.recreated, sync.status.deleted_not_recreated),
+            (0, 1)
+        );
+    }
+
+    #[test]
+    fn reused_names_the_ids_served_at_another_id_that_holds_their_labels() {
+        let item = |id: &str, labels: &str, action, target| PlanItem {
+            id: id.into(),
+            labels: labels.into(),
+            kind: Kind::Remap,
+            action,
+            target_id: Some(target),
+            existing_labels: None,
+            labels_present_at: None,
+            nodes: 1,
+            reason: "".into(),
+            decided: true,
+        };
+        let mut sync = SyncState::default();
+        sync.k8s.insert(5000, "k8s:app=a;".into());
+        sync.k8s.insert(5001, "k8s:app=other;".into());
+        let items = [
+            // Mapped to where its labels are.
+            item("300", "k8s:app=m;", Action::None, 6000),
+            // A create made already, by someone: served there.
+            item("301", "k8s:app=a;", Action::Create, 5000),
+            // A create whose target holds other labels, or nothing yet: not served.
+            item("302", "k8s:app=b;", Action::Create, 5001),
+            item("303", "k8s:app=c;", Action::Create, 6001),
+            // Served at its own id: not "another" id.
+            item("5000", "k8s:app=a;", Action::None, 5000),
+            // Skipped by the operator; a skip proposed and not decided is not counted.
+            item("304", "k8s:app=d;", Action::Skip, 6002),
+            PlanItem {
+                decided: false,
+                ..item("305", "k8s:app=e;", Action::Skip, 6003)
+            },
+        ];
+        sync.publish(items.iter());
+        assert_eq!(sync.skipped, 1);
+        assert_eq!(
+            sync.reused,
+            BTreeMap::from([("300".to_string(), 6000), ("301".to_string(), 5000)])
+        );
+        assert_eq!(sync.status.identities, 7);
+    }
 }

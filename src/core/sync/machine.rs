@@ -465,7 +465,7 @@ impl Machine {
                 id,
                 resource_version,
             } => {
-                state.k8s_delete(id, resource_version);
+                state.k8s_delete(id, resource_version, now);
                 if reserve {
                     out.push(Output::Reserve(Reserve::Deleted { id }));
                 }
@@ -583,6 +583,11 @@ impl Machine {
             state.failed.retain(|_, until| *until > now);
             self.dirty = true;
         }
+        // So is a deleted object whose wait is over (`SyncState::settling`).
+        if state.settling.values().any(|until| *until <= now) {
+            state.settling.retain(|_, until| *until > now);
+            self.dirty = true;
+        }
         state.refresh_lag_percentiles();
         state.status.watching = watching;
         if state.status.kvstore_nodes > 0 {
@@ -677,6 +682,7 @@ impl Machine {
         let state = &self.state;
         let unsettled = state.in_flight.len()
             + state.failed.len()
+            + state.settling.len()
             + usize::from(self.batch_running || self.dirty);
         let wait = (!self.cutover_announced)
             .then(|| {
@@ -699,6 +705,7 @@ impl Machine {
         self.state.status.pending == 0
             && self.state.in_flight.is_empty()
             && self.state.failed.is_empty()
+            && self.state.settling.is_empty()
             && !self.batch_running
             && !self.dirty
     }

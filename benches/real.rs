@@ -536,6 +536,12 @@ async fn soak(
         .rfind(|l| l.starts_with("sync:"))
         .unwrap_or("")
         .to_string();
+    // Objects beyond the live identities: ones that outlived their identity.
+    let objects = count(cp);
+    let splits_reported = text
+        .lines()
+        .filter(|l| l.starts_with("split allocation at id"))
+        .count();
     let settled: Vec<&(f64, f64)> = samples.iter().filter(|s| s.0 >= 600.0).collect();
     let (lo, hi) = settled
         .iter()
@@ -549,7 +555,7 @@ async fn soak(
     }
     println!();
     println!(
-        "soak on the real server: {:.0} s, {} identities allocated and {} collected at {PER_SECOND}/s ({} live); RSS {:.1} MiB at the first sample, {:.1} MiB at the last, {lo:.1} to {hi:.1} MiB after 10 minutes, slope {:.2} MiB/hour there; {cpu:.0} CPU-seconds ({:.1}% of one core); {late_ticks} seconds the load itself ran late; the last new identity mirrored: {caught_up}; peak RSS {:.0} MiB; its last status: `{last}`",
+        "soak on the real server: {:.0} s, {} identities allocated and {} collected at {PER_SECOND}/s ({} live); RSS {:.1} MiB at the first sample, {:.1} MiB at the last, {lo:.1} to {hi:.1} MiB after 10 minutes, slope {:.2} MiB/hour there; {cpu:.0} CPU-seconds ({:.1}% of one core); {late_ticks} seconds the load itself ran late; the last new identity mirrored: {caught_up}; {objects} objects at the end for {} live identities; {splits_reported} splits reported; peak RSS {:.0} MiB; its last status: `{last}`",
         took.as_secs_f64(),
         newest - live as u32,
         oldest,
@@ -558,6 +564,7 @@ async fn soak(
         samples.last().map_or(0.0, |s| s.1),
         slope_per_hour(&settled),
         100.0 * cpu / took.as_secs_f64(),
+        newest - oldest,
         peak_rss_mib(pid),
     );
 }

@@ -173,10 +173,12 @@ mod tests {
             MasterEntry::new("302", "k8s:a=3;"),
             MasterEntry::new("303", "k8s:a=4;"),
             MasterEntry::new("304", "k8s:a=5;"),
+            MasterEntry::new("305", "k8s:a=7;"),
             MasterEntry::new("bad", "k8s:a=6;"),
         ];
         let mut k8s = BTreeMap::new();
         k8s.insert(300, sl("k8s:a=1;"));
+        k8s.insert(305, sl("k8s:a=7;"));
         k8s.insert(301, sl("k8s:other=x;"));
         k8s.insert(900, sl("k8s:a=2;"));
         k8s.insert(303, sl("k8s:a=wrong;"));
@@ -188,7 +190,8 @@ mod tests {
             ..Default::default()
         };
         let r = verify(&masters, &k8s, &expect, IdRange::for_cluster(0).unwrap());
-        assert_eq!((r.checked, r.ok, r.mapped, r.invalid_ignored), (5, 2, 1, 1));
+        // Two at their own id, one mapped.
+        assert_eq!((r.checked, r.ok, r.mapped, r.invalid_ignored), (6, 3, 1, 1));
         let kinds: Vec<(u32, ProblemKind)> = r
             .problems
             .iter()

@@ -229,6 +229,19 @@ mod tests {
     }
 
     #[test]
+    fn who_decided_reads_the_same_in_text_and_in_json() {
+        for d in [
+            DecidedBy::Proposal,
+            DecidedBy::AcceptProposals,
+            DecidedBy::Operator,
+            DecidedBy::Rule,
+        ] {
+            assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{d}\""));
+        }
+        assert_eq!(DecidedBy::AcceptProposals.to_string(), "accept-proposals");
+    }
+
+    #[test]
     fn who_decided() {
         let live = item(300, Kind::Remap, Action::Create, Some(400));
         assert_eq!(DecidedBy::of(&live, &live, false), DecidedBy::Proposal);

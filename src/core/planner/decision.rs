@@ -269,6 +269,8 @@ mod tests {
             item(304, Kind::AlreadyMigrated, Action::None, Some(304)),
             item(305, Kind::Remap, Action::Skip, Some(401)),
             item(1, Kind::Invalid, Action::Skip, None),
+            // Served at its own id already (e.g. a duplicate whose object is there).
+            item(306, Kind::Duplicate, Action::None, Some(306)),
         ];
         let s = WriteSummary::of(&items);
         assert_eq!(
@@ -277,7 +279,7 @@ mod tests {
                 same_id: 1,
                 remaps: 1,
                 duplicates: 1,
-                already_migrated: 1,
+                already_migrated: 2,
                 mapped: 1,
                 skipped: 1,
                 invalid: 1,

@@ -422,3 +422,28 @@ proptest! {
         prop_assert!(reconcile(&items, &items, &k8s, range, true).is_ok());
     }
 }
+
+#[test]
+fn only_creates_and_deletes_send_a_write() {
+    let writes: Vec<OpKind> = [
+        OpKind::Create,
+        OpKind::AlreadyDone,
+        OpKind::Map,
+        OpKind::Skip,
+        OpKind::Delete,
+        OpKind::Keep,
+    ]
+    .into_iter()
+    .filter(|k| k.writes())
+    .collect();
+    assert_eq!(writes, [OpKind::Create, OpKind::Delete]);
+}
+
+#[test]
+fn a_refused_item_names_itself_and_why() {
+    let e = reconcile::ReconcileError {
+        id: "300".into(),
+        reason: "target 400 is taken".into(),
+    };
+    assert_eq!(e.to_string(), "item 300: target 400 is taken");
+}

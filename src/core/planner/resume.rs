@@ -359,6 +359,38 @@ mod tests {
     }
 
     #[test]
+    fn a_decision_dropped_can_block_another_which_is_dropped_in_turn() {
+        // Kubernetes holds 300 and 301 for other labels: both are remaps, proposed at 256
+        // and 257. 300 was decided to 301 (taken now), 301 to 256.
+        let masters = [MasterEntry::new("300", A), MasterEntry::new("301", B)];
+        let mut k8s = BTreeMap::new();
+        k8s.insert(300, "k8s:app=x;".to_string());
+        k8s.insert(301, "k8s:app=y;".to_string());
+        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let proposed: Vec<Option<u32>> = live.iter().map(|i| i.target_id).collect();
+        assert_eq!(proposed, [Some(256), Some(257)]);
+        let decisions: BTreeMap<String, LoggedDecision> = [("300", A, 301), ("301", B, 256)]
+            .into_iter()
+            .map(|(id, labels, t)| {
+                let d = LoggedDecision {
+                    id: id.into(),
+                    labels: labels.into(),
+                    action: Action::Create,
+                    target_id: Some(t),
+                };
+                (id.to_string(), d)
+            })
+            .collect();
+        let r = resume(&live, &decisions, &k8s, range());
+        // 300 back at its proposal, 256, which 301's decision claims: 301 goes back too.
+        let dropped: Vec<&str> = r.dropped.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(dropped, ["300", "301"], "{:?}", r.dropped);
+        let targets: Vec<Option<u32>> = r.items.iter().map(|i| i.target_id).collect();
+        assert_eq!(targets, [Some(256), Some(257)]);
+        assert!(reconcile(&r.items, &live, &k8s, range(), true).is_ok());
+    }
+
+    #[test]
     fn decisions_that_no_longer_fit_are_dropped_with_why() {
         // 300 and 301 are remaps (their ids are taken by other labels); 302 a plain create.
         let masters = [

@@ -447,3 +447,17 @@ fn a_refused_item_names_itself_and_why() {
     };
     assert_eq!(e.to_string(), "item 300: target 400 is taken");
 }
+
+#[test]
+fn a_new_target_another_create_claims_is_refused_and_ones_own_is_not() {
+    let (m, k8s) = sample();
+    let mut items = plan(&m, &HashMap::new(), &k8s, range0());
+    let at = |items: &[PlanItem], id: &str| items.iter().position(|i| i.id == id).unwrap();
+    let (i301, i302) = (at(&items, "301"), at(&items, "302"));
+    assert!(validate_new_target(&items, i301, 5000, &k8s, range0()).is_ok());
+    items[i302].target_id = Some(5000);
+    let err = validate_new_target(&items, i301, 5000, &k8s, range0()).unwrap_err();
+    assert!(err.contains("already the target of identity 302"), "{err}");
+    // Its own target is not another's.
+    assert!(validate_new_target(&items, i302, 5000, &k8s, range0()).is_ok());
+}

@@ -461,3 +461,22 @@ fn a_new_target_another_create_claims_is_refused_and_ones_own_is_not() {
     // Its own target is not another's.
     assert!(validate_new_target(&items, i302, 5000, &k8s, range0()).is_ok());
 }
+
+#[test]
+fn a_proposal_moved_off_a_taken_target_with_no_free_id_left_is_no_remap() {
+    // Range 256..=258: Kubernetes holds 256 and 257 for other labels; 256's remap is
+    // proposed at 258, which 257 was decided to before the rescan.
+    let range = IdRange { min: 256, max: 258 };
+    let masters = vec![MasterEntry::new("256", A), MasterEntry::new("257", B)];
+    let mut k8s = BTreeMap::new();
+    k8s.insert(256, sl("k8s:app=x;"));
+    k8s.insert(257, sl("k8s:app=y;"));
+    let mut items = plan(&masters, &HashMap::new(), &k8s, range);
+    assert_eq!(by_id(&items, "256").target_id, Some(258));
+    let decided = items.iter_mut().find(|i| i.id == "257").unwrap();
+    (decided.action, decided.target_id, decided.decided) = (Action::Create, Some(258), true);
+    repropose_taken_targets(&mut items, &k8s, range);
+    let moved = by_id(&items, "256");
+    assert_eq!((moved.action, moved.target_id), (Action::None, None));
+    assert!(moved.reason.contains("no id in"), "{}", moved.reason);
+}

@@ -1612,7 +1612,7 @@ mod tests {
         let (ops, _) = sync.select_writes(items.iter(), false, t0);
         assert_eq!(ops.len(), 1);
         let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
-        assert_eq!(taken.failures, 1);
+        assert_eq!((taken.failures, sync.status.failures), (1, 1));
         assert!(taken.trouble.unwrap().contains("log full"));
         assert_eq!(sync.unwritten_now(), 1);
         // Not before its wait is over; then again.
@@ -1844,6 +1844,20 @@ mod tests {
             .map(|(id, _, kind)| (id, kind))
             .collect();
         assert_eq!(moot, [("301".into(), Kind::Reuse)]);
+    }
+
+    #[test]
+    fn each_conflict_waiting_for_a_decision_counts_as_pending() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let mut sync = following(&[300, 301, 302], t0);
+        // Kubernetes holds 300 and 301 for other labels: two remaps wait.
+        sync.k8s_upsert(300, "k8s:app=x;".into(), "1".into(), t0);
+        sync.k8s_upsert(301, "k8s:app=y;".into(), "2".into(), t0);
+        let (ops, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(ops.len(), 1, "302 is a plain create");
+        assert_eq!(reports.len(), 2);
+        assert_eq!(sync.status.pending, 2);
     }
 
     #[test]

@@ -555,13 +555,18 @@ impl SyncState {
         let Some(labels) = self.masters.get(id.to_string().as_bytes()) else {
             return;
         };
-        // One this sync made, and will not make again (no node uses it, or made again
-        // once already), has nothing to wait for.
-        let spent = self.deleted_after_create.contains(&id)
-            && (self.recreated.contains(&id) || self.counts.get(labels) == 0);
+        // One this sync made and will not make again has nothing to wait for.
+        let spent = self.deleted_after_create.contains(&id) && !self.may_make_again(id, labels);
         if !spent {
             self.settling.insert(id, now + RECREATE_SETTLE);
         }
+    }
+
+    /// Whether the object at `t`, which this sync made and something deleted since (the
+    /// cluster's GC, a person), may be made again: only while kvstore-mode nodes use its
+    /// labels, and only once.
+    fn may_make_again(&self, t: u32, labels: &[u8]) -> bool {
+        self.counts.get(labels) > 0 && !self.recreated.contains(&t)
     }
 
     /// A fresh list after a 410: it replaces what sync holds, and what arrived while the
@@ -759,8 +764,8 @@ impl SyncState {
         accept_proposals: bool,
         now: Instant,
     ) -> (Vec<Op>, Vec<SyncReport>) {
-        self.failed.retain(|_, until| *until > now);
-        self.settling.retain(|_, until| *until > now);
+        expire(&mut self.failed, now);
+        expire(&mut self.settling, now);
         self.waiting.clear();
         let mut claimed_labels: HashSet<String> = self.in_flight.values().cloned().collect();
         let mut ops = Vec::new();
@@ -816,15 +821,13 @@ impl SyncState {
                 continue;
             }
             if self.deleted_after_create.contains(&t) {
-                // Created once by this sync and deleted since (the cluster's GC, or a
-                // person): again only while kvstore-mode nodes use it, and only once.
-                let used = self.counts.get(item.labels.as_bytes()) > 0;
-                if !used || !self.recreated.insert(t) {
+                if !self.may_make_again(t, item.labels.as_bytes()) {
                     if self.reported.insert(format!("deleted:{t}")) {
                         self.status.deleted_not_recreated += 1;
                     }
                     continue;
                 }
+                self.recreated.insert(t);
                 self.status.recreated += 1;
             }
             ops.push(Op {
@@ -959,6 +962,13 @@ impl SyncState {
         }
         taken
     }
+}
+
+/// Drops the waits over by `now` (a failed write's, a deleted object's); whether any was.
+fn expire(waits: &mut HashMap<u32, Instant>, now: Instant) -> bool {
+    let before = waits.len();
+    waits.retain(|_, until| *until > now);
+    waits.len() < before
 }
 
 /// Whether the kvstore id text is exactly `t` in decimal (without allocating: this runs for
@@ -1666,32 +1676,24 @@ mod tests {
         let master = |value: Option<&[u8]>, created| {
             kv_change(p, b"cilium/state/identities/v1/id/300", value, created)
         };
-        assert_eq!(
-            master(Some(b"k8s:app=a;"), true),
+        let at_300 = |value: Option<&[u8]>, created| {
             Some(KvChange::Master {
                 id: b"300".to_vec(),
-                value: Some(b"k8s:app=a;".to_vec()),
-                created: true
+                value: value.map(<[u8]>::to_vec),
+                created,
             })
+        };
+        assert_eq!(
+            master(Some(b"k8s:app=a;"), true),
+            at_300(Some(b"k8s:app=a;"), true)
         );
         // A rewrite of a master key is a change (its labels may differ), not a creation.
         assert_eq!(
             master(Some(b"k8s:app=b;"), false),
-            Some(KvChange::Master {
-                id: b"300".to_vec(),
-                value: Some(b"k8s:app=b;".to_vec()),
-                created: false
-            })
+            at_300(Some(b"k8s:app=b;"), false)
         );
         // A delete never counts as a creation, whatever the event's flag says.
-        assert_eq!(
-            master(None, true),
-            Some(KvChange::Master {
-                id: b"300".to_vec(),
-                value: None,
-                created: false
-            })
-        );
+        assert_eq!(master(None, true), at_300(None, false));
         let slave = |value: Option<&[u8]>, created| {
             kv_change(
                 p,

@@ -253,6 +253,22 @@ mod tests {
         IdRange::for_cluster(0).unwrap()
     }
 
+    /// Decisions to create each (kvstore id, labels) at a target id.
+    fn creates_at(decided: &[(&str, &str, u32)]) -> BTreeMap<String, LoggedDecision> {
+        decided
+            .iter()
+            .map(|&(id, labels, t)| {
+                let d = LoggedDecision {
+                    id: id.into(),
+                    labels: labels.into(),
+                    action: Action::Create,
+                    target_id: Some(t),
+                };
+                (id.to_string(), d)
+            })
+            .collect()
+    }
+
     #[test]
     fn reads_back_what_the_tui_and_apply_write() {
         let mut item = plan(
@@ -330,18 +346,7 @@ mod tests {
         k8s.insert(300, "k8s:app=x;".to_string());
         k8s.insert(400, A.to_string());
         k8s.insert(301, B.to_string());
-        let decisions: BTreeMap<String, LoggedDecision> = [("300", A, 5000), ("301", B, 5001)]
-            .into_iter()
-            .map(|(id, labels, t)| {
-                let d = LoggedDecision {
-                    id: id.into(),
-                    labels: labels.into(),
-                    action: Action::Create,
-                    target_id: Some(t),
-                };
-                (id.to_string(), d)
-            })
-            .collect();
+        let decisions = creates_at(&[("300", A, 5000), ("301", B, 5001)]);
         let live = plan(&masters, &HashMap::new(), &k8s, range());
         let r = resume(&live, &decisions, &k8s, range());
         assert_eq!(r.resumed, 0, "{:?}", r.dropped);
@@ -369,18 +374,7 @@ mod tests {
         let live = plan(&masters, &HashMap::new(), &k8s, range());
         let proposed: Vec<Option<u32>> = live.iter().map(|i| i.target_id).collect();
         assert_eq!(proposed, [Some(256), Some(257)]);
-        let decisions: BTreeMap<String, LoggedDecision> = [("300", A, 301), ("301", B, 256)]
-            .into_iter()
-            .map(|(id, labels, t)| {
-                let d = LoggedDecision {
-                    id: id.into(),
-                    labels: labels.into(),
-                    action: Action::Create,
-                    target_id: Some(t),
-                };
-                (id.to_string(), d)
-            })
-            .collect();
+        let decisions = creates_at(&[("300", A, 301), ("301", B, 256)]);
         let r = resume(&live, &decisions, &k8s, range());
         // 300 back at its proposal, 256, which 301's decision claims: 301 goes back too.
         let dropped: Vec<&str> = r.dropped.iter().map(|d| d.id.as_str()).collect();

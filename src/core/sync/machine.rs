@@ -579,13 +579,8 @@ impl Machine {
         let state = &mut self.state;
         // A failed write is tried again when its wait is over, even when nothing else
         // happens (at the quiet end of a rollout, nothing else would).
-        if state.failed.values().any(|until| *until <= now) {
-            state.failed.retain(|_, until| *until > now);
-            self.dirty = true;
-        }
         // So is a deleted object whose wait is over (`SyncState::settling`).
-        if state.settling.values().any(|until| *until <= now) {
-            state.settling.retain(|_, until| *until > now);
+        if super::expire(&mut state.failed, now) | super::expire(&mut state.settling, now) {
             self.dirty = true;
         }
         state.refresh_lag_percentiles();

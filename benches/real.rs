@@ -29,6 +29,7 @@ use cilium_idmig::sandbox::generator::{self, GenConfig, Generated};
 #[allow(dead_code)]
 mod support;
 use support::control_plane::ControlPlane;
+use support::proc_stats::{cpu_seconds, peak_mib, rss_mib, slope_per_hour};
 use support::{Etcd, load_etcd};
 
 const PREFIX: &str = "cilium/state/identities/v1";
@@ -135,28 +136,6 @@ async fn ceiling(cp: &ControlPlane, n: usize) -> Duration {
         "--wait=false",
     ]);
     took
-}
-
-/// The sync process's CPU seconds so far (user + system), from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 (11 and 12 after the name).
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Peak RSS (VmHWM) of a running process, in MiB.
-fn peak_rss_mib(pid: u32) -> f64 {
-    status_mib(pid, "VmHWM:")
 }
 
 /// Waits until `file` holds `text`; how long that took.
@@ -336,7 +315,7 @@ async fn main() {
     let pid = child.id();
     let startup = wait_for(&out, "following both sides", 300);
     let cpu_at_start = cpu_seconds(pid);
-    let rss_at_start = peak_rss_mib(pid);
+    let rss_at_start = peak_mib(pid);
     let mut client = etcd.client().await.expect("etcd");
     let first = 256 + size as u32;
     let fed = Instant::now();
@@ -370,7 +349,7 @@ async fn main() {
     let mirrored = format!("{written} mirrored");
     let drained = wait_for(&out, &mirrored, 120);
     let cpu = cpu_seconds(pid) - cpu_at_start;
-    let rss = peak_rss_mib(pid);
+    let rss = peak_mib(pid);
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let last = text
         .lines()
@@ -509,7 +488,7 @@ async fn soak(
         newest += PER_SECOND;
         if start.elapsed() >= next_sample {
             next_sample += Duration::from_secs(30);
-            let s = (start.elapsed().as_secs_f64(), status_mib(pid, "VmRSS:"));
+            let s = (start.elapsed().as_secs_f64(), rss_mib(pid));
             eprintln!("soak: {:.0} s, RSS {:.1} MiB", s.0, s.1);
             samples.push(s);
         }
@@ -542,7 +521,7 @@ async fn soak(
         .lines()
         .filter(|l| l.starts_with("split allocation at id"))
         .count();
-    let settled: Vec<&(f64, f64)> = samples.iter().filter(|s| s.0 >= 600.0).collect();
+    let settled: Vec<(f64, f64)> = samples.iter().copied().filter(|s| s.0 >= 600.0).collect();
     let (lo, hi) = settled
         .iter()
         .fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(s.1), hi.max(s.1)));
@@ -565,30 +544,6 @@ async fn soak(
         slope_per_hour(&settled),
         100.0 * cpu / took.as_secs_f64(),
         newest - oldest,
-        peak_rss_mib(pid),
+        peak_mib(pid),
     );
-}
-
-/// Least-squares slope of (seconds, MiB) samples, in MiB per hour.
-fn slope_per_hour(samples: &[&(f64, f64)]) -> f64 {
-    let n = samples.len() as f64;
-    if n < 2.0 {
-        return 0.0;
-    }
-    let mx = samples.iter().map(|s| s.0).sum::<f64>() / n;
-    let my = samples.iter().map(|s| s.1).sum::<f64>() / n;
-    let num: f64 = samples.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum();
-    let den: f64 = samples.iter().map(|s| (s.0 - mx).powi(2)).sum();
-    3600.0 * num / den
-}
-
-/// A memory field of `/proc/PID/status` (e.g. `VmRSS:`), in MiB.
-fn status_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }

@@ -20,6 +20,7 @@ use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
 #[allow(dead_code)]
 mod support;
 use support::Etcd;
+use support::proc_stats::{cpu_seconds, peak_mib, rss_mib, slope_per_hour};
 
 const P: &str = "cilium/state/identities/v1";
 
@@ -160,25 +161,6 @@ async fn wait_count(sb: &Sandbox, n: usize, secs: u64) -> Duration {
     start.elapsed()
 }
 
-/// CPU seconds (user and system) the process has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / ticks
-}
-
-/// Peak resident memory (VmHWM) in MiB.
-fn peak_mib(pid: u32) -> f64 {
-    status_mib(pid, "VmHWM:")
-}
-
 /// Sync at the scale of a full cluster: 62,280 identities in etcd, all mirrored already,
 /// one kvstore-mode node left. Start-up (until both watches follow), CPU while quiet for
 /// 30 s, then 50 new identities a second for 60 s (to 65,280): lag and peak memory.
@@ -240,15 +222,15 @@ async fn at_scale(decided: u32) {
     let startup = t.elapsed();
     // Settle, then quiet.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (cpu0, t0) = (cpu_secs(pid), Instant::now());
+    let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let idle = (cpu_secs(pid) - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+    let idle = (cpu_seconds(pid) - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
     let rss_quiet = rss_mib(pid);
     // Steady arrivals.
-    let (cpu1, t1) = (cpu_secs(pid), Instant::now());
+    let (cpu1, t1) = (cpu_seconds(pid), Instant::now());
     let next = steady(&etcd, 256 + LIVE, 50, 60).await;
     wait_count(&sb, (next - 256) as usize, 120).await;
-    let busy = (cpu_secs(pid) - cpu1) / t1.elapsed().as_secs_f64() * 100.0;
+    let busy = (cpu_seconds(pid) - cpu1) / t1.elapsed().as_secs_f64() * 100.0;
     let peak = peak_mib(pid);
     let (p50, p99) = stop(run).await;
     println!();
@@ -340,24 +322,6 @@ fn dirty_tick_with(decided: u32) {
         times[times.len() - 1].as_secs_f64() * 1000.0,
         first.as_secs_f64() * 1000.0
     );
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    status_mib(pid, "VmRSS:")
-}
-
-/// A memory field of `/proc/PID/status`, in MiB.
-fn status_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with(field)).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map_or(-1.0, |kib| kib / 1024.0)
 }
 
 #[tokio::main]
@@ -490,14 +454,6 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
     }
     let (p50, p99) = stop(run).await;
-    // Least-squares slope of RSS over time, in MiB per hour.
-    let n = samples.len() as f64;
-    let (mx, my) = (
-        samples.iter().map(|s| s.0).sum::<f64>() / n,
-        samples.iter().map(|s| s.1).sum::<f64>() / n,
-    );
-    let slope = samples.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum::<f64>()
-        / samples.iter().map(|s| (s.0 - mx).powi(2)).sum::<f64>();
     println!();
     println!(
         "soak: {} s at 20/s ({} identities), RSS {:.1} MiB at the first sample, {:.1} MiB at the last, slope {:.2} MiB/hour; lag p50 {p50} p99 {p99}",
@@ -505,6 +461,6 @@ async fn main() {
         next - 5000,
         samples.first().map_or(0.0, |s| s.1),
         samples.last().map_or(0.0, |s| s.1),
-        slope * 3600.0
+        slope_per_hour(&samples)
     );
 }

@@ -6,6 +6,9 @@
 #[allow(dead_code)]
 pub mod cilium_rollout;
 pub mod control_plane;
+// Read only by the benchmarks.
+#[allow(dead_code)]
+pub mod proc_stats;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

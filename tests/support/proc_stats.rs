@@ -1,0 +1,53 @@
+//! What the benchmarks read of a running process from `/proc` (CPU seconds, memory), and the
+//! slope of memory samples over a soak. Linux only, like the benchmarks.
+
+/// CPU seconds (user and system) the process has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / ticks
+}
+
+/// Resident memory now (VmRSS), in MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// Peak resident memory (VmHWM), in MiB.
+pub fn peak_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+/// A memory field of `/proc/PID/status`, in MiB; -1 when the process is gone.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(field)).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map_or(-1.0, |kib| kib / 1024.0)
+}
+
+/// Least-squares slope of (seconds, MiB) samples, in MiB per hour (0 with fewer than two).
+pub fn slope_per_hour(samples: &[(f64, f64)]) -> f64 {
+    let n = samples.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let mx = samples.iter().map(|s| s.0).sum::<f64>() / n;
+    let my = samples.iter().map(|s| s.1).sum::<f64>() / n;
+    let num: f64 = samples.iter().map(|s| (s.0 - mx) * (s.1 - my)).sum();
+    let den: f64 = samples.iter().map(|s| (s.0 - mx).powi(2)).sum();
+    3600.0 * num / den
+}

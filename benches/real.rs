@@ -170,9 +170,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000);
-    // `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or the one cargo built.
-    let bin_path = std::env::var("IDMIG_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string());
+    let bin_path = support::proc_stats::bench_bin();
     let bin = Path::new(&bin_path);
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();

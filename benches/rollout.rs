@@ -84,9 +84,7 @@ async fn on_cilium_allocators(rounds: usize) {
         support::control_plane::cilium_bin(&format!("allocsim-{v}"))
             .unwrap_or_else(|why| panic!("{why}: set KUBEBUILDER_ASSETS (see the README)"))
     };
-    // `IDMIG_BIN` (e.g. a copy, so a long run survives a rebuild), or the one cargo built.
-    let bin = std::env::var("IDMIG_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string());
+    let bin = support::proc_stats::bench_bin();
     let plays = [
         ("1.18", Way::DoubleWrite),
         ("1.18", Way::Sync),

@@ -20,7 +20,7 @@ use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
 #[allow(dead_code)]
 mod support;
 use support::Etcd;
-use support::proc_stats::{cpu_seconds, peak_mib, rss_mib, slope_per_hour};
+use support::proc_stats::{bench_bin as bin, cpu_seconds, peak_mib, rss_mib, slope_per_hour};
 
 const P: &str = "cilium/state/identities/v1";
 
@@ -68,12 +68,6 @@ async fn steady(etcd: &Etcd, mut next: u32, per_second: u32, seconds: u32) -> u3
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed())).await;
     }
     next
-}
-
-/// The binary under test: `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or
-/// the one cargo built for this benchmark.
-fn bin() -> String {
-    std::env::var("IDMIG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string())
 }
 
 fn start(etcd: &Etcd, kubeconfig: &str, log: &str) -> Run {

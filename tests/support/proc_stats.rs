@@ -1,5 +1,12 @@
-//! What the benchmarks read of a running process from `/proc` (CPU seconds, memory), and the
-//! slope of memory samples over a soak. Linux only, like the benchmarks.
+//! The process a benchmark times: which binary (`bench_bin`), what it reads of it from
+//! `/proc` (CPU seconds, memory), and the slope of memory samples over a soak. Linux only,
+//! like the benchmarks.
+
+/// The binary under test: `IDMIG_BIN` (e.g. a copy, so a long soak survives a rebuild), or
+/// the one cargo built.
+pub fn bench_bin() -> String {
+    std::env::var("IDMIG_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cilium-idmig").to_string())
+}
 
 /// CPU seconds (user and system) the process has used so far.
 pub fn cpu_seconds(pid: u32) -> f64 {

@@ -99,6 +99,11 @@ impl Clock {
     }
 }
 
+/// How far sync's view of the kvstore may trail its view of Kubernetes and it still never
+/// makes again an object whose identity both GCs took (the kvstore's first). Stated here,
+/// not read from the core, so the invariant holds the core to it.
+pub const KV_VIEW_LAG_RIDDEN_OUT: Duration = Duration::from_secs(2);
+
 /// Cluster 0's range, which the machine plans in.
 pub const RANGE: IdRange = IdRange {
     min: 256,
@@ -501,6 +506,22 @@ impl Instance {
                     format!("i{i}: {} at {target}: {}", op.id, op.label_key),
                 ));
             }
+            // The kvstore's GC took the identity before the cluster's took its object: made
+            // again, the object would outlive its identity (and later be a split sync made
+            // itself). Only a view of the kvstore trailing by more than sync is meant to
+            // ride out may make it.
+            if world.both_gcs_took.get(&target) == Some(&op.label_key)
+                && self.kv_view_lag(world) < KV_VIEW_LAG_RIDDEN_OUT
+            {
+                return Err(Failure::new(
+                    "never makes again an object whose identity both GCs took",
+                    format!(
+                        "i{i}: {} at {target}, its view of the kvstore {:?} behind",
+                        op.label_key,
+                        self.kv_view_lag(world)
+                    ),
+                ));
+            }
             let elsewhere = view
                 .iter()
                 .find(|(id, l)| **id != target && l.as_str() == op.label_key.as_str());
@@ -521,6 +542,17 @@ impl Instance {
             }
         }
         Ok(())
+    }
+
+    /// How far this instance's view of the kvstore trails the world: from the first change
+    /// not yet given to it until now (zero when it has them all).
+    fn kv_view_lag(&self, world: &World) -> Duration {
+        world
+            .kv_log
+            .iter()
+            .position(|(rev, _)| *rev > self.kv_pos)
+            .and_then(|at| world.kv_log_at.get(at))
+            .map_or(Duration::ZERO, |t| world.now.saturating_sub(*t))
     }
 
     /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.

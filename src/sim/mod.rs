@@ -171,8 +171,15 @@ impl Sim {
                 }
                 Ok(())
             }
-            81..=82 => {
+            81 => {
                 self.world.kv_gc(&mut self.rng);
+                Ok(())
+            }
+            82 => {
+                if let Some(id) = self.world.both_gcs(&mut self.rng) {
+                    self.trace
+                        .line(self.world.now, format!("both GCs take identity {id}"));
+                }
                 Ok(())
             }
             83 => {

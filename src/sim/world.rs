@@ -82,12 +82,17 @@ pub struct World {
     pub values: BTreeMap<(String, String), (u32, i64)>,
     /// Every kvstore change, by revision; a watch from before `compacted` is cancelled.
     pub kv_log: Vec<(i64, KvChange)>,
+    /// When each change of `kv_log` happened (same places): how far a view trails.
+    pub kv_log_at: Vec<Duration>,
     pub kv_compacted: i64,
     pub k8s_rv: u64,
     /// Objects: id -> labels and the resourceVersion that created them (the oldest wins).
     pub objects: BTreeMap<u32, (LabelKey, u64)>,
     /// Objects sync created, by id.
     pub created_by_sync: BTreeSet<u32>,
+    /// Identities both GCs took, the kvstore's first: id -> labels, until a master key is
+    /// written at the id again. Their objects are not to be made again.
+    pub both_gcs_took: BTreeMap<u32, LabelKey>,
     /// Ids CRD-mode agents hold (their endpoints reference them): the GC leaves them.
     pub crd_used: BTreeSet<u32>,
     pub k8s_log: Vec<(u64, K8sChange)>,
@@ -120,9 +125,13 @@ impl World {
     fn kv_put(&mut self, change: KvChange) {
         self.kv_rev += 1;
         self.kv_log.push((self.kv_rev, change));
+        self.kv_log_at.push(self.now);
     }
 
     fn put_master(&mut self, id: String, value: String) {
+        if let Ok(n) = id.parse::<u32>() {
+            self.both_gcs_took.remove(&n);
+        }
         self.masters.insert(id.clone(), value.clone());
         self.kv_put(KvChange::Master {
             id: id.clone().into_bytes(),
@@ -393,6 +402,44 @@ impl World {
                 present: false,
             });
         }
+    }
+
+    /// An identity's pods are gone everywhere, and both GCs take it moments apart, the
+    /// kvstore's first: every node's `value/` key for its labels and its master key, then its
+    /// object. One no CRD-mode agent holds and sync has not reserved (its own `value/` key
+    /// would keep the master key).
+    pub fn both_gcs(&mut self, rng: &mut Rng) -> Option<u32> {
+        let reserved: BTreeSet<&str> = self
+            .values
+            .keys()
+            .filter(|(_, node)| node == RESERVATION_NODE)
+            .map(|(l, _)| l.as_str())
+            .collect();
+        let taken: Vec<(u32, String)> = self
+            .masters
+            .iter()
+            .filter_map(|(id, l)| Some((id.parse::<u32>().ok()?, l.clone())))
+            .filter(|(id, l)| {
+                self.objects.get(id).is_some_and(|(o, _)| o == l)
+                    && !self.crd_used.contains(id)
+                    && !self.sync_masters.contains_key(&id.to_string())
+                    && !reserved.contains(l.as_str())
+            })
+            .collect();
+        let (id, labels) = rng.pick(&taken)?.clone();
+        let nodes: Vec<String> = self
+            .values
+            .keys()
+            .filter(|(l, _)| *l == labels)
+            .map(|(_, node)| node.clone())
+            .collect();
+        for node in nodes {
+            self.delete_value(&labels, &node);
+        }
+        self.delete_master(&id.to_string());
+        self.delete_object(id);
+        self.both_gcs_took.insert(id, labels);
+        Some(id)
     }
 
     /// Cilium's kvstore GC: a master key no `value/` key uses goes.

@@ -582,17 +582,26 @@ impl SyncState {
             .filter(|(id, labels)| self.k8s.get(id) != Some(labels))
             .map(|(id, _)| *id)
             .collect();
-        // Objects gone meanwhile may have ended a split, and wait like any deleted object.
+        // Objects gone meanwhile may have ended a split.
         let gone: Vec<u32> = self
             .k8s
             .keys()
             .filter(|id| !identities.contains_key(id))
             .copied()
             .collect();
-        for id in &gone {
-            self.settle_if_held(*id, now);
-        }
         changed.extend(gone);
+        // Every identity without an object in the list waits like a deleted object, seen
+        // before or not: one made and deleted while the watch was gone was never seen, and
+        // the view of the kvstore may still hold an identity both GCs took in that gap.
+        let missing: Vec<u32> = self
+            .masters
+            .keys()
+            .filter_map(|id| parse_id(id).ok())
+            .filter(|id| !identities.contains_key(id))
+            .collect();
+        for id in missing {
+            self.settle_if_held(id, now);
+        }
         self.k8s = identities;
         self.k8s_version = resource_version;
         self.cache = None;
@@ -2069,7 +2078,7 @@ mod tests {
         sync.k8s_delete(301, "4".into(), t0);
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
         assert!(ops.is_empty(), "{ops:?}");
-        sync.apply_kv_change(gone, t0 + Duration::from_millis(500));
+        sync.apply_kv_change(gone.clone(), t0 + Duration::from_millis(500));
         assert!(!sync.settling.contains_key(&300));
         // 301's identity stays in the kvstore: made again once the wait is over.
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + Duration::from_secs(1));
@@ -2087,6 +2096,21 @@ mod tests {
         assert!(sync.round(&BTreeMap::new(), range, false, t0).0.is_empty());
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
         assert_eq!(ops.len(), 1);
+        // So does one whose object sync never saw (made and deleted while the watch was
+        // gone): not made if the kvstore's delete arrives meanwhile, else made after the wait.
+        let mut sync = following(&[300, 303], t0);
+        sync.k8s_relisted(BTreeMap::new(), "9".into(), t0);
+        assert_eq!(
+            sync.settling.keys().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from([300, 303])
+        );
+        assert!(sync.round(&BTreeMap::new(), range, false, t0).0.is_empty());
+        sync.apply_kv_change(gone, t0 + Duration::from_millis(500));
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        assert_eq!(
+            ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+            [Some(303)]
+        );
     }
 
     #[test]

@@ -507,17 +507,24 @@ impl Instance {
                 ));
             }
             // The kvstore's GC took the identity before the cluster's took its object: made
-            // again, the object would outlive its identity (and later be a split sync made
-            // itself). Only a view of the kvstore trailing by more than sync is meant to
-            // ride out may make it.
-            if world.both_gcs_took.get(&target) == Some(&op.label_key)
+            // again at its own id, the object would outlive its identity (and later be a
+            // split sync made itself). Only a view of the kvstore trailing by more than sync
+            // is meant to ride out may make it, or a view of Kubernetes that never reached
+            // the object (to sync, a first create). A remap of the labels, allocated again
+            // elsewhere, to the freed id is a new mapping, not this.
+            if let Some((labels, made_at)) = world.both_gcs_took.get(&target)
+                && *labels == op.label_key
+                && parse_id(op.id.as_bytes()) == Ok(target)
+                && self.k8s_pos >= *made_at
                 && self.kv_view_lag(world) < KV_VIEW_LAG_RIDDEN_OUT
             {
                 return Err(Failure::new(
                     "never makes again an object whose identity both GCs took",
                     format!(
-                        "i{i}: {} at {target}, its view of the kvstore {:?} behind",
+                        "i{i}: {} at {target} ({:?}, {:?}), its view of the kvstore {:?} behind",
                         op.label_key,
+                        op.kind,
+                        op.decided_by,
                         self.kv_view_lag(world)
                     ),
                 ));

@@ -90,9 +90,10 @@ pub struct World {
     pub objects: BTreeMap<u32, (LabelKey, u64)>,
     /// Objects sync created, by id.
     pub created_by_sync: BTreeSet<u32>,
-    /// Identities both GCs took, the kvstore's first: id -> labels, until a master key is
-    /// written at the id again. Their objects are not to be made again.
-    pub both_gcs_took: BTreeMap<u32, LabelKey>,
+    /// Identities both GCs took, the kvstore's first: id -> labels and the resourceVersion
+    /// that made the object, until a master key is written at the id again. Their objects
+    /// are not to be made again.
+    pub both_gcs_took: BTreeMap<u32, (LabelKey, u64)>,
     /// Ids CRD-mode agents hold (their endpoints reference them): the GC leaves them.
     pub crd_used: BTreeSet<u32>,
     pub k8s_log: Vec<(u64, K8sChange)>,
@@ -427,6 +428,7 @@ impl World {
             })
             .collect();
         let (id, labels) = rng.pick(&taken)?.clone();
+        let made_at = self.objects.get(&id).map_or(0, |(_, rv)| *rv);
         let nodes: Vec<String> = self
             .values
             .keys()
@@ -438,7 +440,7 @@ impl World {
         }
         self.delete_master(&id.to_string());
         self.delete_object(id);
-        self.both_gcs_took.insert(id, labels);
+        self.both_gcs_took.insert(id, (labels, made_at));
         Some(id)
     }
 

@@ -552,12 +552,10 @@ impl SyncState {
     /// An object at `id` went while the kvstore (as sync last saw it) holds the identity:
     /// not made again before `RECREATE_SETTLE` has passed (`settling`).
     fn settle_if_held(&mut self, id: u32, now: Instant) {
-        let Some(labels) = self.masters.get(id.to_string().as_bytes()) else {
-            return;
-        };
-        // One this sync made and will not make again has nothing to wait for.
-        let spent = self.deleted_after_create.contains(&id) && !self.may_make_again(id, labels);
-        if !spent {
+        // Even one this sync made and would not make again now waits: whether nodes use its
+        // labels is read from the same trailing view (a node's `value/` key may arrive just
+        // before the kvstore's deletes).
+        if self.masters.contains_key(id.to_string().as_bytes()) {
             self.settling.insert(id, now + RECREATE_SETTLE);
         }
     }
@@ -2056,6 +2054,33 @@ mod tests {
             (sync.status.recreated, sync.status.deleted_not_recreated),
             (0, 1)
         );
+
+        // Unused when its delete arrives, it still waits: a node's key that the trailing
+        // view shows next (just before the kvstore's deletes) must not make it again.
+        let mut sync = following(&[300], t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        made(&mut sync, ops);
+        let node_key = |present| KvChange::Slave {
+            label_key: b"k8s:app=a300;".to_vec(),
+            node: b"node-1".to_vec(),
+            present,
+        };
+        sync.apply_kv_change(node_key(false), t0);
+        sync.k8s_delete(300, String::new(), t0);
+        sync.apply_kv_change(node_key(true), t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert!(ops.is_empty(), "made again before the wait: {ops:?}");
+        sync.apply_kv_change(node_key(false), t0 + Duration::from_millis(500));
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: b"300".to_vec(),
+                value: None,
+                created: false,
+            },
+            t0 + Duration::from_millis(500),
+        );
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        assert!(ops.is_empty(), "{ops:?}");
     }
 
     #[test]

@@ -691,7 +691,8 @@ fn only_skips_and_objects_the_gc_took_back_are_expected_nowhere() {
     let ops = writes(&m.step(Input::Settle, t0, true));
     assert_eq!(ops.len(), 2, "300 and 301: {ops:?}");
     m.step(done(ops), t0, true);
-    // The cluster's GC deletes 300, which sync made; no node uses it, so it is not made again.
+    // The cluster's GC deletes 300, which sync made; no node uses it, so it is not made again
+    // (checked once the wait every deleted object has is over).
     m.step(
         Input::K8s(K8sChange::Deleted {
             id: 300,
@@ -700,7 +701,7 @@ fn only_skips_and_objects_the_gc_took_back_are_expected_nowhere() {
         t0,
         true,
     );
-    let nowhere = first_check_nowhere(&mut m, t0);
+    let nowhere = first_check_nowhere(&mut m, t0 + crate::core::sync::RECREATE_SETTLE);
     assert_eq!(nowhere, ["300".to_string(), "302".to_string()].into());
 }
 

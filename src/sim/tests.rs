@@ -102,6 +102,11 @@ const REGRESSIONS: &[(u64, usize, &str)] = &[
         500,
         "an object the cluster's GC deleted a moment after the kvstore's GC took its identity, made again at once while sync's view of the kvstore trailed (found by the real-server soak; with the wait removed this seed fails at step 92)",
     ),
+    (
+        51568,
+        200,
+        "the same for an object sync made whose labels no node used when its delete arrived: a node's key the trailing view showed next made it again at once",
+    ),
 ];
 
 #[test]

@@ -591,15 +591,14 @@ impl SyncState {
         // Every identity without an object in the list waits like a deleted object, seen
         // before or not: one made and deleted while the watch was gone was never seen, and
         // the view of the kvstore may still hold an identity both GCs took in that gap.
-        let missing: Vec<u32> = self
+        // (Read straight off the master keys, which hold each: no lookup per identity.)
+        let until = now + RECREATE_SETTLE;
+        let missing = self
             .masters
             .keys()
             .filter_map(|id| parse_id(id).ok())
-            .filter(|id| !identities.contains_key(id))
-            .collect();
-        for id in missing {
-            self.settle_if_held(id, now);
-        }
+            .filter(|id| !identities.contains_key(id));
+        self.settling.extend(missing.map(|id| (id, until)));
         self.k8s = identities;
         self.k8s_version = resource_version;
         self.cache = None;

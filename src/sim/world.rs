@@ -416,19 +416,21 @@ impl World {
             .filter(|(_, node)| node == RESERVATION_NODE)
             .map(|(l, _)| l.as_str())
             .collect();
-        let taken: Vec<(u32, String)> = self
+        // (id, labels, the resourceVersion that made its object)
+        let taken: Vec<(u32, String, u64)> = self
             .masters
             .iter()
-            .filter_map(|(id, l)| Some((id.parse::<u32>().ok()?, l.clone())))
-            .filter(|(id, l)| {
-                self.objects.get(id).is_some_and(|(o, _)| o == l)
-                    && !self.crd_used.contains(id)
-                    && !self.sync_masters.contains_key(&id.to_string())
-                    && !reserved.contains(l.as_str())
+            .filter_map(|(id, l)| {
+                let n = id.parse::<u32>().ok()?;
+                let (o, made_at) = self.objects.get(&n)?;
+                let eligible = o == l
+                    && !self.crd_used.contains(&n)
+                    && !self.sync_masters.contains_key(id)
+                    && !reserved.contains(l.as_str());
+                eligible.then(|| (n, l.clone(), *made_at))
             })
             .collect();
-        let (id, labels) = rng.pick(&taken)?.clone();
-        let made_at = self.objects.get(&id).map_or(0, |(_, rv)| *rv);
+        let (id, labels, made_at) = rng.pick(&taken)?.clone();
         let nodes: Vec<String> = self
             .values
             .keys()

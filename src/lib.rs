@@ -18,3 +18,7 @@ pub mod sim;
 pub mod tui;
 
 pub use error::{Error, Result};
+
+/// What the guide shows that is drawn from the code: the pictures of the TUI (tests).
+#[cfg(test)]
+mod guide;

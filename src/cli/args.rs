@@ -23,12 +23,30 @@ pub const LONG_VERSION: &str = concat!(
     "\n        kube-apiserver 1.19.0, etcd 3.4"
 );
 
+/// What each command's long help (and man page) ends with: examples, which the guide uses
+/// too (a test checks that they parse and that the guide shows them), and the exit status.
+pub mod examples {
+    pub const MAIN: &str = "Examples:\n  # The interactive migrator against Cilium's etcd (the kubeconfig as kubectl finds it)\n  cilium-idmig --etcd-config etcd.yaml\n  # The same on the embedded sandbox: no etcd, no Kubernetes\n  cilium-idmig demo\n\nExit status (the same for every command):\n  0  done\n  1  failed work: writes that failed, a verify mismatch, objects a rollback kept, etcd or the API server unreachable or failing after the retries\n  2  usage or configuration: bad flags or files, a refused plan, missing permissions (a 401/403, etcd's permission denied), a decision log another sync holds";
+    pub const TUI: &str = "Examples:\n  # Review and commit against Cilium's etcd (the kubeconfig as kubectl finds it)\n  cilium-idmig tui --etcd-config etcd.yaml\n  # Pick up a review where it ended (a quit, a dropped SSH session)\n  cilium-idmig tui --etcd-config etcd.yaml --resume review.jsonl\n  # Review what a run created, then delete it\n  cilium-idmig tui --rollback rollout.jsonl\n\nExit status:\n  0  quit after the work was done, or with nothing to do\n  1  a commit or rollback left writes failed or not made\n  2  usage or configuration: bad flags, unreadable files, a damaged log";
+    pub const PLAN: &str = "Examples:\n  # Read both sides and write the plan; changes nothing\n  cilium-idmig plan --etcd-config etcd.yaml --output plan.json\n  # A cluster of a mesh installed with max-connected-clusters 511\n  cilium-idmig plan --etcd-config etcd.yaml --cluster-id 3 --max-connected-clusters 511\n\nExit status:\n  0  both sides read and the plan made (and written with --output)\n  1  etcd or the API server unreachable or failing after the retries\n  2  usage or configuration: bad flags, an existing --output file, missing permissions";
+    pub const APPLY: &str = "Examples:\n  # Apply a reviewed plan\n  cilium-idmig apply --etcd-config etcd.yaml --plan plan.json --yes\n  # Apply the decisions made in the TUI\n  cilium-idmig apply --etcd-config etcd.yaml --resume review.jsonl --yes\n  # Plan and apply in one go, every proposal accepted\n  cilium-idmig apply --etcd-config etcd.yaml --yes --accept-proposals\n\nExit status:\n  0  every write made or already there\n  1  writes failed or not attempted (a rerun finishes them)\n  2  usage or configuration: no --yes, a refused plan, undecided conflicts, missing permissions";
+    pub const ROLLBACK: &str = "Examples:\n  # What a rollback would delete; changes nothing\n  cilium-idmig rollback --decision-log rollout.jsonl\n  # Delete exactly what that run created\n  cilium-idmig rollback --decision-log rollout.jsonl --yes\n  # A run whose log is lost, by the annotation on its objects\n  cilium-idmig rollback --run 20261201T010203Z-4f2a --yes\n\nExit status:\n  0  everything planned deleted or already gone (without --yes: the plan printed)\n  1  an object kept or a delete failed\n  2  usage or configuration, including a missing rollback role";
+    pub const AUDIT: &str = "Examples:\n  # Each finding with its nodes, endpoints and what to do\n  cilium-idmig audit --etcd-config etcd.yaml\n  # The same as JSON, for a script\n  cilium-idmig audit --etcd-config etcd.yaml --output json\n  # Watch a double-write rollout from a dashboard\n  cilium-idmig audit --etcd-config etcd.yaml --watch --status-addr 127.0.0.1:9465\n\nExit status:\n  0  the stores agree (with --watch: stopped by a signal)\n  1  findings\n  2  usage or configuration";
+    pub const VERIFY: &str = "Examples:\n  # Every kvstore identity at its id, or where the log maps it\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log rollout.jsonl\n  # Every log of the migration, as JSON\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log cilium-idmig-decisions-*.jsonl --output json\n\nExit status:\n  0  every valid kvstore identity is where it belongs\n  1  missing or different identities, or a store unreachable\n  2  usage or configuration: bad flags, an unreadable or damaged decision log";
+    pub const DEMO: &str = "Examples:\n  # The TUI on 2,000 generated identities\n  cilium-idmig demo\n  # A larger cluster behind a slow API server\n  cilium-idmig demo --identities 20000 --seed 7 --sandbox-latency 20ms\n  # Rehearse on your own cluster's dumps\n  cilium-idmig demo --from-snapshot kvstore.json --k8s-snapshot identities.json\n\nExit status:\n  0  done (with --headless: applied and verified; with --sync: cutover reached)\n  1  failed work\n  2  usage: bad flags, a refused dump";
+    pub const SYNC: &str = "Examples:\n  # Through the rollout, until cutover\n  cilium-idmig sync --etcd-config etcd.yaml --decision-log rollout.jsonl --status-addr 127.0.0.1:9464 --until-cutover\n  # The same with the TUI's decisions, and no split allocations\n  cilium-idmig sync --etcd-config etcd.yaml --decision-log rollout.jsonl --resume review.jsonl --reserve-in-kvstore --until-cutover\n\nExit status:\n  0  cutover reached (--until-cutover), or a clean stop with no failed write left\n  1  a write failed and was still not made at the stop\n  2  usage or configuration: a refused permission, a decision log another sync holds";
+    pub const COMPLETIONS: &str = "Examples:\n  # Bash\n  cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig\n  # Zsh, into a folder on $fpath\n  cilium-idmig completions zsh > ~/.zfunc/_cilium-idmig\n\nExit status:\n  0  printed\n  2  usage";
+    pub const MAN: &str = "Examples:\n  # The tool's page\n  cilium-idmig man > /usr/local/share/man/man1/cilium-idmig.1\n  # A command's page\n  cilium-idmig man apply > /usr/local/share/man/man1/cilium-idmig-apply.1\n\nExit status:\n  0  printed\n  2  usage: no such command";
+    pub const SANDBOX: &str = "Examples:\n  # Serve it, with a kubeconfig for kubectl\n  cilium-idmig sandbox --port 8080 --kubeconfig-out sandbox.kubeconfig\n  # Without the CRD, to see a first migration install it\n  cilium-idmig sandbox --no-crd\n\nExit status:\n  0  stopped by Ctrl-C\n  1  the server failed\n  2  usage: bad flags, a port in use";
+}
+
 #[derive(Parser)]
 #[command(
     name = "cilium-idmig",
     version,
     long_version = LONG_VERSION,
     about = "Migrate Cilium security identities from the etcd kvstore to CiliumIdentity resources",
+    after_long_help = examples::MAIN,
     // The interactive migrator's flags belong to it: before a command they would be
     // silently ignored, so they are refused there instead.
     args_conflicts_with_subcommands = true
@@ -141,8 +159,10 @@ pub struct TuiArgs {
 #[derive(Subcommand)]
 pub enum CliCommand {
     /// The interactive migrator (the default when no command is given).
+    #[command(after_long_help = examples::TUI)]
     Tui(TuiArgs),
     /// Read both sides and write the plan; changes nothing.
+    #[command(after_long_help = examples::PLAN)]
     Plan {
         #[command(flatten)]
         who: Operator,
@@ -155,6 +175,7 @@ pub enum CliCommand {
         output: Option<PathBuf>,
     },
     /// Apply a saved plan, or plan and apply in one go.
+    #[command(after_long_help = examples::APPLY)]
     Apply {
         #[command(flatten)]
         who: Operator,
@@ -175,6 +196,8 @@ pub enum CliCommand {
         /// Accept every remap and duplicate proposal that has no decision.
         #[arg(long)]
         accept_proposals: bool,
+        /// Where decisions and outcomes go (appended; created with mode 0600); default
+        /// cilium-idmig-decisions-<UTC time>-<pid>.jsonl here.
         #[arg(long)]
         decision_log: Option<PathBuf>,
         #[command(flatten)]
@@ -186,7 +209,10 @@ pub enum CliCommand {
     /// Delete exactly the CiliumIdentity objects that earlier runs created (from their
     /// decision logs), each only if it is still the object the run created. Without --yes it
     /// prints the plan and changes nothing.
-    #[command(group(clap::ArgGroup::new("runs").required(true).multiple(true)))]
+    #[command(
+        group(clap::ArgGroup::new("runs").required(true).multiple(true)),
+        after_long_help = examples::ROLLBACK
+    )]
     Rollback {
         #[command(flatten)]
         who: Operator,
@@ -224,6 +250,7 @@ pub enum CliCommand {
     /// operator's GC marked while in use (gc-marked). Each finding names its nodes, its
     /// endpoints and what to do. Works before, during and after a migration, and on
     /// Cilium 1.17+ double-write clusters. Writes nothing. Exit 0 clean, 1 findings.
+    #[command(after_long_help = examples::AUDIT)]
     Audit {
         #[command(flatten)]
         log: Logging,
@@ -244,6 +271,7 @@ pub enum CliCommand {
         every: Duration,
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
+    #[command(after_long_help = examples::VERIFY)]
     Verify {
         #[command(flatten)]
         log: Logging,
@@ -261,20 +289,28 @@ pub enum CliCommand {
     /// The interactive migrator on the embedded sandbox: an in-memory kvstore and the
     /// in-process API server, seeded with generated identities of every kind. Needs no etcd,
     /// no Kubernetes, no network.
+    #[command(after_long_help = examples::DEMO)]
     Demo(DemoArgs),
     /// Carry the cluster through the rollout window: apply what is decided, then follow both
     /// sides, mirror every new kvstore identity within seconds, report conflicts and split
     /// allocations, and know when cutover is reached.
+    #[command(after_long_help = examples::SYNC)]
     Sync(SyncArgs),
     /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
-    Completions { shell: clap_complete::Shell },
+    #[command(after_long_help = examples::COMPLETIONS)]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
     /// Print a manual page (roff): the tool's, e.g. `cilium-idmig man > cilium-idmig.1`,
     /// or a command's, e.g. `cilium-idmig man apply > cilium-idmig-apply.1`.
+    #[command(after_long_help = examples::MAN)]
     Man {
         /// The command whose page to print (cilium-idmig-COMMAND(1)).
         command: Option<String>,
     },
     /// Serve the sandbox API server on 127.0.0.1 until Ctrl-C, for trying other tools against it.
+    #[command(after_long_help = examples::SANDBOX)]
     Sandbox {
         #[command(flatten)]
         log: Logging,
@@ -448,8 +484,11 @@ pub struct DemoArgs {
     pub who: Operator,
     #[command(flatten)]
     pub log: Logging,
+    /// Identities of the generated cluster, of every kind (conflicts and malformed entries
+    /// included).
     #[arg(long, default_value_t = 2000)]
     pub identities: usize,
+    /// Seed of the generated cluster and of its rollout: the same seed, the same world.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Where the demo's decision log goes.
@@ -481,7 +520,9 @@ pub struct DemoArgs {
     /// one by one once sync runs.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub nodes: u32,
-    /// How fast the rollout plays: 1 takes about two minutes, 10 about twelve seconds.
+    /// How fast the rollout plays: 1 takes about two minutes from sync's start to cutover,
+    /// 10 about half a minute (the nodes move ten times faster; the demo's 5 s cutover grace
+    /// and sync's checks do not).
     #[arg(long, default_value_t = 1.0, value_parser = parse_speed)]
     pub rollout_speed: f64,
     /// With --headless: after the apply, follow the rollout with sync (every proposal

@@ -157,12 +157,64 @@ fn man(command: Option<String>) -> anyhow::Result<Exit> {
                 .bin_name(format!("cilium-idmig {name}"))
         }
     };
-    let mut page = Vec::new();
-    clap_mangen::Man::new(page_of)
-        .render(&mut page)
-        .context("rendering the manual page")?;
+    let page = man_page(page_of).context("rendering the manual page")?;
     out!("{}", String::from_utf8_lossy(&page)).context("writing the manual page")?;
     Ok(Exit::Ok)
+}
+
+/// A page as clap_mangen renders it, but for the end: the long help's examples and exit
+/// status become the EXAMPLES and EXIT STATUS sections man pages have, not one EXTRA.
+fn man_page(cmd: clap::Command) -> std::io::Result<Vec<u8>> {
+    let after = cmd
+        .get_after_long_help()
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    let has_options = cmd.get_arguments().any(|a| !a.is_hide_set());
+    let has_commands = cmd.has_subcommands();
+    let has_version = cmd.get_version().is_some() || cmd.get_long_version().is_some();
+    let man = clap_mangen::Man::new(cmd);
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    man.render_synopsis_section(&mut page)?;
+    man.render_description_section(&mut page)?;
+    if has_options {
+        man.render_options_section(&mut page)?;
+    }
+    if has_commands {
+        man.render_subcommands_section(&mut page)?;
+    }
+    for part in after.split("\n\n") {
+        let Some((heading, body)) = part.split_once('\n') else {
+            continue;
+        };
+        let heading = match heading.trim_end_matches(':') {
+            h if h.starts_with("Exit status") => "EXIT STATUS",
+            "Examples" => "EXAMPLES",
+            _ => continue,
+        };
+        page.extend_from_slice(format!(".SH \"{heading}\"\n.nf\n").as_bytes());
+        for line in body.lines() {
+            page.extend_from_slice(roff_line(line).as_bytes());
+            page.push(b'\n');
+        }
+        page.extend_from_slice(b".fi\n");
+    }
+    if has_version {
+        man.render_version_section(&mut page)?;
+    }
+    Ok(page)
+}
+
+/// A line of literal text in roff: backslashes and hyphens escaped, and a leading `.` or
+/// `'` kept from reading as a request.
+fn roff_line(line: &str) -> String {
+    let text = line.replace('\\', "\\e").replace('-', "\\-");
+    if text.starts_with('.') || text.starts_with('\'') {
+        format!("\\&{text}")
+    } else {
+        text
+    }
 }
 
 /// `verify`: every valid kvstore identity has its CiliumIdentity (or its recorded mapping).

@@ -25,8 +25,8 @@ pub const CLUSTER_ROLE_YAML: &str = include_str!("../../assets/clusterrole.yaml"
 /// The ClusterRole a rollback needs (the only command that deletes).
 pub const ROLLBACK_ROLE_YAML: &str = include_str!("../../assets/clusterrole-rollback.yaml");
 
-/// What the tool is tested with, against the real code: said by `--version`, the README and
-/// the preflight.
+/// What the tool is tested with, against the real code: said by `--version` and the
+/// preflight.
 pub const TESTED_WITH: &str = "tested with Cilium 1.9's and 1.18's own identity allocators (kvstore, crd, doublewrite-readcrd modes), Cilium 1.6.11's migrator side by side, kube-apiserver 1.19.0, etcd 3.4";
 
 /// The collection path of CiliumIdentity objects.

@@ -217,7 +217,7 @@ async fn generated_docs_pictures_of_every_screen_match_the_tui() {
     // How long it took is the machine's; the picture says 2.4 s.
     run.report.elapsed_ms = 2400;
     m.commit.elapsed = Duration::from_millis(2400);
-    let last = totals.borrow().clone();
+    let last = *totals.borrow();
     update(&mut m, Msg::Progress(last));
     let generation = m.commit.generation;
     update(

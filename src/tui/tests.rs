@@ -587,7 +587,7 @@ fn bulk_decisions_apply_to_the_conflicts_shown_and_undo_as_one_step() {
         assert!(item(&m, id).decided);
     }
     // One z undoes the whole step, logging each item: on the Identities screen itself, as
-    // the README and the help say.
+    // the guide and the help say.
     assert!(m.screen == Screen::Identities);
     let cmds = update(&mut m, key('z'));
     assert_eq!(logged(&cmds).len(), shown.len());

@@ -230,6 +230,17 @@ async fn completions_manual_version_and_the_kubectl_plugin() {
         &r.stdout[..200.min(r.stdout.len())]
     );
     assert!(r.stdout.contains("CiliumIdentity"));
+    // The exit codes are a contract: every page states them, and its examples, as sections
+    // of their own.
+    for page in ["apply", "sync", "audit"] {
+        let r = run(dir.path(), &["man", page]).await;
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        for section in [".SH \"EXAMPLES\"", ".SH \"EXIT STATUS\""] {
+            assert!(r.stdout.contains(section), "{page}: {}", r.stdout);
+        }
+        assert!(!r.stdout.contains(".SH EXTRA"), "{page}: {}", r.stdout);
+        assert!(r.stdout.contains("  2  usage"), "{page}: {}", r.stdout);
+    }
     let r = run(dir.path(), &["--version"]).await;
     assert!(r.stdout.contains("Cilium: 1.6 and later"), "{}", r.stdout);
     assert!(

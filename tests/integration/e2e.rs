@@ -608,7 +608,7 @@ async fn a_rehearsal_plays_the_clusters_own_dumps() {
     let w = World::new(SandboxConfig::default()).await;
     seed_every_kind(&w.etcd, &w.sb).await;
     let (kv, ids, kc) = (w.path("kv.json"), w.path("ids.json"), w.path("kubeconfig"));
-    // Exactly the read-only commands the README gives.
+    // Exactly the read-only commands the guide gives (docs/src/rehearsal.md).
     dump_to(
         &kv,
         "etcdctl",

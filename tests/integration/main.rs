@@ -2,6 +2,7 @@
 
 mod audit;
 mod cli;
+mod docs;
 mod e2e;
 mod etcd;
 mod harness;

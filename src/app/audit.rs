@@ -90,12 +90,28 @@ const AUDIT_SHOWN_PER_KIND: usize = 20;
 
 /// The audit as text: where it was read, the counts, each finding with its nodes, endpoints
 /// and what to do, and what could not be checked.
+/// What the decision logs at `paths` decided, as the audit reads it: each kvstore id that
+/// was remapped, reused or skipped, with the id it is served at and the labels decided for.
+pub fn decisions_from_logs(
+    paths: &[std::path::PathBuf],
+) -> Result<std::collections::BTreeMap<u32, (Option<u32>, String)>> {
+    let e = crate::app::flows::expectations_from_logs(paths)?;
+    Ok(e.mappings
+        .iter()
+        .filter_map(|(id, to)| {
+            let labels = e.mapped_labels.get(id)?;
+            Some((id.parse().ok()?, (*to, labels.clone())))
+        })
+        .filter(|(id, (to, _))| *to != Some(*id))
+        .collect())
+}
+
 pub fn summary(run: &AuditRun) -> String {
     use crate::core::audit::FindingKind;
     let r = &run.report;
     let mut out = format!(
-        "audit of both identity stores: {} kvstore identities (revision {}), {} CiliumIdentity objects\n",
-        r.kvstore_identities, run.kvstore_revision, r.objects
+        "audit of both identity stores: {} kvstore identities (revision {}; {} invalid entries not audited), {} CiliumIdentity objects\n",
+        r.kvstore_identities, run.kvstore_revision, r.invalid_ignored, r.objects
     );
     out.push_str(&format!("findings: {}\n", counts_text(r)));
     for kind in FindingKind::ALL {
@@ -131,6 +147,21 @@ pub fn summary(run: &AuditRun) -> String {
                 "{}: {} more (--output json lists every one)\n",
                 kind.as_str(),
                 of_kind.len() - AUDIT_SHOWN_PER_KIND
+            ));
+        }
+    }
+    if !r.decided.is_empty() {
+        out.push_str(&format!(
+            "explained by recorded decisions (not findings): {}\n",
+            r.decided.len()
+        ));
+        for d in r.decided.iter().take(AUDIT_SHOWN_PER_KIND) {
+            out.push_str(&format!(
+                "{} {}: {} · {}\n",
+                d.finding.kind.as_str(),
+                d.finding.id,
+                d.finding.labels,
+                d.decision
             ));
         }
     }

@@ -23,18 +23,72 @@ pub fn export(
     let log_text =
         std::fs::read(log.path()).map_err(|e| Error::file_io(log.path(), "cannot read", e))?;
     write_new(&log_out, &log_text)?;
-    let md = summary_markdown(log.operator(), server, range, log.path(), items);
+    let done = crate::io::decision_log::read_from(log_text.as_slice())
+        .map(|c| Done::of(&c.records))
+        .unwrap_or_default();
+    let md = summary_markdown(log.operator(), server, range, log.path(), items, &done);
     write_new(&md_out, md.as_bytes())?;
     Ok(vec![log_out, md_out])
 }
 
-/// A human-readable summary of the session's decisions.
+/// What the decision log records as done: each identity's last outcome, and the conflicts
+/// sync closed as moot. The plan shows what is still to do; this, what was done.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    pub created: usize,
+    pub already_there: usize,
+    pub mapped: usize,
+    pub skipped: usize,
+    pub moot: usize,
+    pub failed: usize,
+}
+
+impl Done {
+    pub fn of(records: &[crate::io::decision_log::Record]) -> Self {
+        use crate::core::outcome::Outcome;
+        use std::collections::BTreeMap;
+        // The last word on each identity: a rerun's `already-existed` does not undo a create.
+        let mut last: BTreeMap<&str, Outcome> = BTreeMap::new();
+        let mut moot = std::collections::BTreeSet::new();
+        for r in records.iter().filter(|r| r.kvstore.is_none()) {
+            if r.action.as_deref() == Some("moot") {
+                moot.insert(r.id.as_str());
+            }
+            match (r.outcome, last.get(r.id.as_str())) {
+                (Some(Outcome::AlreadyExisted), Some(Outcome::Created)) => {}
+                (Some(o), _) => {
+                    last.insert(&r.id, o);
+                }
+                (None, _) => {}
+            }
+        }
+        let mut d = Done {
+            moot: moot.len(),
+            ..Done::default()
+        };
+        for (id, o) in last {
+            match o {
+                Outcome::Created => d.created += 1,
+                Outcome::AlreadyExisted | Outcome::AlreadyMigrated => d.already_there += 1,
+                Outcome::Mapped => d.mapped += 1,
+                Outcome::Skipped if !moot.contains(id) => d.skipped += 1,
+                Outcome::Failed | Outcome::Conflict | Outcome::NotAttempted => d.failed += 1,
+                _ => {}
+            }
+        }
+        d
+    }
+}
+
+/// A human-readable summary of the session's decisions: what the decision log records as
+/// done, then the plan as it stands now (after a commit, mostly already migrated).
 pub fn summary_markdown(
     operator: &str,
     server: &str,
     range: IdRange,
     log_path: &Path,
     items: &[PlanItem],
+    done: &Done,
 ) -> String {
     let mut out = String::new();
     out.push_str("# cilium-idmig migration summary\n\n");
@@ -43,7 +97,18 @@ pub fn summary_markdown(
         "- operator: {operator}\n- API server: {server}\n- range: {range}\n- decision log: {}\n\n",
         log_path.display()
     );
-    out.push_str("| kind | count |\n|---|---|\n");
+    out.push_str("## Done (from the decision log)\n\n| | count |\n|---|---|\n");
+    for (what, n) in [
+        ("CiliumIdentity objects created", done.created),
+        ("already there with the same labels", done.already_there),
+        ("mapped to an id that holds the labels", done.mapped),
+        ("skipped by decision", done.skipped),
+        ("closed as moot by sync (no node used them)", done.moot),
+        ("failed or not attempted (last outcome)", done.failed),
+    ] {
+        let _ = writeln!(out, "| {what} | {n} |");
+    }
+    out.push_str("\n## The plan as it stands\n\n| kind | count |\n|---|---|\n");
     for kind in Kind::ALL {
         let _ = writeln!(
             out,
@@ -52,15 +117,15 @@ pub fn summary_markdown(
         );
     }
     let w = WriteSummary::of(items);
-    out.push_str("\n## Writes\n\n| | count |\n|---|---|\n");
+    out.push_str("\n## Still to write\n\n| | count |\n|---|---|\n");
     for (what, n) in [
         ("create at the same id", w.same_id),
         ("create at a new id (remap)", w.remaps),
         ("create a duplicate at its own id", w.duplicates),
-        ("CiliumIdentity objects in all", w.creates()),
+        ("CiliumIdentity objects still to create", w.creates()),
         ("already migrated", w.already_migrated),
         ("mapped to an id that holds the labels", w.mapped),
-        ("skipped by decision", w.skipped),
+        ("skipped (by decision, or closed as moot)", w.skipped),
         ("invalid kvstore entries", w.invalid),
     ] {
         let _ = writeln!(out, "| {what} | {n} |");
@@ -86,4 +151,67 @@ pub fn summary_markdown(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::outcome::Outcome;
+    use crate::io::decision_log::Record;
+
+    fn line(id: &str, action: (&str, &str), outcome: Option<Outcome>) -> Record {
+        let mut r = Record::decision(id, "k8s:app=a;", Kind::Create, action, None);
+        r.outcome = outcome;
+        r
+    }
+
+    #[test]
+    fn the_summary_counts_what_the_log_records_as_done_not_what_is_left_to_write() {
+        let records = vec![
+            line("300", ("create", "proposal"), None),
+            line("300", ("create", "proposal"), Some(Outcome::Created)),
+            // A rerun meets its own object: still created by this migration.
+            line("300", ("create", "proposal"), Some(Outcome::AlreadyExisted)),
+            line("301", ("skip", "operator"), Some(Outcome::Skipped)),
+            line("302", ("moot", "rule"), Some(Outcome::Skipped)),
+            line("303", ("create", "proposal"), Some(Outcome::Failed)),
+            line("303", ("create", "proposal"), Some(Outcome::Created)),
+            line("304", ("map", "operator"), Some(Outcome::Mapped)),
+        ];
+        let done = Done::of(&records);
+        assert_eq!(
+            done,
+            Done {
+                created: 2,
+                already_there: 0,
+                mapped: 1,
+                skipped: 1,
+                moot: 1,
+                failed: 0,
+            }
+        );
+        // After the commit, a rescan finds them all migrated: nothing still to create, and
+        // the summary still says what was created.
+        let md = summary_markdown(
+            "alice@bastion",
+            "https://10.0.0.1:6443",
+            IdRange::for_cluster(0).unwrap(),
+            Path::new("d.jsonl"),
+            &[],
+            &done,
+        );
+        assert!(
+            md.contains("| CiliumIdentity objects created | 2 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| closed as moot by sync (no node used them) | 1 |"),
+            "{md}"
+        );
+        assert!(md.contains("| skipped by decision | 1 |"), "{md}");
+        assert!(
+            md.contains("| CiliumIdentity objects still to create | 0 |"),
+            "{md}"
+        );
+    }
 }

@@ -169,11 +169,11 @@ pub fn verify_summary(r: &VerifyReport) -> String {
     }
     let _ = writeln!(
         out,
-        "verified {} identities: {} ok ({} via a recorded mapping), {} problems; {} invalid kvstore entries not checked",
+        "verified {} identities: {} ok ({} via a recorded mapping), {}; {} invalid kvstore entries not checked",
         r.checked,
         r.ok,
         r.mapped,
-        r.problems.len(),
+        crate::core::words::count(r.problems.len(), "problem"),
         r.invalid_ignored
     );
     out

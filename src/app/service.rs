@@ -545,10 +545,7 @@ fn resume_offer(cfg: &ServiceConfig) -> Option<ServiceEvent> {
     logs.into_iter().rev().find_map(|path| {
         let c = crate::io::decision_log::read(&path).ok()?;
         let last = c.sessions.last()?;
-        let same = last.session.server == session.server
-            && last.session.kvstore_prefix == session.kvstore_prefix
-            && last.session.cluster_id == session.cluster_id
-            && last.session.max_connected_clusters == session.max_connected_clusters;
+        let same = same_cluster(&last.session, &session);
         let decisions = c.uncommitted_decisions();
         (same && decisions > 0).then(|| ServiceEvent::ResumeOffer {
             path: path.clone(),
@@ -557,6 +554,21 @@ fn resume_offer(cfg: &ServiceConfig) -> Option<ServiceEvent> {
             when: last.ts.clone(),
         })
     })
+}
+
+/// Whether two sessions worked on one cluster: the same kvstore prefix, cluster ID and mesh
+/// layout, reached through the same API server or the same kvstore endpoints. The demo's
+/// API server has a new port each run; its kvstore's endpoint names its world (the seed).
+fn same_cluster(
+    a: &crate::io::decision_log::Session,
+    b: &crate::io::decision_log::Session,
+) -> bool {
+    let same_kvstore =
+        !a.kvstore_endpoints.is_empty() && a.kvstore_endpoints == b.kvstore_endpoints;
+    (a.server == b.server || same_kvstore)
+        && a.kvstore_prefix == b.kvstore_prefix
+        && a.cluster_id == b.cluster_id
+        && a.max_connected_clusters == b.max_connected_clusters
 }
 
 /// Reads both sides at once (`flows::read_both`). The kvstore side, usually read first,
@@ -842,5 +854,54 @@ async fn watch_drift(
     }
     if let Ok(Err(e)) = watcher.await {
         let _ = tx.send(ServiceEvent::failed(0, Task::DriftWatch, e)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_cluster;
+    use crate::io::decision_log::Session;
+
+    fn session(server: &str, kvstore: &str) -> Session {
+        Session {
+            command: "tui".into(),
+            server: server.into(),
+            context: None,
+            kvstore_endpoints: vec![kvstore.into()],
+            kvstore_prefix: "cilium/state/identities/v1".into(),
+            cluster_id: 0,
+            max_connected_clusters: Default::default(),
+            run: None,
+        }
+    }
+
+    #[test]
+    fn a_later_demo_of_the_same_world_is_the_same_cluster_whatever_its_port() {
+        let demo = "in-memory demo kvstore (seed 42, 2000 identities)";
+        let a = session("http://127.0.0.1:40001", demo);
+        assert!(same_cluster(&a, &session("http://127.0.0.1:40777", demo)));
+        let other_seed = "in-memory demo kvstore (seed 7, 2000 identities)";
+        assert!(!same_cluster(
+            &a,
+            &session("http://127.0.0.1:40777", other_seed)
+        ));
+        // A real cluster: the same API server, or the same etcd behind another URL.
+        let b = session("https://10.0.0.1:6443", "https://10.0.0.10:2379");
+        assert!(same_cluster(
+            &b,
+            &session("https://10.0.0.1:6443", "https://10.0.0.11:2379")
+        ));
+        assert!(same_cluster(
+            &b,
+            &session("https://api.prod:6443", "https://10.0.0.10:2379")
+        ));
+        let mut other = session("https://10.0.0.1:6443", "https://10.0.0.10:2379");
+        other.cluster_id = 3;
+        assert!(!same_cluster(&b, &other));
+        // No endpoints recorded (an etcd config file): only the server decides.
+        let (mut c, mut d) = (b.clone(), session("https://api.staging:6443", ""));
+        c.kvstore_endpoints.clear();
+        d.kvstore_endpoints.clear();
+        assert!(!same_cluster(&c, &d));
     }
 }

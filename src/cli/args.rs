@@ -269,6 +269,10 @@ pub enum CliCommand {
         /// With --watch: how long between audits.
         #[arg(long, default_value = "30s", value_parser = parse_duration, requires = "watch")]
         every: Duration,
+        /// Decision logs whose recorded remaps, reuses and skips explain findings (as verify
+        /// reads them): those are listed as decided, not counted as findings.
+        #[arg(long, num_args = 1..)]
+        decision_log: Vec<PathBuf>,
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     #[command(after_long_help = examples::VERIFY)]

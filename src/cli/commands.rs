@@ -2,6 +2,7 @@
 //! prints the result. Returns whether the work succeeded (exit 0 or 1); errors are exit 2
 //! when they are the operator's to fix.
 
+use cilium_idmig::core::words::count;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -74,14 +75,16 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             conn,
             output,
             watch: false,
+            decision_log,
             ..
-        } => audit(conn, output).await,
+        } => audit(conn, output, decision_log).await,
         CliCommand::Audit {
             conn,
             status_addr,
             every,
+            decision_log,
             ..
-        } => audit_watch(conn, status_addr, every).await,
+        } => audit_watch(conn, status_addr, every, decision_log).await,
         CliCommand::Demo(args) => demo_command(args).await,
         CliCommand::Tui(args) => tui(args, bin_name).await,
         CliCommand::Sync(args) => sync_command(args).await,
@@ -241,13 +244,19 @@ async fn verify(
 }
 
 /// `audit`: both stores read and audited by labels; exit 1 when anything was found.
-async fn audit(conn: Conn, output: super::args::Output) -> anyhow::Result<Exit> {
+async fn audit(
+    conn: Conn,
+    output: super::args::Output,
+    decision_log: Vec<PathBuf>,
+) -> anyhow::Result<Exit> {
+    let decisions = cilium_idmig::app::audit::decisions_from_logs(&decision_log)?;
     let World { kv, target, scope } = World::of(&conn).await?;
-    let run = printer::reading(
+    let mut run = printer::reading(
         "reading the kvstore and Kubernetes",
         cilium_idmig::app::audit::run(&kv, &target, scope.range),
     )
     .await?;
+    run.report.explain_by_decisions(&decisions);
     match output {
         super::args::Output::Json => outln!("{}", serde_json::to_string_pretty(&run)?)?,
         super::args::Output::Text => out!("{}", cilium_idmig::app::audit::summary(&run))?,
@@ -265,8 +274,10 @@ async fn audit_watch(
     conn: Conn,
     status_addr: Option<std::net::SocketAddr>,
     every: std::time::Duration,
+    decision_log: Vec<PathBuf>,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::audit::{AuditMetrics, counts_line, run};
+    let decisions = cilium_idmig::app::audit::decisions_from_logs(&decision_log)?;
     let World { kv, target, scope } = World::of(&conn).await?;
     let range = scope.range;
     let metrics = Arc::new(AuditMetrics::new()?);
@@ -282,7 +293,8 @@ async fn audit_watch(
     let mut last = String::new();
     loop {
         match run(&kv, &target, range).await {
-            Ok(audit) => {
+            Ok(mut audit) => {
+                audit.report.explain_by_decisions(&decisions);
                 metrics.record(&audit.report);
                 let line = counts_line(&audit.report);
                 if line != last {
@@ -734,11 +746,14 @@ async fn sync(
     let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
     let mut shown = String::new();
     let mut shown_at = std::time::Instant::now();
+    // Until both sides are read, a status has nothing to count: "0 identities, no node
+    // left" would be wrong.
+    let mut following = false;
     loop {
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some(SyncEvent::Status(s)) => {
-                    let line = s.to_string();
+                    let line = status_line(following, &s);
                     if line != shown || shown_at.elapsed() > std::time::Duration::from_secs(30) {
                         let _ = outln!("{line}");
                         shown = line;
@@ -750,7 +765,10 @@ async fn sync(
                 }
                 Some(SyncEvent::Split(split)) => { let _ = outln!("{split}"); },
                 Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
-                Some(SyncEvent::Following) => { let _ = outln!("sync started: following both sides"); },
+                Some(SyncEvent::Following) => {
+                    following = true;
+                    let _ = outln!("sync started: following both sides");
+                },
                 Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
                 Some(SyncEvent::Note(n)) => { let _ = outln!("{n}"); },
                 Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
@@ -772,9 +790,9 @@ async fn sync(
     outln!("{}", end.status)?;
     if until_cutover && !end.cutover {
         outln!(
-            "cutover not reached: {} kvstore-mode nodes, {} pending decisions; run sync again to go on",
-            end.status.kvstore_nodes,
-            end.status.pending
+            "cutover not reached: {}, {}; run sync again to go on",
+            count(end.status.kvstore_nodes, "kvstore-mode node"),
+            count(end.status.pending, "pending decision")
         )?;
     }
     if end.unwritten > 0 {
@@ -792,6 +810,16 @@ async fn sync(
     } else {
         Exit::Failed
     })
+}
+
+/// Sync's status line: its counts once both sides are read, and until then that it reads
+/// them (its counts would say "0 identities" and "no kvstore-mode node left").
+fn status_line(following: bool, s: &cilium_idmig::app::sync::SyncStatus) -> String {
+    if following {
+        s.to_string()
+    } else {
+        "sync: reading the kvstore and Kubernetes".to_string()
+    }
 }
 
 /// How a commit left unfinished in the TUI is finished afterwards.
@@ -838,9 +866,9 @@ async fn interactive(
         session.reserve_in_kvstore,
     );
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    let summary = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
+    let end = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
     // What stays on the terminal: what the last commit did, and how to finish it.
-    if let Some(s) = summary {
+    if let Some(s) = end.commit {
         outln!("{s}")?;
         if s.unfinished() && s.rollback.is_none() {
             match &finish {
@@ -850,6 +878,21 @@ async fn interactive(
                 )?,
                 Finish::Demo => outln!(
                     "to finish: the demo's kvstore and API server end with it; run the demo again to try once more"
+                )?,
+            }
+        }
+    }
+    // Where the rollout stands, and how to go on when sync stopped before cutover.
+    if let Some(r) = end.rollout {
+        outln!("{r}")?;
+        if !r.cutover {
+            match &finish {
+                Finish::Apply { bin_name } => outln!(
+                    "to go on: {}",
+                    going_on_command(bin_name, &log_path, std::env::args().skip(1))
+                )?,
+                Finish::Demo => outln!(
+                    "to go on: the demo's cluster ends with it; run the demo again to play the rollout once more"
                 )?,
             }
         }
@@ -869,6 +912,42 @@ fn finishing_command(
     log: &std::path::Path,
     args: impl Iterator<Item = String>,
 ) -> String {
+    after_the_tui(
+        bin_name,
+        "apply --yes --resume {log} --decision-log {log}",
+        log,
+        args,
+    )
+}
+
+/// `sync --decision-log LOG --until-cutover` with this run's flags: the sync the TUI ran,
+/// resumed from its log (what it made, reported and decided), headless.
+fn going_on_command(
+    bin_name: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    after_the_tui(
+        bin_name,
+        "sync --decision-log {log} --until-cutover",
+        log,
+        args,
+    )
+}
+
+/// `what` (its `{log}` the TUI's decision log) followed by the TUI's own flags.
+fn after_the_tui(
+    bin_name: &str,
+    what: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    let log = shell_quote(&log.display().to_string());
+    with_flags(format!("{bin_name} {}", what.replace("{log}", &log)), args)
+}
+
+/// `cmd` followed by the TUI's own flags, but for its name and its decision log.
+fn with_flags(cmd: String, args: impl Iterator<Item = String>) -> String {
     let mut kept = Vec::new();
     let mut args = args.peekable();
     while let Some(a) = args.next() {
@@ -884,8 +963,7 @@ fn finishing_command(
         }
         kept.push(shell_quote(&a));
     }
-    let log = shell_quote(&log.display().to_string());
-    let mut cmd = format!("{bin_name} apply --yes --resume {log} --decision-log {log}");
+    let mut cmd = cmd;
     for a in kept {
         cmd.push(' ');
         cmd.push_str(&a);
@@ -953,5 +1031,29 @@ mod tests {
             "kubectl cilium-idmig apply --yes --resume d.jsonl --decision-log d.jsonl --etcd-config '/etc/cilium/etcd config.yaml' --cluster-id=3"
         );
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        // Sync stopped before cutover goes on headless from the same log and flags.
+        let args = ["--etcd-config", "etcd.yaml", "--decision-log", "d.jsonl"].map(String::from);
+        assert_eq!(
+            going_on_command(
+                "cilium-idmig",
+                std::path::Path::new("d.jsonl"),
+                args.clone().into_iter()
+            ),
+            "cilium-idmig sync --decision-log d.jsonl --until-cutover --etcd-config etcd.yaml"
+        );
+        // Before both sides are read, no counts.
+        let status = cilium_idmig::app::sync::SyncStatus::default();
+        assert_eq!(
+            status_line(false, &status),
+            "sync: reading the kvstore and Kubernetes"
+        );
+        assert!(status_line(true, &status).contains("0 identities"));
+        use clap::Parser;
+        let words = going_on_command(
+            "cilium-idmig",
+            std::path::Path::new("d.jsonl"),
+            args.into_iter(),
+        );
+        assert!(super::super::args::Cli::try_parse_from(words.split(' ')).is_ok());
     }
 }

@@ -120,11 +120,76 @@ pub struct AuditReport {
     pub objects: usize,
     /// Kvstore entries that are no identity (malformed, out of range): not audited.
     pub invalid_ignored: usize,
+    /// Findings a recorded decision explains (a remap, a reuse, a skip), each with the
+    /// decision: shown, not counted, as `verify` counts them as done.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decided: Vec<Decided>,
+}
+
+/// A finding that a decision in a decision log explains.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decided {
+    #[serde(flatten)]
+    pub finding: Finding,
+    pub decision: String,
 }
 
 impl AuditReport {
     pub fn clean(&self) -> bool {
         self.findings.is_empty()
+    }
+
+    /// Moves the findings that recorded decisions explain out of the counts, as `verify`
+    /// reads the same logs. `decisions` maps a kvstore id to the id it is served at (`None`:
+    /// skipped) with the labels the decision was made for. A remap of kvstore id K (labels L)
+    /// to T explains the split at K (Kubernetes kept its own labels there), the double of L
+    /// (K in the kvstore, T in Kubernetes) and T in Kubernetes alone; a skip explains K's
+    /// split or its being in the kvstore alone.
+    pub fn explain_by_decisions(&mut self, decisions: &BTreeMap<u32, (Option<u32>, String)>) {
+        let why = |f: &Finding| -> Option<String> {
+            let decided = |k: u32| decisions.get(&k).filter(|(_, l)| l == &f.labels);
+            match f.kind {
+                FindingKind::Split | FindingKind::OneSide if f.side != Some(Side::Kubernetes) => {
+                    decided(f.id).map(|(to, _)| match to {
+                        Some(t) => {
+                            format!("remapped by decision: kvstore {} is served at {t}", f.id)
+                        }
+                        None => format!("skipped by decision: kvstore {} is not migrated", f.id),
+                    })
+                }
+                FindingKind::Double => {
+                    decided(f.id).filter(|(to, _)| *to == f.other_id).map(|_| {
+                        format!(
+                            "remapped by decision: kvstore {} is served at {}",
+                            f.id,
+                            f.other_id.unwrap_or_default()
+                        )
+                    })
+                }
+                FindingKind::OneSide => decisions
+                    .iter()
+                    .find(|(_, (to, l))| *to == Some(f.id) && l == &f.labels)
+                    .map(|(k, _)| format!("remapped by decision: serves kvstore {k}")),
+                _ => None,
+            }
+        };
+        let (mut kept, mut decided) = (Vec::new(), Vec::new());
+        for f in std::mem::take(&mut self.findings) {
+            match why(&f) {
+                Some(decision) => decided.push(Decided {
+                    finding: f,
+                    decision,
+                }),
+                None => kept.push(f),
+            }
+        }
+        for d in &decided {
+            if let Some(n) = self.counts.get_mut(d.finding.kind.as_str()) {
+                *n -= 1;
+            }
+        }
+        self.findings = kept;
+        self.decided = decided;
     }
 }
 

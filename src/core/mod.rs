@@ -12,3 +12,4 @@ pub mod range;
 pub mod rng;
 pub mod sync;
 pub mod verify;
+pub mod words;

@@ -5,6 +5,7 @@
 //! clock comes in as `now`; the watches, the writes, the log and the metrics stay in
 //! `app::sync`.
 
+use crate::core::words::count;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -138,17 +139,21 @@ impl CutoverWait {
 impl std::fmt::Display for CutoverWait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CutoverWait::Nodes(n) => write!(f, "waits for {n} kvstore-mode nodes to move"),
+            CutoverWait::Nodes(n) => {
+                write!(f, "waits for {} to move", count(*n, "kvstore-mode node"))
+            }
             CutoverWait::Grace { left } => write!(
                 f,
                 "no kvstore-mode node left: grace ends in {}s",
                 left.as_secs()
             ),
-            CutoverWait::Decisions(n) => write!(f, "waits for {n} pending decisions"),
-            CutoverWait::Writes(n) => write!(f, "waits for {n} writes (failing or in flight)"),
+            CutoverWait::Decisions(n) => write!(f, "waits for {}", count(*n, "pending decision")),
+            CutoverWait::Writes(n) => {
+                write!(f, "waits for {} (failing or in flight)", count(*n, "write"))
+            }
             CutoverWait::Lease => write!(f, "waits for the lease (another sync writes)"),
             CutoverWait::Verify { problems, first } => {
-                write!(f, "verify found {problems} problems: {first}")
+                write!(f, "verify found {}: {first}", count(*problems, "problem"))
             }
             CutoverWait::Checking => write!(f, "checking (a full verify)"),
         }
@@ -182,8 +187,8 @@ impl std::fmt::Display for SyncStatus {
         let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{}ms", d.as_millis()));
         write!(
             f,
-            "sync: {} kvstore-mode nodes · {} identities · {} mirrored · {} pending · {} split · {} failed · lag last {} p50 {} p99 {}{}",
-            self.kvstore_nodes,
+            "sync: {} · {} identities · {} mirrored · {} pending · {} split · {} failed · lag last {} p50 {} p99 {}{}",
+            count(self.kvstore_nodes, "kvstore-mode node"),
             self.identities,
             self.mirrored,
             self.pending,

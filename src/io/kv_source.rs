@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::core::kvstore::{DEFAULT_PREFIX, KvSnapshot, NodeCounts};
 use crate::error::{Error, Result};
 use crate::io::etcd::{self, EtcdConnection, EtcdOptions, KvWatchEvent};
-use crate::io::mem_kv::{self, MemKv};
+use crate::io::mem_kv::MemKv;
 
 /// Where the kvstore identities come from.
 #[derive(Debug, Clone)]
@@ -25,7 +25,7 @@ impl KvSource {
         match self {
             KvSource::Etcd(o) => o.endpoints.clone(),
             KvSource::Memory(s) => s.source.endpoints.clone(),
-            KvSource::Live(_) => vec![mem_kv::ENDPOINT.into()],
+            KvSource::Live(kv) => vec![kv.name().into()],
         }
     }
 

@@ -60,6 +60,9 @@ pub struct MemKv {
     events: broadcast::Sender<KeyEvent>,
     /// How many watches run now.
     watchers: watch::Sender<usize>,
+    /// What the decision log records as its endpoint: which demo world it is (its seed),
+    /// so a later demo of the same world finds the decisions of this one.
+    name: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for MemKv {
@@ -81,11 +84,23 @@ impl Default for MemKv {
             }),
             events,
             watchers: watch::Sender::new(0),
+            name: std::sync::OnceLock::new(),
         }
     }
 }
 
 impl MemKv {
+    /// This kvstore, named for the decision log (see `name`).
+    pub fn named(self, name: String) -> Self {
+        let _ = self.name.set(name);
+        self
+    }
+
+    /// Its endpoint as a decision log records it: `ENDPOINT`, and which world it holds.
+    pub fn name(&self) -> &str {
+        self.name.get().map_or(ENDPOINT, String::as_str)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -83,7 +83,18 @@ pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
             )
         }
     };
+    // The decision log names the world, so a later demo of it finds this one's decisions.
+    let name = match &cfg.kvstore_dump {
+        Some(path) => format!("{} ({})", mem_kv::ENDPOINT, path.display()),
+        None => format!(
+            "{} (seed {}, {} identities)",
+            mem_kv::ENDPOINT,
+            cfg.seed,
+            cfg.identities
+        ),
+    };
     let (kv, leases) = mem_kv::seeded(keys);
+    let kv = kv.named(name);
     let sandbox = Sandbox::start(SandboxConfig {
         port: cfg.port,
         ..Default::default()

@@ -576,12 +576,20 @@ pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<KeyAction> {
         .map(|b| b.action)
 }
 
-/// The bindings that work on a screen, screen-specific first.
+/// The bindings that work on a screen, screen-specific first. A global binding whose keys
+/// all the screen takes for its own (the Audit screen's `R`) is left out: it does not work there.
 pub fn bindings_for(screen: Screen) -> impl Iterator<Item = &'static Binding> {
-    let own = BINDINGS
-        .iter()
-        .filter(move |b| b.scope == Scope::On(screen));
-    own.chain(BINDINGS.iter().filter(|b| b.scope == Scope::Global))
+    let own = move || {
+        BINDINGS
+            .iter()
+            .filter(move |b| b.scope == Scope::On(screen))
+    };
+    let shadowed = move |g: &Binding| g.keys.iter().all(|k| own().any(|b| b.keys.contains(k)));
+    own().chain(
+        BINDINGS
+            .iter()
+            .filter(move |b| b.scope == Scope::Global && !shadowed(b)),
+    )
 }
 
 #[cfg(test)]
@@ -629,5 +637,27 @@ mod tests {
                 .iter()
                 .all(|b| !b.help.is_empty() && !b.short.is_empty() && !b.keys.is_empty())
         );
+    }
+
+    #[test]
+    fn each_screen_lists_a_key_once_the_one_that_works_there() {
+        for screen in Screen::ALL.into_iter().chain(Screen::ROLLBACK) {
+            let labels: Vec<&str> = bindings_for(screen).map(|b| b.label).collect();
+            let mut unique = labels.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(labels.len(), unique.len(), "{screen:?}: {labels:?}");
+            // Whatever is listed is what the key does there.
+            for b in bindings_for(screen) {
+                let (code, mods) = b.keys[0];
+                let mods = if mods == S { KeyModifiers::NONE } else { mods };
+                assert_eq!(
+                    action_for(screen, &KeyEvent::new(code, mods)),
+                    Some(b.action),
+                    "{screen:?} {}",
+                    b.label
+                );
+            }
+        }
     }
 }

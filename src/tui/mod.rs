@@ -10,6 +10,8 @@ pub mod view;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_new_user;
 
 use std::io::Stdout;
 use std::time::{Duration, Instant};
@@ -144,15 +146,79 @@ impl std::fmt::Display for CommitSummary {
     }
 }
 
-/// Runs the TUI until the operator quits, over the engine service's channels; returns the
-/// last commit's totals, if one ran.
+/// Where the rollout stood when the TUI ended, if sync ran in it: the line the terminal
+/// keeps, as headless sync says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutSummary {
+    pub cutover: bool,
+    pub kvstore_nodes: usize,
+    pub pending: usize,
+    pub splits: usize,
+    pub mirrored: u64,
+}
+
+impl RolloutSummary {
+    pub fn of(model: &Model) -> Option<Self> {
+        if !model.sync.running && model.sync.status.is_none() && !model.sync.cutover {
+            return None;
+        }
+        let s = model.sync.status.clone().unwrap_or_default();
+        Some(RolloutSummary {
+            cutover: model.sync.cutover,
+            kvstore_nodes: s.kvstore_nodes,
+            pending: s.pending,
+            splits: s.splits,
+            mirrored: s.mirrored,
+        })
+    }
+}
+
+impl std::fmt::Display for RolloutSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.cutover {
+            return write!(
+                f,
+                "sync: cutover reached ({} mirrored by sync)",
+                self.mirrored
+            );
+        }
+        write!(
+            f,
+            "sync: stopped before cutover: {} left, {}, {} now ({} mirrored by sync)",
+            crate::core::words::count(self.kvstore_nodes, "kvstore-mode node"),
+            crate::core::words::count(self.pending, "pending decision"),
+            crate::core::words::count(self.splits, "split allocation"),
+            self.mirrored
+        )
+    }
+}
+
+/// What the terminal keeps when the TUI ends: the last commit's totals and where the
+/// rollout stands, each if there is one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TuiEnd {
+    pub commit: Option<CommitSummary>,
+    pub rollout: Option<RolloutSummary>,
+}
+
+impl TuiEnd {
+    fn of(model: &Model) -> Self {
+        TuiEnd {
+            commit: CommitSummary::of(model),
+            rollout: RolloutSummary::of(model),
+        }
+    }
+}
+
+/// Runs the TUI until the operator quits, over the engine service's channels; returns what
+/// the terminal keeps (the last commit's totals, where the rollout stands).
 /// `rollback` non-empty opens the rollback of those decision logs' runs instead of a migration.
 pub async fn run(
     range: IdRange,
     no_color: bool,
     rollback: Vec<std::path::PathBuf>,
     handle: Handle,
-) -> Result<Option<CommitSummary>> {
+) -> Result<TuiEnd> {
     let Handle {
         requests,
         mut events,
@@ -181,7 +247,7 @@ pub async fn run(
             }
         }
         if model.quit {
-            return Ok(CommitSummary::of(&model));
+            return Ok(TuiEnd::of(&model));
         }
         terminal.draw(|f| view::view(&model, f)).map_err(term_err)?;
         let msg = tokio::select! {
@@ -194,7 +260,7 @@ pub async fn run(
                 Some(Ok(TermEvent::Resize(_, rows))) => Msg::Resize { rows },
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Err(term_err(e)),
-                None => return Ok(CommitSummary::of(&model)),
+                None => return Ok(TuiEnd::of(&model)),
             },
             Some(ev) = events.recv() => Msg::Engine(ev),
             Ok(()) = progress.changed() => Msg::Progress(*progress.borrow_and_update()),

@@ -56,7 +56,7 @@ fn world() -> (Vec<MasterEntry>, BTreeMap<u32, String>) {
     (masters, k8s)
 }
 
-fn scan_event(generation: u64) -> Event {
+pub(super) fn scan_event(generation: u64) -> Event {
     let (masters, k8s) = world();
     let mut nodes = HashMap::new();
     nodes.insert(masters[1].value.clone(), 4);
@@ -87,7 +87,7 @@ fn scanned_event(
     }
 }
 
-fn scanned_model() -> Model {
+pub(super) fn scanned_model() -> Model {
     let mut m = Model::new(IdRange::for_cluster(0).unwrap(), true);
     update(&mut m, Msg::Resize { rows: 30 });
     let cmds = init(&mut m);
@@ -164,7 +164,7 @@ fn node_counts_while_sync_runs_are_syncs_on_every_screen() {
 }
 
 /// The engine's word that commit `generation` ended with `report` (not verified).
-fn committed(generation: u64, report: ApplyReport) -> Msg {
+pub(super) fn committed(generation: u64, report: ApplyReport) -> Msg {
     Msg::Engine(Event::Committed {
         generation,
         run: Box::new(ApplyRun {
@@ -175,15 +175,15 @@ fn committed(generation: u64, report: ApplyReport) -> Msg {
     })
 }
 
-fn key(c: char) -> Msg {
+pub(super) fn key(c: char) -> Msg {
     Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
 }
 
-fn code(c: KeyCode) -> Msg {
+pub(super) fn code(c: KeyCode) -> Msg {
     Msg::Key(KeyEvent::new(c, KeyModifiers::NONE))
 }
 
-fn logged(cmds: &[Command]) -> Vec<String> {
+pub(super) fn logged(cmds: &[Command]) -> Vec<String> {
     cmds.iter()
         .filter_map(|c| match c {
             Command::Send(Request::Decided { name, item }) => Some(format!(
@@ -196,7 +196,7 @@ fn logged(cmds: &[Command]) -> Vec<String> {
         .collect()
 }
 
-fn item<'a>(m: &'a Model, id: &str) -> &'a crate::core::planner::PlanItem {
+pub(super) fn item<'a>(m: &'a Model, id: &str) -> &'a crate::core::planner::PlanItem {
     m.cluster.items.iter().find(|i| i.id == id).unwrap()
 }
 
@@ -332,7 +332,7 @@ fn commit_needs_every_decision_and_the_word_yes() {
 }
 
 /// Accepts every proposal and confirms a commit by typing `yes`.
-fn accept_all_and_commit(m: &mut Model) {
+pub(super) fn accept_all_and_commit(m: &mut Model) {
     update(m, key('3'));
     update(m, key('A'));
     update(m, key('y'));
@@ -751,11 +751,11 @@ fn pause_stays_and_r_resumes_what_is_left() {
 
 // ---- snapshots ---------------------------------------------------------------------------
 
-fn render(m: &Model) -> String {
+pub(super) fn render(m: &Model) -> String {
     render_at(m, 100, 30)
 }
 
-fn render_at(m: &Model, width: u16, height: u16) -> String {
+pub(super) fn render_at(m: &Model, width: u16, height: u16) -> String {
     let mut t = Terminal::new(TestBackend::new(width, height)).unwrap();
     t.draw(|f| super::view::view(m, f)).unwrap();
     let buf = t.backend().buffer().clone();

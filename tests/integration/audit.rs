@@ -223,3 +223,68 @@ async fn audit_watch_exports_the_findings_as_they_change() {
     assert!(text.contains("audit: 1 split"), "{text}");
     assert!(w.sb.request_count("POST ciliumidentities") == 0);
 }
+
+/// After a deliberate remap, `verify` and `audit` read the same decision log and agree: the
+/// split, the double and the object alone in Kubernetes are what was decided.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_with_the_decision_log_agrees_with_verify_after_a_remap() {
+    let w = World::new(SandboxConfig::default()).await;
+    // kvstore 1005 holds A; Kubernetes holds X there, so A is remapped (to 5000, edited).
+    w.etcd.put(&format!("{P}/id/1005"), A.as_bytes()).await;
+    w.etcd.put(&format!("{P}/value/{A}/node-1"), b"1005").await;
+    w.sb.seed_identity(1005, &sl(X));
+    let plan = w.path("plan.json");
+    let r = w.cli(&["plan", "--output", &plan]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let mut p: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let item = &mut p["items"][0];
+    assert_eq!(item["kind"], "remap", "{item}");
+    item["target_id"] = 5000.into();
+    item["decided"] = true.into();
+    let edited = w.path("edited.json");
+    std::fs::write(&edited, p.to_string()).unwrap();
+    let log = w.path("remap.jsonl");
+    let r = w
+        .cli(&["apply", "--plan", &edited, "--yes", "--decision-log", &log])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let r = w.cli(&["verify", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "verify passes: {}{}", r.stdout, r.stderr);
+
+    // Without the log the remap reads as findings; with it, as decided.
+    let r = w.cli(&["audit", "--output", "json"]).await;
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let json: Value = serde_json::from_str(&r.stdout).unwrap();
+    for kind in ["split", "double", "one-side"] {
+        assert!(json["counts"][kind].as_u64() > Some(0), "{kind}: {json:#}");
+    }
+    let r = w
+        .cli(&["audit", "--output", "json", "--decision-log", &log])
+        .await;
+    assert_eq!(
+        r.code, 0,
+        "the stores agree with the decision: {}",
+        r.stdout
+    );
+    let json: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(json["findings"].as_array().unwrap().is_empty(), "{json:#}");
+    let decided: Vec<(&str, u64)> = json["decided"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["kind"].as_str().unwrap(), d["id"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        decided,
+        [("split", 1005), ("double", 1005), ("one-side", 5000)],
+        "{json:#}"
+    );
+    let text = w.cli(&["audit", "--decision-log", &log]).await;
+    assert_eq!(text.code, 0);
+    assert!(
+        text.stdout
+            .contains("remapped by decision: kvstore 1005 is served at 5000"),
+        "{}",
+        text.stdout
+    );
+}

@@ -405,6 +405,51 @@ async fn every_failure_is_one_line_in_one_style_naming_what_to_do() {
     }
 }
 
+/// An API server that refuses the first connection is not there: `plan` and `verify` fail
+/// as etcd's client does, without the read's retries, and say what to check.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_api_server_fails_without_retrying() {
+    let w = World::new(SandboxConfig::default()).await;
+    let dead = format!("http://127.0.0.1:{}", crate::harness::free_port());
+    let dead_kc = w.path("dead-kubeconfig");
+    std::fs::write(
+        &dead_kc,
+        std::fs::read_to_string(w.path("kubeconfig"))
+            .unwrap()
+            .replace(&w.sb.url(), &dead),
+    )
+    .unwrap();
+    for cmd in ["plan", "verify"] {
+        let log = w.path(&format!("{cmd}.log"));
+        let args = [
+            cmd,
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &dead_kc,
+            "--log-file",
+            &log,
+            "--log-level",
+            "cilium_idmig=debug",
+        ];
+        let r = run(w.dir.path(), &args).await;
+        assert_eq!(r.code, 1, "{cmd}: {}", r.stderr);
+        assert!(r.stderr.contains(&dead), "{cmd}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("check that the API server is up"),
+            "{cmd}: {}",
+            r.stderr
+        );
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        for retry in ["retrying read", "listing again"] {
+            assert!(
+                !logged.contains(retry),
+                "{cmd} retried a refusal:\n{logged}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_demo_plays_a_whole_rollout_to_cutover() {
     let dir = tempfile::tempdir().unwrap();

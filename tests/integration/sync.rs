@@ -523,7 +523,7 @@ async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere(
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "a stop is a clean shutdown:\n{text}");
     assert!(
-        text.contains("cutover not reached: 1 kvstore-mode nodes, 0 pending"),
+        text.contains("cutover not reached: 1 kvstore-mode node, 0 pending decisions"),
         "{text}"
     );
 

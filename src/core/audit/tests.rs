@@ -369,3 +369,54 @@ fn a_kvstore_duplicate_that_is_syncs_reservation_says_so() {
     let action = duplicate_action(&r);
     assert!(action.contains("Cilium's kvstore GC"), "{action}");
 }
+
+#[test]
+fn findings_a_recorded_decision_explains_are_shown_apart_and_not_counted() {
+    // kvstore 1005 (web) remapped to 5000: Kubernetes keeps its own labels at 1005; 1006 is
+    // skipped, and 1007 is a split nobody decided.
+    let (web, db, squatter) = ("k8s:app=web;", "k8s:app=db;", "k8s:app=squatter;");
+    let masters = [("1005", web), ("1006", db), ("1007", "k8s:app=q;")];
+    let objects = [
+        obj(1005, squatter),
+        obj(5000, web),
+        obj(1007, "k8s:app=other;"),
+    ];
+    let mut r = run(&masters, &[], &objects, None);
+    assert_eq!(
+        kinds(&r),
+        vec![
+            (FindingKind::Split, 1005),
+            (FindingKind::Split, 1007),
+            (FindingKind::Double, 1005),
+            (FindingKind::OneSide, 1006),
+            (FindingKind::OneSide, 5000),
+        ]
+    );
+    let decisions = BTreeMap::from([
+        (1005, (Some(5000), web.to_string())),
+        (1006, (None, db.to_string())),
+        // A decision for labels the kvstore no longer holds there explains nothing.
+        (1007, (Some(6000), "k8s:app=gone;".to_string())),
+    ]);
+    r.explain_by_decisions(&decisions);
+    assert_eq!(kinds(&r), vec![(FindingKind::Split, 1007)]);
+    assert_eq!(
+        (r.counts["split"], r.counts["double"], r.counts["one-side"]),
+        (1, 0, 0)
+    );
+    let why: Vec<(u32, &str)> = r
+        .decided
+        .iter()
+        .map(|d| (d.finding.id, d.decision.as_str()))
+        .collect();
+    assert_eq!(
+        why,
+        vec![
+            (1005, "remapped by decision: kvstore 1005 is served at 5000"),
+            (1005, "remapped by decision: kvstore 1005 is served at 5000"),
+            (1006, "skipped by decision: kvstore 1006 is not migrated"),
+            (5000, "remapped by decision: serves kvstore 1005"),
+        ]
+    );
+    assert!(!r.clean());
+}

@@ -35,6 +35,20 @@ impl RequestError {
         }
     }
 
+    /// The connection was refused: nothing listens at the server's address.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, RequestError::Transport(m)
+            if m.contains("Connection refused") || m.contains("os error 111"))
+    }
+
+    /// Whether a read is worth another try, given whether this server ever answered. A server
+    /// that refuses the very first connection is not there (a wrong address, a stopped
+    /// server): retrying only delays the error, as etcd's client fails at once. Once it has
+    /// answered, a refusal is a restart or an outage, which a retry outlives.
+    pub fn worth_retrying(&self, answered_before: bool) -> bool {
+        self.is_retryable() && (answered_before || !self.is_refused())
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             RequestError::Status { retry_after, .. } => *retry_after,
@@ -192,5 +206,44 @@ pub(crate) async fn kube_call<T>(
             })
         }
         Ok(Err(e)) => Err(RequestError::Transport(crate::error::root_cause(&e).0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestError;
+
+    #[test]
+    fn a_refusal_before_any_answer_is_not_retried_and_one_after_is() {
+        let refused = RequestError::Transport("Connection refused (os error 111)".into());
+        assert!(refused.is_refused());
+        assert!(
+            !refused.worth_retrying(false),
+            "nothing listens there: fail at once"
+        );
+        assert!(
+            refused.worth_retrying(true),
+            "a restart or an outage: retry"
+        );
+        // Other transient failures are retried either way; a 4xx never.
+        let reset = RequestError::Transport("connection reset by peer".into());
+        assert!(reset.worth_retrying(false) && reset.worth_retrying(true));
+        assert!(RequestError::Timeout.worth_retrying(false));
+        let busy = RequestError::Status {
+            code: 503,
+            plain: true,
+            reason: String::new(),
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(busy.worth_retrying(false));
+        let denied = RequestError::Status {
+            code: 403,
+            plain: false,
+            reason: "Forbidden".into(),
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(!denied.worth_retrying(true));
     }
 }

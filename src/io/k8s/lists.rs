@@ -120,7 +120,9 @@ impl K8sTarget {
                     snap.crd_present = true;
                     return Ok(snap);
                 }
-                Err(ListError::Request(e)) if e.is_retryable() && attempt < READ_ATTEMPTS => {
+                Err(ListError::Request(e))
+                    if e.worth_retrying(self.has_answered()) && attempt < READ_ATTEMPTS =>
+                {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), "list");
                     tracing::debug!(attempt, error = %e, "listing again");
                     tokio::time::sleep(wait).await;

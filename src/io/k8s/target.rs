@@ -40,6 +40,8 @@ pub struct K8sTarget {
     pub consistent_reads: bool,
     /// Whether the server serves streaming lists: learnt on the first try, then remembered.
     pub(super) watch_list: Arc<AtomicU8>,
+    /// Whether the server ever answered a request (`RequestError::worth_retrying`).
+    pub(super) answered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Why no configuration can be inferred, said plainly, when that is plain from the
@@ -143,6 +145,7 @@ impl K8sTarget {
             context,
             consistent_reads: false,
             watch_list: Arc::new(AtomicU8::new(WATCH_LIST_UNKNOWN)),
+            answered: Arc::default(),
         })
     }
 
@@ -177,6 +180,22 @@ impl K8sTarget {
     }
 
     /// Drops the pooled connections after an error that suggests they are dead.
+    /// Whether the server has answered a request of this client (with any status).
+    pub(super) fn has_answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes how a request ended: any answer shows the server is there.
+    pub(super) fn note<T>(&self, result: &std::result::Result<T, super::errors::RequestError>) {
+        if !matches!(
+            result,
+            Err(super::errors::RequestError::Timeout | super::errors::RequestError::Transport(_))
+        ) {
+            self.answered
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn after_error(&self, e: &super::errors::RequestError) {
         if matches!(
             e,

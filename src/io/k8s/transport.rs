@@ -158,12 +158,13 @@ impl K8sTarget {
         loop {
             attempt += 1;
             let result = kube_call(READ_TIMEOUT, call()).await;
+            self.note(&result);
             if let Err(e) = &result {
                 self.after_error(e);
             }
             match result {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_retryable() && attempt < READ_ATTEMPTS => {
+                Err(e) if e.worth_retrying(self.has_answered()) && attempt < READ_ATTEMPTS => {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), what);
                     tracing::debug!(what, attempt, error = %e, "retrying read");
                     tokio::time::sleep(wait).await;

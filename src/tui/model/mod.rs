@@ -111,6 +111,10 @@ pub enum Modal {
     ConfirmSync {
         typed: TextField,
     },
+    /// Leaving while sync runs stops it before cutover: the typed word `leave` first.
+    ConfirmLeave {
+        typed: TextField,
+    },
     /// So does a rollback.
     ConfirmRollback {
         typed: TextField,
@@ -174,12 +178,17 @@ pub struct ReviewState {
     pub undo: Vec<Vec<(usize, PlanItem)>>,
     /// Conflicts that sync found after the snapshot, by kvstore id.
     pub new_since_snapshot: std::collections::BTreeSet<String>,
+    /// The planner's proposal for each conflict of the last scan (action and target), by
+    /// kvstore id: what `a` takes, whatever was decided on the item before.
+    pub proposals: std::collections::HashMap<String, (PlanAction, Option<u32>)>,
 }
 
 /// `sync` in the TUI: whether it runs, its latest status, and what it reported.
 #[derive(Debug, Clone, Default)]
 pub struct SyncView {
     pub running: bool,
+    /// `y` came while a scan ran: sync's confirmation opens once the scan is in.
+    pub start_after_scan: bool,
     /// Both watches are established (running alone means sync is still reading both sides).
     pub following: bool,
     pub stopping: bool,

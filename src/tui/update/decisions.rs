@@ -15,6 +15,20 @@ pub(super) fn log_decision(name: &'static str, item: &PlanItem) -> Command {
     })
 }
 
+/// `decision` applied to a copy of `item`: an accept takes the planner's proposal, whatever
+/// was decided on the item before (a reuse, an edit), as the Why pane explains it.
+fn decided(model: &Model, item: &PlanItem, decision: Decision) -> Result<PlanItem, String> {
+    let mut item = item.clone();
+    if decision == Decision::Accept
+        && let Some(&(action, target)) = model.review.proposals.get(&item.id)
+    {
+        item.action = action;
+        item.target_id = target;
+    }
+    decision.apply_to(&mut item)?;
+    Ok(item)
+}
+
 /// Applies one decision to the conflict under review, records it for undo, logs it at once,
 /// and moves on to the next undecided conflict.
 pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
@@ -25,11 +39,13 @@ pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
         return vec![];
     };
     let before = model.cluster.items[i].clone();
-    let mut item = before.clone();
-    if let Err(e) = decision.apply_to(&mut item) {
-        model.modal = Some(Modal::Message(e));
-        return vec![];
-    }
+    let item = match decided(model, &before, decision) {
+        Ok(item) => item,
+        Err(e) => {
+            model.modal = Some(Modal::Message(e));
+            return vec![];
+        }
+    };
     model.cluster.items[i] = item;
     model.review.undo.push(vec![(i, before)]);
     let item = &model.cluster.items[i];
@@ -96,11 +112,10 @@ pub(super) fn decide_bulk(
     let mut refused = 0;
     for &i in targets {
         let before = model.cluster.items[i].clone();
-        let mut item = before.clone();
-        if decision.apply_to(&mut item).is_err() {
+        let Ok(item) = decided(model, &before, decision) else {
             refused += 1;
             continue;
-        }
+        };
         model.cluster.items[i] = item;
         cmds.push(log_decision(bulk_name(decision), &model.cluster.items[i]));
         step.push((i, before));

@@ -270,9 +270,20 @@ fn scanned(
     model.scan.drift = (0, 0);
     model.scan.k8s_pending = false;
     model.scan.listing = None;
+    // The planner's proposals, before kept decisions cover them: what `a` takes.
+    let mut proposals: std::collections::HashMap<_, _> = scan
+        .items
+        .iter()
+        .filter(|i| i.kind.is_conflict())
+        .map(|i| (i.id.clone(), (i.action, i.target_id)))
+        .collect();
     let mut kept = merge_decisions(&model.cluster.items, scan.items);
     // A kept decision holds its target: no fresh proposal may land on it too.
     crate::core::planner::repropose_taken_targets(&mut kept, &scan.k8s, model.cluster.range);
+    for i in kept.iter().filter(|i| i.kind.is_conflict() && !i.decided) {
+        proposals.insert(i.id.clone(), (i.action, i.target_id));
+    }
+    model.review.proposals = proposals;
     model.cluster.k8s = scan.k8s;
     model.cluster.crd_present = scan.crd_present;
     model.status = format!(
@@ -297,6 +308,13 @@ fn scanned(
     // A resume asked for while this scan ran starts now, on the fresh items.
     if std::mem::take(&mut model.commit.resume_after_scan) {
         return start_commit(model);
+    }
+    // So does sync's confirmation, asked for with `y` meanwhile (unless a popup is up).
+    if std::mem::take(&mut model.sync.start_after_scan)
+        && model.modal.is_none()
+        && !model.sync.running
+    {
+        super::confirm_sync(model);
     }
     vec![]
 }

@@ -134,6 +134,13 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
                 ));
                 return vec![];
             }
+            if model.sync.running && !model.sync.cutover && !model.sync.stopping {
+                // Leaving stops sync before cutover: a typed word, as starting it took.
+                model.modal = Some(Modal::ConfirmLeave {
+                    typed: TextField::default(),
+                });
+                return vec![];
+            }
             model.quit = true;
             vec![]
         }
@@ -333,9 +340,9 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
                 return vec![];
             }
             if model.scan.scanning {
-                model.modal = Some(Modal::Message(
-                    "the scan is still running: sync can start once it is in".into(),
-                ));
+                // The rescan after a commit: sync's confirmation opens on its result.
+                model.sync.start_after_scan = true;
+                model.status = "sync's confirmation opens once the scan is in".into();
                 return vec![];
             }
             if matches!(
@@ -347,10 +354,7 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
                 ));
                 return vec![];
             }
-            // Starting sync writes: it takes the same typed `yes` as a commit.
-            model.modal = Some(Modal::ConfirmSync {
-                typed: TextField::default(),
-            });
+            confirm_sync(model);
             vec![]
         }
         KeyAction::Retry => {
@@ -384,6 +388,13 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
         }
         _ => vec![],
     }
+}
+
+/// Starting sync writes: it takes the same typed `yes` as a commit.
+pub(super) fn confirm_sync(model: &mut Model) {
+    model.modal = Some(Modal::ConfirmSync {
+        typed: TextField::default(),
+    });
 }
 
 fn nav(model: &mut Model, delta: isize) -> Vec<Command> {

@@ -56,6 +56,13 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             |typed| Modal::ConfirmSync { typed },
             start_sync,
         ),
+        Modal::ConfirmLeave { typed } => typed_word(
+            model,
+            (typed, "leave"),
+            &key,
+            |typed| Modal::ConfirmLeave { typed },
+            super::commit::stop_or_quit,
+        ),
         Modal::ConfirmRollback { typed } => typed_word(
             model,
             (typed, "yes"),

@@ -28,15 +28,15 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         return;
     };
     let r = &run.report;
-    let [head, list] = Layout::vertical([Constraint::Length(4), Constraint::Min(3)]).areas(area);
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let mut lines = vec![
         Line::from(vec![
             Span::styled("read   ", bold),
             Span::raw(format!(
-                "{} kvstore identities (revision {}), {} CiliumIdentity objects{}",
+                "{} valid kvstore identities (revision {}; {} invalid not audited), {} CiliumIdentity objects{}",
                 r.kvstore_identities,
                 run.kvstore_revision,
+                r.invalid_ignored,
                 r.objects,
                 if model.audit.running {
                     " · auditing again…"
@@ -49,6 +49,12 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::styled("found  ", bold),
             Span::styled(counts_text(r), if r.clean() { t.good() } else { t.warn() }),
         ]),
+        // The header counts the planner's kinds of kvstore identities; the audit counts
+        // findings by labels in both stores (a remap is a split and a double here).
+        Line::styled(
+            "by labels in both stores: not the planner's kinds in the header",
+            t.dim(),
+        ),
     ];
     if let Some(n) = run.not_checked.first() {
         let more = run.not_checked.len() - 1;
@@ -64,6 +70,11 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             t.dim(),
         ));
     }
+    // As tall as the lines are once wrapped, so no count is cut off at 80 columns.
+    let inner = area.width.saturating_sub(2).max(1) as usize;
+    let rows: usize = lines.iter().map(|l| l.width().max(1).div_ceil(inner)).sum();
+    let [head, list] =
+        Layout::vertical([Constraint::Length(rows as u16 + 2), Constraint::Min(3)]).areas(area);
     frame.render_widget(
         Paragraph::new(lines)
             .block(block.clone())

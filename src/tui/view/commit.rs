@@ -188,7 +188,7 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
                 t.good(),
             )),
             Some(v) => lines.push(Line::styled(
-                format!("verification: {} of {} ok, {} problems (skipped or missing)", v.ok, v.checked, v.problems.len()),
+                format!("verification: {} of {} ok, {} (skipped or missing)", v.ok, v.checked, crate::core::words::count(v.problems.len(), "problem")),
                 t.bad(),
             )),
             None => lines.push(Line::raw("not verified (the commit was stopped)")),

@@ -123,6 +123,15 @@ fn detail(
 }
 
 /// The lines of a popup that asks for a typed word, and the word as typed so far.
+/// Room for each line as it wraps in the narrowest popup (80 columns), and the typed word.
+fn typed_popup_height(lines: &[Line]) -> u16 {
+    lines
+        .iter()
+        .map(|l| l.width().div_ceil(74) as u16)
+        .sum::<u16>()
+        + 3
+}
+
 fn typed_word(mut lines: Vec<Line<'static>>, typed: &TextField) -> Vec<Line<'static>> {
     lines.push(Line::styled(
         format!("> {}", with_cursor(typed)),
@@ -172,13 +181,26 @@ fn confirm_sync(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'st
         )));
     }
     lines.push(Line::raw("Type yes and press Enter (Esc cancels)."));
-    // Room for each line as it wraps in the narrowest popup (80 columns), and the typed word.
-    let h = lines
-        .iter()
-        .map(|l| l.width().div_ceil(74) as u16)
-        .sum::<u16>()
-        + 3;
+    let h = typed_popup_height(&lines);
     (" Start sync ", typed_word(lines, typed), h)
+}
+
+/// Leaving while sync runs: where the rollout stands, and that sync stops with the TUI.
+fn confirm_leave(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
+    let stands = crate::tui::RolloutSummary::of(model)
+        .map(|s| {
+            s.to_string()
+                .replacen("sync: stopped before cutover: ", "", 1)
+        })
+        .unwrap_or_default();
+    let lines = vec![
+        Line::raw(format!(
+            "Sync is running and cutover is not reached: {stands}. Leaving stops it: nothing mirrors what kvstore-mode agents allocate until sync runs again."
+        )),
+        Line::raw("Type leave and press Enter to stop sync and quit (Esc stays)."),
+    ];
+    let h = typed_popup_height(&lines);
+    (" Leave while sync runs? ", typed_word(lines, typed), h)
 }
 
 /// The rollback's confirmation: how many objects it may delete.
@@ -289,6 +311,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
         Modal::ConfirmCommit { typed } => confirm_commit(model, typed),
         Modal::ConfirmSync { typed } => confirm_sync(model, typed),
         Modal::ConfirmRollback { typed } => confirm_rollback(model, typed),
+        Modal::ConfirmLeave { typed } => confirm_leave(model, typed),
         Modal::ConfirmIncludeInUse { typed } => (
             " Delete identities in use ",
             typed_word(

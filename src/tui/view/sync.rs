@@ -23,6 +23,16 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::styled("cutover reached", t.good())
         } else if s.stopping {
             Span::raw("stopping: writes in flight finish")
+        } else if let Some(holder) = s
+            .status
+            .as_ref()
+            .and_then(|st| st.standby.as_ref())
+            .filter(|_| s.running && s.following)
+        {
+            Span::styled(
+                format!("standby: {holder} holds the lease; following both sides, writing nothing"),
+                t.warn(),
+            )
         } else if s.running && s.following {
             Span::raw("following both sides")
         } else if s.running {
@@ -42,8 +52,10 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         lines.push(Line::from(vec![
             Span::styled("rollout  ", bold),
             Span::raw(format!(
-                "{} kvstore-mode nodes left · {} identities · {} mirrored",
-                st.kvstore_nodes, st.identities, st.mirrored
+                "{} left · {} identities · {} mirrored",
+                crate::core::words::count(st.kvstore_nodes, "kvstore-mode node"),
+                st.identities,
+                st.mirrored
             )),
         ]));
         lines.push(Line::from(vec![

@@ -1,0 +1,161 @@
+//! TUI tests of what trying it as a new user found: leaving while sync runs, `y` while the
+//! scan after a commit runs, `a` after another decision.
+
+use crossterm::event::KeyCode;
+
+use super::model::{CommitPhase, Modal, Screen};
+use super::msg::{Command, Msg};
+use super::tests::{accept_all_and_commit, code, item, key, logged, render, scanned_model};
+use super::update::update;
+use crate::app::service::{ServiceEvent as Event, ServiceRequest as Request};
+use crate::app::sync::{SyncEvent, SyncStatus};
+use crate::core::planner::{Action, Kind};
+
+/// A model whose sync runs mid-rollout: two kvstore-mode nodes, one pending decision.
+fn syncing() -> super::model::Model {
+    let mut m = scanned_model();
+    accept_all_and_commit(&mut m);
+    m.commit.phase = CommitPhase::Done;
+    update(&mut m, key('y'));
+    for c in "yes".chars() {
+        update(&mut m, key(c));
+    }
+    update(&mut m, code(KeyCode::Enter));
+    assert!(m.sync.running);
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Following)));
+    let status = SyncStatus {
+        kvstore_nodes: 2,
+        pending: 1,
+        splits: 1,
+        mirrored: 12,
+        watching: true,
+        ..Default::default()
+    };
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Status(status))));
+    m.modal = None;
+    m
+}
+
+#[test]
+fn leaving_while_sync_runs_asks_for_a_typed_word_and_says_where_the_rollout_stands() {
+    for quit in [code(KeyCode::Esc), key('q')] {
+        let mut m = syncing();
+        assert!(update(&mut m, quit).is_empty());
+        assert!(
+            !m.quit,
+            "Esc or q with no popup does not leave while sync runs"
+        );
+        assert!(
+            matches!(m.modal, Some(Modal::ConfirmLeave { .. })),
+            "{:?}",
+            m.modal
+        );
+        let popup = render(&m);
+        assert!(popup.contains("2 kvstore-mode nodes left"), "{popup}");
+        // Esc stays; a wrong word does nothing.
+        assert!(update(&mut m, code(KeyCode::Esc)).is_empty());
+        assert!(m.modal.is_none() && !m.quit && m.sync.running);
+        update(&mut m, key('q'));
+        update(&mut m, key('y'));
+        assert!(update(&mut m, code(KeyCode::Enter)).is_empty());
+        assert!(!m.quit && m.sync.running);
+        // The popup stays, its field cleared: the word stops sync, and the TUI quits once
+        // sync has stopped.
+        assert!(matches!(m.modal, Some(Modal::ConfirmLeave { .. })));
+        for c in "leave".chars() {
+            update(&mut m, key(c));
+        }
+        let cmds = update(&mut m, code(KeyCode::Enter));
+        assert!(
+            matches!(&cmds[..], [Command::Send(Request::StopSync)]),
+            "{cmds:?}"
+        );
+        assert!(m.quit_after_commit && m.sync.stopping);
+    }
+    // What the terminal keeps says where the rollout stands, as headless sync does.
+    let m = syncing();
+    let end = super::RolloutSummary::of(&m).unwrap();
+    assert!(!end.cutover);
+    assert_eq!(
+        end.to_string(),
+        "sync: stopped before cutover: 2 kvstore-mode nodes left, 1 pending decision, 1 split allocation now (12 mirrored by sync)"
+    );
+    // Without sync, or past cutover, q quits at once.
+    let mut m = scanned_model();
+    update(&mut m, key('q'));
+    assert!(m.quit);
+    assert!(super::RolloutSummary::of(&m).is_none());
+    let mut m = syncing();
+    m.sync.cutover = true;
+    update(&mut m, key('q'));
+    assert!(m.quit);
+}
+
+#[test]
+fn y_while_the_scan_after_a_commit_runs_opens_the_confirmation_once_it_is_in() {
+    let mut m = scanned_model();
+    accept_all_and_commit(&mut m);
+    let generation = m.commit.generation;
+    let cmds = update(
+        &mut m,
+        super::tests::committed(generation, Default::default()),
+    );
+    assert!(m.scan.scanning, "a commit ends with a rescan: {cmds:?}");
+    assert!(update(&mut m, key('y')).is_empty());
+    assert!(m.modal.is_none(), "{:?}", m.modal);
+    assert!(m.status.contains("once the scan is in"), "{}", m.status);
+    let generation = m.scan.generation;
+    update(&mut m, Msg::Engine(super::tests::scan_event(generation)));
+    assert!(
+        matches!(m.modal, Some(Modal::ConfirmSync { .. })),
+        "{:?}",
+        m.modal
+    );
+    assert!(!m.sync.running, "the confirmation, not sync itself");
+}
+
+#[test]
+fn accept_after_another_decision_takes_the_planners_proposal_again() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    // The duplicate: the planner proposes its own id; `u` maps it to the other id instead.
+    let dup = m
+        .cluster
+        .items
+        .iter()
+        .position(|i| i.kind == Kind::Duplicate)
+        .unwrap();
+    m.review.conflict = Some(dup);
+    let id = m.cluster.items[dup].id.clone();
+    let proposal = (item(&m, &id).action, item(&m, &id).target_id);
+    assert_eq!(proposal.0, Action::Create);
+    update(&mut m, key('u'));
+    assert_eq!(item(&m, &id).action, Action::None);
+    m.review.conflict = Some(dup);
+    let cmds = update(&mut m, key('a'));
+    assert_eq!((item(&m, &id).action, item(&m, &id).target_id), proposal);
+    assert!(item(&m, &id).decided);
+    let target = proposal.1.unwrap();
+    assert_eq!(
+        logged(&cmds),
+        vec![format!("{id} accept (create {target})")]
+    );
+    assert_eq!(m.screen, Screen::Conflicts);
+}
+
+#[test]
+fn a_sync_that_stands_by_says_so_on_its_state_line() {
+    let mut m = syncing();
+    assert!(render(&m).contains("following both sides"));
+    let status = SyncStatus {
+        standby: Some("bastion-2:/var/log/rollout.jsonl".into()),
+        watching: true,
+        ..Default::default()
+    };
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Status(status))));
+    let screen = render(&m);
+    assert!(
+        screen.contains("standby: bastion-2:/var/log/rollout.jsonl holds the lease"),
+        "{screen}"
+    );
+}

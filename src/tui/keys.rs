@@ -66,6 +66,7 @@ const S: KeyModifiers = KeyModifiers::SHIFT;
 const C: KeyModifiers = KeyModifiers::CONTROL;
 use KeyCode::*;
 
+const PREFLIGHT: Scope = Scope::On(Screen::Preflight);
 const LIST: Scope = Scope::On(Screen::Identities);
 const CONF: Scope = Scope::On(Screen::Conflicts);
 const COMMIT: Scope = Scope::On(Screen::Commit);
@@ -505,6 +506,54 @@ pub const BINDINGS: &[Binding] = &[
         short: "page on",
         action: KeyAction::PageDown,
         help: "a page of reports forward (to the newest)",
+    },
+    Binding {
+        scope: PREFLIGHT,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        short: "down",
+        action: KeyAction::Down,
+        help: "scroll the checks down",
+    },
+    Binding {
+        scope: PREFLIGHT,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        short: "up",
+        action: KeyAction::Up,
+        help: "scroll the checks up",
+    },
+    Binding {
+        scope: PREFLIGHT,
+        keys: &[(PageDown, N), (Char('f'), C)],
+        label: "PgDn",
+        short: "page down",
+        action: KeyAction::PageDown,
+        help: "a page of checks down",
+    },
+    Binding {
+        scope: PREFLIGHT,
+        keys: &[(PageUp, N), (Char('b'), C)],
+        label: "PgUp",
+        short: "page up",
+        action: KeyAction::PageUp,
+        help: "a page of checks up",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(PageDown, N), (Char('f'), C)],
+        label: "PgDn",
+        short: "labels down",
+        action: KeyAction::PageDown,
+        help: "scroll both label panes down (a label set longer than the panes)",
+    },
+    Binding {
+        scope: CONF,
+        keys: &[(PageUp, N), (Char('b'), C)],
+        label: "PgUp",
+        short: "labels up",
+        action: KeyAction::PageUp,
+        help: "scroll both label panes up",
     },
     Binding {
         scope: AUDIT,

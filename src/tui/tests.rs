@@ -1353,7 +1353,7 @@ fn a_duplicate_of_another_kvstore_id_shows_that_entry_not_an_empty_object() {
     m.review.conflict = Some(i);
     let screen = render(&m);
     assert!(
-        screen.contains(&format!("kvstore id {other} (same labels")),
+        screen.contains(&format!("kvstore {other}, same labels")),
         "{screen}"
     );
     assert!(!screen.contains("(no object)"), "{screen}");

@@ -159,3 +159,112 @@ fn a_sync_that_stands_by_says_so_on_its_state_line() {
         "{screen}"
     );
 }
+
+/// The screen at 80x24, the smallest terminal the TUI supports.
+fn small(m: &mut super::model::Model) -> String {
+    update(m, Msg::Resize { rows: 24 });
+    super::tests::render_at(m, 80, 24)
+}
+
+#[test]
+fn at_80x24_every_preflight_check_can_be_scrolled_to() {
+    use crate::app::service::{Check, CheckStatus, PreflightReport};
+    let mut m = scanned_model();
+    let checks = (0..14)
+        .map(|n| Check {
+            name: format!("check number {n}"),
+            status: CheckStatus::Ok,
+            detail: "allowed".into(),
+            fix: None,
+        })
+        .collect();
+    let report = PreflightReport {
+        etcd: "https://10.0.0.10:2379".into(),
+        server: "https://10.0.0.1:6443".into(),
+        context: "prod".into(),
+        version: "v1.33.2".into(),
+        crd_present: true,
+        cluster_id: 0,
+        max_connected_clusters: Default::default(),
+        range: None,
+        checks,
+    };
+    update(&mut m, Msg::Engine(Event::Preflight(report)));
+    update(&mut m, key('1'));
+    let screen = small(&mut m);
+    assert!(!screen.contains("check number 13"), "{screen}");
+    assert!(screen.contains("rows 1-18 of 19"), "{screen}");
+    for _ in 0..3 {
+        update(&mut m, key('j'));
+    }
+    let screen = small(&mut m);
+    assert!(screen.contains("check number 13: allowed"), "{screen}");
+    assert!(
+        !screen.contains("kvstore     https"),
+        "scrolled past the top:\n{screen}"
+    );
+    update(&mut m, code(KeyCode::PageUp));
+    assert!(small(&mut m).contains("kvstore     https"));
+}
+
+#[test]
+fn at_80x24_a_long_label_set_scrolls_and_says_how_much_is_left() {
+    let mut m = scanned_model();
+    update(&mut m, key('3'));
+    let i = m.review.conflict.unwrap();
+    // Twelve labels, more than the panes hold at 80x24.
+    let long: String = (0..12)
+        .map(|n| format!("k8s:label-{n:02}=value;"))
+        .collect();
+    m.cluster.items[i].labels = long;
+    let screen = small(&mut m);
+    assert!(!screen.contains("label-11"), "{screen}");
+    assert!(screen.contains("of 12 (PgDn)"), "{screen}");
+    // The conflict's line wraps rather than cutting "needs a decision".
+    assert!(
+        screen.contains("needs a") && screen.contains("│decision"),
+        "{screen}"
+    );
+    update(&mut m, code(KeyCode::PageDown));
+    update(&mut m, code(KeyCode::PageDown));
+    let screen = small(&mut m);
+    assert!(screen.contains("label-11"), "{screen}");
+    // Moving on shows the next conflict from its first label.
+    update(&mut m, key('n'));
+    assert_eq!(m.review.label_scroll, 0);
+}
+
+#[test]
+fn at_80x24_the_commits_result_lines_wrap_whole() {
+    use crate::apply::outcome::ApplyReport;
+    let mut m = scanned_model();
+    accept_all_and_commit(&mut m);
+    let generation = m.commit.generation;
+    update(
+        &mut m,
+        Msg::Engine(Event::Committed {
+            generation,
+            run: Box::new(crate::app::flows::ApplyRun {
+                report: ApplyReport::default(),
+                ..Default::default()
+            }),
+            verify: Some(crate::core::verify::VerifyReport {
+                checked: 1900,
+                ok: 1900,
+                mapped: 172,
+                ..Default::default()
+            }),
+        }),
+    );
+    update(&mut m, key('4'));
+    let screen = small(&mut m);
+    // Each line of the pane read on from one row to the next, as it wraps.
+    let flat = screen
+        .lines()
+        .map(|l| l.trim_matches(['│', ' ']))
+        .collect::<Vec<_>>()
+        .join(" ");
+    for whole in ["0 failed, 0 conflicts", "(172 via a mapping)"] {
+        assert!(flat.contains(whole), "{whole}:\n{screen}");
+    }
+}

@@ -181,6 +181,8 @@ pub struct ReviewState {
     /// The planner's proposal for each conflict of the last scan (action and target), by
     /// kvstore id: what `a` takes, whatever was decided on the item before.
     pub proposals: std::collections::HashMap<String, (PlanAction, Option<u32>)>,
+    /// The label panes' first row shown (PgUp/PgDn): a label set can outgrow them.
+    pub label_scroll: u16,
 }
 
 /// `sync` in the TUI: whether it runs, its latest status, and what it reported.
@@ -252,6 +254,8 @@ pub struct Model {
     pub no_color: bool,
     pub quit: bool,
     pub quit_after_commit: bool,
+    /// The Preflight screen's first row shown: its checks can outgrow a small terminal.
+    pub preflight_scroll: u16,
 }
 
 impl Model {
@@ -280,6 +284,7 @@ impl Model {
             no_color,
             quit: false,
             quit_after_commit: false,
+            preflight_scroll: 0,
         }
     }
 

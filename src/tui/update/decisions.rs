@@ -61,6 +61,7 @@ pub(super) fn decide(model: &mut Model, decision: Decision) -> Vec<Command> {
         .find(|&c| c > i && !model.cluster.items[c].decided);
     if let Some(next) = next {
         model.review.conflict = Some(next);
+        model.review.label_scroll = 0;
     }
     vec![cmd]
 }

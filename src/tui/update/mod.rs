@@ -83,9 +83,30 @@ fn scroll(model: &mut Model, action: KeyAction) -> Vec<Command> {
         // Counted back from the newest report: up is older.
         Screen::Sync => model.sync.scroll_by(-delta((page / 2).max(1))),
         Screen::Audit => model.audit.scroll(delta(page / 2)),
+        // The views keep the offsets within what they draw.
+        Screen::Preflight => {
+            // At most as far as the checks could reach, each wrapping to a few rows.
+            let rows = model
+                .cluster
+                .preflight
+                .as_ref()
+                .map_or(0, |p| 6 + 6 * p.checks.len());
+            model.preflight_scroll = shift(model.preflight_scroll, delta(page / 2), rows);
+        }
+        Screen::Conflicts => {
+            let rows = model.review.conflict.map_or(0, |i| {
+                2 * model.cluster.items[i].labels.matches(';').count()
+            });
+            model.review.label_scroll = shift(model.review.label_scroll, delta(page / 4), rows);
+        }
         _ => commit::scroll_rollback(model, delta(page)),
     }
     vec![]
+}
+
+/// `at` moved by `by` rows, within `0..=max` (the views stop it at their last row).
+fn shift(at: u16, by: isize, max: usize) -> u16 {
+    (at as isize + by).clamp(0, max.min(u16::MAX as usize) as isize) as u16
 }
 
 /// The Audit screen's first visit reads both stores; later visits show that audit until `R`.
@@ -165,8 +186,9 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
             if matches!(
                 model.screen,
-                Screen::Sync | Screen::Audit | Screen::Rollback
-            ) =>
+                Screen::Sync | Screen::Audit | Screen::Rollback | Screen::Preflight
+            ) || (model.screen == Screen::Conflicts
+                && matches!(action, KeyAction::PageUp | KeyAction::PageDown)) =>
         {
             scroll(model, action)
         }
@@ -417,6 +439,7 @@ fn step_conflict(model: &mut Model, forward: bool) -> Vec<Command> {
         (Some(p), false) => (p + all.len() - 1) % all.len(),
     };
     model.review.conflict = Some(all[next]);
+    model.review.label_scroll = 0;
     vec![]
 }
 

@@ -194,8 +194,11 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
             None => lines.push(Line::raw("not verified (the commit was stopped)")),
         }
     }
+    // Wrapped: at 80 columns the written and verified lines are longer than a row.
     frame.render_widget(
-        Paragraph::new(lines).block(Block::default().borders(Borders::ALL)),
+        Paragraph::new(lines)
+            .wrap(ratatui::widgets::Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL)),
         stats,
     );
     let rows: Vec<Line> = c

@@ -44,12 +44,6 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     } else {
         Span::raw("proposal stands (no decision needed)")
     };
-    let [top, sides, bottom] = Layout::vertical([
-        Constraint::Length(3),
-        Constraint::Min(4),
-        Constraint::Length(8),
-    ])
-    .areas(area);
     let title = Line::from(vec![
         Span::styled(
             format!(" {} {} ", symbol(item.kind), item.kind.as_str()),
@@ -75,43 +69,70 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             t.bad(),
         ),
     ]);
+    let why = why_lines(item);
+    // Each pane as tall as its text wraps to, so nothing stops mid-sentence; the label panes
+    // take what is left and scroll (PgUp/PgDn) when a label set is longer.
+    let inner = usize::from(area.width.saturating_sub(2)).max(10);
+    let rows = |lines: &[Line]| -> u16 {
+        lines
+            .iter()
+            .map(|l| super::wrap::words(&l.to_string(), inner).len() as u16)
+            .sum()
+    };
+    let top_rows = rows(std::slice::from_ref(&title)) + 2;
+    let why_rows = (rows(&why) + 2).min(area.height.saturating_sub(top_rows + 4) / 2 + 2);
+    let [top, sides, bottom] = Layout::vertical([
+        Constraint::Length(top_rows),
+        Constraint::Min(4),
+        Constraint::Length(why_rows),
+    ])
+    .areas(area);
     frame.render_widget(
-        Paragraph::new(title).block(Block::default().borders(Borders::ALL)),
+        Paragraph::new(title)
+            .wrap(Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL)),
         top,
     );
 
     let kv = as_map(&item.labels);
-    let own = item.numeric_id();
     let (k8s_title, k8s): (String, Option<SecurityLabels>) =
         match (item.existing_labels.as_ref(), item.labels_present_at) {
             (Some(existing), _) => (
-                format!(" Kubernetes at id {} (taken) ", item.id),
+                format!("Kubernetes at {} (taken)", item.id),
                 Some(as_map(existing)),
             ),
             (None, Some(x)) => match model.cluster.k8s.get(&x) {
-                Some(k) => (
-                    format!(" Kubernetes at id {x} (same labels) "),
-                    Some(as_map(k)),
-                ),
+                Some(k) => (format!("Kubernetes at {x} (same labels)"), Some(as_map(k))),
                 // Present under another kvstore id, not (yet) in Kubernetes: that entry's
                 // labels are these.
-                None => (
-                    format!(" kvstore id {x} (same labels, not in Kubernetes yet) "),
-                    Some(kv.clone()),
-                ),
+                None => (format!("kvstore {x}, same labels"), Some(kv.clone())),
             },
-            _ => (" Kubernetes ".into(), None),
+            _ => ("Kubernetes".into(), None),
         };
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sides);
     let empty = BTreeMap::new();
     let other = k8s.as_ref().unwrap_or(&empty);
+    let scroll = model.review.label_scroll;
     frame.render_widget(
-        label_list(&t, &kv, other, " kvstore ".to_string(), left.width),
+        label_list(&t, (&kv, other), "kvstore".to_string(), left, scroll),
         left,
     );
-    frame.render_widget(label_list(&t, other, &kv, k8s_title, right.width), right);
+    frame.render_widget(
+        label_list(&t, (other, &kv), k8s_title, right, scroll),
+        right,
+    );
+    frame.render_widget(
+        Paragraph::new(why)
+            .wrap(Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL).title(" Why ")),
+        bottom,
+    );
+}
 
+/// The proposal and why: the resolution, where the labels already are, the reason.
+fn why_lines<'a>(item: &crate::core::planner::PlanItem) -> Vec<Line<'a>> {
+    let own = item.numeric_id();
     let proposal = match (item.action, item.target_id) {
         (Action::Create, Some(tid)) if Some(tid) == own => format!("create at its own id {tid}"),
         (Action::Create, Some(tid)) => format!("create at new id {tid}"),
@@ -133,25 +154,21 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             "These labels are already present at id {x}."
         )));
     }
-    lines.push(Line::raw(item.reason.clone()));
-    frame.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: true })
-            .block(Block::default().borders(Borders::ALL).title(" Why ")),
-        bottom,
-    );
+    lines.push(Line::raw(item.reason.to_string()));
+    lines
 }
 
-/// One side's labels; a label missing or different on the other side is marked `*`.
+/// One side's labels; a label missing or different on the other side is marked `*`. Longer
+/// than the pane, it shows from row `scroll` on, and its title says which rows and how many.
 fn label_list<'a>(
     t: &Theme,
-    mine: &SecurityLabels,
-    theirs: &SecurityLabels,
+    (mine, theirs): (&SecurityLabels, &SecurityLabels),
     title: String,
-    width: u16,
+    area: Rect,
+    scroll: u16,
 ) -> Paragraph<'a> {
     // Label keys have no spaces to wrap at: cut them into pieces that fit, marker first.
-    let width = usize::from(width.saturating_sub(4)).max(8);
+    let width = usize::from(area.width.saturating_sub(4)).max(8);
     let mut lines: Vec<Line> = Vec::new();
     for (k, v) in mine {
         let same = theirs.get(k) == Some(v);
@@ -177,7 +194,20 @@ fn label_list<'a>(
     } else {
         lines
     };
+    let rows = usize::from(area.height.saturating_sub(2));
+    let last = lines.len().saturating_sub(rows);
+    let first = usize::from(scroll).min(last);
+    let title = if last > 0 {
+        format!(
+            " {title} · {}-{} of {} (PgDn) ",
+            first + 1,
+            (first + rows).min(lines.len()),
+            lines.len()
+        )
+    } else {
+        format!(" {title} ")
+    };
     Paragraph::new(lines)
-        .wrap(Wrap { trim: false })
+        .scroll((first as u16, 0))
         .block(Block::default().borders(Borders::ALL).title(title))
 }

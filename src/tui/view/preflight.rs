@@ -92,7 +92,24 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             }
         }
     }
-    frame.render_widget(Paragraph::new(lines).block(block), area);
+    // More checks than rows (80x24 with every RBAC check): scrolled, and the title says so.
+    let rows = area.height.saturating_sub(2) as usize;
+    let last = lines.len().saturating_sub(rows);
+    let first = usize::from(model.preflight_scroll).min(last);
+    let block = if last > 0 {
+        block.title(format!(
+            " rows {}-{} of {} (↑↓ PgUp PgDn) ",
+            first + 1,
+            (first + rows).min(lines.len()),
+            lines.len()
+        ))
+    } else {
+        block
+    };
+    frame.render_widget(
+        Paragraph::new(lines).block(block).scroll((first as u16, 0)),
+        area,
+    );
 }
 
 /// Where a check's text starts: after `[FAIL] `.

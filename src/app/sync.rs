@@ -104,6 +104,29 @@ impl std::fmt::Display for SplitAllocation {
     }
 }
 
+impl SplitAllocation {
+    /// The same report for a terminal line by line: what to do first, then each label set
+    /// on a line of its own, so no line carries both label keys.
+    pub fn lines(&self) -> Vec<String> {
+        let id = self.id;
+        let first = if self.nodes.is_empty() {
+            format!(
+                "split allocation at id {id}: no kvstore-mode node uses the kvstore's labels now, so there is nothing to roll (they get a remap proposal)"
+            )
+        } else {
+            format!(
+                "split allocation at id {id}: roll {} to CRD mode next (until then policy between them and CRD-mode nodes reads {id} as the wrong labels; the kvstore's labels get a remap proposal)",
+                crate::core::audit::names_list(&self.nodes, 8)
+            )
+        };
+        vec![
+            first,
+            format!("  the kvstore holds  {}", self.kvstore_labels),
+            format!("  Kubernetes holds   {}", self.k8s_labels),
+        ]
+    }
+}
+
 pub use crate::core::sync::SyncStatus;
 
 /// What sync reports as it goes.
@@ -139,6 +162,15 @@ pub enum SyncEvent {
     /// Cutover reached: no kvstore-mode node for the grace period, nothing pending, verify
     /// passed.
     Cutover(CutoverReport),
+}
+
+/// How a round's first creates read: what sync wrote as it started (or after a fresh read),
+/// before anything arrived through its watches.
+pub fn catch_up_text(n: u64) -> String {
+    format!(
+        "wrote {}: decided, or missing in Kubernetes, when sync read both sides (counted as mirrored)",
+        crate::core::words::count(n, "CiliumIdentity object")
+    )
 }
 
 /// How a conflict closed as moot reads, on the terminal and in the TUI.
@@ -380,6 +412,9 @@ struct Round {
     verdict_rx: mpsc::Receiver<std::result::Result<(), CutoverWait>>,
     /// The stop was handed to the machine.
     stop_told: bool,
+    /// The round's first creates (what was decided or missing when sync read both sides)
+    /// were announced: they count as mirrored, and would otherwise go unsaid.
+    catch_up_said: bool,
 }
 
 impl Sync {
@@ -465,6 +500,7 @@ impl Sync {
             done_tx,
             done_rx,
             stop_told: false,
+            catch_up_said: false,
         })
     }
 
@@ -614,7 +650,17 @@ impl Round {
                         let _ = done_tx.send((ops, result)).await;
                     });
                 }
-                Output::Taken(taken) => record_taken(&taken, &sync.metrics),
+                Output::Taken(taken) => {
+                    record_taken(&taken, &sync.metrics);
+                    // Creates with no lag are no arrival through a watch: the catch-up.
+                    if !self.catch_up_said && taken.mirrored > 0 && taken.lags.is_empty() {
+                        self.catch_up_said = true;
+                        let _ = sync
+                            .events
+                            .send(SyncEvent::Note(catch_up_text(taken.mirrored)))
+                            .await;
+                    }
+                }
                 Output::Reserve(cmd) => sync.reserve(cmd),
                 Output::ReportSplits(found) => {
                     report_splits(found, &self.conn, &self.prefix, &sync.events, &sync.cfg);

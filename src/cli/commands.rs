@@ -351,6 +351,11 @@ async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         nodes,
     };
     let demo = demo::world(cfg).await?;
+    if demo.leases.is_empty() {
+        eprintln!(
+            "note: the kvstore holds no value/ keys: no node uses its identities (a dump of id/ alone reads the same: dump the whole prefix to see the nodes)"
+        );
+    }
     let world = || -> anyhow::Result<World> {
         Ok(World {
             kv: demo.kv_source(),
@@ -570,9 +575,26 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
     .await?;
     let plan = flows::plan_file(scan, &target, scope);
     out!("{}", report::plan_summary(&plan))?;
-    if let Some(path) = output {
-        plan.save(&path)?;
+    let undecided = plan
+        .items
+        .iter()
+        .filter(|i| i.kind.needs_decision() && !i.decided)
+        .count();
+    if let Some(path) = &output {
+        plan.save(path)?;
         outln!("plan written to {}", path.display())?;
+    }
+    // What to do next, with this plan.
+    let file = output.map_or("plan.json".into(), |p| {
+        shell_quote(&p.display().to_string())
+    });
+    if undecided > 0 {
+        outln!(
+            "next: decide the {} (in the TUI, or \"decided\": true in the plan), then `apply --plan {file} --yes`; or `apply --yes --accept-proposals` to take every proposal",
+            count(undecided, "conflict")
+        )?;
+    } else {
+        outln!("next: `apply --plan {file} --yes` writes it")?;
     }
     Ok(Exit::Ok)
 }
@@ -620,7 +642,25 @@ async fn apply(
             d.reason
         )?;
     }
-    outln!("decision log: {}", log_path.display())?;
+    // A rerun that found every identity where it belongs wrote nothing: its log would only
+    // repeat the decisions of the run that did, so none is left behind.
+    let wrote_nothing = run.report.results.iter().all(|r| {
+        use cilium_idmig::core::outcome::Outcome;
+        matches!(
+            r.outcome,
+            Outcome::AlreadyMigrated | Outcome::Mapped | Outcome::Skipped
+        )
+    });
+    if run.report.succeeded() && run.report.stopped.is_none() && !json {
+        outln!(
+            "next: `sync --until-cutover` through the rollout (or `verify` with this decision log once no agent allocates in the kvstore)"
+        )?;
+    }
+    if wrote_nothing && !run.report.crd_created && kept.discard_if_fresh() {
+        outln!("decision log: none kept (every identity was already where it belongs)")?;
+    } else {
+        outln!("decision log: {}", log_path.display())?;
+    }
     Ok(if run.report.succeeded() && run.report.stopped.is_none() {
         Exit::Ok
     } else {
@@ -749,6 +789,9 @@ async fn sync(
     // Until both sides are read, a status has nothing to count: "0 identities, no node
     // left" would be wrong.
     let mut following = false;
+    // The malformed entries of the first read are said once, as a count (`plan` lists
+    // each); those that arrive later, one by one.
+    let mut invalid_at_start: Vec<(String, String)> = Vec::new();
     loop {
         tokio::select! {
             ev = rx.recv() => match ev {
@@ -763,16 +806,36 @@ async fn sync(
                 Some(SyncEvent::Conflict { id, kind, reason }) => {
                     let _ = outln!("conflict: {id} is a {kind} and waits for a decision: {reason}");
                 }
-                Some(SyncEvent::Split(split)) => { let _ = outln!("{split}"); },
+                Some(SyncEvent::Split(split)) => {
+                    for line in split.lines() {
+                        let _ = outln!("{line}");
+                    }
+                },
+                Some(SyncEvent::Invalid { id, reason }) if !following => {
+                    invalid_at_start.push((id, reason));
+                },
                 Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
                 Some(SyncEvent::Following) => {
                     following = true;
+                    if let Some((id, reason)) = invalid_at_start.first() {
+                        let n = invalid_at_start.len();
+                        let _ = outln!(
+                            "invalid: {n} malformed {} in the kvstore, never written (the first: {id}: {reason}); `plan` lists each",
+                            if n == 1 { "entry" } else { "entries" }
+                        );
+                        invalid_at_start.clear();
+                    }
                     let _ = outln!("sync started: following both sides");
                 },
                 Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
                 Some(SyncEvent::Note(n)) => { let _ = outln!("{n}"); },
                 Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
-                Some(SyncEvent::Cutover(report)) => { let _ = outln!("{report}"); },
+                Some(SyncEvent::Cutover(report)) => {
+                    let _ = outln!("{report}");
+                    let _ = outln!(
+                        "next: `verify --decision-log` with every log of the migration, keep the logs with the change record, then retire the kvstore"
+                    );
+                },
                 // Node counts are for the screens; the status line carries the node total.
                 Some(SyncEvent::NodeCounts(_)) => {},
                 None => break,

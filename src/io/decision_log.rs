@@ -193,6 +193,13 @@ impl DecisionLog {
         std::fs::remove_file(&self.path).is_ok()
     }
 
+    /// Removes the log when this run made it, whatever it recorded: for a run whose lines
+    /// say nothing happened (an apply rerun that found every identity in place). True if
+    /// removed.
+    pub fn discard_if_fresh(&self) -> bool {
+        self.fresh && std::fs::remove_file(&self.path).is_ok()
+    }
+
     /// What opening the log repaired, if anything: one line for the operator.
     pub fn repaired(&self) -> Option<&str> {
         self.repaired.as_deref()

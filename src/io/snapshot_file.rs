@@ -82,7 +82,7 @@ fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<DumpedKeys,
     let prefix = normalize_prefix(prefix);
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut keys = Vec::with_capacity(dump.kvs.len());
-    let (mut identities, mut references) = (0, 0);
+    let mut identities = 0;
     for (n, kv) in dump.kvs.iter().enumerate() {
         let key = b64
             .decode(&kv.key)
@@ -92,7 +92,6 @@ fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<DumpedKeys,
             .map_err(|e| format!("the value of key {} is not base64 ({e})", n + 1))?;
         match classify_key(&prefix, &key) {
             KeyKind::Master { .. } => identities += 1,
-            KeyKind::Slave { .. } => references += 1,
             KeyKind::Other if !key.starts_with(prefix.as_bytes()) => {
                 return Err(format!(
                     "key {:?} is not under {prefix}: this is a dump of another prefix",
@@ -106,13 +105,8 @@ fn parse_etcd_dump(text: &[u8], prefix: &str) -> std::result::Result<DumpedKeys,
     if identities == 0 {
         return Err(format!("no identity (no {prefix}id/ key) in it"));
     }
-    // A dump of the id/ keys alone would show every identity used by no node, and no split
-    // or rollout could be rehearsed: the whole prefix, or nothing.
-    if references == 0 {
-        return Err(format!(
-            "partial: {identities} id/ keys but no {prefix}value/ key, so which nodes use what is unknown; dump the whole prefix, not {prefix}id/ alone"
-        ));
-    }
+    // No value/ key is no reason to refuse: a kvstore no node uses any more (every agent
+    // left kvstore mode) has none. A dump of id/ alone reads the same; the demo says so.
     // etcd's revision is not carried over: the rehearsal's kvstore counts its own.
     let _ = header.revision;
     Ok(keys)
@@ -222,13 +216,9 @@ mod tests {
                 .unwrap_err()
                 .contains("no identity")
         );
-        // The id/ keys alone: every identity would read as used by no node.
-        let ids_only = dump(&[("cilium/state/identities/v1/id/300", "k8s:app=a;")], None);
-        let e = parse_etcd_dump(ids_only.as_bytes(), P).unwrap_err();
-        assert!(
-            e.contains("no cilium/state/identities/v1/value/ key"),
-            "{e}"
-        );
+        // A whole dump of a kvstore no node uses any more has no value/ key: it is read.
+        let unused = dump(&[("cilium/state/identities/v1/id/300", "k8s:app=a;")], None);
+        assert_eq!(parse_etcd_dump(unused.as_bytes(), P).unwrap().len(), 1);
     }
 
     #[test]

@@ -29,11 +29,14 @@ const AGENT_GAP: Duration = Duration::from_millis(20);
 /// How the rollout plays.
 #[derive(Debug, Clone)]
 pub struct RolloutConfig {
-    /// 1.0 plays the whole rollout in about two minutes; 10 in about twelve seconds.
+    /// 1.0 plays the whole rollout in about two minutes (the nodes' part of it).
     pub speed: f64,
     pub seed: u64,
-    /// An agent takes a random id among the lowest `pool` free ones it knows of: narrow,
-    /// so that the two backends collide often enough to be seen.
+    /// An agent takes a random id among the lowest `pool` free ones it knows of. Cilium's
+    /// take a random free id in the whole range, so collisions are rare and most new
+    /// identities are simply mirrored; the demo's window (256) keeps that picture while a
+    /// few split allocations still show within its two minutes. Tests that want collisions
+    /// narrow it.
     pub pool: usize,
     pub range: IdRange,
 }
@@ -43,7 +46,7 @@ impl Default for RolloutConfig {
         RolloutConfig {
             speed: 1.0,
             seed: 7,
-            pool: 8,
+            pool: 256,
             range: IdRange {
                 min: 256,
                 max: 65535,

@@ -1225,7 +1225,7 @@ fn sync_starts_in_place_after_a_commit_and_brings_live_conflicts_in() {
     let screen = render(&m);
     assert!(screen.contains("3 kvstore-mode nodes left"), "{screen}");
     assert!(screen.contains("p99 140 ms"), "{screen}");
-    assert!(screen.contains("1 pending decisions"), "{screen}");
+    assert!(screen.contains("1 pending decision in"), "{screen}");
     // A conflict found live: reported, marked new, and a rescan brings it to screen 3.
     let cmds = update(
         &mut m,

@@ -268,3 +268,33 @@ fn at_80x24_the_commits_result_lines_wrap_whole() {
         assert!(flat.contains(whole), "{whole}:\n{screen}");
     }
 }
+
+#[test]
+fn counts_that_differ_say_why() {
+    let mut m = syncing();
+    update(&mut m, key('5'));
+    let remap = m
+        .cluster
+        .items
+        .iter()
+        .position(|i| i.kind == Kind::Remap)
+        .unwrap();
+    m.cluster.items[remap].decided = false;
+    let screen = render(&m);
+    // Sync's pending decisions are its live view's; the header's undecided, the last scan's.
+    assert!(
+        screen.contains("1 pending decision in sync's live view"),
+        "{screen}"
+    );
+    assert!(screen.contains("undecided (last scan)"), "{screen}");
+    // Sync counts its own creates, and says what the commit before it wrote.
+    m.session.created = 1718;
+    let screen = render(&m);
+    assert!(
+        screen.contains("12 mirrored by sync (the commit before it"),
+        "{screen}"
+    );
+    assert!(screen.contains("wrote 1718)"), "{screen}");
+    // No lag yet: what sync mirrored so far was missing at its start.
+    assert!(screen.contains("none yet"), "{screen}");
+}

@@ -486,6 +486,11 @@ async fn the_demo_plays_a_whole_rollout_to_cutover() {
     assert!(r.stdout.contains("sync started: following both sides"));
     assert!(r.stdout.contains("split allocation at id"), "{}", r.stdout);
     assert!(r.stdout.contains("cutover reached"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("next: `verify --decision-log`"),
+        "{}",
+        r.stdout
+    );
     let last_status = r
         .stdout
         .lines()

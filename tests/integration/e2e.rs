@@ -255,6 +255,13 @@ async fn plan_then_apply_a_reviewed_plan() {
 async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
     let w = World::new(SandboxConfig::default()).await;
     seed_every_kind(&w.etcd, &w.sb).await;
+    // Each step says what comes next.
+    let r = w.cli(&["plan"]).await;
+    assert!(
+        r.stdout.contains("next: decide the 2 conflicts"),
+        "{}",
+        r.stdout
+    );
     let r = w.cli(&["apply", "--yes"]).await;
     assert_eq!(r.code, 2, "undecided proposals refuse: {}", r.stderr);
     let log = w.path("d.jsonl");
@@ -268,6 +275,11 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
         ])
         .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("next: `sync --until-cutover`"),
+        "{}",
+        r.stdout
+    );
     let s = w.state();
     assert_eq!(s["256"], sl(C), "remap at the lowest free id");
     assert_eq!(s["304"], sl(E), "duplicate created at its own id");
@@ -312,6 +324,20 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
         "a rerun sends no create"
     );
     assert_eq!(w.state(), before);
+    // A rerun with a log of its own leaves none: it would only repeat the first run's.
+    let again = w.path("again.jsonl");
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &again,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("decision log: none kept"), "{}", r.stdout);
+    assert!(!std::path::Path::new(&again).exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -204,10 +204,10 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         .put(&format!("{P}/id/305"), b"k8s:app=kv-side;")
         .await;
     let split = s.wait_for_line("split allocation at id 305", 10).await;
-    assert!(
-        split.contains("10.0.0.9") && split.contains("k8s:app=crd-side;"),
-        "{split}"
-    );
+    assert!(split.contains("roll 10.0.0.9 to CRD mode next"), "{split}");
+    // Each label set on a line of its own.
+    s.wait_for_line("  Kubernetes holds   k8s:app=crd-side;", 10)
+        .await;
     // Malformed entries are recorded, never written.
     w.etcd.put(&format!("{P}/id/0306"), b"k8s:app=d;").await;
     s.wait_for_line("invalid: 0306", 10).await;
@@ -526,6 +526,14 @@ async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere(
         text.contains("cutover not reached: 1 kvstore-mode node, 0 pending decisions"),
         "{text}"
     );
+    // What sync wrote as it started is said, not only counted.
+    assert!(
+        text.contains("wrote 1 CiliumIdentity object: decided, or missing in Kubernetes, when sync read both sides"),
+        "{text}"
+    );
+    // Before both sides are read, no counts ("0 identities, no kvstore-mode node left").
+    let before = text.split("sync started").next().unwrap_or("");
+    assert!(!before.contains("0 identities"), "{text}");
 
     // A log with a damaged line (not a torn last one) is refused by every command that
     // reads logs, naming the file and the line, before anything is done.
@@ -744,7 +752,7 @@ async fn reservations_in_a_real_etcd_are_found_by_agents_and_released_at_cutover
         Some(e.as_bytes().to_vec())
     );
     // Sync's key is no node: one kvstore-mode node, not two.
-    s.wait_for_line("sync: 1 kvstore-mode nodes", 20).await;
+    s.wait_for_line("sync: 1 kvstore-mode node ·", 20).await;
     s.wait_for_line("reserved in the kvstore", 20).await;
 
     // node-1 moves to CRD mode: cutover, and the reservation is released.
@@ -872,7 +880,7 @@ async fn a_split_names_the_nodes_whose_keys_arrive_after_the_master_key() {
         .await;
     let line = s.wait_for_line("split allocation at id 900", 20).await;
     assert!(
-        line.contains("used by kvstore-mode nodes node-7"),
+        line.contains("roll node-7 to CRD mode next"),
         "the node to roll next is named: {line}"
     );
     s.stop().await;

@@ -438,6 +438,9 @@ pub async fn play_rollout(
         RolloutConfig {
             speed,
             seed,
+            // A narrow pool: the two blind allocators collide often, which is what the
+            // tests and the benchmark of reservations measure.
+            pool: 8,
             ..Default::default()
         },
         rollout_tx,

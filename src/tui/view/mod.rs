@@ -125,7 +125,16 @@ fn kind_counts(model: &Model, width: usize) -> Vec<Span<'static>> {
             spans.push(Span::styled(text, t.kind(kind)));
         }
         if undecided > 0 {
-            spans.push(Span::styled(format!("| {undecided} undecided"), t.bad()));
+            // While sync runs it has a count of its own (its live view, on screen 5).
+            let of = if model.sync.running {
+                " (last scan)"
+            } else {
+                ""
+            };
+            spans.push(Span::styled(
+                format!("| {undecided} undecided{of}"),
+                t.bad(),
+            ));
         }
         spans
     };

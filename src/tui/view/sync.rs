@@ -52,16 +52,28 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         lines.push(Line::from(vec![
             Span::styled("rollout  ", bold),
             Span::raw(format!(
-                "{} left · {} identities · {} mirrored",
+                "{} left · {} identities · {} mirrored by sync{}",
                 crate::core::words::count(st.kvstore_nodes, "kvstore-mode node"),
                 st.identities,
-                st.mirrored
+                st.mirrored,
+                // Sync counts its own creates; the commit's are the commit's.
+                match model.session.created {
+                    0 => String::new(),
+                    n => format!(" (the commit before it wrote {n})"),
+                }
             )),
         ]));
         lines.push(Line::from(vec![
             Span::styled("lag      ", bold),
             Span::raw(format!(
-                "last {} · p50 {} · p99 {}{}",
+                "{}last {} · p50 {} · p99 {}{}",
+                // Lag is measured from an identity's arrival through the watch; what sync
+                // wrote as it started arrived through no watch.
+                if st.lag_last.is_none() && st.lag_p99.is_none() && st.mirrored > 0 {
+                    "none yet: what sync mirrored so far was missing at its start · "
+                } else {
+                    ""
+                },
                 ms(st.lag_last),
                 ms(st.lag_p50),
                 ms(st.lag_p99),
@@ -71,17 +83,21 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
                 ))
             )),
         ]));
+        // Sync's own count, from its live view; the header's "undecided" counts the last scan.
         let pending = Span::styled(
-            format!("{} pending decisions (screen 3)", st.pending),
+            format!(
+                "{} in sync's live view (decide on screen 3)",
+                crate::core::words::count(st.pending, "pending decision")
+            ),
             if st.pending > 0 { t.bad() } else { t.good() },
         );
         lines.push(Line::from(vec![
             Span::styled("waiting  ", bold),
             pending,
             Span::raw(format!(
-                " · {} splits · {} failed writes{}{}",
-                st.splits,
-                st.failures,
+                " · {} · {}{}{}",
+                crate::core::words::count(st.splits, "split"),
+                crate::core::words::count(st.failures, "failed write"),
                 if st.reservations > 0 {
                     format!(" · {} reserved in the kvstore", st.reservations)
                 } else {

@@ -500,6 +500,16 @@ async fn the_demo_plays_a_whole_rollout_to_cutover() {
         last_status.starts_with("sync: 0 kvstore-mode nodes"),
         "{last_status}"
     );
+    // As with Cilium's allocators (a random free id each), most new identities are simply
+    // mirrored and a few split; blind agents taking the lowest free id split them all.
+    let count_of = |what: &str| -> u64 {
+        last_status
+            .split(" · ")
+            .find_map(|part| part.strip_suffix(what)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{what} in {last_status}"))
+    };
+    let (mirrored, split) = (count_of(" mirrored"), count_of(" split"));
+    assert!(split > 0 && split * 3 < mirrored, "{last_status}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

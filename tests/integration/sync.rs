@@ -509,6 +509,10 @@ async fn deleted_objects_come_back_once_and_an_outage_is_caught_up() {
 async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere() {
     let w = World::new(SandboxConfig::default()).await;
     w.etcd.put(&format!("{P}/id/1000"), b"k8s:app=x;").await;
+    // Malformed entries of the first read are said once, as a count.
+    for bad in ["0999", "+998"] {
+        w.etcd.put(&format!("{P}/id/{bad}"), b"k8s:app=bad;").await;
+    }
     w.etcd
         .put(&format!("{P}/value/k8s:app=x;/node-1"), b"1000")
         .await;
@@ -531,6 +535,11 @@ async fn a_stop_before_cutover_is_clean_and_a_damaged_log_is_refused_everywhere(
         text.contains("wrote 1 CiliumIdentity object: decided, or missing in Kubernetes, when sync read both sides"),
         "{text}"
     );
+    assert!(
+        text.contains("invalid: 2 malformed entries in the kvstore, never written"),
+        "{text}"
+    );
+    assert!(!text.contains("invalid: 0999"), "{text}");
     // Before both sides are read, no counts ("0 identities, no kvstore-mode node left").
     let before = text.split("sync started").next().unwrap_or("");
     assert!(!before.contains("0 identities"), "{text}");

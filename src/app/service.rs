@@ -26,6 +26,7 @@ use crate::io::kv_source::KvSource;
 
 pub use super::config::ServiceConfig;
 use super::rollback::RollbackSpec;
+use super::sync::DecisionChange;
 
 /// The service's jobs, named in failures so a front end can tell them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,7 +292,7 @@ struct Service {
     /// `--resume` applies to the first scan.
     resume: Vec<std::path::PathBuf>,
     /// A running sync: its stop switch, and where decisions made meanwhile go.
-    sync: Option<(StopFlag, mpsc::Sender<LoggedDecision>)>,
+    sync: Option<(StopFlag, mpsc::Sender<DecisionChange>)>,
 }
 
 impl Service {
@@ -420,16 +421,20 @@ impl Service {
                 .send(ServiceEvent::failed(0, Task::DecisionLog, e))
                 .await;
         }
-        if let Some((_, decided)) = &self.sync
-            && item.decided
-        {
-            let d = LoggedDecision {
-                id: item.id,
-                labels: item.labels,
-                action: item.action,
-                target_id: item.target_id,
+        // A running sync takes every change: a decision, and an undo (without which a skip
+        // undone would stay skipped in sync, and expected nowhere at cutover).
+        if let Some((_, decided)) = &self.sync {
+            let change = if item.decided {
+                DecisionChange::Decided(LoggedDecision {
+                    id: item.id,
+                    labels: item.labels,
+                    action: item.action,
+                    target_id: item.target_id,
+                })
+            } else {
+                DecisionChange::Undone(item.id)
             };
-            let _ = decided.send(d).await;
+            let _ = decided.send(change).await;
         }
     }
 

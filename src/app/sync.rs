@@ -202,7 +202,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
     stop: StopFlag,
-    decided: Option<mpsc::Receiver<LoggedDecision>>,
+    decided: Option<mpsc::Receiver<DecisionChange>>,
 ) -> Result<SyncEnd> {
     if let KvSource::Memory(_) = &cfg.kv {
         // Refused before anything is read or written (`follower` says why).
@@ -348,7 +348,7 @@ struct Sync {
     stop: StopFlag,
     lease: LeaseKeeper,
     writer: tokio::sync::watch::Receiver<Writer>,
-    decided: Option<mpsc::Receiver<LoggedDecision>>,
+    decided: Option<mpsc::Receiver<DecisionChange>>,
     /// Every decision sync takes: `core::sync::machine`. The handlers below only carry its
     /// commands out and feed the results back.
     machine: Machine,
@@ -447,7 +447,6 @@ impl Sync {
             ));
         }
         let mut state = SyncState::from_snapshot(snap);
-        let carried = self.carried.take();
         let listed = cfg
             .target
             .list_identities(ReadMode::Cache, None)
@@ -458,7 +457,9 @@ impl Sync {
             })?;
         state.k8s = listed.identities;
         state.k8s_version = listed.resource_version;
-        if let Some(old) = carried {
+        // Taken only now: a list that fails (the API server down during a resnapshot) must
+        // leave what sync made, reported and waits for, for the round that succeeds.
+        if let Some(old) = self.carried.take() {
             state.carry_over(old, Instant::now());
         }
         let (kv_revision, k8s_version) = (state.kv_revision, state.k8s_version.clone());
@@ -581,7 +582,10 @@ impl Round {
                         w => Input::Lease(holder_of(w)),
                     }
                 }
-                Some(d) = next_decision(&mut sync.decided) => Input::Decided(d),
+                Some(d) = next_decision(&mut sync.decided) => match d {
+                    DecisionChange::Decided(d) => Input::Decided(d),
+                    DecisionChange::Undone(id) => Input::Undone(id),
+                },
                 Some((ops, result)) = self.done_rx.recv() => {
                     if let Some(e) = refused_write(&result) {
                         self.abort_watches(&sync.metrics);
@@ -841,10 +845,18 @@ fn log_moot(moot: Vec<(String, LabelKey, Kind)>, cfg: &ServiceConfig) -> Vec<(St
     logged
 }
 
-/// The next decision made while sync runs; never, when nobody can make one.
+/// What the operator decides, or undoes, while sync runs (the TUI's screen 3).
+#[derive(Debug, Clone)]
+pub enum DecisionChange {
+    Decided(LoggedDecision),
+    /// The decision on this kvstore id was undone: it waits for a decision again.
+    Undone(String),
+}
+
+/// The next decision made (or undone) while sync runs; never, when nobody can make one.
 async fn next_decision(
-    decided: &mut Option<mpsc::Receiver<LoggedDecision>>,
-) -> Option<LoggedDecision> {
+    decided: &mut Option<mpsc::Receiver<DecisionChange>>,
+) -> Option<DecisionChange> {
     match decided {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -444,9 +444,15 @@ impl SyncState {
                 {
                     self.cache = None;
                 }
-                let new = self.masters.insert(id.clone(), v).is_none();
-                if new {
+                let before = self.masters.insert(id.clone(), v);
+                if before.is_none() {
                     self.first_seen.insert(id.clone(), now);
+                }
+                // A conflict closed as moot was about these labels at this id: an id the
+                // kvstore now holds for others (its GC freed it, an agent took it again) is
+                // a new identity, reported and decided like any other.
+                if before.as_ref() != self.masters.get(&id) {
+                    self.moot.remove(String::from_utf8_lossy(&id).as_ref());
                 }
                 if let Ok(n) = parse_id(&id) {
                     self.check_split(n, now);
@@ -476,6 +482,7 @@ impl SyncState {
                 }
                 self.reported.remove(&text);
                 self.waited_for_decision.remove(&text);
+                self.moot.remove(&text);
                 if let Ok(n) = parse_id(&id) {
                     self.created.remove(&n);
                     self.deleted_after_create.remove(&n);
@@ -1344,6 +1351,53 @@ mod tests {
             moot,
             [("300".into(), Kind::Remap), ("301".into(), Kind::Reuse)]
         );
+    }
+
+    #[test]
+    fn an_id_the_kvstore_frees_and_gives_to_other_labels_is_no_longer_moot() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let mut sync = SyncState::default();
+        let t0 = Instant::now();
+        let put = |id: &str, labels: &str| KvChange::Master {
+            id: id.as_bytes().to_vec(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        };
+        let gone = KvChange::Master {
+            id: b"300".to_vec(),
+            value: None,
+            created: false,
+        };
+        let node = |labels: &str, present| KvChange::Slave {
+            label_key: labels.as_bytes().to_vec(),
+            node: b"node-1".to_vec(),
+            present,
+        };
+        // 300 `r` is a remap no node uses any more: closed as moot.
+        sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
+        sync.apply_kv_change(put("300", "k8s:app=r;"), t0);
+        sync.round(&BTreeMap::new(), range, false, t0);
+        let moot: Vec<String> = sync.moot_now().into_iter().map(|(id, ..)| id).collect();
+        assert_eq!(moot, ["300"]);
+        sync.moot.insert("300".into());
+        sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(sync.status.pending, 0, "closed");
+        // The kvstore's GC frees 300 and an agent takes it for `s`, which node-1 uses and
+        // Kubernetes still holds for `x`: a new conflict, pending and reported.
+        for change in [gone, put("300", "k8s:app=s;"), node("k8s:app=s;", true)] {
+            sync.apply_kv_change(change, t0);
+        }
+        assert!(!sync.moot.contains("300"));
+        let (_, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        assert_eq!(sync.status.pending, 1, "{reports:?}");
+        // The same without the delete between (a compaction hid it): labels changed in place.
+        sync.moot.insert("300".into());
+        sync.apply_kv_change(put("300", "k8s:app=t;"), t0);
+        assert!(!sync.moot.contains("300"));
+        // Unchanged labels keep the closure.
+        sync.moot.insert("300".into());
+        sync.apply_kv_change(put("300", "k8s:app=t;"), t0);
+        assert!(sync.moot.contains("300"));
     }
 
     #[test]

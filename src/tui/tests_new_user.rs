@@ -74,7 +74,7 @@ fn leaving_while_sync_runs_asks_for_a_typed_word_and_says_where_the_rollout_stan
     }
     // What the terminal keeps says where the rollout stands, as headless sync does.
     let m = syncing();
-    let end = super::RolloutSummary::of(&m).unwrap();
+    let end = super::model::RolloutSummary::of(&m).unwrap();
     assert!(!end.cutover);
     assert_eq!(
         end.to_string(),
@@ -84,7 +84,7 @@ fn leaving_while_sync_runs_asks_for_a_typed_word_and_says_where_the_rollout_stan
     let mut m = scanned_model();
     update(&mut m, key('q'));
     assert!(m.quit);
-    assert!(super::RolloutSummary::of(&m).is_none());
+    assert!(super::model::RolloutSummary::of(&m).is_none());
     let mut m = syncing();
     m.sync.cutover = true;
     update(&mut m, key('q'));

@@ -598,7 +598,9 @@ async fn the_mistakes_people_make_get_a_clear_answer() {
         .map(|e| e.path().display().to_string())
         .filter(|p| p.contains("cilium-idmig-decisions-"))
         .collect();
-    assert_eq!(logs.len(), 2, "{logs:?}");
+    // Each run that wrote has a log of its own (a run that found everything in place, as
+    // the second may, leaves none).
+    assert!((1..=2).contains(&logs.len()), "{logs:?}");
     let mut args = vec!["verify", "--decision-log"];
     args.extend(logs.iter().map(String::as_str));
     let r = w.cli(&args).await;

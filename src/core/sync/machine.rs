@@ -81,6 +81,9 @@ pub enum Input {
     Lease(LeaseHolder),
     /// The operator decided (the TUI, while sync runs).
     Decided(LoggedDecision),
+    /// The operator undid the decision on this kvstore id: it waits for a decision again
+    /// (and is reported again), as a resume of the log would have it.
+    Undone(String),
     /// A batch of writes ended.
     BatchDone {
         ops: Vec<Op>,
@@ -358,6 +361,12 @@ impl Machine {
                 // The decisions changed: resumed onto the plan again at the next round.
                 self.state.overlay = None;
                 self.decisions.insert(d.id.clone(), d);
+                self.dirty = true;
+            }
+            Input::Undone(id) => {
+                self.state.reported.remove(&id);
+                self.state.overlay = None;
+                self.decisions.remove(&id);
                 self.dirty = true;
             }
             Input::BatchDone { ops, outcome } => {
@@ -716,7 +725,11 @@ impl Machine {
             return;
         }
         self.last_verify_failed = None;
-        let still_over = self.state.no_nodes_since.is_some() && self.holding();
+        // A node whose `value/` key arrived while the check ran is there now, whether or not
+        // a status tick has seen it since.
+        let still_over = self.state.status.kvstore_nodes == 0
+            && self.state.no_nodes_since.is_some()
+            && self.holding();
         if !still_over || !self.quiet() || self.cutover_announced {
             return;
         }

@@ -378,3 +378,50 @@ impl Model {
             .count()
     }
 }
+
+/// Where the rollout stood when the TUI ended, if sync ran in it: the line the terminal
+/// keeps, as headless sync says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutSummary {
+    pub cutover: bool,
+    pub kvstore_nodes: usize,
+    pub pending: usize,
+    pub splits: usize,
+    pub mirrored: u64,
+}
+
+impl RolloutSummary {
+    pub fn of(model: &Model) -> Option<Self> {
+        if !model.sync.running && model.sync.status.is_none() && !model.sync.cutover {
+            return None;
+        }
+        let s = model.sync.status.clone().unwrap_or_default();
+        Some(RolloutSummary {
+            cutover: model.sync.cutover,
+            kvstore_nodes: s.kvstore_nodes,
+            pending: s.pending,
+            splits: s.splits,
+            mirrored: s.mirrored,
+        })
+    }
+}
+
+impl std::fmt::Display for RolloutSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.cutover {
+            return write!(
+                f,
+                "sync: cutover reached ({} mirrored by sync)",
+                self.mirrored
+            );
+        }
+        write!(
+            f,
+            "sync: stopped before cutover: {} left, {}, {} now ({} mirrored by sync)",
+            crate::core::words::count(self.kvstore_nodes, "kvstore-mode node"),
+            crate::core::words::count(self.pending, "pending decision"),
+            crate::core::words::count(self.splits, "split allocation"),
+            self.mirrored
+        )
+    }
+}

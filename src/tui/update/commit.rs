@@ -164,3 +164,10 @@ pub(super) fn scroll_rollback(model: &mut Model, delta: isize) {
         rb.offset = (rb.offset as isize + delta).clamp(0, rows.saturating_sub(1) as isize) as usize;
     }
 }
+
+/// Starting sync writes: it takes the same typed `yes` as a commit.
+pub(super) fn confirm_sync(model: &mut Model) {
+    model.modal = Some(Modal::ConfirmSync {
+        typed: crate::tui::model::TextField::default(),
+    });
+}

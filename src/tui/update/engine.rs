@@ -314,7 +314,7 @@ fn scanned(
         && model.modal.is_none()
         && !model.sync.running
     {
-        super::confirm_sync(model);
+        commit::confirm_sync(model);
     }
     vec![]
 }

@@ -376,7 +376,7 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
                 ));
                 return vec![];
             }
-            confirm_sync(model);
+            commit::confirm_sync(model);
             vec![]
         }
         KeyAction::Retry => {
@@ -410,13 +410,6 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
         }
         _ => vec![],
     }
-}
-
-/// Starting sync writes: it takes the same typed `yes` as a commit.
-pub(super) fn confirm_sync(model: &mut Model) {
-    model.modal = Some(Modal::ConfirmSync {
-        typed: TextField::default(),
-    });
 }
 
 fn nav(model: &mut Model, delta: isize) -> Vec<Command> {

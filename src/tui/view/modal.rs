@@ -187,7 +187,7 @@ fn confirm_sync(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'st
 
 /// Leaving while sync runs: where the rollout stands, and that sync stops with the TUI.
 fn confirm_leave(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'static>>, u16) {
-    let stands = crate::tui::RolloutSummary::of(model)
+    let stands = crate::tui::model::RolloutSummary::of(model)
         .map(|s| {
             s.to_string()
                 .replacen("sync: stopped before cutover: ", "", 1)

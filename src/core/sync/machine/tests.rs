@@ -241,6 +241,28 @@ fn a_verdict_after_a_node_came_back_is_not_cutover() {
 }
 
 #[test]
+fn a_verdict_right_after_a_node_came_back_is_not_cutover_before_any_status_tick() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let t1 = t0 + Duration::from_secs(10);
+    let out = m.step(Input::Status { watching: true }, t1, true);
+    assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
+    // While the check runs a node comes back; a settle, then the verdict, and no tick.
+    m.step(node(true), t1, true);
+    m.step(Input::Settle, t1, true);
+    let out = m.step(Input::Verdict(Ok(())), t1, true);
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Output::Cutover(_) | Output::End(_))),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn a_stop_ends_once_the_batch_in_flight_is_in() {
     let t0 = Instant::now();
     let mut m = following(false, true, t0);
@@ -379,6 +401,39 @@ fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
     assert_eq!(nowhere, Some(["300".to_string()].into()), "{out:?}");
     // A decision to create is no reason to expect nothing.
     assert!(m.decisions.values().filter(|d| d.id != "300").count() == 0);
+}
+
+#[test]
+fn a_skip_the_operator_undoes_waits_for_a_decision_again() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    m.step(taken_by_b(), t0, true);
+    m.step(
+        Input::Decided(LoggedDecision {
+            id: "300".into(),
+            labels: A.into(),
+            action: crate::core::planner::Action::Skip,
+            target_id: None,
+        }),
+        t0,
+        true,
+    );
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    assert_eq!(m.state.status.pending, 0, "skipped");
+    // Undone on screen 3: pending again, reported again, and no longer expected nowhere.
+    m.step(Input::Undone("300".into()), t0, true);
+    let out = m.step(Input::Settle, t0, true);
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Output::Report(crate::core::sync::SyncReport::Conflict { id, .. }) if id == "300"
+        )),
+        "{out:?}"
+    );
+    m.step(Input::Status { watching: true }, t0, true);
+    assert_eq!(m.state.status.pending, 1);
+    assert!(!m.decisions.contains_key("300"));
 }
 
 #[test]

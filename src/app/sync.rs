@@ -431,7 +431,8 @@ impl Sync {
         let snap = conn.read_snapshot(&prefix).await.map_err(|e| {
             refusal("reading the kvstore", &e).map_or(Retry::After(e.to_string()), Retry::Fatal)
         })?;
-        if self.opts.reserve_in_kvstore && self.reservations.is_none() {
+        // Released at cutover: a fresh snapshot after it reserves nothing again.
+        if self.opts.reserve_in_kvstore && self.reservations.is_none() && self.releasing.is_none() {
             // A write the credentials may not make is the operator's to fix: exit 2. A server
             // that failed is tried again, as a failed read is.
             let mut started = match Reservations::start(&conn, &prefix).await {

@@ -328,12 +328,13 @@ impl Machine {
         self.verifying = false;
         self.last_verify = None;
         self.last_verify_failed = None;
-        self.cutover_announced = false;
+        // A fresh snapshot is no new rollout: cutover, once announced (and the reservations
+        // released), stays so until a kvstore-mode node comes back (`on_status`).
         self.kv_up = false;
         self.k8s_up = false;
         self.following = false;
         let mut out = Vec::new();
-        if self.settings.reserve_in_kvstore {
+        if self.reserving() {
             out.push(Output::Reserve(Reserve::AdoptEarlier));
             if self.holding() {
                 // A fresh view: every id in it is looked at; the first batch goes before the
@@ -424,7 +425,7 @@ impl Machine {
                 for c in changes {
                     self.state.apply_kv_change(c, now);
                 }
-                if self.settings.reserve_in_kvstore && self.holding() && !gone.is_empty() {
+                if self.reserving() && self.holding() && !gone.is_empty() {
                     for id in gone {
                         let k8s = self.state.k8s.get(&id).cloned();
                         out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
@@ -443,7 +444,7 @@ impl Machine {
     }
 
     fn on_kubernetes(&mut self, ch: K8sChange, now: Instant, out: &mut Vec<Output>) {
-        let reserve = self.settings.reserve_in_kvstore;
+        let reserve = self.reserving();
         let holding = self.holding();
         let state = &mut self.state;
         match ch {
@@ -502,7 +503,7 @@ impl Machine {
         match &holder {
             LeaseHolder::Us => {
                 // Everything seen while another sync wrote is planned (and reserved) again.
-                if self.settings.reserve_in_kvstore {
+                if self.reserving() {
                     out.push(Output::Reserve(Reserve::AdoptEarlier));
                     out.push(Output::Reserve(Reserve::ViewChanged));
                 }
@@ -548,7 +549,7 @@ impl Machine {
             self.state.status.identities = self.state.masters.len();
             return;
         }
-        if self.settings.reserve_in_kvstore {
+        if self.reserving() {
             out.push(Output::Reserve(Reserve::Pump));
         }
         if !self.dirty || self.batch_running {
@@ -702,6 +703,13 @@ impl Machine {
             })
             .flatten();
         self.state.status.cutover_wait = wait;
+    }
+
+    /// Whether sync reserves in the kvstore now: with `--reserve-in-kvstore`, until cutover
+    /// released the reservations (no kvstore-mode node is left to need them); again once a
+    /// node comes back.
+    fn reserving(&self) -> bool {
+        self.settings.reserve_in_kvstore && !self.cutover_announced
     }
 
     /// Nothing pending, in flight, failing or waiting to be planned.

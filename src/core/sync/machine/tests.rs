@@ -263,6 +263,48 @@ fn a_verdict_right_after_a_node_came_back_is_not_cutover_before_any_status_tick(
 }
 
 #[test]
+fn after_cutover_a_fresh_snapshot_neither_reserves_again_nor_announces_it_again() {
+    let t0 = Instant::now();
+    let mut s = settings(false);
+    s.reserve_in_kvstore = true;
+    let mut m = Machine::new(s, BTreeMap::new());
+    m.start_round(with_300(t0), true);
+    m.step(Input::Lease(LeaseHolder::Us), t0, true);
+    m.step(Input::Kv(KvWatchEvent::Connected), t0, true);
+    m.step(Input::K8s(K8sChange::Connected), t0, true);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    let t1 = t0 + Duration::from_secs(10);
+    m.step(Input::Status { watching: true }, t1, true);
+    let out = m.step(Input::Verdict(Ok(())), t1, true);
+    assert!(
+        out.iter().any(|o| matches!(o, Output::Cutover(_))),
+        "{out:?}"
+    );
+    assert!(out.contains(&Output::Reserve(Reserve::Release)), "{out:?}");
+    // An etcd compaction after cutover: a fresh snapshot.
+    let again = m.start_round(with_300(t1), true);
+    assert!(
+        !again.iter().any(|o| matches!(o, Output::Reserve(_))),
+        "released at cutover, nothing is reserved again: {again:?}"
+    );
+    m.step(Input::Kv(KvWatchEvent::Connected), t1, true);
+    m.step(Input::K8s(K8sChange::Connected), t1, true);
+    let mut out = m.step(Input::Settle, t1, true);
+    let t2 = t1 + Duration::from_secs(30);
+    out.extend(m.step(Input::Status { watching: true }, t2, true));
+    assert!(
+        !out.iter().any(|o| matches!(
+            o,
+            Output::Cutover(_) | Output::Verify { .. } | Output::Reserve(_)
+        )),
+        "cutover stands, said once: {out:?}"
+    );
+}
+
+#[test]
 fn a_stop_ends_once_the_batch_in_flight_is_in() {
     let t0 = Instant::now();
     let mut m = following(false, true, t0);

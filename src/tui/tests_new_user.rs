@@ -298,3 +298,29 @@ fn counts_that_differ_say_why() {
     // No lag yet: what sync mirrored so far was missing at its start.
     assert!(screen.contains("none yet"), "{screen}");
 }
+
+#[test]
+fn at_80x24_every_key_of_the_help_can_be_scrolled_to() {
+    let mut m = scanned_model();
+    update(&mut m, key('2'));
+    update(&mut m, key('?'));
+    let screen = small(&mut m);
+    let last = crate::tui::keys::bindings_for(Screen::Identities)
+        .last()
+        .unwrap()
+        .help;
+    assert!(!screen.contains(last), "{screen}");
+    assert!(screen.contains("↓/↑ scroll"), "{screen}");
+    for _ in 0..5 {
+        update(&mut m, code(KeyCode::Down));
+    }
+    assert!(
+        matches!(m.modal, Some(Modal::Help)),
+        "scrolling keeps it open"
+    );
+    let screen = small(&mut m);
+    assert!(screen.contains(last), "{screen}");
+    // Any other key closes it.
+    update(&mut m, key('x'));
+    assert!(m.modal.is_none());
+}

@@ -256,6 +256,8 @@ pub struct Model {
     pub quit_after_commit: bool,
     /// The Preflight screen's first row shown: its checks can outgrow a small terminal.
     pub preflight_scroll: u16,
+    /// The help's first key shown: a screen's keys can outgrow a small terminal.
+    pub help_scroll: u16,
 }
 
 impl Model {
@@ -285,6 +287,7 @@ impl Model {
             quit: false,
             quit_after_commit: false,
             preflight_scroll: 0,
+            help_scroll: 0,
         }
     }
 

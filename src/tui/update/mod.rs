@@ -167,6 +167,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         }
         KeyAction::Stop => stop_or_quit(model),
         KeyAction::Help => {
+            model.help_scroll = 0;
             model.modal = Some(Modal::Help);
             vec![]
         }

@@ -16,7 +16,22 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
         return stop_or_quit(model);
     }
     match modal {
-        Modal::Help | Modal::Message(_) => vec![],
+        Modal::Help => {
+            // ↓/↑ scroll a help longer than the terminal; any other key closes it.
+            let keys = crate::tui::keys::bindings_for(model.screen).count() as u16;
+            let by: i32 = match key.code {
+                KeyCode::Down | KeyCode::Char('j') => 1,
+                KeyCode::Up | KeyCode::Char('k') => -1,
+                KeyCode::PageDown => 10,
+                KeyCode::PageUp => -10,
+                _ => return vec![],
+            };
+            model.help_scroll =
+                (i32::from(model.help_scroll) + by).clamp(0, i32::from(keys)) as u16;
+            model.modal = Some(Modal::Help);
+            vec![]
+        }
+        Modal::Message(_) => vec![],
         Modal::ResumeOffer { path, .. } => on_resume_offer(model, path, &key),
         Modal::Detail { index, .. } => {
             // Enter on a conflict goes on to review it; any other key closes.

@@ -261,9 +261,29 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let (title, lines, h): (&str, Vec<Line>, u16) = match modal {
         Modal::Help => {
-            let lines: Vec<Line> = bindings_for(model.screen)
+            let mut lines: Vec<Line> = bindings_for(model.screen)
                 .map(|b| Line::raw(format!("{:>8}  {}", b.label, b.help)))
                 .collect();
+            // Longer than the terminal (the Identities screen's keys at 80x24): a line says
+            // which keys show, and ↓/↑ scroll them.
+            let rows = usize::from(area.height.saturating_sub(2));
+            if lines.len() > rows {
+                let shown = rows.saturating_sub(1).max(1);
+                let first = usize::from(model.help_scroll).min(lines.len() - shown);
+                let total = lines.len();
+                lines = lines.into_iter().skip(first).take(shown).collect();
+                lines.insert(
+                    0,
+                    Line::styled(
+                        format!(
+                            "keys {}-{} of {total}: ↓/↑ scroll, any other key closes",
+                            first + 1,
+                            first + shown
+                        ),
+                        t.dim(),
+                    ),
+                );
+            }
             let h = lines.len() as u16 + 2;
             (" Keys (any key closes) ", lines, h)
         }

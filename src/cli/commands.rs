@@ -934,30 +934,24 @@ async fn interactive(
     if let Some(s) = end.commit {
         outln!("{s}")?;
         if s.unfinished() && s.rollback.is_none() {
-            match &finish {
-                Finish::Apply { bin_name } => outln!(
-                    "to finish: {}",
-                    finishing_command(bin_name, &log_path, std::env::args().skip(1))
-                )?,
-                Finish::Demo => outln!(
-                    "to finish: the demo's kvstore and API server end with it; run the demo again to try once more"
-                )?,
-            }
+            how_to_go_on(
+                &finish,
+                "to finish",
+                |bin| finishing_command(bin, &log_path, std::env::args().skip(1)),
+                "the demo's kvstore and API server end with it; run the demo again to try once more",
+            )?;
         }
     }
     // Where the rollout stands, and how to go on when sync stopped before cutover.
     if let Some(r) = end.rollout {
         outln!("{r}")?;
         if !r.cutover {
-            match &finish {
-                Finish::Apply { bin_name } => outln!(
-                    "to go on: {}",
-                    going_on_command(bin_name, &log_path, std::env::args().skip(1))
-                )?,
-                Finish::Demo => outln!(
-                    "to go on: the demo's cluster ends with it; run the demo again to play the rollout once more"
-                )?,
-            }
+            how_to_go_on(
+                &finish,
+                "to go on",
+                |bin| going_on_command(bin, &log_path, std::env::args().skip(1)),
+                "the demo's cluster ends with it; run the demo again to play the rollout once more",
+            )?;
         }
     }
     if kept.discard_if_unused() {
@@ -966,6 +960,21 @@ async fn interactive(
         outln!("decision log: {}", log_path.display())?;
     }
     Ok(Exit::Ok)
+}
+
+/// The line after the TUI that says how to carry on: `command` with this run's flags, or,
+/// for the demo, `demo` (its world ended with it).
+fn how_to_go_on(
+    finish: &Finish,
+    lead: &str,
+    command: impl Fn(&str) -> String,
+    demo: &str,
+) -> anyhow::Result<()> {
+    match finish {
+        Finish::Apply { bin_name } => outln!("{lead}: {}", command(bin_name))?,
+        Finish::Demo => outln!("{lead}: {demo}")?,
+    }
+    Ok(())
 }
 
 /// `apply --yes --resume LOG` with this run's flags: the same cluster, the decisions made

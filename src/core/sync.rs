@@ -1128,6 +1128,15 @@ mod tests {
         }
     }
 
+    /// `id/<id>` written with `labels`, as the kvstore's watch tells it.
+    fn put(id: &str, labels: &str) -> KvChange {
+        KvChange::Master {
+            id: id.as_bytes().to_vec(),
+            value: Some(labels.as_bytes().to_vec()),
+            created: true,
+        }
+    }
+
     fn run(events: Vec<Event>, accept_proposals: bool) -> Result<(), TestCaseError> {
         run_with(events, accept_proposals, &BTreeMap::new())
     }
@@ -1317,11 +1326,6 @@ mod tests {
         let range = IdRange::for_cluster(0).unwrap();
         let mut sync = SyncState::default();
         let t0 = Instant::now();
-        let put = |id: &str, labels: &str| KvChange::Master {
-            id: id.as_bytes().to_vec(),
-            value: Some(labels.as_bytes().to_vec()),
-            created: true,
-        };
         let node = |present| KvChange::Slave {
             label_key: b"k8s:app=r;".to_vec(),
             node: b"node-1".to_vec(),
@@ -1358,11 +1362,6 @@ mod tests {
         let range = IdRange::for_cluster(0).unwrap();
         let mut sync = SyncState::default();
         let t0 = Instant::now();
-        let put = |id: &str, labels: &str| KvChange::Master {
-            id: id.as_bytes().to_vec(),
-            value: Some(labels.as_bytes().to_vec()),
-            created: true,
-        };
         let gone = KvChange::Master {
             id: b"300".to_vec(),
             value: None,
@@ -1539,11 +1538,6 @@ mod tests {
     fn a_fresh_snapshot_keeps_what_was_reported_made_and_counted() {
         let range = IdRange::for_cluster(0).unwrap();
         let t0 = Instant::now();
-        let put = |id: &str, labels: &str| KvChange::Master {
-            id: id.as_bytes().to_vec(),
-            value: Some(labels.as_bytes().to_vec()),
-            created: true,
-        };
         let mut old = SyncState::default();
         old.apply_kv_change(put("300", "k8s:app=a;"), t0);
         old.apply_kv_change(put("301", "k8s:app=b;"), t0);

@@ -196,6 +196,15 @@ pub(super) fn logged(cmds: &[Command]) -> Vec<String> {
         .collect()
 }
 
+/// The index of the first item of `kind` (the small world has one of each).
+pub(super) fn first_of(m: &Model, kind: Kind) -> usize {
+    m.cluster
+        .items
+        .iter()
+        .position(|i| i.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the world"))
+}
+
 pub(super) fn item<'a>(m: &'a Model, id: &str) -> &'a crate::core::planner::PlanItem {
     m.cluster.items.iter().find(|i| i.id == id).unwrap()
 }
@@ -1337,12 +1346,7 @@ fn a_conflict_sync_closes_as_moot_no_longer_counts_as_undecided() {
 #[test]
 fn a_duplicate_of_another_kvstore_id_shows_that_entry_not_an_empty_object() {
     let mut m = scanned_model();
-    let i = m
-        .cluster
-        .items
-        .iter()
-        .position(|it| it.kind == Kind::Duplicate)
-        .expect("a duplicate");
+    let i = first_of(&m, Kind::Duplicate);
     // Its labels are under another kvstore id that Kubernetes does not hold.
     let other = (300..65000)
         .find(|x| !m.cluster.k8s.contains_key(x))

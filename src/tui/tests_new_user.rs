@@ -5,7 +5,9 @@ use crossterm::event::KeyCode;
 
 use super::model::{CommitPhase, Modal, Screen};
 use super::msg::{Command, Msg};
-use super::tests::{accept_all_and_commit, code, item, key, logged, render, scanned_model};
+use super::tests::{
+    accept_all_and_commit, code, first_of, item, key, logged, render, scanned_model,
+};
 use super::update::update;
 use crate::app::service::{ServiceEvent as Event, ServiceRequest as Request};
 use crate::app::sync::{SyncEvent, SyncStatus};
@@ -119,12 +121,7 @@ fn accept_after_another_decision_takes_the_planners_proposal_again() {
     let mut m = scanned_model();
     update(&mut m, key('3'));
     // The duplicate: the planner proposes its own id; `u` maps it to the other id instead.
-    let dup = m
-        .cluster
-        .items
-        .iter()
-        .position(|i| i.kind == Kind::Duplicate)
-        .unwrap();
+    let dup = first_of(&m, Kind::Duplicate);
     m.review.conflict = Some(dup);
     let id = m.cluster.items[dup].id.clone();
     let proposal = (item(&m, &id).action, item(&m, &id).target_id);
@@ -273,12 +270,7 @@ fn at_80x24_the_commits_result_lines_wrap_whole() {
 fn counts_that_differ_say_why() {
     let mut m = syncing();
     update(&mut m, key('5'));
-    let remap = m
-        .cluster
-        .items
-        .iter()
-        .position(|i| i.kind == Kind::Remap)
-        .unwrap();
+    let remap = first_of(&m, Kind::Remap);
     m.cluster.items[remap].decided = false;
     let screen = render(&m);
     // Sync's pending decisions are its live view's; the header's undecided, the last scan's.

@@ -84,14 +84,10 @@ fn files_with(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn md_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    files_with(dir, "md", out)
-}
-
 /// The README and every page of the guide.
 fn pages() -> Vec<Page> {
     let mut files = vec![root().join("README.md")];
-    md_files(&root().join("docs"), &mut files);
+    files_with(&root().join("docs"), "md", &mut files);
     files.sort();
     files.iter().map(|f| parse_page(f)).collect()
 }
@@ -221,7 +217,7 @@ fn docs_summary_names_every_page_of_the_book() {
         .map(|l| src.join(l.split('#').next().unwrap()))
         .collect();
     let mut files = Vec::new();
-    md_files(&src, &mut files);
+    files_with(&src, "md", &mut files);
     let missing: Vec<String> = files
         .iter()
         .filter(|f| !f.ends_with("SUMMARY.md") && !listed.contains(*f))

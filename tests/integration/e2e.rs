@@ -77,6 +77,18 @@ impl World {
         run(self.dir.path(), &full).await
     }
 
+    /// `apply --yes --accept-proposals` with its decisions and outcomes in `log`.
+    pub(crate) async fn apply_accepting(&self, log: &str) -> Run {
+        self.cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            log,
+        ])
+        .await
+    }
+
     pub(crate) fn state(&self) -> BTreeMap<String, SecurityLabels> {
         self.sb
             .objects()
@@ -265,15 +277,7 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
     let r = w.cli(&["apply", "--yes"]).await;
     assert_eq!(r.code, 2, "undecided proposals refuse: {}", r.stderr);
     let log = w.path("d.jsonl");
-    let r = w
-        .cli(&[
-            "apply",
-            "--yes",
-            "--accept-proposals",
-            "--decision-log",
-            &log,
-        ])
-        .await;
+    let r = w.apply_accepting(&log).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(
         r.stdout.contains("next: `sync --until-cutover`"),
@@ -308,15 +312,7 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
 
     let before = w.state();
     w.sb.reset_counts();
-    let r = w
-        .cli(&[
-            "apply",
-            "--yes",
-            "--accept-proposals",
-            "--decision-log",
-            &log,
-        ])
-        .await;
+    let r = w.apply_accepting(&log).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(
         w.sb.request_count("POST ciliumidentities"),
@@ -326,15 +322,7 @@ async fn apply_in_one_go_then_verify_and_a_rerun_writes_nothing() {
     assert_eq!(w.state(), before);
     // A rerun with a log of its own leaves none: it would only repeat the first run's.
     let again = w.path("again.jsonl");
-    let r = w
-        .cli(&[
-            "apply",
-            "--yes",
-            "--accept-proposals",
-            "--decision-log",
-            &again,
-        ])
-        .await;
+    let r = w.apply_accepting(&again).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("decision log: none kept"), "{}", r.stdout);
     assert!(!std::path::Path::new(&again).exists());

@@ -105,15 +105,7 @@ async fn rollback_deletes_exactly_what_the_run_created() {
     }
     let before = w.sb.objects();
     let log = w.path("run.jsonl");
-    let r = w
-        .cli(&[
-            "apply",
-            "--yes",
-            "--accept-proposals",
-            "--decision-log",
-            &log,
-        ])
-        .await;
+    let r = w.apply_accepting(&log).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     let created: Vec<Value> = log_records(Path::new(&log))
         .into_iter()
@@ -414,15 +406,7 @@ async fn the_tui_reviews_a_rollback_then_deletes_on_yes() {
     seed_every_kind(&w.etcd, &w.sb).await;
     let before = w.sb.objects();
     let log = w.path("run.jsonl");
-    let r = w
-        .cli(&[
-            "apply",
-            "--yes",
-            "--accept-proposals",
-            "--decision-log",
-            &log,
-        ])
-        .await;
+    let r = w.apply_accepting(&log).await;
     assert_eq!(r.code, 0, "{}", r.stderr);
     let made = w.sb.objects().len() - before.len();
     assert!(made >= 2);

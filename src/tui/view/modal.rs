@@ -123,15 +123,6 @@ fn detail(
 }
 
 /// The lines of a popup that asks for a typed word, and the word as typed so far.
-/// Room for each line as it wraps in the narrowest popup (80 columns), and the typed word.
-fn typed_popup_height(lines: &[Line]) -> u16 {
-    lines
-        .iter()
-        .map(|l| l.width().div_ceil(74) as u16)
-        .sum::<u16>()
-        + 3
-}
-
 fn typed_word(mut lines: Vec<Line<'static>>, typed: &TextField) -> Vec<Line<'static>> {
     lines.push(Line::styled(
         format!("> {}", with_cursor(typed)),
@@ -181,7 +172,8 @@ fn confirm_sync(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'st
         )));
     }
     lines.push(Line::raw("Type yes and press Enter (Esc cancels)."));
-    let h = typed_popup_height(&lines);
+    // The typed word's line below the text.
+    let h = wrapped_height(&lines) + 1;
     (" Start sync ", typed_word(lines, typed), h)
 }
 
@@ -199,7 +191,8 @@ fn confirm_leave(model: &Model, typed: &TextField) -> (&'static str, Vec<Line<'s
         )),
         Line::raw("Type leave and press Enter to stop sync and quit (Esc stays)."),
     ];
-    let h = typed_popup_height(&lines);
+    // The typed word's line below the text.
+    let h = wrapped_height(&lines) + 1;
     (" Leave while sync runs? ", typed_word(lines, typed), h)
 }
 

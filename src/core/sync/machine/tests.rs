@@ -218,17 +218,27 @@ fn cutover_comes_after_the_grace_and_a_passing_check_and_only_once() {
     );
 }
 
-#[test]
-fn a_verdict_after_a_node_came_back_is_not_cutover() {
-    let t0 = Instant::now();
-    let mut m = following(false, false, t0);
+/// 300 written and the rollout over: a settle, the first status, and 10 s later the
+/// status that starts a cutover check; its time.
+fn check_running(m: &mut Machine, t0: Instant) -> Instant {
     let ops = writes(&m.step(Input::Settle, t0, true));
     m.step(done(ops), t0, true);
     m.step(Input::Settle, t0, true);
     m.step(Input::Status { watching: true }, t0, true);
     let t1 = t0 + Duration::from_secs(10);
     let out = m.step(Input::Status { watching: true }, t1, true);
-    assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
+    assert!(
+        out.iter().any(|o| matches!(o, Output::Verify { .. })),
+        "{out:?}"
+    );
+    t1
+}
+
+#[test]
+fn a_verdict_after_a_node_came_back_is_not_cutover() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let t1 = check_running(&mut m, t0);
     // While the check runs a node comes back.
     m.step(node(true), t1, true);
     m.step(Input::Settle, t1, true);
@@ -244,13 +254,7 @@ fn a_verdict_after_a_node_came_back_is_not_cutover() {
 fn a_verdict_right_after_a_node_came_back_is_not_cutover_before_any_status_tick() {
     let t0 = Instant::now();
     let mut m = following(false, false, t0);
-    let ops = writes(&m.step(Input::Settle, t0, true));
-    m.step(done(ops), t0, true);
-    m.step(Input::Settle, t0, true);
-    m.step(Input::Status { watching: true }, t0, true);
-    let t1 = t0 + Duration::from_secs(10);
-    let out = m.step(Input::Status { watching: true }, t1, true);
-    assert!(out.iter().any(|o| matches!(o, Output::Verify { .. })));
+    let t1 = check_running(&mut m, t0);
     // While the check runs a node comes back; a settle, then the verdict, and no tick.
     m.step(node(true), t1, true);
     m.step(Input::Settle, t1, true);
@@ -265,19 +269,10 @@ fn a_verdict_right_after_a_node_came_back_is_not_cutover_before_any_status_tick(
 #[test]
 fn after_cutover_a_fresh_snapshot_neither_reserves_again_nor_announces_it_again() {
     let t0 = Instant::now();
-    let mut s = settings(false);
-    s.reserve_in_kvstore = true;
-    let mut m = Machine::new(s, BTreeMap::new());
-    m.start_round(with_300(t0), true);
-    m.step(Input::Lease(LeaseHolder::Us), t0, true);
+    let mut m = reserving(t0);
     m.step(Input::Kv(KvWatchEvent::Connected), t0, true);
     m.step(Input::K8s(K8sChange::Connected), t0, true);
-    let ops = writes(&m.step(Input::Settle, t0, true));
-    m.step(done(ops), t0, true);
-    m.step(Input::Settle, t0, true);
-    m.step(Input::Status { watching: true }, t0, true);
-    let t1 = t0 + Duration::from_secs(10);
-    m.step(Input::Status { watching: true }, t1, true);
+    let t1 = check_running(&mut m, t0);
     let out = m.step(Input::Verdict(Ok(())), t1, true);
     assert!(
         out.iter().any(|o| matches!(o, Output::Cutover(_))),
@@ -414,9 +409,8 @@ fn reservations_are_asked_for_only_with_reserve_in_kvstore() {
     }
 }
 
-#[test]
-fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
-    let t0 = Instant::now();
+/// 300 taken in Kubernetes by other labels, and the operator's skip of it settled.
+fn skipped_300(t0: Instant) -> Machine {
     let mut m = following(false, false, t0);
     m.step(taken_by_b(), t0, true);
     m.step(
@@ -431,6 +425,13 @@ fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
     );
     m.step(Input::Settle, t0, true);
     m.step(Input::Status { watching: true }, t0, true);
+    m
+}
+
+#[test]
+fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
+    let t0 = Instant::now();
+    let mut m = skipped_300(t0);
     let out = m.step(
         Input::Status { watching: true },
         t0 + Duration::from_secs(10),
@@ -448,20 +449,7 @@ fn a_conflict_skipped_by_a_decision_is_expected_nowhere_at_cutover() {
 #[test]
 fn a_skip_the_operator_undoes_waits_for_a_decision_again() {
     let t0 = Instant::now();
-    let mut m = following(false, false, t0);
-    m.step(taken_by_b(), t0, true);
-    m.step(
-        Input::Decided(LoggedDecision {
-            id: "300".into(),
-            labels: A.into(),
-            action: crate::core::planner::Action::Skip,
-            target_id: None,
-        }),
-        t0,
-        true,
-    );
-    m.step(Input::Settle, t0, true);
-    m.step(Input::Status { watching: true }, t0, true);
+    let mut m = skipped_300(t0);
     assert_eq!(m.state.status.pending, 0, "skipped");
     // Undone on screen 3: pending again, reported again, and no longer expected nowhere.
     m.step(Input::Undone("300".into()), t0, true);

@@ -1,5 +1,6 @@
 //! Export: a copy of the decision log and a Markdown summary of the session's decisions,
-//! written as new private files next to a path the operator chose.
+//! written as new private files next to a path the operator chose; and the decisions alone,
+//! as a compact log for `sync --decisions` (`cilium-idmig log --decisions-only`).
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,47 @@ pub fn export(
     let md = summary_markdown(log.operator(), server, range, log.path(), items, &done);
     write_new(&md_out, md.as_bytes())?;
     Ok(vec![log_out, md_out])
+}
+
+/// The decisions in force at the end of `logs` (read in order, undos applied), as a compact
+/// decision log: the last session line, then one decision line per identity in id order,
+/// stripped of outcomes. `--resume` and `sync --decisions` read it to the same decisions;
+/// at a few hundred bytes a decision it fits a ConfigMap (1 MiB) up to thousands.
+pub fn decisions_only(logs: &[crate::io::decision_log::LogContents]) -> Result<Vec<u8>> {
+    use crate::core::planner::resume::LogStep;
+    use crate::io::decision_log::Record;
+    let mut stacks: std::collections::BTreeMap<&str, Vec<&Record>> = Default::default();
+    for r in logs.iter().flat_map(|l| &l.records) {
+        match r.step() {
+            Some(LogStep::Decide(_)) => stacks.entry(&r.id).or_default().push(r),
+            Some(LogStep::Undo { .. }) => {
+                stacks.entry(&r.id).or_default().pop();
+            }
+            None => {}
+        }
+    }
+    let mut lasts: Vec<&Record> = stacks.values().filter_map(|s| s.last().copied()).collect();
+    lasts.sort_by_key(|r| (r.id.parse::<u64>().unwrap_or(u64::MAX), r.id.clone()));
+    let json = |e: serde_json::Error| Error::Config(format!("decisions: {e}"));
+    let mut out = Vec::new();
+    if let Some(session) = logs.iter().flat_map(|l| &l.sessions).next_back() {
+        out.extend(serde_json::to_vec(session).map_err(json)?);
+        out.push(b'\n');
+    }
+    for r in lasts {
+        let decision = Record {
+            outcome: None,
+            error: None,
+            uid: None,
+            resource_version: None,
+            kvstore: None,
+            kvstore_revision: None,
+            ..r.clone()
+        };
+        out.extend(serde_json::to_vec(&decision).map_err(json)?);
+        out.push(b'\n');
+    }
+    Ok(out)
 }
 
 /// What the decision log records as done: each identity's last outcome, and the conflicts
@@ -163,6 +205,41 @@ mod tests {
         let mut r = Record::decision(id, "k8s:app=a;", Kind::Create, action, None);
         r.outcome = outcome;
         r
+    }
+
+    #[test]
+    fn the_decisions_alone_resume_to_the_decisions_of_the_whole_logs() {
+        use crate::core::planner::resume::replay;
+        use crate::io::decision_log::{LogContents, read_from};
+        let mut undo = Record::new("302", "k8s:app=a;", Kind::Create, "undo".into(), None);
+        undo = undo.with_fields("operator", "undo");
+        let review = LogContents {
+            records: vec![
+                line("1000", ("skip", "operator"), None),
+                line("302", ("map", "operator"), None),
+                undo,
+                line("303", ("create", "proposal"), Some(Outcome::Created)),
+            ],
+            ..Default::default()
+        };
+        let later = LogContents {
+            records: vec![
+                line("1000", ("create", "operator"), Some(Outcome::Created)),
+                line("301", ("skip", "operator"), Some(Outcome::Skipped)),
+            ],
+            ..Default::default()
+        };
+        let logs = [review, later];
+        let whole = replay(logs.iter().flat_map(|l| l.steps()));
+        let compact = decisions_only(&logs).unwrap();
+        let read = read_from(compact.as_slice()).unwrap();
+        assert!(read.bad_lines.is_empty() && !read.torn_tail);
+        assert_eq!(replay(read.steps()), whole);
+        // One line per identity with a decision in force, in id order, no outcome on any.
+        let ids: Vec<&str> = read.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["301", "1000"]);
+        assert!(read.records.iter().all(|r| r.outcome.is_none()));
+        assert!(whole.contains_key("1000") && !whole.contains_key("302"));
     }
 
     #[test]

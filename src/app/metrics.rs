@@ -1,6 +1,7 @@
-//! Health and Prometheus metrics of a long-running `sync`: `/healthz` answers 200 while both
-//! watches are live, `/metrics` the counters in Prometheus' text format (the `prometheus`
-//! crate's registry and encoder).
+//! Health and Prometheus metrics of a long-running `sync`: `/healthz` (and `/readyz`) answers
+//! 200 while both watches are live, `/livez` while sync's loop turns (whatever the servers
+//! do), `/metrics` the counters in Prometheus' text format (the `prometheus` crate's registry
+//! and encoder).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,6 +25,12 @@ use crate::error::{Error, Result};
 /// connection is open.
 pub const HEARD_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// A loop that has not turned this long is stuck: `/livez` fails, and a liveness probe
+/// restarts it. The loop turns at least every status tick (5 s), while it waits out an
+/// outage too; the longest wait between turns is one round's start (both sides read, each
+/// read retried within its own deadlines), a few minutes at the worst.
+pub const TURNED_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// What sync publishes.
 pub struct Metrics {
     registry: Registry,
@@ -46,6 +53,8 @@ pub struct Metrics {
     /// When each watch last heard from its server (ms since `born`; 0: never).
     etcd_heard: AtomicU64,
     k8s_heard: AtomicU64,
+    /// When sync's loop last turned (ms since `born`; 0: not yet, which counts as now).
+    turned: AtomicU64,
     born: Instant,
     /// `cilium_idmig_watch_up{source}` and `cilium_idmig_last_event_age_seconds{source}`,
     /// brought up to date at each scrape.
@@ -126,6 +135,7 @@ impl Metrics {
             k8s_live: AtomicBool::new(false),
             etcd_heard: AtomicU64::new(0),
             k8s_heard: AtomicU64::new(0),
+            turned: AtomicU64::new(0),
             born: Instant::now(),
             watch_up: IntGaugeVec::new(
                 Opts::new(
@@ -202,6 +212,20 @@ impl Metrics {
         }
     }
 
+    /// Sync's loop turned now.
+    pub fn turned(&self) {
+        let ms = (self.born.elapsed().as_millis() as u64).max(1);
+        self.turned.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether sync's loop turned within `TURNED_WITHIN` (counted from the start until its
+    /// first turn).
+    pub fn alive(&self) -> bool {
+        let now = self.born.elapsed().as_millis() as u64;
+        let at = self.turned.load(Ordering::Relaxed);
+        now.saturating_sub(at) <= TURNED_WITHIN.as_millis() as u64
+    }
+
     /// Brings the per-source gauges up to date (at each scrape).
     fn refresh_watches(&self) {
         let now = self.born.elapsed().as_millis() as u64;
@@ -259,6 +283,11 @@ impl Metrics {
 /// (`/metrics`). Sync's metrics, and the audit's under `audit --watch`.
 pub trait Exporter: Send + Sync + 'static {
     fn healthy(&self) -> bool;
+    /// Whether the process does its work at all (`/livez`); an outage it rides out is not a
+    /// reason to restart it.
+    fn alive(&self) -> bool {
+        true
+    }
     fn text(&self) -> String;
     /// What `/healthz` says when not healthy.
     fn unhealthy_reason(&self) -> &'static str;
@@ -267,6 +296,9 @@ pub trait Exporter: Send + Sync + 'static {
 impl Exporter for Metrics {
     fn healthy(&self) -> bool {
         Metrics::healthy(self)
+    }
+    fn alive(&self) -> bool {
+        Metrics::alive(self)
     }
     fn text(&self) -> String {
         Metrics::text(self)
@@ -297,12 +329,20 @@ pub async fn serve<M: Exporter>(
                     let metrics = metrics.clone();
                     async move {
                         let (code, body, kind) = match (req.method(), req.uri().path()) {
-                            (&Method::GET, "/healthz") if metrics.healthy() => {
+                            (&Method::GET, "/healthz" | "/readyz") if metrics.healthy() => {
                                 (StatusCode::OK, "ok\n".to_string(), "text/plain")
                             }
-                            (&Method::GET, "/healthz") => (
+                            (&Method::GET, "/healthz" | "/readyz") => (
                                 StatusCode::SERVICE_UNAVAILABLE,
                                 metrics.unhealthy_reason().to_string(),
+                                "text/plain",
+                            ),
+                            (&Method::GET, "/livez") if metrics.alive() => {
+                                (StatusCode::OK, "ok\n".to_string(), "text/plain")
+                            }
+                            (&Method::GET, "/livez") => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "sync's loop has not turned in 5 minutes: stuck\n".to_string(),
                                 "text/plain",
                             ),
                             (&Method::GET, "/metrics") => {
@@ -326,4 +366,21 @@ pub async fn serve<M: Exporter>(
         }
     });
     Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_stopped_turning_is_not_alive_and_one_that_turns_is() {
+        let mut m = Metrics::new().unwrap();
+        assert!(m.alive(), "a sync that just started");
+        let long_ago = TURNED_WITHIN + std::time::Duration::from_secs(1);
+        m.born = Instant::now().checked_sub(long_ago).unwrap();
+        assert!(!m.alive(), "never turned in more than TURNED_WITHIN");
+        m.turned();
+        assert!(m.alive());
+        assert!(!m.healthy(), "alive is not ready: no watch is up");
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod decisions_file;
 pub mod export;
 pub mod flows;
 pub mod lease;

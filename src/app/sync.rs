@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::config::ServiceConfig;
+use super::decisions_file;
 use super::flows;
 use super::lease::{LeaseKeeper, LeaseOptions, Writer};
 use super::metrics::{Metrics, Source};
@@ -60,6 +61,9 @@ pub struct SyncOptions {
     pub release_reservations: bool,
     /// The one-writer lease: sync writes only while it holds it.
     pub lease: LeaseOptions,
+    /// Decisions made elsewhere, in a file sync reads at the start and again when it
+    /// changes (`app::decisions_file`); no file yet is no decisions yet.
+    pub decisions_file: Option<std::path::PathBuf>,
 }
 
 impl Default for SyncOptions {
@@ -73,6 +77,7 @@ impl Default for SyncOptions {
             reserve_in_kvstore: false,
             release_reservations: false,
             lease: LeaseOptions::default(),
+            decisions_file: None,
         }
     }
 }
@@ -202,13 +207,34 @@ pub async fn run(
     metrics: Arc<Metrics>,
     events: mpsc::Sender<SyncEvent>,
     stop: StopFlag,
-    decided: Option<mpsc::Receiver<DecisionChange>>,
+    mut decided: Option<mpsc::Receiver<DecisionChange>>,
 ) -> Result<SyncEnd> {
     if let KvSource::Memory(_) = &cfg.kv {
         // Refused before anything is read or written (`follower` says why).
         cfg.kv.follower().await?;
     }
-    let (decisions, earlier) = resume_decisions(&cfg)?;
+    let file = match &opts.decisions_file {
+        Some(p) => decisions_file::read(p)?.map(|(bytes, steps)| (p.clone(), bytes, steps)),
+        None => None,
+    };
+    let (decisions, earlier) = resume_decisions(&cfg, file.as_ref().map(|f| f.2.clone()))?;
+    // Followed while sync runs, unless decisions come from a screen instead (the TUI's).
+    let _following_file = match (&opts.decisions_file, decided.is_none()) {
+        (Some(path), true) => {
+            let seen = file.map_or_else(Default::default, |(_, bytes, steps)| {
+                (bytes, resume::replay(steps))
+            });
+            let (tx, rx) = mpsc::channel(64);
+            decided = Some(rx);
+            Some(AbortOnDrop(decisions_file::follow(
+                path.clone(),
+                seen,
+                tx,
+                events.clone(),
+            )))
+        }
+        _ => None,
+    };
     let lease = take_lease(&cfg, &opts, &events).await?;
     // The grace starts when the last kvstore-mode node goes. In the demo's in-memory kvstore
     // a node's keys go the moment it moves (its lease is revoked, none lapses later), so a
@@ -245,6 +271,7 @@ pub async fn run(
     };
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
+        sync.metrics.turned();
         if sync.stop.is_stopped() {
             return Ok(SyncEnd::default());
         }
@@ -318,23 +345,33 @@ async fn stopped(stop: &StopFlag) {
     }
 }
 
-/// The decisions recorded so far (this log and any --resume logs): a restart resumes
-/// them; and the kvstore reservations they record as made and not released. A log that
-/// cannot be read is an error: going on without its decisions could create what the
-/// operator skipped.
+/// A task that ends with the value that owns it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The decisions recorded so far (any --resume logs, then the decisions file's `from_file`,
+/// then this log): a restart resumes them; and the kvstore reservations the logs record as
+/// made and not released. A log that cannot be read is an error: going on without its
+/// decisions could create what the operator skipped.
 fn resume_decisions(
     cfg: &ServiceConfig,
+    from_file: Option<Vec<resume::LogStep>>,
 ) -> Result<(BTreeMap<String, LoggedDecision>, reserve::Unreleased)> {
     let (mut steps, mut reserved) = (Vec::new(), BTreeMap::new());
-    for p in cfg
-        .resume
-        .iter()
-        .chain(std::iter::once(&cfg.log.path().to_path_buf()))
-    {
+    for p in &cfg.resume {
         let log = flows::read_log(p)?;
         steps.extend(log.steps());
         reserve::note_reservations(&mut reserved, &log);
     }
+    steps.extend(from_file.unwrap_or_default());
+    let own = flows::read_log(cfg.log.path())?;
+    steps.extend(own.steps());
+    reserve::note_reservations(&mut reserved, &own);
     Ok((resume::replay(steps), reserved))
 }
 
@@ -619,6 +656,7 @@ impl Round {
                 }
                 Some(verdict) = self.verdict_rx.recv() => Input::Verdict(verdict),
             };
+            sync.metrics.turned();
             if let Some(end) = self.step(sync, input).await? {
                 break end;
             }
@@ -1166,7 +1204,8 @@ async fn follow_kubernetes(
         }
         if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
-            if matches!(e.code(), Some(401 | 403)) {
+            // A 401 just after the token file was renewed was sent with the old token.
+            if matches!(e.code(), Some(401 | 403)) && !cfg.target.worth_retrying(&e) {
                 let what = "watching ciliumidentities.cilium.io";
                 let _ = fatal.send(refused(what, &e.to_string())).await;
                 return;

@@ -381,7 +381,10 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
             Err(e) if e.is_already_exists() => {
                 return check_existing(ctx, op, target_id, result).await;
             }
-            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
+            Err(e)
+                if (e.is_retryable() || ctx.target.worth_retrying(&e))
+                    && result.attempts < ctx.opts.max_attempts =>
+            {
                 wait_before_retry(ctx, op, result.attempts, &e).await;
             }
             Err(e) => {

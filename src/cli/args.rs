@@ -34,6 +34,7 @@ pub mod examples {
     pub const AUDIT: &str = "Examples:\n  # Each finding with its nodes, endpoints and what to do\n  cilium-idmig audit --etcd-config etcd.yaml\n  # The same as JSON, for a script\n  cilium-idmig audit --etcd-config etcd.yaml --output json\n  # Watch a double-write rollout from a dashboard\n  cilium-idmig audit --etcd-config etcd.yaml --watch --status-addr 127.0.0.1:9465\n\nExit status:\n  0  the stores agree (with --watch: stopped by a signal)\n  1  findings\n  2  usage or configuration";
     pub const VERIFY: &str = "Examples:\n  # Every kvstore identity at its id, or where the log maps it\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log rollout.jsonl\n  # Every log of the migration, as JSON\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log cilium-idmig-decisions-*.jsonl --output json\n\nExit status:\n  0  every valid kvstore identity is where it belongs\n  1  missing or different identities, or a store unreachable\n  2  usage or configuration: bad flags, an unreadable or damaged decision log";
     pub const DEMO: &str = "Examples:\n  # The TUI on 2,000 generated identities\n  cilium-idmig demo\n  # A larger cluster behind a slow API server\n  cilium-idmig demo --identities 20000 --seed 7 --sandbox-latency 20ms\n  # Rehearse on your own cluster's dumps\n  cilium-idmig demo --from-snapshot kvstore.json --k8s-snapshot identities.json\n\nExit status:\n  0  done (with --headless: applied and verified; with --sync: cutover reached)\n  1  failed work\n  2  usage: bad flags, a refused dump";
+    pub const LOG: &str = "Examples:\n  # The decisions made in the TUI, alone, for a sync that runs in the cluster\n  cilium-idmig log --decisions-only review.jsonl > decisions.jsonl\n  # The decision log of the sync in the cluster, from its pod\n  kubectl -n kube-system exec job/cilium-idmig-sync -- cilium-idmig log /var/lib/cilium-idmig/rollout.jsonl > rollout.jsonl\n\nExit status:\n  0  printed (with --hold: stopped by a signal)\n  2  usage or configuration: a log that cannot be read, or a damaged line in one";
     pub const SYNC: &str = "Examples:\n  # Through the rollout, until cutover\n  cilium-idmig sync --etcd-config etcd.yaml --decision-log rollout.jsonl --status-addr 127.0.0.1:9464 --until-cutover\n  # The same with the TUI's decisions, and no split allocations\n  cilium-idmig sync --etcd-config etcd.yaml --decision-log rollout.jsonl --resume review.jsonl --reserve-in-kvstore --until-cutover\n\nExit status:\n  0  cutover reached (--until-cutover), or a clean stop with no failed write left\n  1  a write failed and was still not made at the stop\n  2  usage or configuration: a refused permission, a decision log another sync holds";
     pub const COMPLETIONS: &str = "Examples:\n  # Bash\n  cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig\n  # Zsh, into a folder on $fpath\n  cilium-idmig completions zsh > ~/.zfunc/_cilium-idmig\n\nExit status:\n  0  printed\n  2  usage";
     pub const MAN: &str = "Examples:\n  # The tool's page\n  cilium-idmig man > /usr/local/share/man/man1/cilium-idmig.1\n  # A command's page\n  cilium-idmig man apply > /usr/local/share/man/man1/cilium-idmig-apply.1\n\nExit status:\n  0  printed\n  2  usage: no such command";
@@ -123,7 +124,9 @@ impl CliCommand {
             | CliCommand::Audit { log, .. }
             | CliCommand::Verify { log, .. }
             | CliCommand::Sandbox { log, .. } => Some(log),
-            CliCommand::Completions { .. } | CliCommand::Man { .. } => None,
+            CliCommand::Completions { .. } | CliCommand::Man { .. } | CliCommand::Log { .. } => {
+                None
+            }
         }
     }
 }
@@ -300,6 +303,22 @@ pub enum CliCommand {
     /// allocations, and know when cutover is reached.
     #[command(after_long_help = examples::SYNC)]
     Sync(SyncArgs),
+    /// Print decision logs as they are (whole lines only, each log checked to read as one),
+    /// or with --decisions-only the decisions in force alone: a compact log that
+    /// `sync --decisions` and `--resume` take, small enough for a ConfigMap. Reads only.
+    #[command(after_long_help = examples::LOG)]
+    Log {
+        /// The decision logs, read in order (later decisions and undos win).
+        #[arg(required = true, value_name = "DECISION_LOG")]
+        files: Vec<PathBuf>,
+        /// Only the decisions in force: one line per identity, no outcomes.
+        #[arg(long)]
+        decisions_only: bool,
+        /// Check the logs, then wait for a stop signal instead of printing: a pod of an
+        /// image without a shell stays up for `kubectl exec POD -- cilium-idmig log FILE`.
+        #[arg(long, conflicts_with = "decisions_only")]
+        hold: bool,
+    },
     /// Print a shell completion script (e.g. `cilium-idmig completions bash > /etc/bash_completion.d/cilium-idmig`).
     #[command(after_long_help = examples::COMPLETIONS)]
     Completions {
@@ -554,6 +573,11 @@ pub struct SyncArgs {
     /// Also resume the decisions recorded in these decision logs (repeatable).
     #[arg(long)]
     pub resume: Vec<PathBuf>,
+    /// Decisions made elsewhere (`cilium-idmig log --decisions-only`, e.g. a mounted
+    /// ConfigMap): read at the start, then again whenever the file changes, each change
+    /// carried out while sync runs. No file yet means no decisions yet.
+    #[arg(long, value_name = "FILE")]
+    pub decisions: Option<PathBuf>,
     /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
     #[arg(long)]
     pub accept_proposals: bool,

@@ -38,6 +38,11 @@ pub enum Exit {
 pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
     match cmd {
         CliCommand::Completions { shell } => completions(shell),
+        CliCommand::Log {
+            files,
+            decisions_only,
+            hold,
+        } => log(files, decisions_only, hold).await,
         CliCommand::Man { command } => man(command),
         CliCommand::Plan { conn, output, .. } => plan(conn, output).await,
         CliCommand::Apply {
@@ -113,6 +118,47 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
         } => sandbox(port, kubeconfig_out, no_crd).await,
     }
 }
+
+/// `log`: the logs as they are, the decisions alone, or held for `kubectl exec`.
+async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::Result<Exit> {
+    use std::io::Write as _;
+    // Each log is read the one way every command reads it: a damaged line is an error.
+    let logs = files
+        .iter()
+        .map(|f| decision_log::read(f))
+        .collect::<cilium_idmig::Result<Vec<_>>>()?;
+    if hold {
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        eprintln!(
+            "holding {} for `kubectl exec POD -- cilium-idmig log FILE`; delete the pod when done",
+            names.join(", ")
+        );
+        cilium_idmig::app::signals::StopSignals::new()?.recv().await;
+        return Ok(Exit::Ok);
+    }
+    let mut stdout = std::io::stdout().lock();
+    if decisions_only {
+        let compact = cilium_idmig::app::export::decisions_only(&logs)?;
+        stdout.write_all(&compact)?;
+        if compact.len() > CONFIGMAP_BYTES {
+            eprintln!(
+                "warning: the decisions take {} bytes, more than a ConfigMap holds (1 MiB): give sync the file on its volume with --resume instead",
+                compact.len()
+            );
+        }
+        return Ok(Exit::Ok);
+    }
+    for f in &files {
+        // Whole lines only: a sync may be appending to it right now.
+        let bytes = std::fs::read(f).with_context(|| format!("decision log {}", f.display()))?;
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        stdout.write_all(&bytes[..whole])?;
+    }
+    Ok(Exit::Ok)
+}
+
+/// What a ConfigMap holds at most (its data and metadata together).
+const CONFIGMAP_BYTES: usize = 1024 * 1024;
 
 /// `completions SHELL`: the script for the file the shell runs.
 fn completions(shell: clap_complete::Shell) -> anyhow::Result<Exit> {
@@ -459,10 +505,12 @@ async fn sync_command(args: SyncArgs) -> anyhow::Result<Exit> {
         lease_namespace,
         lease_name,
         tuning,
+        decisions,
         ..
     } = args;
     let world = World::of(&conn).await?;
     let opts = cilium_idmig::app::sync::SyncOptions {
+        decisions_file: decisions,
         accept_proposals,
         until_cutover,
         cutover_grace,

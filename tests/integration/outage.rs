@@ -103,6 +103,9 @@ async fn outage_is_outlived(outage: Duration) {
         !w.sb.objects().contains_key("801"),
         "nothing got through the outage"
     );
+    // Not ready, but alive: a liveness probe must not restart a sync that rides an outage out.
+    assert_eq!(get(&status, "/readyz").await.map(|(c, _)| c), Some(503));
+    assert_eq!(get(&status, "/livez").await.map(|(c, _)| c), Some(200));
 
     w.etcd.restart().await;
     api.set(Mode::Forward);

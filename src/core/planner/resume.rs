@@ -129,6 +129,25 @@ pub fn replay(steps: impl IntoIterator<Item = LogStep>) -> BTreeMap<String, Logg
         .collect()
 }
 
+/// What changed between two replayed sets of decisions (a decisions file read again): the
+/// decisions that are new or different, in id order, and the ids whose decision is gone.
+pub fn changes(
+    before: &BTreeMap<String, LoggedDecision>,
+    after: &BTreeMap<String, LoggedDecision>,
+) -> (Vec<LoggedDecision>, Vec<String>) {
+    let decided = after
+        .iter()
+        .filter(|(id, d)| before.get(*id) != Some(*d))
+        .map(|(_, d)| d.clone())
+        .collect();
+    let undone = before
+        .keys()
+        .filter(|id| !after.contains_key(*id))
+        .cloned()
+        .collect();
+    (decided, undone)
+}
+
 /// A recorded decision that was not resumed, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dropped {
@@ -267,6 +286,20 @@ mod tests {
                 (id.to_string(), d)
             })
             .collect()
+    }
+
+    #[test]
+    fn changes_are_the_new_or_different_decisions_and_the_ids_whose_decision_went() {
+        let before = creates_at(&[("300", A, 300), ("301", B, 4000), ("302", C, 302)]);
+        let after = creates_at(&[("300", A, 300), ("301", B, 4001), ("303", C, 303)]);
+        let (decided, undone) = changes(&before, &after);
+        let ids: Vec<(&str, Option<u32>)> = decided
+            .iter()
+            .map(|d| (d.id.as_str(), d.target_id))
+            .collect();
+        assert_eq!(ids, [("301", Some(4001)), ("303", Some(303))]);
+        assert_eq!(undone, ["302"]);
+        assert_eq!(changes(&after, &after), (Vec::new(), Vec::new()));
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl K8sTarget {
                     return Ok(snap);
                 }
                 Err(ListError::Request(e))
-                    if e.worth_retrying(self.has_answered()) && attempt < READ_ATTEMPTS =>
+                    if self.worth_retrying(&e) && attempt < READ_ATTEMPTS =>
                 {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), "list");
                     tracing::debug!(attempt, error = %e, "listing again");

@@ -42,7 +42,17 @@ pub struct K8sTarget {
     pub(super) watch_list: Arc<AtomicU8>,
     /// Whether the server ever answered a request (`RequestError::worth_retrying`).
     pub(super) answered: Arc<std::sync::atomic::AtomicBool>,
+    /// Credentials from a token file (a pod's projected ServiceAccount token, which the
+    /// kubelet replaces well before it expires): the token the current client was built
+    /// with, and when a 401 last made a client with a newer one (`renew_token`).
+    token_file: Option<PathBuf>,
+    token_seen: Arc<std::sync::Mutex<Option<String>>>,
+    renewed: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long after a token was renewed a 401 is still worth another try: requests sent with
+/// the old token answer within their deadlines.
+const RENEWED_RECENTLY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Why no configuration can be inferred, said plainly, when that is plain from the
 /// environment: `KUBECONFIG` names files none of which exist, or it is unset, there is no
@@ -136,6 +146,7 @@ impl K8sTarget {
                 source: Some(cause),
             }
         })?;
+        let token_file = config.auth_info.token_file.as_ref().map(PathBuf::from);
         Ok(K8sTarget {
             client: Arc::new(std::sync::RwLock::new(client)),
             config: Arc::new(config),
@@ -146,6 +157,14 @@ impl K8sTarget {
             consistent_reads: false,
             watch_list: Arc::new(AtomicU8::new(WATCH_LIST_UNKNOWN)),
             answered: Arc::default(),
+            token_seen: Arc::new(std::sync::Mutex::new(
+                token_file
+                    .as_ref()
+                    .and_then(|f| std::fs::read_to_string(f).ok())
+                    .map(|t| t.trim().to_string()),
+            )),
+            token_file,
+            renewed: Arc::default(),
         })
     }
 
@@ -196,7 +215,49 @@ impl K8sTarget {
         }
     }
 
+    /// After a 401 with credentials from a token file: the kubelet may have replaced the
+    /// token since kube last read it (kube reads the file again only every minute), so a
+    /// file that now holds another token gets a new client, which reads it. A refusal of the
+    /// new token is a refusal like any other.
+    fn renew_token(&self) {
+        let Some(path) = &self.token_file else {
+            return;
+        };
+        let Ok(now) = std::fs::read_to_string(path) else {
+            return;
+        };
+        let now = now.trim().to_string();
+        let mut seen = self.token_seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.as_deref() == Some(now.as_str()) {
+            return;
+        }
+        match kube::Client::try_from((*self.config).clone()) {
+            Ok(fresh) => {
+                tracing::info!(file = %path.display(), "a 401: the token file holds a new token; using it");
+                *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                *seen = Some(now);
+                *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(std::time::Instant::now());
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot open a client with the new token"),
+        }
+    }
+
+    /// Whether a failed request is worth another try: what `RequestError::worth_retrying`
+    /// says, and a 401 just after the token was renewed (sent with the old one).
+    pub(crate) fn worth_retrying(&self, e: &super::errors::RequestError) -> bool {
+        let renewed = self
+            .renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < RENEWED_RECENTLY);
+        e.worth_retrying(self.has_answered()) || (e.code() == Some(401) && renewed)
+    }
+
     pub(crate) fn after_error(&self, e: &super::errors::RequestError) {
+        if e.code() == Some(401) {
+            self.renew_token();
+        }
         if matches!(
             e,
             super::errors::RequestError::Timeout | super::errors::RequestError::Transport(_)

@@ -139,7 +139,9 @@ impl K8sTarget {
             .map_err(|_| RequestError::Timeout)?
             .map_err(|e| RequestError::Transport(format!("reading response: {e}")))?
             .to_bytes();
-        Err(status_error(status, &bytes, None))
+        let e = status_error(status, &bytes, None);
+        self.after_error(&e);
+        Err(e)
     }
 
     /// A read that is safe to repeat through kube's typed `Api`: retried on 429 (honouring
@@ -164,7 +166,7 @@ impl K8sTarget {
             }
             match result {
                 Ok(v) => return Ok(v),
-                Err(e) if e.worth_retrying(self.has_answered()) && attempt < READ_ATTEMPTS => {
+                Err(e) if self.worth_retrying(&e) && attempt < READ_ATTEMPTS => {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), what);
                     tracing::debug!(what, attempt, error = %e, "retrying read");
                     tokio::time::sleep(wait).await;

@@ -752,3 +752,79 @@ fn troubleshooting_quotes_every_message_that_says_what_to_do() {
         missing.join("\n")
     );
 }
+
+/// The manifests' arguments are the CLI's: the Job's and the collect pod's parse with the
+/// binary's parser (with the optional components too), and the base's roles are the ones
+/// `assets/clusterrole.yaml` ships.
+#[test]
+fn the_manifests_of_deploy_parse_with_the_cli_and_grant_what_the_assets_grant() {
+    use crate::in_cluster::{kustomized, object};
+    let deploy = root().join("deploy");
+    let pods = [
+        (deploy.clone(), "Job", "cilium-idmig-sync"),
+        (deploy.join("collect"), "Pod", "cilium-idmig-log"),
+    ];
+    // An overlay with both components, as a platform team would write one.
+    let overlay = tempfile::tempdir().unwrap();
+    let up = |p: &Path| {
+        let depth = p.components().count() - 1;
+        let back: PathBuf = std::iter::repeat_n("..", depth).collect();
+        back.join(deploy.strip_prefix("/").unwrap())
+    };
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources: [{base}]\ncomponents: [{base}/components/servicemonitor, {base}/components/reserve-in-kvstore]\n",
+            base = up(overlay.path()).display()
+        ),
+    )
+    .unwrap();
+    let with_components = overlay.path().to_path_buf();
+    let mut checked = 0;
+    for (dir, kind, name) in
+        pods.iter()
+            .cloned()
+            .chain([(with_components, "Job", "cilium-idmig-sync")])
+    {
+        let docs = kustomized(dir.to_str().unwrap());
+        let spec = &object(&docs, kind, name);
+        let spec = match kind {
+            "Job" => &spec["spec"]["template"]["spec"],
+            _ => &spec["spec"],
+        };
+        let mut words = vec!["cilium-idmig".to_string()];
+        words.extend(
+            spec["containers"][0]["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string()),
+        );
+        parses(&words).unwrap_or_else(|e| panic!("{kind} {name} in {}: {e}", dir.display()));
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+    let overlaid = kustomized(overlay.path().to_str().unwrap());
+    assert!(overlaid.iter().any(|d| d["kind"] == "ServiceMonitor"));
+    let args = object(&overlaid, "Job", "cilium-idmig-sync").to_string();
+    assert!(args.contains("--reserve-in-kvstore"), "{args}");
+
+    let shipped: Vec<serde_json::Value> =
+        std::fs::read_to_string(root().join("assets/clusterrole.yaml"))
+            .unwrap()
+            .split("\n---\n")
+            .map(|d| serde_yaml_ng::from_str(d).unwrap())
+            .collect();
+    let docs = kustomized(deploy.to_str().unwrap());
+    for role in &shipped {
+        let (kind, name) = (
+            role["kind"].as_str().unwrap(),
+            role["metadata"]["name"].as_str().unwrap(),
+        );
+        assert_eq!(
+            object(&docs, kind, name)["rules"],
+            role["rules"],
+            "{kind} {name}"
+        );
+    }
+}

@@ -107,6 +107,11 @@ impl ControlPlane {
         Some(cp)
     }
 
+    /// The cluster CA's certificate (what a pod finds as `ca.crt` beside its token).
+    pub fn ca_file(&self) -> PathBuf {
+        PathBuf::from(&self.env()["CA_FILE"])
+    }
+
     /// What the script wrote to `DIR/env`.
     fn env(&self) -> BTreeMap<String, String> {
         std::fs::read_to_string(self.dir.path().join("env"))

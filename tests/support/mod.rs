@@ -193,6 +193,15 @@ impl Etcd {
             .unwrap();
     }
 
+    pub async fn delete(&self, key: &str) {
+        self.client()
+            .await
+            .unwrap()
+            .delete(key, None)
+            .await
+            .unwrap();
+    }
+
     /// Writes an etcd config file in Cilium's format for this server.
     pub fn config_file(&self) -> PathBuf {
         let path = self.dir.path().join("etcd-config.yaml");

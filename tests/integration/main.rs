@@ -7,6 +7,7 @@ mod e2e;
 mod etcd;
 mod harness;
 mod hostile_input;
+mod image;
 mod in_cluster;
 mod layers;
 mod outage;

@@ -9,13 +9,27 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::sync::{DecisionChange, SyncEvent};
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::error::{Error, Result};
 
 /// How often the file is read again. A mounted ConfigMap changes a minute or so after the
 /// object does (the kubelet's sync period), so a few seconds more add little.
 pub const EVERY: Duration = Duration::from_secs(5);
+
+/// A decision made (or undone) while sync runs: from the TUI, or read from this file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecisionChange {
+    Decided(LoggedDecision),
+    /// The decision on this kvstore id was undone: it waits for a decision again.
+    Undone(String),
+}
+
+/// What following the file says: a change carried over, or a file that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Said {
+    Note(String),
+    Trouble(String),
+}
 
 /// The decisions file as it is now: its bytes and the steps they record; `None` while there
 /// is no file (a ConfigMap not created yet: nothing decided there so far).
@@ -33,11 +47,11 @@ pub fn read(path: &Path) -> Result<Option<(Vec<u8>, Vec<LogStep>)>> {
 /// Follows the file from `seen` (the bytes read at the start, and the decisions they
 /// replay to): each change goes to `decided`, and is said on `events`. Ends when sync does
 /// (either channel closed).
-pub fn follow(
+pub fn follow<E: From<Said> + Send + 'static>(
     path: PathBuf,
     seen: (Vec<u8>, BTreeMap<String, LoggedDecision>),
     decided: mpsc::Sender<DecisionChange>,
-    events: mpsc::Sender<SyncEvent>,
+    events: mpsc::Sender<E>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let (mut bytes, mut decisions) = seen;
@@ -63,17 +77,17 @@ pub fn follow(
                     for id in gone {
                         let _ = decided.send(DecisionChange::Undone(id)).await;
                     }
-                    SyncEvent::Note(said)
+                    Said::Note(said)
                 }
                 Err(e) => {
                     // Said once per version of the file, and read again when it changes.
                     bytes = std::fs::read(&path).unwrap_or_default();
-                    SyncEvent::Trouble(format!(
+                    Said::Trouble(format!(
                         "{e}; the decisions read before stay in force until the file is fixed"
                     ))
                 }
             };
-            let _ = events.send(said).await;
+            let _ = events.send(E::from(said)).await;
         }
     })
 }

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::config::ServiceConfig;
 use super::decisions_file;
+pub use super::decisions_file::DecisionChange;
 use super::flows;
 use super::lease::{LeaseKeeper, LeaseOptions, Writer};
 use super::metrics::{Metrics, Source};
@@ -884,12 +885,13 @@ fn log_moot(moot: Vec<(String, LabelKey, Kind)>, cfg: &ServiceConfig) -> Vec<(St
     logged
 }
 
-/// What the operator decides, or undoes, while sync runs (the TUI's screen 3).
-#[derive(Debug, Clone)]
-pub enum DecisionChange {
-    Decided(LoggedDecision),
-    /// The decision on this kvstore id was undone: it waits for a decision again.
-    Undone(String),
+impl From<decisions_file::Said> for SyncEvent {
+    fn from(said: decisions_file::Said) -> Self {
+        match said {
+            decisions_file::Said::Note(n) => SyncEvent::Note(n),
+            decisions_file::Said::Trouble(t) => SyncEvent::Trouble(t),
+        }
+    }
 }
 
 /// The next decision made (or undone) while sync runs; never, when nobody can make one.

@@ -173,13 +173,13 @@ exec setpriv --reuid "$USER_ID" --regid "$USER_ID" --clear-groups \
 fn can_make_pods(test: &str) -> bool {
     let ok = std::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg("mount -t tmpfs tmpfs /mnt && command -v setpriv >/dev/null")
+        .arg("mount -t tmpfs tmpfs /mnt && mkdir /mnt/u /mnt/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=/mnt/u,workdir=/mnt/w /etc && command -v setpriv >/dev/null")
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
         skip(
             test,
-            "a pod's view needs a private mount namespace, mounts and setpriv (run as root)",
+            "a pod's view needs a private mount namespace, tmpfs and overlay mounts, and setpriv (run as root)",
         );
     }
     ok

@@ -34,14 +34,28 @@ pub enum Said {
 /// The decisions file as it is now: its bytes and the steps they record; `None` while there
 /// is no file (a ConfigMap not created yet: nothing decided there so far).
 pub fn read(path: &Path) -> Result<Option<(Vec<u8>, Vec<LogStep>)>> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::file_io(path, "cannot read the decisions file", e)),
+    let Some(bytes) = bytes_of(path)? else {
+        return Ok(None);
     };
-    // Read the one way every log is read: a damaged line is refused, never read around.
-    let contents = crate::io::decision_log::read(path)?;
-    Ok(Some((bytes, contents.steps().collect())))
+    let steps = steps_in(path, &bytes)?;
+    Ok(Some((bytes, steps)))
+}
+
+/// The file's bytes; `None` while there is no file.
+fn bytes_of(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::file_io(path, "cannot read the decisions file", e)),
+    }
+}
+
+/// The decisions and undos in the file's `bytes`, read the one way every log is read: a
+/// damaged line is refused, never read around.
+fn steps_in(path: &Path, bytes: &[u8]) -> Result<Vec<LogStep>> {
+    Ok(crate::io::decision_log::parse(path, bytes)?
+        .steps()
+        .collect())
 }
 
 /// Follows the file from `seen` (the bytes read at the start, and the decisions they
@@ -60,13 +74,21 @@ pub fn follow<E: From<Said> + Send + 'static>(
             if decided.is_closed() || events.is_closed() {
                 return;
             }
-            let said = match read(&path) {
-                // Gone after it was there: keep what was decided (a deleted ConfigMap is not
-                // an undo of everything in it).
-                Ok(None) => continue,
-                Ok(Some((now, _))) if now == bytes => continue,
-                Ok(Some((now, steps))) => {
-                    bytes = now;
+            let now = match bytes_of(&path) {
+                Ok(Some(now)) if now != bytes => now,
+                // Unchanged; or gone after it was there: keep what was decided (a deleted
+                // ConfigMap is not an undo of everything in it).
+                Ok(_) => continue,
+                Err(e) => {
+                    let _ = events.send(E::from(trouble(&e))).await;
+                    continue;
+                }
+            };
+            // A version of the file is said once, however it reads; a new one is read again.
+            let steps = steps_in(&path, &now);
+            bytes = now;
+            let said = match steps {
+                Ok(steps) => {
                     let replayed = resume::replay(steps);
                     let (new, gone) = resume::changes(&decisions, &replayed);
                     decisions = replayed;
@@ -79,17 +101,18 @@ pub fn follow<E: From<Said> + Send + 'static>(
                     }
                     Said::Note(said)
                 }
-                Err(e) => {
-                    // Said once per version of the file, and read again when it changes.
-                    bytes = std::fs::read(&path).unwrap_or_default();
-                    Said::Trouble(format!(
-                        "{e}; the decisions read before stay in force until the file is fixed"
-                    ))
-                }
+                Err(e) => trouble(&e),
             };
             let _ = events.send(E::from(said)).await;
         }
     })
+}
+
+/// A file that cannot be read or does not read as a log changes nothing.
+fn trouble(e: &Error) -> Said {
+    Said::Trouble(format!(
+        "{e}; the decisions read before stay in force until the file is fixed"
+    ))
 }
 
 /// What a change of the file is said as (`kubectl logs` shows it).

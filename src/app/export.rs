@@ -37,19 +37,12 @@ pub fn export(
 /// stripped of outcomes. `--resume` and `sync --decisions` read it to the same decisions;
 /// at a few hundred bytes a decision it fits a ConfigMap (1 MiB) up to thousands.
 pub fn decisions_only(logs: &[crate::io::decision_log::LogContents]) -> Result<Vec<u8>> {
-    use crate::core::planner::resume::LogStep;
-    use crate::io::decision_log::Record;
-    let mut stacks: std::collections::BTreeMap<&str, Vec<&Record>> = Default::default();
-    for r in logs.iter().flat_map(|l| &l.records) {
-        match r.step() {
-            Some(LogStep::Decide(_)) => stacks.entry(&r.id).or_default().push(r),
-            Some(LogStep::Undo { .. }) => {
-                stacks.entry(&r.id).or_default().pop();
-            }
-            None => {}
-        }
-    }
-    let mut lasts: Vec<&Record> = stacks.values().filter_map(|s| s.last().copied()).collect();
+    let steps = logs
+        .iter()
+        .flat_map(|l| &l.records)
+        .filter_map(|r| r.step().map(|s| (s, r)));
+    let in_force = crate::core::planner::resume::replay_with(steps);
+    let mut lasts: Vec<_> = in_force.into_values().map(|(_, r)| r).collect();
     lasts.sort_by_key(|r| (r.id.parse::<u64>().unwrap_or(u64::MAX), r.id.clone()));
     let json = |e: serde_json::Error| Error::Config(format!("decisions: {e}"));
     let mut out = Vec::new();
@@ -58,16 +51,7 @@ pub fn decisions_only(logs: &[crate::io::decision_log::LogContents]) -> Result<V
         out.push(b'\n');
     }
     for r in lasts {
-        let decision = Record {
-            outcome: None,
-            error: None,
-            uid: None,
-            resource_version: None,
-            kvstore: None,
-            kvstore_revision: None,
-            ..r.clone()
-        };
-        out.extend(serde_json::to_vec(&decision).map_err(json)?);
+        out.extend(serde_json::to_vec(&r.decision_only()).map_err(json)?);
         out.push(b'\n');
     }
     Ok(out)

@@ -215,14 +215,14 @@ pub async fn run(
         cfg.kv.follower().await?;
     }
     let file = match &opts.decisions_file {
-        Some(p) => decisions_file::read(p)?.map(|(bytes, steps)| (p.clone(), bytes, steps)),
+        Some(p) => decisions_file::read(p)?,
         None => None,
     };
-    let (decisions, earlier) = resume_decisions(&cfg, file.as_ref().map(|f| f.2.clone()))?;
+    let (decisions, earlier) = resume_decisions(&cfg, file.as_ref().map(|f| f.1.clone()))?;
     // Followed while sync runs, unless decisions come from a screen instead (the TUI's).
     let _following_file = match (&opts.decisions_file, decided.is_none()) {
         (Some(path), true) => {
-            let seen = file.map_or_else(Default::default, |(_, bytes, steps)| {
+            let seen = file.map_or_else(Default::default, |(bytes, steps)| {
                 (bytes, resume::replay(steps))
             });
             let (tx, rx) = mpsc::channel(64);
@@ -1207,7 +1207,7 @@ async fn follow_kubernetes(
         if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
             // A 401 just after the token file was renewed was sent with the old token.
-            if matches!(e.code(), Some(401 | 403)) && !cfg.target.worth_retrying(&e) {
+            if matches!(e.code(), Some(401 | 403)) && !cfg.target.sent_with_old_token(&e) {
                 let what = "watching ciliumidentities.cilium.io";
                 let _ = fatal.send(refused(what, &e.to_string())).await;
                 return;

@@ -382,7 +382,7 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
                 return check_existing(ctx, op, target_id, result).await;
             }
             Err(e)
-                if (e.is_retryable() || ctx.target.worth_retrying(&e))
+                if (e.is_retryable() || ctx.target.sent_with_old_token(&e))
                     && result.attempts < ctx.opts.max_attempts =>
             {
                 wait_before_retry(ctx, op, result.attempts, &e).await;

@@ -122,11 +122,15 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
 /// `log`: the logs as they are, the decisions alone, or held for `kubectl exec`.
 async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::Result<Exit> {
     use std::io::Write as _;
-    // Each log is read the one way every command reads it: a damaged line is an error.
-    let logs = files
-        .iter()
-        .map(|f| decision_log::read(f))
-        .collect::<cilium_idmig::Result<Vec<_>>>()?;
+    // Each log read once, and checked the one way every command reads a log: a damaged line
+    // is an error.
+    let mut logs = Vec::new();
+    for f in &files {
+        let bytes = std::fs::read(f)
+            .map_err(|e| cilium_idmig::Error::file_io(f, "cannot read decision log", e))?;
+        let contents = decision_log::parse(f, &bytes)?;
+        logs.push((bytes, contents));
+    }
     if hold {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         eprintln!(
@@ -138,7 +142,8 @@ async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::R
     }
     let mut stdout = std::io::stdout().lock();
     if decisions_only {
-        let compact = cilium_idmig::app::export::decisions_only(&logs)?;
+        let contents: Vec<_> = logs.into_iter().map(|(_, c)| c).collect();
+        let compact = cilium_idmig::app::export::decisions_only(&contents)?;
         stdout.write_all(&compact)?;
         if compact.len() > CONFIGMAP_BYTES {
             eprintln!(
@@ -148,9 +153,8 @@ async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::R
         }
         return Ok(Exit::Ok);
     }
-    for f in &files {
+    for (bytes, _) in &logs {
         // Whole lines only: a sync may be appending to it right now.
-        let bytes = std::fs::read(f).with_context(|| format!("decision log {}", f.display()))?;
         let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         stdout.write_all(&bytes[..whole])?;
     }

@@ -97,6 +97,24 @@ impl Record {
         Record::new(id, labels, kind, text, target_id).with_fields(decided_by, action)
     }
 
+    /// This line's decision alone (who, when, what, on which identity), without an outcome
+    /// or what a write or the kvstore returned.
+    pub fn decision_only(&self) -> Self {
+        Record {
+            ts: self.ts.clone(),
+            operator: self.operator.clone(),
+            decided_by: self.decided_by.clone(),
+            action: self.action.clone(),
+            ..Record::new(
+                &self.id,
+                &self.labels,
+                self.kind,
+                self.decision.clone(),
+                self.target_id,
+            )
+        }
+    }
+
     /// Sets the structured fields of the decision.
     pub fn with_fields(mut self, decided_by: &str, action: &str) -> Self {
         self.decided_by = Some(decided_by.to_string());
@@ -350,6 +368,13 @@ impl LogContents {
 pub fn read(path: &Path) -> Result<LogContents> {
     let f = File::open(path).map_err(|e| Error::file_io(path, "cannot read decision log", e))?;
     let c = read_from(BufReader::new(f)).map_err(|e| Error::file_cause(path, e))?;
+    refuse_damaged(path, &c)?;
+    Ok(c)
+}
+
+/// `read` of a log already in memory (`bytes`, read from `path`): refused alike.
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<LogContents> {
+    let c = read_from(bytes).map_err(|e| Error::file_cause(path, e))?;
     refuse_damaged(path, &c)?;
     Ok(c)
 }

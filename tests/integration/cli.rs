@@ -755,3 +755,60 @@ async fn a_missing_kubeconfig_is_said_plainly() {
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     }
 }
+
+/// `log` prints whole lines only (a write in progress is not half-printed), refuses a log it
+/// cannot read or with a damaged line with exit 2 naming the file, and `--decisions-only`
+/// leaves the decisions alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn log_prints_whole_lines_and_refuses_what_does_not_read_as_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let line = |id: &str, action: &str, outcome: &str| {
+        format!(
+            "{{\"ts\":\"2026-12-02T10:00:00Z\",\"operator\":\"alice\",\"id\":\"{id}\",\"labels\":\"k8s:app=a;\",\"kind\":\"remap\",\"decision\":\"{action} (operator)\",\"decided_by\":\"operator\",\"action\":\"{action}\",\"target_id\":4000,\"outcome\":{outcome},\"error\":null}}\n"
+        )
+    };
+    let whole = format!(
+        "{}{}",
+        line("300", "create", "null"),
+        line("300", "create", "\"created\"")
+    );
+    std::fs::write(
+        d.join("rollout.jsonl"),
+        format!("{whole}{{\"ts\":\"2026-12"),
+    )
+    .unwrap();
+    let printed = run(d, &["log", "rollout.jsonl"]).await;
+    assert_eq!(printed.code, 0, "{}", printed.stderr);
+    assert_eq!(printed.stdout, whole);
+    let compact = run(d, &["log", "--decisions-only", "rollout.jsonl"]).await;
+    assert_eq!(compact.code, 0, "{}", compact.stderr);
+    assert_eq!(compact.stdout.lines().count(), 1, "{}", compact.stdout);
+    assert!(
+        compact.stdout.contains("\"outcome\":null"),
+        "{}",
+        compact.stdout
+    );
+
+    let missing = run(d, &["log", "nowhere.jsonl"]).await;
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("nowhere.jsonl"),
+        "{}",
+        missing.stderr
+    );
+    std::fs::write(d.join("damaged.jsonl"), format!("not json\n{whole}")).unwrap();
+    let damaged = run(d, &["log", "damaged.jsonl"]).await;
+    assert_eq!(damaged.code, 2, "{}", damaged.stderr);
+    assert!(
+        damaged
+            .stderr
+            .contains("line 1 of the decision log is damaged"),
+        "{}",
+        damaged.stderr
+    );
+    assert!(
+        damaged.stdout.is_empty(),
+        "nothing printed of a damaged log"
+    );
+}

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::harness::{Etcd, bin, free_port};
+use crate::real::printed;
 use crate::support::control_plane::{ControlPlane, skip};
 
 const P: &str = "cilium/state/identities/v1";
@@ -168,6 +169,14 @@ exec setpriv --reuid "$USER_ID" --regid "$USER_ID" --clear-groups \
     }
 }
 
+/// A real control plane, where this test can also make a pod's view; `None` (said why)
+/// otherwise.
+fn control_plane_for_pods(test: &str) -> Option<ControlPlane> {
+    can_make_pods(test)
+        .then(|| ControlPlane::start(test))
+        .flatten()
+}
+
 /// Whether this test can make a pod's view here (root, for mount namespaces and mounts);
 /// says why not otherwise.
 fn can_make_pods(test: &str) -> bool {
@@ -229,12 +238,6 @@ fn test_args(docs: &[serde_json::Value], status_port: u16) -> Vec<String> {
     args
 }
 
-fn printed(out: &Path) -> String {
-    let said = std::fs::read_to_string(out).unwrap_or_default();
-    let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
-    format!("{said}\n--- stderr ---\n{err}")
-}
-
 async fn until(what: &str, secs: u64, out: &Path, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
@@ -276,7 +279,7 @@ fn labels_of(key: &str) -> std::collections::BTreeMap<String, String> {
 fn review_remapping(dir: &Path, id: &str, labels: &str, target: u32) -> PathBuf {
     let record = serde_json::json!({
         "ts": "2026-12-02T10:00:00Z", "operator": "alice@bastion", "id": id, "labels": labels,
-        "kind": "remap", "decision": format!("create (operator)"), "decided_by": "operator",
+        "kind": "remap", "decision": "create (operator)", "decided_by": "operator",
         "action": "create", "target_id": target, "outcome": null, "error": null,
     });
     let path = dir.join("review.jsonl");
@@ -287,10 +290,7 @@ fn review_remapping(dir: &Path, id: &str, labels: &str, target: u32) -> PathBuf 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_deploy_base_runs_sync_in_the_cluster_to_cutover_with_its_own_permissions() {
     const TEST: &str = "in_cluster::the_deploy_base_runs_sync";
-    if !can_make_pods(TEST) {
-        return;
-    }
-    let Some(cp) = ControlPlane::start(TEST) else {
+    let Some(cp) = control_plane_for_pods(TEST) else {
         return;
     };
     // The server accepts the whole base, then it is applied as the docs say.
@@ -413,10 +413,7 @@ async fn the_deploy_base_runs_sync_in_the_cluster_to_cutover_with_its_own_permis
 #[tokio::test(flavor = "multi_thread")]
 async fn sync_in_the_cluster_without_one_rule_of_its_roles_exits_2_naming_the_grant() {
     const TEST: &str = "in_cluster::without_one_rule";
-    if !can_make_pods(TEST) {
-        return;
-    }
-    let Some(cp) = ControlPlane::start(TEST) else {
+    let Some(cp) = control_plane_for_pods(TEST) else {
         return;
     };
     cp.kubectl(&["apply", "-k", DEPLOY]);

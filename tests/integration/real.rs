@@ -795,7 +795,7 @@ fn spawn_sync_with(
 
 /// What a sync spawned with `out` printed so far: its output, then its retries and
 /// warnings (stderr, beside it), so a failed wait shows why.
-fn printed(out: &Path) -> String {
+pub fn printed(out: &Path) -> String {
     let said = std::fs::read_to_string(out).unwrap_or_default();
     let err = std::fs::read_to_string(out.with_extension("err")).unwrap_or_default();
     format!("{said}\n--- stderr ---\n{err}")

@@ -112,10 +112,21 @@ pub fn step_of_fields(
 /// The decision in force per id after replaying `steps` in order (an undo takes back the
 /// last decision on its id).
 pub fn replay(steps: impl IntoIterator<Item = LogStep>) -> BTreeMap<String, LoggedDecision> {
-    let mut stacks: BTreeMap<String, Vec<LoggedDecision>> = BTreeMap::new();
-    for step in steps {
+    replay_with(steps.into_iter().map(|s| (s, ())))
+        .into_iter()
+        .map(|(id, (d, ()))| (id, d))
+        .collect()
+}
+
+/// `replay`, each step carrying `T` (the log line it came from): the decision in force per
+/// id, with what its step carried.
+pub fn replay_with<T>(
+    steps: impl IntoIterator<Item = (LogStep, T)>,
+) -> BTreeMap<String, (LoggedDecision, T)> {
+    let mut stacks: BTreeMap<String, Vec<(LoggedDecision, T)>> = BTreeMap::new();
+    for (step, tag) in steps {
         match step {
-            LogStep::Decide(d) => stacks.entry(d.id.clone()).or_default().push(d),
+            LogStep::Decide(d) => stacks.entry(d.id.clone()).or_default().push((d, tag)),
             LogStep::Undo { id } => {
                 if let Some(s) = stacks.get_mut(&id) {
                     s.pop();

@@ -244,14 +244,20 @@ impl K8sTarget {
     }
 
     /// Whether a failed request is worth another try: what `RequestError::worth_retrying`
-    /// says, and a 401 just after the token was renewed (sent with the old one).
+    /// says, or a 401 sent with a token since renewed (`sent_with_old_token`).
     pub(crate) fn worth_retrying(&self, e: &super::errors::RequestError) -> bool {
-        let renewed = self
-            .renewed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < RENEWED_RECENTLY);
-        e.worth_retrying(self.has_answered()) || (e.code() == Some(401) && renewed)
+        e.worth_retrying(self.has_answered()) || self.sent_with_old_token(e)
+    }
+
+    /// A 401 just after the token file's new token was taken up: the request carried the old
+    /// one, and another try carries the new.
+    pub(crate) fn sent_with_old_token(&self, e: &super::errors::RequestError) -> bool {
+        e.code() == Some(401)
+            && self
+                .renewed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|at| at.elapsed() < RENEWED_RECENTLY)
     }
 
     pub(crate) fn after_error(&self, e: &super::errors::RequestError) {

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -29,11 +29,9 @@ use crate::apply::executor::WriteGate;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::planner::Kind;
-use crate::core::range::IdRange;
-use crate::core::sync::SyncState;
 pub use crate::core::sync::reserve::{Earlier, Reply, Said, Unreleased};
-use crate::core::sync::reserve::{Ledger, Queue, Request, Unreserve};
-use crate::error::Result;
+use crate::core::sync::reserve::{Ledger, Request, Unreserve};
+use crate::error::{Error, Result};
 use crate::io::decision_log::{DecisionLog, LogContents, Record};
 use crate::io::kv_source::KvFollower;
 use crate::io::reservation::{LEASE_TTL_SECS, Released, Reserved, Reserver};
@@ -98,7 +96,11 @@ impl Reservations {
             return Ok(None);
         }
         let (mut restored, mut dropped) = (0, 0);
-        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
+        // The gate is looked at before each write, not once for all of them: what is left
+        // waits for the next keep-alive.
+        while self.may_write()
+            && let Some((id, labels, revision)) = self.ledger.next_to_restore()
+        {
             let how = if self.lease_replaced {
                 "again on a new lease (the old one expired): reserved"
             } else {
@@ -316,7 +318,11 @@ impl Reservations {
         // go back on this sync's lease here (what a failure leaves is put back at the next
         // keep-alive).
         self.ledger.adopt(earlier);
-        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
+        // Only while the gate is open, looked at before each write (the rest goes back at a
+        // keep-alive once it is).
+        while self.may_write()
+            && let Some((id, labels, revision)) = self.ledger.next_to_restore()
+        {
             let how = format!(
                 "on this sync's lease: adopted from an earlier sync (id/{id} as written at revision {revision})"
             );
@@ -354,10 +360,24 @@ impl Reservations {
 
     /// Revokes the lease (every `value/` key of the tool's goes), then deletes each master
     /// key written that is unchanged and unused.
+    /// Only while the Lease's gate is open, looked at before each write: a release that
+    /// starts seconds after the holding was checked (the writer finishing what it was sent)
+    /// must not write for a sync that no longer holds it.
     pub async fn release(self, log: &DecisionLog, metrics: &Metrics) -> Result<usize> {
+        let closed = || {
+            Error::Config(
+                "the one-writer lease is not held now, so this sync writes nothing more".into(),
+            )
+        };
+        if !self.may_write() {
+            return Err(closed());
+        }
         self.reserver.revoke(self.lease).await?;
         let mut deleted = 0;
         for (id, labels, revision) in &self.ledger.to_release() {
+            if !self.may_write() {
+                return Err(closed());
+            }
             // The line first; a log that cannot be written stops the release (what is left
             // stays, as a killed sync leaves it, and is released by the next cutover).
             log.append(line(
@@ -413,8 +433,6 @@ pub struct ReservationTask {
     requests: mpsc::UnboundedSender<Request>,
     replies: mpsc::UnboundedReceiver<Reply>,
     task: JoinHandle<Reservations>,
-    /// What to ask for next (core's rules).
-    queue: Queue,
 }
 
 impl ReservationTask {
@@ -493,64 +511,19 @@ impl ReservationTask {
             requests,
             replies,
             task,
-            queue: Queue::default(),
         }
     }
 
-    /// Sends what the queue asks for, in order.
-    fn send(&mut self) {
-        for request in self.queue.take_requests() {
+    /// Sends what the shell's queue asks for, in order.
+    pub fn send(&self, requests: Vec<Request>) {
+        for request in requests {
             let _ = self.requests.send(request);
         }
     }
 
-    /// Ids reserved now (as of the last reply).
-    pub fn held(&self) -> usize {
-        self.queue.held()
-    }
-
-    /// The master keys this sync wrote (as of the last reply).
-    pub fn own_masters(&self) -> &BTreeSet<u32> {
-        self.queue.own_masters()
-    }
-
-    /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
-    pub fn want(&mut self, id: u32, labels: LabelKey) {
-        self.queue.want(id, labels);
-    }
-
-    /// Takes over what an earlier sync reserved, before anything else is reserved.
-    pub fn adopt(&mut self, earlier: Vec<Earlier>) {
-        self.queue.adopt(earlier);
-        self.send();
-    }
-
-    /// The whole view is to be looked at again at the next batch.
-    pub fn view_changed(&mut self) {
-        self.queue.view_changed();
-    }
-
-    /// An object went from Kubernetes: its `value/` key goes.
-    pub fn deleted(&mut self, id: u32) {
-        self.queue.deleted(id);
-        self.send();
-    }
-
-    /// The kvstore's master key at `id` went: reserved again if Kubernetes holds `labels`.
-    pub fn master_gone(&mut self, id: u32, labels: Option<LabelKey>) {
-        self.queue.master_gone(id, labels);
-        self.send();
-    }
-
-    /// Sends the next batch, if one is due (see `Queue::pump`).
-    pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
-        self.queue.pump(state, range, now);
-        self.send();
-    }
-
-    /// Folds in the task's answer; what to tell the operator.
-    pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
-        self.queue.on_reply(reply, now)
+    /// The task's next answer.
+    pub async fn next_reply(&mut self) -> Option<Reply> {
+        self.replies.recv().await
     }
 
     /// Stops taking requests and waits (up to `wait`) for the writes in flight; the
@@ -574,7 +547,7 @@ impl ReservationTask {
 /// The task's next answer; never, without reservations.
 pub async fn next_reply(task: &mut Option<ReservationTask>) -> Option<Reply> {
     match task {
-        Some(t) => t.replies.recv().await,
+        Some(t) => t.next_reply().await,
         None => std::future::pending().await,
     }
 }

@@ -18,6 +18,7 @@ use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 
 pub mod machine;
 pub mod reserve;
+pub mod shell;
 
 /// One change under the identities prefix, as `sync` follows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,6 +246,9 @@ pub struct SyncState {
     /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
     pub unwritten: HashMap<u32, String>,
     pub reported: HashSet<String>,
+    /// Decisions refused (dropped when resumed onto the plan), each reported once: a
+    /// decision that reached sync ends in a write, a refusal or a closure, never in silence.
+    pub refused: HashMap<String, LoggedDecision>,
     /// Kvstore ids that waited for a decision before their write: their time to write is a
     /// decision wait, not lag.
     pub waited_for_decision: HashSet<String>,
@@ -641,6 +645,7 @@ impl SyncState {
         self.settling = old.settling;
         self.unwritten = old.unwritten;
         self.reported = old.reported;
+        self.refused = old.refused;
         self.waited_for_decision = old.waited_for_decision;
         self.moot = old.moot;
         self.lags = old.lags;
@@ -724,6 +729,7 @@ impl SyncState {
             }
         };
         let mut resumed_now = false;
+        let mut refusals = Vec::new();
         if decisions.is_empty() {
             self.overlay = None;
         } else if rebuilt || self.overlay.is_none() {
@@ -731,8 +737,9 @@ impl SyncState {
             // The decisions resumed onto the whole plan: in full now, kept until a change
             // names what they touch.
             let live: Vec<PlanItem> = cache.items().cloned().collect();
-            let resumed = resume::resume(&live, decisions, &self.k8s, range).items;
-            self.overlay = Some(Overlay::of(&live, resumed, decisions));
+            let resumed = resume::resume(&live, decisions, &self.k8s, range);
+            refusals = self.refusals(&live, resumed.dropped, decisions);
+            self.overlay = Some(Overlay::of(&live, resumed.items, decisions));
         }
         let overlay = self.overlay.take();
         let items = || {
@@ -743,7 +750,10 @@ impl SyncState {
                     .unwrap_or(i)
             })
         };
-        let out = self.select_writes(items(), accept_proposals, now);
+        let mut out = self.select_writes(items(), accept_proposals, now);
+        // The refusals before the conflicts they send back to waiting.
+        refusals.append(&mut out.1);
+        out.1 = refusals;
         if rebuilt || resumed_now {
             self.publish(items());
         } else {
@@ -753,6 +763,40 @@ impl SyncState {
         }
         self.overlay = overlay;
         self.cache = Some(cache);
+        out
+    }
+
+    /// The decisions resume dropped, as reports: each once (until decided again), and only
+    /// for an identity the plan still holds (a decision on one the kvstore no longer holds,
+    /// from an older log, has nothing left to carry out).
+    fn refusals(
+        &mut self,
+        live: &[PlanItem],
+        dropped: Vec<resume::Dropped>,
+        decisions: &BTreeMap<String, LoggedDecision>,
+    ) -> Vec<SyncReport> {
+        let mut out = Vec::new();
+        if dropped.is_empty() {
+            return out;
+        }
+        let kinds: HashMap<&str, Kind> = live.iter().map(|i| (i.id.as_str(), i.kind)).collect();
+        for d in dropped {
+            let (Some(decision), Some(&kind)) = (decisions.get(&d.id), kinds.get(d.id.as_str()))
+            else {
+                continue;
+            };
+            if self.refused.get(&d.id) == Some(decision) {
+                continue;
+            }
+            self.refused.insert(d.id.clone(), decision.clone());
+            // Waiting again: its conflict is said again, with the fresh proposal.
+            self.reported.remove(&d.id);
+            out.push(SyncReport::Refused {
+                decision: decision.clone(),
+                kind,
+                reason: d.reason,
+            });
+        }
         out
     }
 
@@ -1020,6 +1064,30 @@ pub enum SyncReport {
         kind: Kind,
         reason: String,
     },
+    /// A decision that cannot be carried out as decided (its target taken since, its
+    /// labels changed, its labels reached Kubernetes elsewhere): logged as refused with the
+    /// reason, once per decision; the identity waits for a decision again.
+    Refused {
+        decision: LoggedDecision,
+        kind: Kind,
+        reason: String,
+    },
+}
+
+impl SyncReport {
+    /// How a refused decision reads, in the log and to the operator.
+    pub fn refused_text(decision: &LoggedDecision, reason: &str) -> String {
+        let what = match (decision.action, decision.target_id) {
+            (Action::Create, Some(t)) => format!("create at {t}"),
+            (Action::None, Some(t)) => format!("map to {t}"),
+            (Action::Skip, _) => "skip".to_string(),
+            (a, t) => format!("{a:?} {t:?}").to_lowercase(),
+        };
+        format!(
+            "the decision on {} ({what}) cannot be carried out: {reason}; it waits for a decision again",
+            decision.id
+        )
+    }
 }
 
 /// How a batch of writes ended.
@@ -1594,6 +1662,7 @@ mod tests {
             .iter()
             .map(|r| match r {
                 SyncReport::Conflict { id, .. } | SyncReport::Invalid { id, .. } => id.clone(),
+                SyncReport::Refused { decision, .. } => decision.id.clone(),
             })
             .collect();
         assert_eq!(ids, ["302"]);

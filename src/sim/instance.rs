@@ -1,9 +1,9 @@
-//! One sync instance in the simulated world: the real `Machine`, and a shell that does what
-//! `app::sync` does with its commands (log, then write; run the cutover check; close moot
-//! conflicts once logged; read a fresh snapshot), with the world's faults, checking the
-//! invariants on every command the machine gives.
+//! One sync instance in the simulated world: the very shell the binary runs
+//! (`core::sync::shell`, over the real `Machine`), with the simulated world as its IO
+//! (`SimIo`: the log, writes, checks and the reservation writer against the world, with its
+//! faults), checking the invariants on every call the shell makes.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 pub use super::log::{LogLine, unreleased};
@@ -19,9 +19,10 @@ use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
 use crate::core::sync::machine::{
-    Input, K8sChange, KvWatchEvent, LeaseHolder, Machine, Output, Reserve, Settings,
+    Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
 };
-use crate::core::sync::reserve::{Unreleased, earlier_to_adopt};
+use crate::core::sync::reserve::Request;
+use crate::core::sync::shell::{self, Event, Line, RoundEnd, Shell, Turn};
 use crate::core::sync::{BatchOutcome, CutoverWait};
 use crate::core::verify::{Expectations, ProblemKind, verify};
 
@@ -38,7 +39,7 @@ pub struct Faults {
 
 pub struct Instance {
     pub idx: usize,
-    pub machine: Machine,
+    pub shell: Shell,
     pub alive: bool,
     pub kv_pos: i64,
     pub k8s_pos: u64,
@@ -46,6 +47,9 @@ pub struct Instance {
     k8s_connected: bool,
     k8s_expired: bool,
     pub batch: Option<Vec<Op>>,
+    /// The batch's decision lines could not be written (disk full): nothing of it is made,
+    /// and it ends failed.
+    batch_unlogged: bool,
     pub verify: Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
     /// What the lease keeper last told it.
     pub told: LeaseHolder,
@@ -54,7 +58,8 @@ pub struct Instance {
     pub elector: Elector,
     pub next_try: Duration,
     /// Both sides as this instance was told them, change by change: an independent account
-    /// of when a split begins (one id, two label sets), to hold the reports against.
+    /// of when a split begins (one id, two label sets) and of the view a write is checked
+    /// against, to hold the shell's calls against.
     shadow: Shadow,
     /// Per id: splits begun (as the shadow saw them) and splits reported.
     occurrences: BTreeMap<u32, u32>,
@@ -65,10 +70,9 @@ pub struct Instance {
     pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
-    /// Its reservations (`--reserve-in-kvstore`), started with the first request.
+    /// Its reservation writer (`--reserve-in-kvstore`), started before a round as the
+    /// shell asks.
     pub reserver: Option<SimReserver>,
-    /// What its log records as reserved and not released, to take over.
-    earlier: Unreleased,
 }
 
 /// Instance `i` writes (or announces cutover): its gate is open, the Lease record names
@@ -111,22 +115,24 @@ pub const RANGE: IdRange = IdRange {
 };
 
 impl Instance {
-    /// An instance started (or restarted) on the world, resuming the decisions in `log`.
+    /// An instance started (or restarted) on the world, resuming the decisions in `log`
+    /// and taking over the reservations it records.
     pub fn start(
         idx: usize,
         settings: Settings,
         log: &[LogLine],
-        world: &World,
-        clock: &Clock,
+        world: &mut World,
+        (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Self {
         let steps = log.iter().filter_map(|l| match l {
             LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
+            LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
             _ => None,
         });
-        let machine = Machine::new(settings, resume::replay(steps));
+        let shell = Shell::new(settings, resume::replay(steps), unreleased(log), false);
         let mut i = Instance {
             idx,
-            machine,
+            shell,
             alive: true,
             kv_pos: 0,
             k8s_pos: 0,
@@ -134,6 +140,7 @@ impl Instance {
             k8s_connected: false,
             k8s_expired: false,
             batch: None,
+            batch_unlogged: false,
             verify: None,
             told: LeaseHolder::Unknown,
             elector: Elector::new(
@@ -148,25 +155,37 @@ impl Instance {
             cutover: None,
             ended: false,
             reserver: None,
-            earlier: unreleased(log),
         };
-        i.fresh_round(world, None, clock.at(world.now));
+        // A start's outputs are reservation requests only: none can fail a check.
+        let mut log = log.to_vec();
+        let _ = i.fresh_round(world, &mut log, (clock, rng, trace), true);
         i
     }
 
-    /// A fresh read of both sides: the machine's round starts on it, keeping `carried`.
+    /// A fresh read of both sides, as `app::sync` reads them: Kubernetes first, then the
+    /// kvstore, and the world goes on between the two (not one view); the shell's round
+    /// starts on them. `first`: the instance's start (else a round after a compaction).
     fn fresh_round(
         &mut self,
-        world: &World,
-        carried: Option<crate::core::sync::SyncState>,
-        now: Instant,
-    ) {
-        let mut state = world.snapshot();
-        let fresh = Shadow::of(&state);
-        let first = carried.is_none();
-        if let Some(old) = carried {
-            state.carry_over(old, now);
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
+        first: bool,
+    ) -> Result<(), Failure> {
+        let (k8s, k8s_rv) = world.k8s_list();
+        if rng.chance(0.2) {
+            // Between the two reads: an identity both GCs take, or an allocation.
+            if let Some(id) = world.both_gcs(rng) {
+                trace.line(
+                    world.now,
+                    format!("both GCs take identity {id} between i{}'s reads", self.idx),
+                );
+            }
         }
+        let mut state = world.kv_read();
+        state.k8s = k8s;
+        state.k8s_version = k8s_rv.to_string();
+        let fresh = Shadow::of(&state);
         // At a start every split there is one to report at most once; after a fresh
         // snapshot, those that began in the gap.
         for id in fresh.split_ids() {
@@ -180,14 +199,23 @@ impl Instance {
         self.shadow = fresh;
         let shadow = &self.shadow;
         self.must_report.retain(|id| shadow.split(*id));
-        self.kv_pos = world.kv_rev;
-        self.k8s_pos = world.k8s_rv;
+        self.kv_pos = state.kv_revision;
+        self.k8s_pos = k8s_rv;
         self.kv_connected = false;
         self.k8s_connected = false;
         self.k8s_expired = false;
         self.verify = None;
-        // Reservation requests are checked like any other output (there are none here).
-        let _ = self.machine.start_round(state, world.lease_valid(self.idx));
+        if self.shell.wants_writer() {
+            self.reserver = Some(SimReserver::start(world));
+            self.shell.writer_started();
+        }
+        let now = clock.at(world.now);
+        let gate = world.lease_valid(self.idx);
+        let ctx = (&mut *rng, Faults::default(), &mut *trace);
+        let end = self.with_io(world, log, ctx, |shell, io| {
+            shell.start_round(state, now, gate, io)
+        })?;
+        self.round_ended(end, world, log, (clock, rng, Faults::default(), trace))
     }
 
     /// The next kvstore watch event, as the watch delivers it (at most `n` changes at once).
@@ -253,10 +281,20 @@ impl Instance {
         }
     }
 
-    /// One input to the machine; its commands carried out and checked.
+    /// Whether the batch in flight had its decision lines written.
+    pub fn batch_logged(&self) -> bool {
+        !self.batch_unlogged
+    }
+
+    /// Whether both of its watches are up (the status tick's `watching`).
+    pub fn watching(&self) -> bool {
+        self.kv_connected && self.k8s_connected
+    }
+
+    /// One turn handed to the shell, its calls carried out against the world and checked.
     pub fn feed(
         &mut self,
-        input: Input,
+        turn: Turn,
         world: &mut World,
         log: &mut Vec<LogLine>,
         ctx: (&Clock, &mut Rng, Faults, &mut Trace),
@@ -264,157 +302,15 @@ impl Instance {
         let (clock, rng, faults, trace) = ctx;
         let i = self.idx;
         let now = clock.at(world.now);
-        self.shadow_sees(&input);
-        let settle = matches!(input, Input::Settle);
-        let mut queue: VecDeque<Output> =
-            self.machine.step(input, now, world.lease_valid(i)).into();
-        while let Some(o) = queue.pop_front() {
-            match o {
-                Output::Write(mut ops) => {
-                    if self.batch.is_some() {
-                        return Err(Failure::new(
-                            "one batch of writes at a time",
-                            format!("i{i} wrote {} more while its batch was out", ops.len()),
-                        ));
-                    }
-                    ops.sort_by_key(|o| o.target_id);
-                    self.check_write(&ops, world)?;
-                    for op in &ops {
-                        trace.line(
-                            world.now,
-                            format!(
-                                "i{i} write {} -> {:?} {} ({:?})",
-                                op.id, op.target_id, op.label_key, op.kind
-                            ),
-                        );
-                    }
-                    if faults.disk_full {
-                        // Log before act: no line, no create; the batch fails whole.
-                        self.batch = None;
-                        let outcome = BatchOutcome::Failed("the decision log: disk full".into());
-                        queue.extend(self.machine.step(
-                            Input::BatchDone { ops, outcome },
-                            now,
-                            world.lease_valid(i),
-                        ));
-                        continue;
-                    }
-                    for op in &ops {
-                        if let Some(target) = op.target_id {
-                            log.push(LogLine::Write {
-                                id: op.id.clone(),
-                                target,
-                            });
-                        }
-                    }
-                    self.batch = Some(ops);
-                }
-                Output::Reserve(r) => {
-                    if !self.machine.settings().reserve_in_kvstore {
-                        return Err(Failure::new(
-                            "no etcd write without --reserve-in-kvstore",
-                            format!("i{i} asked for {r:?}"),
-                        ));
-                    }
-                    let may_write = world.lease_valid(i);
-                    let mut writer = Writer {
-                        world,
-                        log,
-                        may_write,
-                        disk_full: faults.disk_full,
-                        flaky: faults.flaky,
-                        rng,
-                    };
-                    self.reserve(r, now, &mut writer, trace)?;
-                }
-                Output::ReportSplits(found) => {
-                    for f in found {
-                        let reports = self.reports.entry(f.id).or_default();
-                        *reports += 1;
-                        let began = self.occurrences.get(&f.id).copied().unwrap_or(0);
-                        if *reports > began {
-                            return Err(Failure::new(
-                                "every split reported exactly once per occurrence",
-                                format!(
-                                    "i{i} reported the split at {} {} times; it began {began} times",
-                                    f.id, reports
-                                ),
-                            ));
-                        }
-                        trace.line(world.now, format!("i{i} split {}", f.id));
-                        self.must_report.remove(&f.id);
-                    }
-                }
-                Output::CloseMoot(moot) => {
-                    let mut logged = Vec::new();
-                    for (id, labels, _) in moot {
-                        if faults.disk_full || (rng.chance(0.05) && !logged.is_empty()) {
-                            break;
-                        }
-                        log.push(LogLine::Moot { id: id.clone() });
-                        logged.push((id, labels));
-                    }
-                    queue.extend(self.machine.step(
-                        Input::MootLogged(logged),
-                        now,
-                        world.lease_valid(i),
-                    ));
-                }
-                Output::Moot { id, .. } => {
-                    if !log
-                        .iter()
-                        .any(|l| matches!(l, LogLine::Moot { id: m } if *m == id))
-                    {
-                        return Err(Failure::new(
-                            "no act without its log line first",
-                            format!("i{i} closed {id} as moot without its line"),
-                        ));
-                    }
-                    trace.line(world.now, format!("i{i} moot {id}"));
-                }
-                Output::Verify { reused, nowhere } => self.verify = Some((reused, nowhere)),
-                Output::Cutover(report) => {
-                    self.check_cutover(world)?;
-                    trace.line(world.now, format!("i{i} cutover {report}"));
-                    self.cutover.get_or_insert(world.now);
-                }
-                Output::Resnapshot => {
-                    trace.line(world.now, format!("i{i} resnapshot"));
-                    if self.batch.is_some() {
-                        let outcome = self.execute_batch(world, log, (rng, faults, trace));
-                        let ops = self.batch.take().unwrap_or_default();
-                        let _ = self.machine.step(
-                            Input::BatchDone { ops, outcome },
-                            now,
-                            world.lease_valid(i),
-                        );
-                    }
-                    let carried = std::mem::take(&mut self.machine.state);
-                    self.fresh_round(world, Some(carried), now);
-                }
-                Output::End(end) => {
-                    trace.line(world.now, format!("i{i} end cutover={}", end.cutover));
-                    self.ended = true;
-                }
-                Output::Report(r) => {
-                    if let crate::core::sync::SyncReport::Invalid { id, labels, .. } = &r {
-                        // Logged as skipped, as `app::sync` does.
-                        log.push(LogLine::Outcome {
-                            id: id.clone(),
-                            labels: labels.clone(),
-                            target: None,
-                        });
-                    }
-                    trace.line(world.now, format!("i{i} report {r:?}"));
-                }
-                Output::Trouble(t) => trace.line(world.now, format!("i{i} trouble {t}")),
-                Output::Note(n) => trace.line(world.now, format!("i{i} note {n}")),
-                Output::Following
-                | Output::Status(_)
-                | Output::NodeCounts(_)
-                | Output::Taken(_) => {}
-            }
+        if let Turn::Input(input) = &turn {
+            self.shadow_sees(input);
         }
+        let settle = matches!(turn, Turn::Settle { .. });
+        let gate = world.lease_valid(i);
+        let end = self.with_io(world, log, (&mut *rng, faults, &mut *trace), |shell, io| {
+            shell.take(turn, now, gate, io)
+        })?;
+        self.round_ended(end, world, log, (clock, rng, faults, trace))?;
         // A split begun is reported at the next settle (its nodes named later, by the shell).
         if settle
             && !self.ended
@@ -426,161 +322,94 @@ impl Instance {
             ));
         }
         // What the machine says of itself matches what it did.
-        if self.machine.batch_running() != self.batch.is_some()
-            || self.machine.ended() != self.ended
-        {
+        let m = self.shell.machine();
+        if m.batch_running() != self.batch.is_some() || m.ended() != self.ended {
             return Err(Failure::new(
                 "the machine knows its batch in flight and its end",
                 format!(
                     "i{i}: batch out {} (machine: {}), ended {} (machine: {})",
                     self.batch.is_some(),
-                    self.machine.batch_running(),
+                    m.batch_running(),
                     self.ended,
-                    self.machine.ended()
+                    m.ended()
                 ),
             ));
         }
         Ok(())
     }
 
-    /// A reservation command carried out as `app::sync` carries it out: to the queue (and
-    /// on to the writer's inbox), or, at cutover, the release.
-    fn reserve(
+    /// What the dispatcher does when the shell ends a round, as `app::sync` does: for a
+    /// fresh read the batch in flight is taken in first (here carried out at once), then
+    /// both sides are read again; at the end, the instance stops.
+    fn round_ended(
         &mut self,
-        cmd: Reserve,
-        now: Instant,
-        w: &mut Writer<'_>,
-        trace: &mut Trace,
+        end: Option<RoundEnd>,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
         let i = self.idx;
-        let res = self
-            .reserver
-            .get_or_insert_with(|| SimReserver::start(w.world));
-        if res.released {
-            return Ok(());
-        }
-        match cmd {
-            Reserve::AdoptEarlier => {
-                let holding = self.machine.holding();
-                let earlier = earlier_to_adopt(&mut self.earlier, &self.machine.state, holding);
-                res.queue.adopt(earlier);
+        match end {
+            None => Ok(()),
+            Some(RoundEnd::Done(end)) => {
+                trace.line(world.now, format!("i{i} end cutover={}", end.cutover));
+                self.ended = true;
+                Ok(())
             }
-            Reserve::MasterGone { id, k8s } => res.queue.master_gone(id, k8s),
-            Reserve::Want { id, labels } => res.queue.want(id, labels),
-            Reserve::Deleted { id } => res.queue.deleted(id),
-            Reserve::ViewChanged => res.queue.view_changed(),
-            Reserve::Pump => res.queue.pump(&self.machine.state, RANGE, now),
-            Reserve::Release => {
-                // The writer finishes what it was sent, then the release.
-                res.send();
-                if w.may_write {
-                    check_sole_writer(i, w.world, &format!("i{i} released its reservations"))?;
+            Some(RoundEnd::Resnapshot) => {
+                trace.line(world.now, format!("i{i} resnapshot"));
+                if self.shell.awaits_batch() {
+                    let outcome = self.execute_batch(world, log, (&mut *rng, faults, &mut *trace));
+                    let ops = self.batch.take().unwrap_or_default();
+                    let now = clock.at(world.now);
+                    let gate = world.lease_valid(i);
+                    let turn = Turn::Input(Input::BatchDone { ops, outcome });
+                    self.with_io(world, log, (&mut *rng, faults, &mut *trace), |shell, io| {
+                        shell.take(turn, now, gate, io)
+                    })?;
                 }
-                res.work(w);
-                trace.line(w.world.now, format!("i{i} releases its reservations"));
-                return res.release(i, w);
+                self.shell.end_round();
+                self.fresh_round(world, log, (clock, rng, trace), false)
             }
         }
-        res.send();
-        Ok(())
     }
 
-    /// The invariants of a batch, as the machine gives it.
-    fn check_write(&self, ops: &[Op], world: &World) -> Result<(), Failure> {
-        let i = self.idx;
-        check_sole_writer(i, world, &format!("i{i} wrote {} ops", ops.len()))?;
-        let view = &self.machine.state.k8s;
-        for op in ops {
-            if op.op != OpKind::Create {
-                return Err(Failure::new(
-                    "never updates or deletes a CiliumIdentity",
-                    format!("i{i}: {:?} of {}", op.op, op.id),
-                ));
-            }
-            let Some(target) = op.target_id else {
-                return Err(Failure::new("every create has a target", format!("{op:?}")));
-            };
-            if !RANGE.contains(target) || valid_label_key(op.label_key.as_bytes()).is_err() {
-                return Err(Failure::new(
-                    "never a malformed entry or an id outside the range",
-                    format!("i{i}: {} at {target}: {}", op.id, op.label_key),
-                ));
-            }
-            // The kvstore's GC took the identity before the cluster's took its object: made
-            // again at its own id, the object would outlive its identity (and later be a
-            // split sync made itself). Only a view of the kvstore trailing by more than sync
-            // is meant to ride out may make it, or a view of Kubernetes that never reached
-            // the object (to sync, a first create). A remap of the labels, allocated again
-            // elsewhere, to the freed id is a new mapping, not this.
-            if let Some((labels, made_at)) = world.both_gcs_took.get(&target)
-                && *labels == op.label_key
-                && parse_id(op.id.as_bytes()) == Ok(target)
-                && self.k8s_pos >= *made_at
-                && self.kv_view_lag(world) < KV_VIEW_LAG_RIDDEN_OUT
-            {
-                return Err(Failure::new(
-                    "never makes again an object whose identity both GCs took",
-                    format!(
-                        "i{i}: {} at {target} ({:?}, {:?}), its view of the kvstore {:?} behind",
-                        op.label_key,
-                        op.kind,
-                        op.decided_by,
-                        self.kv_view_lag(world)
-                    ),
-                ));
-            }
-            let elsewhere = view
-                .iter()
-                .find(|(id, l)| **id != target && l.as_str() == op.label_key.as_str());
-            let decided = matches!(
-                op.decided_by,
-                DecidedBy::Operator | DecidedBy::AcceptProposals
-            );
-            if let Some((at, _)) = elsewhere
-                && !(op.kind == Kind::Duplicate && decided)
-            {
-                return Err(Failure::new(
-                    "never a second object for a label set except a decided duplicate",
-                    format!(
-                        "i{i}: {} at {target} ({:?}, {:?}) while {} holds {}",
-                        op.id, op.kind, op.decided_by, at, op.label_key
-                    ),
-                ));
-            }
+    /// Runs `f` on the shell with the simulated world as its IO; the first invariant a call
+    /// broke, if any.
+    fn with_io<T>(
+        &mut self,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
+        f: impl FnOnce(&mut Shell, &mut SimIo<'_>) -> T,
+    ) -> Result<T, Failure> {
+        let reserving = self.shell.machine().settings().reserve_in_kvstore;
+        let mut io = SimIo {
+            idx: self.idx,
+            world,
+            log,
+            rng,
+            faults,
+            trace,
+            reserving,
+            kv_pos: self.kv_pos,
+            k8s_pos: self.k8s_pos,
+            batch: &mut self.batch,
+            batch_unlogged: &mut self.batch_unlogged,
+            verify: &mut self.verify,
+            reserver: &mut self.reserver,
+            shadow: &self.shadow,
+            occurrences: &self.occurrences,
+            reports: &mut self.reports,
+            must_report: &mut self.must_report,
+            cutover: &mut self.cutover,
+            failure: None,
+        };
+        let out = f(&mut self.shell, &mut io);
+        match io.failure {
+            Some(f) => Err(f),
+            None => Ok(out),
         }
-        Ok(())
-    }
-
-    /// How far this instance's view of the kvstore trails the world: from the first change
-    /// not yet given to it until now (zero when it has them all).
-    fn kv_view_lag(&self, world: &World) -> Duration {
-        world
-            .kv_log
-            .iter()
-            .position(|(rev, _)| *rev > self.kv_pos)
-            .and_then(|at| world.kv_log_at.get(at))
-            .map_or(Duration::ZERO, |t| world.now.saturating_sub(*t))
-    }
-
-    /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
-    fn check_cutover(&self, world: &World) -> Result<(), Failure> {
-        let i = self.idx;
-        check_sole_writer(i, world, &format!("i{i} announced cutover"))?;
-        // Sync's own reservations are no node's use.
-        if let Some(((labels, node), (_, rev))) = world
-            .values
-            .iter()
-            .find(|((_, node), (_, rev))| *rev <= self.kv_pos && node != RESERVATION_NODE)
-        {
-            return Err(Failure::new(
-                "cutover never before the rollout is over",
-                format!(
-                    "i{i}: node {node} still uses {labels} (since revision {rev}, seen up to {})",
-                    self.kv_pos
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// The batch in flight, carried out by the API server: creates, never overwrites.
@@ -593,6 +422,10 @@ impl Instance {
         let Some(ops) = &self.batch else {
             return BatchOutcome::Failed("no batch".into());
         };
+        if std::mem::take(&mut self.batch_unlogged) {
+            // Log before act: no line, no create; the batch fails whole.
+            return BatchOutcome::Failed("the decision log: disk full".into());
+        }
         if faults.server_down || (faults.flaky && rng.chance(0.05)) {
             trace.line(world.now, format!("i{} batch failed", self.idx));
             return BatchOutcome::Failed("the API server answered 500".into());
@@ -671,6 +504,324 @@ impl Instance {
                 first: format!("{} {}", p.id, p.problem.as_str()),
             }),
         })
+    }
+}
+
+/// The simulated world as the shell's IO, for one call: each call carried out against the
+/// world (with its faults) and checked; the first invariant broken is kept in `failure`.
+pub struct SimIo<'a> {
+    idx: usize,
+    world: &'a mut World,
+    log: &'a mut Vec<LogLine>,
+    rng: &'a mut Rng,
+    faults: Faults,
+    trace: &'a mut Trace,
+    reserving: bool,
+    kv_pos: i64,
+    k8s_pos: u64,
+    batch: &'a mut Option<Vec<Op>>,
+    batch_unlogged: &'a mut bool,
+    verify: &'a mut Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
+    reserver: &'a mut Option<SimReserver>,
+    shadow: &'a Shadow,
+    occurrences: &'a BTreeMap<u32, u32>,
+    reports: &'a mut BTreeMap<u32, u32>,
+    must_report: &'a mut BTreeSet<u32>,
+    cutover: &'a mut Option<Duration>,
+    failure: Option<Failure>,
+}
+
+impl SimIo<'_> {
+    fn fail(&mut self, r: Result<(), Failure>) {
+        if let Err(f) = r {
+            self.failure.get_or_insert(f);
+        }
+    }
+
+    fn line(&mut self, text: String) {
+        self.trace.line(self.world.now, text);
+    }
+
+    /// A batch handed over: checked, traced, its decisions logged before anything is made
+    /// (a full disk fails it whole).
+    fn start_batch(&mut self, mut ops: Vec<Op>) -> Result<(), Failure> {
+        let i = self.idx;
+        if self.batch.is_some() {
+            return Err(Failure::new(
+                "one batch of writes at a time",
+                format!("i{i} wrote {} more while its batch was out", ops.len()),
+            ));
+        }
+        ops.sort_by_key(|o| o.target_id);
+        self.check_write(&ops)?;
+        for op in &ops {
+            let text = format!(
+                "i{i} write {} -> {:?} {} ({:?})",
+                op.id, op.target_id, op.label_key, op.kind
+            );
+            self.line(text);
+        }
+        *self.batch_unlogged = self.faults.disk_full;
+        if !self.faults.disk_full {
+            for op in &ops {
+                if let Some(target) = op.target_id {
+                    self.log.push(LogLine::Write {
+                        id: op.id.clone(),
+                        target,
+                    });
+                }
+            }
+        }
+        *self.batch = Some(ops);
+        Ok(())
+    }
+
+    /// Splits reported: each at most once per occurrence the shadow saw begin.
+    fn splits_reported(&mut self, found: Vec<SplitFound>) -> Result<(), Failure> {
+        let i = self.idx;
+        for f in found {
+            let reports = self.reports.entry(f.id).or_default();
+            *reports += 1;
+            let began = self.occurrences.get(&f.id).copied().unwrap_or(0);
+            if *reports > began {
+                return Err(Failure::new(
+                    "every split reported exactly once per occurrence",
+                    format!(
+                        "i{i} reported the split at {} {} times; it began {began} times",
+                        f.id, reports
+                    ),
+                ));
+            }
+            self.line(format!("i{i} split {}", f.id));
+            self.must_report.remove(&f.id);
+        }
+        Ok(())
+    }
+
+    /// Cutover: the writer finishes what it was sent, then releases (only while the gate is
+    /// open), checked.
+    fn released(&mut self) -> Result<(), Failure> {
+        let i = self.idx;
+        let may_write = self.world.lease_valid(i);
+        let Some(res) = self.reserver.as_mut() else {
+            return Ok(());
+        };
+        let mut w = Writer {
+            world: &mut *self.world,
+            log: &mut *self.log,
+            may_write,
+            disk_full: self.faults.disk_full,
+            flaky: self.faults.flaky,
+            rng: &mut *self.rng,
+            idx: i,
+            violation: None,
+        };
+        res.work(&mut w)?;
+        self.trace
+            .line(w.world.now, format!("i{i} releases its reservations"));
+        res.release(i, &mut w)
+    }
+
+    /// The invariants of a batch, as the shell hands it over, held against the view the
+    /// instance was told (the shadow), not the machine's own.
+    fn check_write(&self, ops: &[Op]) -> Result<(), Failure> {
+        let world = &*self.world;
+        let i = self.idx;
+        check_sole_writer(i, world, &format!("i{i} wrote {} ops", ops.len()))?;
+        let view = &self.shadow.k8s;
+        for op in ops {
+            if op.op != OpKind::Create {
+                return Err(Failure::new(
+                    "never updates or deletes a CiliumIdentity",
+                    format!("i{i}: {:?} of {}", op.op, op.id),
+                ));
+            }
+            let Some(target) = op.target_id else {
+                return Err(Failure::new("every create has a target", format!("{op:?}")));
+            };
+            if !RANGE.contains(target) || valid_label_key(op.label_key.as_bytes()).is_err() {
+                return Err(Failure::new(
+                    "never a malformed entry or an id outside the range",
+                    format!("i{i}: {} at {target}: {}", op.id, op.label_key),
+                ));
+            }
+            // The kvstore's GC took the identity before the cluster's took its object: made
+            // again at its own id, the object would outlive its identity (and later be a
+            // split sync made itself). Only a view of the kvstore trailing by more than sync
+            // is meant to ride out may make it, or a view of Kubernetes that never reached
+            // the object (to sync, a first create). A remap of the labels, allocated again
+            // elsewhere, to the freed id is a new mapping, not this.
+            if let Some((labels, made_at)) = world.both_gcs_took.get(&target)
+                && *labels == op.label_key
+                && parse_id(op.id.as_bytes()) == Ok(target)
+                && self.k8s_pos >= *made_at
+                && self.kv_view_lag() < KV_VIEW_LAG_RIDDEN_OUT
+            {
+                return Err(Failure::new(
+                    "never makes again an object whose identity both GCs took",
+                    format!(
+                        "i{i}: {} at {target} ({:?}, {:?}), its view of the kvstore {:?} behind",
+                        op.label_key,
+                        op.kind,
+                        op.decided_by,
+                        self.kv_view_lag()
+                    ),
+                ));
+            }
+            let elsewhere = view
+                .iter()
+                .find(|(id, l)| **id != target && l.as_str() == op.label_key.as_str());
+            let decided = matches!(
+                op.decided_by,
+                DecidedBy::Operator | DecidedBy::AcceptProposals
+            );
+            if let Some((at, _)) = elsewhere
+                && !(op.kind == Kind::Duplicate && decided)
+            {
+                return Err(Failure::new(
+                    "never a second object for a label set except a decided duplicate",
+                    format!(
+                        "i{i}: {} at {target} ({:?}, {:?}) while {} holds {}",
+                        op.id, op.kind, op.decided_by, at, op.label_key
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How far this instance's view of the kvstore trails the world: from the first change
+    /// not yet given to it until now (zero when it has them all).
+    fn kv_view_lag(&self) -> Duration {
+        let world = &*self.world;
+        world
+            .kv_log
+            .iter()
+            .position(|(rev, _)| *rev > self.kv_pos)
+            .and_then(|at| world.kv_log_at.get(at))
+            .map_or(Duration::ZERO, |t| world.now.saturating_sub(*t))
+    }
+
+    /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
+    fn check_cutover(&self) -> Result<(), Failure> {
+        let world = &*self.world;
+        let i = self.idx;
+        check_sole_writer(i, world, &format!("i{i} announced cutover"))?;
+        // Sync's own reservations are no node's use.
+        if let Some(((labels, node), (_, rev))) = world
+            .values
+            .iter()
+            .find(|((_, node), (_, rev))| *rev <= self.kv_pos && node != RESERVATION_NODE)
+        {
+            return Err(Failure::new(
+                "cutover never before the rollout is over",
+                format!(
+                    "i{i}: node {node} still uses {labels} (since revision {rev}, seen up to {})",
+                    self.kv_pos
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl shell::Io for SimIo<'_> {
+    fn log(&mut self, lines: Vec<Line>) -> usize {
+        let mut written = 0;
+        for line in lines {
+            // A full disk, or (now and then) a write that fails midway through the lines.
+            if self.faults.disk_full || (written > 0 && self.rng.chance(0.05)) {
+                break;
+            }
+            self.log.push(match line {
+                // Logged as skipped, as `app::sync` does.
+                Line::Invalid { id, labels, .. } => LogLine::Outcome {
+                    id,
+                    labels,
+                    target: None,
+                },
+                Line::Moot { id, .. } => LogLine::Moot { id },
+                Line::Refused { decision, .. } => LogLine::Refused { id: decision.id },
+            });
+            written += 1;
+        }
+        written
+    }
+
+    fn say(&mut self, event: Event) {
+        let i = self.idx;
+        match event {
+            Event::Moot { id, .. } => {
+                if !self
+                    .log
+                    .iter()
+                    .any(|l| matches!(l, LogLine::Moot { id: m } if *m == id))
+                {
+                    self.fail(Err(Failure::new(
+                        "no act without its log line first",
+                        format!("i{i} closed {id} as moot without its line"),
+                    )));
+                }
+                // Closed as waiting for a decision: not while one it was given is in force.
+                let decided = self.log.iter().rev().find_map(|l| match l {
+                    LogLine::Decision(d) if d.id == id => Some(true),
+                    LogLine::Undo { id: u } | LogLine::Refused { id: u } if *u == id => Some(false),
+                    _ => None,
+                });
+                if decided == Some(true) {
+                    self.fail(Err(Failure::new(
+                        "a decided identity is never closed as waiting for a decision",
+                        format!("i{i} closed {id} as moot with a decision on it in force"),
+                    )));
+                }
+                self.line(format!("i{i} moot {id}"));
+            }
+            Event::Cutover(report) => {
+                let checked = self.check_cutover();
+                self.fail(checked);
+                self.line(format!("i{i} cutover {report}"));
+                let now = self.world.now;
+                self.cutover.get_or_insert(now);
+            }
+            Event::Conflict { id, kind, .. } => self.line(format!("i{i} conflict {id} {kind:?}")),
+            Event::Invalid { id, .. } => self.line(format!("i{i} invalid {id}")),
+            Event::Trouble(t) => self.line(format!("i{i} trouble {t}")),
+            Event::Note(n) => self.line(format!("i{i} note {n}")),
+            Event::Following | Event::Status(_) | Event::NodeCounts(_) | Event::Taken(_) => {}
+        }
+    }
+
+    fn write(&mut self, ops: Vec<Op>) {
+        let started = self.start_batch(ops);
+        self.fail(started);
+    }
+
+    fn verify(&mut self, reused: BTreeMap<String, u32>, nowhere: BTreeSet<String>) {
+        *self.verify = Some((reused, nowhere));
+    }
+
+    fn report_splits(&mut self, found: Vec<SplitFound>) {
+        let reported = self.splits_reported(found);
+        self.fail(reported);
+    }
+
+    fn reserve(&mut self, requests: Vec<Request>) {
+        if !self.reserving {
+            let i = self.idx;
+            self.fail(Err(Failure::new(
+                "no etcd write without --reserve-in-kvstore",
+                format!("i{i} asked for {requests:?}"),
+            )));
+            return;
+        }
+        if let Some(res) = self.reserver.as_mut() {
+            res.send(requests);
+        }
+    }
+
+    fn release(&mut self) {
+        let released = self.released();
+        self.fail(released);
     }
 }
 

@@ -9,6 +9,14 @@ use crate::core::sync::reserve::Unreleased;
 #[derive(Debug, Clone)]
 pub enum LogLine {
     Decision(LoggedDecision),
+    /// The operator took back the last decision on this id.
+    Undo {
+        id: String,
+    },
+    /// A decision sync could not carry out (logged with the reason).
+    Refused {
+        id: String,
+    },
     /// A create's decision, written before the create.
     Write {
         id: String,

@@ -25,6 +25,7 @@ use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::Reply;
+use crate::core::sync::shell::Turn;
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
 use reserver::Writer;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
@@ -60,6 +61,16 @@ struct Sim {
     renewals_fail: Vec<bool>,
     /// The rollout is over: no more chaos, faults or allocations in kvstore mode.
     quiet: bool,
+    /// Decisions made on a screen and not yet delivered to their instance (an operator
+    /// reads a proposal, the world moves on, then the key is pressed).
+    mail: Vec<(usize, Decision)>,
+}
+
+/// What an operator does on a screen while sync runs.
+#[derive(Debug, Clone)]
+enum Decision {
+    Decide(LoggedDecision),
+    Undo(String),
 }
 
 /// Runs one seed: `steps` steps of chaos, then the end of the rollout.
@@ -79,22 +90,28 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
     world.gates = vec![None; instances];
     let logs = vec![Vec::new(); instances];
     let clock = Clock(Instant::now());
+    let mut trace = Trace::default();
+    let started: Vec<Instance> = (0..instances)
+        .map(|i| {
+            let ctx = (&clock, &mut rng, &mut trace);
+            Instance::start(i, settings.clone(), &logs[i], &mut world, ctx)
+        })
+        .collect();
     let mut sim = Sim {
-        instances: (0..instances)
-            .map(|i| Instance::start(i, settings.clone(), &logs[i], &world, &clock))
-            .collect(),
+        instances: started,
         rng,
         world,
         logs,
         settings,
         clock,
-        trace: Trace::default(),
+        trace,
         faults: Faults {
             flaky: true,
             ..Faults::default()
         },
         renewals_fail: vec![false; instances],
         quiet: false,
+        mail: Vec::new(),
     };
     sim.trace.line(
         Duration::ZERO,
@@ -132,13 +149,13 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
 }
 
 impl Sim {
-    fn feed(&mut self, i: usize, input: Input) -> Result<(), Failure> {
+    fn feed(&mut self, i: usize, turn: Turn) -> Result<(), Failure> {
         let inst = &mut self.instances[i];
         if !inst.alive || inst.ended {
             return Ok(());
         }
         inst.feed(
-            input,
+            turn,
             &mut self.world,
             &mut self.logs[i],
             (&self.clock, &mut self.rng, self.faults, &mut self.trace),
@@ -160,6 +177,18 @@ impl Sim {
             62..=66 => self.status(),
             67..=74 => self.batch_done(i),
             75..=78 => self.verify_done(i),
+            79..=80 if self.rng.chance(0.15) => {
+                // A node rolled back: in kvstore mode again.
+                let crd: Vec<usize> = (0..self.world.nodes.len())
+                    .filter(|n| self.world.nodes[*n].mode == Mode::Crd)
+                    .collect();
+                if let Some(&n) = self.rng.pick(&crd) {
+                    self.trace
+                        .line(self.world.now, format!("node {n} returns to kvstore mode"));
+                    self.world.nodes[n].mode = Mode::Kvstore;
+                }
+                Ok(())
+            }
             79..=80 => {
                 let kv: Vec<usize> = (0..self.world.nodes.len())
                     .filter(|n| self.world.nodes[*n].mode == Mode::Kvstore)
@@ -186,7 +215,8 @@ impl Sim {
                 self.k8s_gc();
                 Ok(())
             }
-            84..=87 => self.decide(i),
+            84..=86 => self.decide(i),
+            87 => self.deliver(),
             88 => {
                 self.world.kv_compacted = self.world.kv_rev;
                 self.trace.line(self.world.now, "etcd compacted".into());
@@ -252,7 +282,7 @@ impl Sim {
         }
         let n = 1 + self.rng.below(4) as usize;
         let ev = self.instances[i].next_kv(&self.world, n);
-        self.feed(i, Input::Kv(ev))
+        self.feed(i, Turn::Input(Input::Kv(ev)))
     }
 
     fn deliver_k8s(&mut self, i: usize) -> Result<(), Failure> {
@@ -260,13 +290,13 @@ impl Sim {
             return Ok(());
         }
         let ch = self.instances[i].next_k8s(&self.world);
-        self.feed(i, Input::K8s(ch))
+        self.feed(i, Turn::Input(Input::K8s(ch)))
     }
 
     fn settle(&mut self) -> Result<(), Failure> {
         self.world.now += SETTLE;
         for i in 0..self.instances.len() {
-            self.feed(i, Input::Settle)?;
+            self.feed(i, Turn::Settle { stopped: false })?;
         }
         Ok(())
     }
@@ -281,7 +311,8 @@ impl Sim {
             self.keep_reservations_alive(i)?;
         }
         for i in 0..self.instances.len() {
-            self.feed(i, Input::Status { watching: true })?;
+            let watching = self.instances[i].watching();
+            self.feed(i, Turn::Status { watching })?;
         }
         Ok(())
     }
@@ -365,19 +396,17 @@ impl Sim {
     /// The reservations writer's turn: what the loop sent, carried out; each answer goes
     /// back to the loop's queue and on to the machine.
     fn reservations_done(&mut self, i: usize) -> Result<(), Failure> {
-        if self.world.lease_valid(i) && self.instances[i].reserver.is_some() {
-            instance::check_sole_writer(i, &self.world, &format!("i{i} reserved"))?;
-        }
         let replies = self
             .with_writer(i, |res, w| res.work(w))
+            .transpose()?
             .unwrap_or_default();
         self.answer(i, replies)
     }
 
     /// The keep-alive of instance `i`'s reservation lease (and what it left undone).
     fn keep_reservations_alive(&mut self, i: usize) -> Result<(), Failure> {
-        let reply = self.with_writer(i, |res, w| res.tick(w)).flatten();
-        self.answer(i, reply.into_iter().collect())
+        let reply = self.with_writer(i, |res, w| res.tick(w)).transpose()?;
+        self.answer(i, reply.flatten().into_iter().collect())
     }
 
     /// Runs `f` with instance `i`'s reservations and the writer's view of the world, if it
@@ -400,13 +429,14 @@ impl Sim {
             disk_full: self.faults.disk_full,
             flaky: self.faults.flaky,
             rng: &mut self.rng,
+            idx: i,
+            violation: None,
         };
         Some(f(res, &mut w))
     }
 
-    /// The writer's answers, folded into the loop's queue and told to the machine.
+    /// The writer's answers, each handed to the shell (its queue, then the machine).
     fn answer(&mut self, i: usize, replies: Vec<Reply>) -> Result<(), Failure> {
-        let now = self.clock.at(self.world.now);
         if let Some(res) = self.instances[i].reserver.as_mut() {
             for done in std::mem::take(&mut res.done) {
                 self.trace
@@ -414,15 +444,7 @@ impl Sim {
             }
         }
         for reply in replies {
-            let Some(res) = self.instances[i].reserver.as_mut() else {
-                return Ok(());
-            };
-            if let Some(said) = res.queue.on_reply(reply, now) {
-                self.trace
-                    .line(self.world.now, format!("i{i} reservations: {said:?}"));
-            }
-            let (held, own_masters) = (res.queue.held(), res.queue.own_masters().clone());
-            self.feed(i, Input::Reservations { held, own_masters })?;
+            self.feed(i, Turn::Reply(reply))?;
         }
         Ok(())
     }
@@ -432,7 +454,7 @@ impl Sim {
             return Ok(());
         }
         self.instances[i].told = holder.clone();
-        self.feed(i, Input::Lease(holder))
+        self.feed(i, Turn::Input(Input::Lease(holder)))
     }
 
     fn batch_done(&mut self, i: usize) -> Result<(), Failure> {
@@ -451,7 +473,7 @@ impl Sim {
             (&mut self.rng, faults, &mut self.trace),
         );
         let ops = inst.batch.take().unwrap_or_default();
-        self.feed(i, Input::BatchDone { ops, outcome })
+        self.feed(i, Turn::Input(Input::BatchDone { ops, outcome }))
     }
 
     fn verify_done(&mut self, i: usize) -> Result<(), Failure> {
@@ -468,7 +490,7 @@ impl Sim {
                 if verdict.is_ok() { "passes" } else { "fails" }
             ),
         );
-        self.feed(i, Input::Verdict(verdict))
+        self.feed(i, Turn::Input(Input::Verdict(verdict)))
     }
 
     /// The operator's GC (see `World::k8s_gc`).
@@ -479,56 +501,129 @@ impl Sim {
         }
     }
 
-    /// The operator decides a conflict that waits: the proposal, or a skip.
+    /// The operator decides a conflict that waits, on the plan as it is now: the proposal,
+    /// or a skip; now and then takes back a decision. Half reach the instance at once, the
+    /// rest after the world has moved on (`deliver`), as a screen's decisions do.
     fn decide(&mut self, i: usize) -> Result<(), Failure> {
         let inst = &self.instances[i];
         if !inst.alive {
             return Ok(());
         }
-        let waiting = inst.machine.state.waiting.clone();
-        let Some((id, labels, _)) = self.rng.pick(&waiting).cloned() else {
-            return Ok(());
-        };
-        let Some(item) = inst
-            .machine
-            .state
-            .planned_items()
-            .into_iter()
-            .find(|it| it.id == id)
-        else {
-            return Ok(());
-        };
-        let d = if self.rng.chance(0.7) {
-            LoggedDecision {
-                id: id.clone(),
-                labels: labels.to_string(),
-                action: item.action,
-                target_id: item.target_id,
+        let machine = inst.shell.machine();
+        if self.rng.chance(0.1) {
+            let decided: Vec<String> = machine.decisions.keys().cloned().collect();
+            if let Some(id) = self.rng.pick(&decided).cloned() {
+                self.mail.push((i, Decision::Undo(id)));
             }
+        } else if let Some(d) = self.decision(i) {
+            self.mail.push((i, Decision::Decide(d)));
+        }
+        if self.rng.chance(0.5) {
+            return self.deliver();
+        }
+        Ok(())
+    }
+
+    /// A decision on a conflict instance `i` has waiting, as its plan proposes it now.
+    fn decision(&mut self, i: usize) -> Option<LoggedDecision> {
+        let state = &self.instances[i].shell.machine().state;
+        let (id, labels, _) = self.rng.pick(&state.waiting).cloned()?;
+        let item = state.planned_items().into_iter().find(|it| it.id == id)?;
+        let (action, target_id) = if self.rng.chance(0.7) {
+            (item.action, item.target_id)
         } else {
-            LoggedDecision {
-                id: id.clone(),
-                labels: labels.to_string(),
-                action: Action::Skip,
-                target_id: None,
+            (Action::Skip, None)
+        };
+        Some(LoggedDecision {
+            id,
+            labels: labels.to_string(),
+            action,
+            target_id,
+        })
+    }
+
+    /// The oldest decision made on a screen reaches its instance: logged, then handed over.
+    fn deliver(&mut self) -> Result<(), Failure> {
+        if self.mail.is_empty() {
+            return Ok(());
+        }
+        let (i, d) = self.mail.remove(0);
+        let now = self.world.now;
+        let input = match d {
+            Decision::Decide(d) => {
+                let text = format!(
+                    "operator decides {}: {:?} {:?}",
+                    d.id, d.action, d.target_id
+                );
+                self.trace.line(now, text);
+                self.logs[i].push(LogLine::Decision(d.clone()));
+                Input::Decided(d)
+            }
+            Decision::Undo(id) => {
+                self.trace.line(now, format!("operator undoes {id}"));
+                self.logs[i].push(LogLine::Undo { id: id.clone() });
+                Input::Undone(id)
             }
         };
-        self.trace.line(
-            self.world.now,
-            format!("operator decides {id}: {:?} {:?}", d.action, d.target_id),
-        );
-        self.logs[i].push(LogLine::Decision(d.clone()));
-        self.feed(i, Input::Decided(d))
+        self.feed(i, Turn::Input(input))
+    }
+
+    /// Every create the operator decided and that reached instance `i` (which reached
+    /// cutover) ended in its log: written, refused with the reason, or closed as moot;
+    /// unless its identity left the kvstore (or changed labels) since, or a later decision
+    /// or undo took it back. Read from the log and the world, not from the machine.
+    fn check_decisions_carried_out(&self, i: usize) -> Result<(), Failure> {
+        let log = &self.logs[i];
+        for (at, line) in log.iter().enumerate() {
+            let LogLine::Decision(d) = line else {
+                continue;
+            };
+            if d.action != Action::Create {
+                continue;
+            }
+            let later = &log[at + 1..];
+            let ended = later.iter().any(|l| match l {
+                LogLine::Decision(e) => e.id == d.id,
+                LogLine::Undo { id }
+                | LogLine::Write { id, .. }
+                | LogLine::Refused { id }
+                | LogLine::Moot { id } => *id == d.id,
+                LogLine::Outcome { id, .. } => *id == d.id,
+                _ => false,
+            });
+            let still = self.world.masters.get(&d.id) == Some(&d.labels);
+            // Served already: its target holds its labels (made before, by whoever).
+            let served = d
+                .target_id
+                .and_then(|t| self.world.objects.get(&t))
+                .is_some_and(|(l, _)| *l == d.labels);
+            if !ended && still && !served {
+                return Err(Failure::new(
+                    "every decision that reaches sync ends in a logged outcome",
+                    format!(
+                        "i{i}: the decision on {} ({:?} at {:?}) has nothing after it in the log",
+                        d.id, d.action, d.target_id
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// An instance dies (mid-write, perhaps with a torn last log line) and starts again from
     /// its log and a fresh read.
     fn crash(&mut self, i: usize) -> Result<(), Failure> {
         let batch = self.instances[i].batch.take();
+        let logged = self.instances[i].batch_logged();
         let mut note = String::new();
         if let Some(ops) = batch {
-            // Killed while the batch ran: some creates were made, and never heard of.
-            let made = self.rng.below(ops.len() as u64 + 1) as usize;
+            // Killed while the batch ran: some creates were made, and never heard of (none
+            // whose decision lines a full disk refused).
+            let made = if logged {
+                self.rng.below(ops.len() as u64 + 1) as usize
+            } else {
+                0
+            };
             for op in ops.iter().take(made) {
                 if let Some(t) = op.target_id
                     && self.world.create_object(t, op.label_key.clone())
@@ -547,13 +642,15 @@ impl Sim {
             .line(self.world.now, format!("i{i} crashes{note} and restarts"));
         // A dead process writes nothing; the restarted one starts its keeper afresh.
         self.world.gates[i] = None;
-        self.instances[i] = Instance::start(
+        let ctx = (&self.clock, &mut self.rng, &mut self.trace);
+        let restarted = Instance::start(
             i,
             self.settings.clone(),
             &self.logs[i],
-            &self.world,
-            &self.clock,
+            &mut self.world,
+            ctx,
         );
+        self.instances[i] = restarted;
         Ok(())
     }
 
@@ -561,6 +658,9 @@ impl Sim {
     /// delivered as they come; cutover must come within the grace plus two checks (and the
     /// time a Lease takes to pass, and a retry's wait).
     fn finish(&mut self) -> Result<(), Failure> {
+        while !self.mail.is_empty() {
+            self.deliver()?;
+        }
         self.quiet = true;
         self.faults = Faults::default();
         self.renewals_fail.iter_mut().for_each(|f| *f = false);
@@ -595,7 +695,7 @@ impl Sim {
             if let Some(holder) = self.world.lease_holder()
                 && self.instances[holder].cutover.is_some()
             {
-                return Ok(());
+                return self.check_decisions_carried_out(holder);
             }
         }
         Err(Failure::new(
@@ -606,7 +706,7 @@ impl Sim {
                 self.instances
                     .iter()
                     .map(|i| {
-                        let wait = &i.machine.state.status.cutover_wait;
+                        let wait = &i.shell.machine().state.status.cutover_wait;
                         // The item behind the first problem, as this instance plans it.
                         let first = match wait {
                             Some(crate::core::sync::CutoverWait::Verify { first, .. }) => {
@@ -615,7 +715,8 @@ impl Sim {
                             _ => String::new(),
                         };
                         let item = i
-                            .machine
+                            .shell
+                            .machine()
                             .state
                             .planned_items()
                             .into_iter()
@@ -628,8 +729,8 @@ impl Sim {
                                     it.action,
                                     it.target_id,
                                     it.decided,
-                                    i.machine.state.moot.contains(&it.id),
-                                    i.machine.state.reused.get(&it.id)
+                                    i.shell.machine().state.moot.contains(&it.id),
+                                    i.shell.machine().state.reused.get(&it.id)
                                 )
                             })
                             .unwrap_or_default();

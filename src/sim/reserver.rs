@@ -16,13 +16,12 @@ use super::world::{ResWrite, World};
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::rng::Rng;
-use crate::core::sync::reserve::{Earlier, Ledger, Queue, Reply, Request, Said, Unreserve};
+use crate::core::sync::reserve::{Earlier, Ledger, Reply, Request, Said, Unreserve};
 
 /// One instance's reservations: the loop's queue, the writer's ledger, and the requests in
 /// between.
 #[derive(Debug)]
 pub struct SimReserver {
-    pub queue: Queue,
     ledger: Ledger,
     inbox: VecDeque<Request>,
     lease: u64,
@@ -44,6 +43,9 @@ pub struct Writer<'a> {
     /// etcd times out now and then.
     pub flaky: bool,
     pub rng: &'a mut Rng,
+    /// The instance it writes for, and the first write it made that it may not have made.
+    pub idx: usize,
+    pub violation: Option<Failure>,
 }
 
 impl Writer<'_> {
@@ -54,6 +56,15 @@ impl Writer<'_> {
         }
         self.log.push(line);
         Ok(())
+    }
+
+    /// A write to etcd about to be made: checked on every one, the gate closed or not, to be
+    /// this instance's alone (the Lease held and valid, no other gate open).
+    fn writing(&mut self, what: &str) {
+        let i = self.idx;
+        if let Err(f) = super::instance::check_sole_writer(i, self.world, &format!("i{i} {what}")) {
+            self.violation.get_or_insert(f);
+        }
     }
 
     /// etcd answers, or times out now and then (a rollout is no quiet time).
@@ -69,7 +80,6 @@ impl SimReserver {
     /// Starts with a lease of its own (`Reservations::start`).
     pub fn start(world: &mut World) -> Self {
         SimReserver {
-            queue: Queue::default(),
             ledger: Ledger::default(),
             inbox: VecDeque::new(),
             lease: world.res_grant(),
@@ -79,9 +89,9 @@ impl SimReserver {
         }
     }
 
-    /// Moves what the queue asks for into the writer's inbox.
-    pub fn send(&mut self) {
-        self.inbox.extend(self.queue.take_requests());
+    /// What the shell's queue asks for, into the writer's inbox.
+    pub fn send(&mut self, requests: Vec<Request>) {
+        self.inbox.extend(requests);
     }
 
     pub fn lease(&self) -> u64 {
@@ -90,7 +100,7 @@ impl SimReserver {
 
     /// The writer's turn: every request in the inbox, as `ReservationTask`'s loop takes
     /// them; the replies, in order.
-    pub fn work(&mut self, w: &mut Writer<'_>) -> Vec<Reply> {
+    pub fn work(&mut self, w: &mut Writer<'_>) -> Result<Vec<Reply>, Failure> {
         let mut replies = Vec::new();
         while let Some(request) = self.inbox.pop_front() {
             let mut failed = false;
@@ -125,16 +135,17 @@ impl SimReserver {
                 replies.push(reply);
             }
         }
-        replies
+        w.violation.take().map_or(Ok(replies), Err)
     }
 
     /// The keep-alive's turn (`KEEP_ALIVE_EVERY`), a reply if it has something to say.
-    pub fn tick(&mut self, w: &mut Writer<'_>) -> Option<Reply> {
+    pub fn tick(&mut self, w: &mut Writer<'_>) -> Result<Option<Reply>, Failure> {
         if self.released {
-            return None;
+            return Ok(None);
         }
         let result = self.keep_alive(w);
-        self.reply(false, false, result)
+        let reply = self.reply(false, false, result);
+        w.violation.take().map_or(Ok(reply), Err)
     }
 
     fn reply(
@@ -174,6 +185,7 @@ impl SimReserver {
         }
         w.append(LogLine::Reserving { id })?;
         w.etcd_up()?;
+        w.writing(&format!("reserved {id}"));
         match w.world.res_reserve(id, labels, self.lease) {
             ResWrite::Written(revision) => {
                 self.done
@@ -206,6 +218,7 @@ impl SimReserver {
             self.ledger.unreserve_failed(id);
             return Err(e);
         }
+        w.writing(&format!("unreserved {id}"));
         w.world.res_unreserve(&labels);
         self.done.push(format!("unreserved {id}"));
         self.ledger.unreserved(id);
@@ -225,7 +238,10 @@ impl SimReserver {
             return Ok(None);
         }
         let mut restored = 0;
-        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
+        // The gate is looked at before each write, not once for all of them.
+        while w.may_write
+            && let Some((id, labels, revision)) = self.ledger.next_to_restore()
+        {
             restored += usize::from(self.put_back(id, labels, revision, w)?);
         }
         Ok(Some(format!(
@@ -242,6 +258,7 @@ impl SimReserver {
     ) -> Result<bool, String> {
         w.append(LogLine::Reserving { id })?;
         w.etcd_up()?;
+        w.writing(&format!("put back {id}"));
         let back = w.world.res_restore(id, &labels, revision, self.lease);
         self.done
             .push(format!("put back {id} (as written at {revision}): {back}"));
@@ -263,7 +280,10 @@ impl SimReserver {
     ) -> Result<Option<String>, String> {
         let mut adopted = 0;
         self.ledger.adopt(earlier);
-        while let Some((id, labels, revision)) = self.ledger.next_to_restore() {
+        // Held at once; put back only while the gate is open (the rest at a keep-alive).
+        while w.may_write
+            && let Some((id, labels, revision)) = self.ledger.next_to_restore()
+        {
             adopted += usize::from(self.put_back(id, labels, revision, w)?);
         }
         Ok((adopted > 0).then(|| format!("took over {adopted} reservations")))
@@ -275,6 +295,12 @@ impl SimReserver {
     pub fn release(&mut self, i: usize, w: &mut Writer<'_>) -> Result<(), Failure> {
         self.released = true;
         self.inbox.clear();
+        if !w.may_write {
+            // Not this sync's to write now: they lapse with the lease.
+            self.done.push("not released: the gate is closed".into());
+            return w.violation.take().map_or(Ok(()), Err);
+        }
+        w.writing("revoked its reservation lease");
         w.world.res_revoke(self.lease);
         for (id, labels, revision) in self.ledger.to_release() {
             let key = id.to_string();
@@ -282,6 +308,7 @@ impl SimReserver {
                 w.world.master_revs.get(&key).copied(),
                 w.world.masters.get(&key).cloned(),
             );
+            w.writing(&format!("released {id}"));
             if !w.world.res_release(id, &labels, revision) {
                 self.done.push(format!("kept {id}"));
                 continue;
@@ -317,6 +344,9 @@ impl SimReserver {
             .values()
             .filter(|l| **l == self.lease)
             .count();
+        if let Some(f) = w.violation.take() {
+            return Err(f);
+        }
         if !left.is_empty() || values_left > 0 {
             return Err(Failure::new(
                 "reservations all released at cutover",

@@ -482,11 +482,22 @@ impl World {
         }
     }
 
-    /// What a fresh read of both sides gives sync.
-    pub fn snapshot(&self) -> SyncState {
+    /// A list of the objects, as a Kubernetes list gives them: each with the
+    /// resourceVersion the list was at.
+    pub fn k8s_list(&self) -> (BTreeMap<u32, LabelKey>, u64) {
+        let objects = self
+            .objects
+            .iter()
+            .map(|(id, (l, _))| (*id, l.clone()))
+            .collect();
+        (objects, self.k8s_rv)
+    }
+
+    /// A read of the kvstore at one revision, as a snapshot: master keys and the nodes
+    /// using each label set.
+    pub fn kv_read(&self) -> SyncState {
         let mut s = SyncState {
             kv_revision: self.kv_rev,
-            k8s_version: self.k8s_rv.to_string(),
             ..Default::default()
         };
         for (id, v) in &self.masters {
@@ -496,11 +507,6 @@ impl World {
         for (labels, node) in self.values.keys() {
             s.counts.add_key(labels.as_bytes(), node.as_bytes());
         }
-        s.k8s = self
-            .objects
-            .iter()
-            .map(|(id, (l, _))| (*id, l.clone()))
-            .collect();
         s
     }
 

@@ -14,6 +14,7 @@ use cilium_idmig::apply::executor::ApplyOptions;
 use cilium_idmig::core::labels::{parse_label_key, to_security_labels};
 use cilium_idmig::core::range::ClusterScope;
 use cilium_idmig::core::sync::SyncState;
+use cilium_idmig::core::sync::reserve::Queue;
 use cilium_idmig::io::decision_log::DecisionLog;
 use cilium_idmig::io::etcd::EtcdOptions;
 use cilium_idmig::io::k8s::K8sTarget;
@@ -27,20 +28,22 @@ use crate::sync::{Sync, all_keys, wait_for};
 
 const P: &str = "cilium/state/identities/v1";
 
-/// Has the task look at the whole view and waits for its answer: what it reports.
+/// Has the task look at the whole view (as the shell's queue asks it to) and waits for its
+/// answer: what it reports.
 async fn reserve_view(
     task: &mut Option<ReservationTask>,
+    queue: &mut Queue,
     state: &SyncState,
     cfg: &ServiceConfig,
 ) -> Option<reserve::Said> {
-    let t = task.as_mut().unwrap();
-    t.view_changed();
-    t.pump(state, cfg.scope.range, Instant::now());
+    queue.view_changed();
+    queue.pump(state, cfg.scope.range, Instant::now());
+    task.as_ref().unwrap().send(queue.take_requests());
     let reply = tokio::time::timeout(Duration::from_secs(20), reserve::next_reply(task))
         .await
         .expect("the task answers")
         .unwrap();
-    task.as_mut().unwrap().on_reply(reply, Instant::now())
+    queue.on_reply(reply, Instant::now())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -68,6 +71,7 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         cfg.clone(),
         Arc::new(Metrics::new().unwrap()),
     ));
+    let mut queue = Queue::default();
 
     // Sync's view: Kubernetes holds 4000 (`b`) and 4001 (`c`), the kvstore neither. Between
     // that view and the write, a kvstore-mode agent takes 4001 for `d`.
@@ -80,8 +84,11 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         .await;
     let before = all_keys(&w).await;
 
-    assert_eq!(reserve_view(&mut task, &state, &cfg).await, None);
-    assert_eq!(task.as_ref().unwrap().held(), 1);
+    assert_eq!(
+        reserve_view(&mut task, &mut queue, &state, &cfg).await,
+        None
+    );
+    assert_eq!(queue.held(), 1);
 
     // 4000 reserved; 4001 and every other key exactly as the agent left them.
     let after = all_keys(&w).await;
@@ -108,7 +115,10 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         lines[1]
     );
     // Asked again (a fresh view still without the agent's key), it is not tried again.
-    assert_eq!(reserve_view(&mut task, &state, &cfg).await, None);
+    assert_eq!(
+        reserve_view(&mut task, &mut queue, &state, &cfg).await,
+        None
+    );
     assert_eq!(all_keys(&w).await, after);
 
     // Released: the lease's key goes, the master key written goes, the agent's stays.

@@ -99,6 +99,10 @@ pub enum Input {
     Verdict(Result<(), CutoverWait>),
     /// The moot closures asked for were logged (those that were).
     MootLogged(Vec<(String, LabelKey)>),
+    /// The refusal of the decision on this kvstore id could not be logged: it is not
+    /// refused yet (a reader of the log would see the decision in force), and is refused
+    /// again, logged, at a later round.
+    RefusalNotLogged(String),
     /// The reservations answered: how many are held, and the master keys sync wrote.
     Reservations {
         held: usize,
@@ -359,6 +363,7 @@ impl Machine {
             Input::Lease(holder) => self.on_lease(holder, &mut out),
             Input::Decided(d) => {
                 self.state.reported.remove(&d.id);
+                self.state.refused.remove(&d.id);
                 // The decisions changed: resumed onto the plan again at the next round.
                 self.state.overlay = None;
                 self.decisions.insert(d.id.clone(), d);
@@ -366,6 +371,7 @@ impl Machine {
             }
             Input::Undone(id) => {
                 self.state.reported.remove(&id);
+                self.state.refused.remove(&id);
                 self.state.overlay = None;
                 self.decisions.remove(&id);
                 self.dirty = true;
@@ -388,6 +394,12 @@ impl Machine {
                     self.state.reused.remove(&id);
                     out.push(Output::Moot { id, labels });
                 }
+                self.dirty = true;
+            }
+            Input::RefusalNotLogged(id) => {
+                self.state.refused.remove(&id);
+                // Resumed again at the next plan, which drops it again and says so.
+                self.state.overlay = None;
                 self.dirty = true;
             }
             Input::Reservations { held, own_masters } => {
@@ -606,7 +618,13 @@ impl Machine {
         let grace = self.settings.cutover_grace;
         let rollout_over = self.rollout_over(now);
         if rollout_over {
-            let moot = self.state.moot_now();
+            let mut moot = self.state.moot_now();
+            // Decided since the last plan (and not refused): carried out at the next settle,
+            // not closed as waiting for a decision it has.
+            let state = &self.state;
+            moot.retain(|(id, _, _)| {
+                !self.decisions.contains_key(id) || state.refused.contains_key(id)
+            });
             if !moot.is_empty() {
                 // Closed once logged (`MootLogged`); nothing is quiet until then.
                 self.dirty = true;

@@ -1,0 +1,357 @@
+//! The IO beneath sync's shell (`core::sync::shell`) in the binary: the decision log on
+//! disk, events to the front end, creates through the executor, cutover checks, split
+//! reports and the reservation writer as tasks whose answers come back as messages. Nothing
+//! here decides; each call starts or does one thing and returns at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::event::{SplitAllocation, SyncEvent};
+use crate::app::config::ServiceConfig;
+use crate::app::flows;
+use crate::app::metrics::Metrics;
+use crate::app::reserve::{ReservationTask, Reservations};
+use crate::apply::executor::{self, StopFlag, Watchers, WriteGate};
+use crate::apply::outcome::ApplyReport;
+use crate::core::labels::valid_label_key;
+use crate::core::outcome::Outcome;
+use crate::core::planner::{Kind, Op};
+use crate::core::sync::machine::SplitFound;
+use crate::core::sync::reserve::Request;
+use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line, SPLIT_NODES_WAIT};
+use crate::core::sync::{CutoverWait, SyncReport, SyncStatus, Taken};
+use crate::error::Result;
+use crate::io::decision_log::Record;
+use crate::io::kv_source::KvFollower;
+
+/// A round's channels back to the loop: batches ended, cutover verdicts.
+pub struct Answers {
+    pub done_tx: mpsc::Sender<(Vec<Op>, Result<ApplyReport>)>,
+    pub verdict_tx: mpsc::Sender<std::result::Result<(), CutoverWait>>,
+    /// The kvstore connection of the round, which names a split's nodes.
+    pub conn: KvFollower,
+    pub prefix: String,
+}
+
+/// The shell's IO for one call. What is said gathers in `said` and is sent once the shell
+/// returns: sending waits for the front end, the shell never waits.
+pub struct AppIo<'a> {
+    pub cfg: &'a Arc<ServiceConfig>,
+    pub metrics: &'a Arc<Metrics>,
+    pub events: &'a mpsc::Sender<SyncEvent>,
+    pub stop: &'a StopFlag,
+    pub gate: &'a WriteGate,
+    pub answers: &'a Answers,
+    pub reservations: &'a mut Option<ReservationTask>,
+    pub releasing: &'a mut Option<tokio::task::JoinHandle<()>>,
+    pub said: Vec<SyncEvent>,
+}
+
+impl shell::Io for AppIo<'_> {
+    fn log(&mut self, lines: Vec<Line>) -> usize {
+        let mut written = 0;
+        for line in lines {
+            if self.cfg.log.append(record(line)).is_err() {
+                break;
+            }
+            written += 1;
+        }
+        written
+    }
+
+    fn say(&mut self, event: Event) {
+        let ev = match event {
+            Event::Following => SyncEvent::Following,
+            Event::Note(n) => SyncEvent::Note(n),
+            Event::Trouble(t) => SyncEvent::Trouble(t),
+            Event::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
+            Event::Invalid { id, reason } => SyncEvent::Invalid { id, reason },
+            Event::Moot { id, labels } => SyncEvent::Moot { id, labels },
+            Event::Status(status) => {
+                return_freed_memory();
+                self.metrics
+                    .cutover_waiting(status.cutover_wait.as_ref().map(|w| w.reason()));
+                SyncEvent::Status(status)
+            }
+            Event::NodeCounts(counts) => SyncEvent::NodeCounts(counts),
+            Event::Cutover(report) => SyncEvent::Cutover(report),
+            Event::Taken(taken) => return record_taken(&taken, self.metrics),
+        };
+        self.said.push(ev);
+    }
+
+    fn write(&mut self, ops: Vec<Op>) {
+        let (cfg, done_tx) = (self.cfg.clone(), self.answers.done_tx.clone());
+        let (stop, gate) = (self.stop.clone(), self.gate.clone());
+        tokio::spawn(async move {
+            let result = write(&cfg, ops.clone(), stop, gate).await;
+            let _ = done_tx.send((ops, result)).await;
+        });
+    }
+
+    fn verify(&mut self, reused: BTreeMap<String, u32>, nowhere: BTreeSet<String>) {
+        let (cfg, tx) = (self.cfg.clone(), self.answers.verdict_tx.clone());
+        tokio::spawn(async move {
+            let _ = tx
+                .send(cutover_verified(&cfg, &reused, &nowhere).await)
+                .await;
+        });
+    }
+
+    fn report_splits(&mut self, found: Vec<SplitFound>) {
+        let a = self.answers;
+        report_splits(found, &a.conn, &a.prefix, self.events, self.cfg);
+    }
+
+    fn reserve(&mut self, requests: Vec<Request>) {
+        if let Some(task) = self.reservations.as_ref() {
+            task.send(requests);
+        }
+    }
+
+    fn release(&mut self) {
+        // Released in a task; a sync that ends (`--until-cutover`) waits for it.
+        if let Some(task) = self.reservations.take() {
+            let (cfg, metrics, events) =
+                (self.cfg.clone(), self.metrics.clone(), self.events.clone());
+            *self.releasing = Some(tokio::spawn(async move {
+                let kept = task.finish(FINISH_WAIT).await;
+                release(kept, &cfg, &metrics, &events).await;
+            }));
+        }
+    }
+
+    fn stands(&mut self, status: &SyncStatus) {
+        let m = self.metrics;
+        m.kvstore_nodes.set(status.kvstore_nodes as i64);
+        m.pending.set(status.pending as i64);
+        m.splits.set(status.splits as i64);
+        // The splits found since the last publication.
+        let new_splits = status.splits_found.saturating_sub(m.splits_found.get());
+        m.splits_found.inc_by(new_splits);
+    }
+}
+
+/// A line of the shell's as the decision log records it.
+fn record(line: Line) -> Record {
+    match line {
+        Line::Invalid { id, labels, reason } => {
+            let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
+            r.outcome = Some(Outcome::Skipped);
+            r.error = Some(reason);
+            r
+        }
+        Line::Moot { id, labels, kind } => {
+            let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
+            r.outcome = Some(Outcome::Skipped);
+            r.error = Some(
+                "no kvstore-mode node uses these labels any more: closed without a write".into(),
+            );
+            r
+        }
+        // No outcome: the identity waits for a decision again. A rule's line, so a resume
+        // does not read it as a decision; the decision it refuses stays in the log.
+        Line::Refused {
+            decision,
+            kind,
+            reason,
+        } => {
+            let text = SyncReport::refused_text(&decision, &reason);
+            let (id, labels) = (&decision.id, &decision.labels);
+            let mut r = Record::decision(id, labels, kind, ("refused", "rule"), decision.target_id);
+            r.error = Some(text);
+            r
+        }
+    }
+}
+
+/// Hands memory freed since the last status back to the system. A process that runs for days
+/// plans thousands of identities ten times a second; glibc keeps what it freed in its arenas
+/// and the resident size would creep up with fragmentation, not with data.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What a batch changed, in the metrics.
+fn record_taken(taken: &Taken, metrics: &Metrics) {
+    metrics.mirrored.inc_by(taken.mirrored);
+    metrics.write_failures.inc_by(taken.failures);
+    for lag in &taken.lags {
+        metrics.lag.observe(lag.as_secs_f64());
+    }
+}
+
+/// Returns once `stop` is set.
+pub async fn stopped(stop: &StopFlag) {
+    while !stop.is_stopped() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes one round's creates through the executor, logging each decision and outcome.
+///
+/// The batch has a stop switch of its own: when the API server keeps failing past apply's
+/// retry budget the executor halts the batch, not sync. What it did not write is retried on
+/// sync's timer, however long the outage lasts; sync's own stop still stops the batch.
+async fn write(
+    cfg: &ServiceConfig,
+    ops: Vec<Op>,
+    stop: StopFlag,
+    gate: WriteGate,
+) -> Result<ApplyReport> {
+    executor::log_decisions(&cfg.log, &ops)?;
+    // No request starts unless the lease is valid, with margin, at that moment.
+    let batch = StopFlag::gated(gate);
+    let relay = {
+        let batch = batch.clone();
+        tokio::spawn(async move {
+            stopped(&stop).await;
+            batch.stop();
+        })
+    };
+    let report = executor::apply(
+        &cfg.target,
+        ops,
+        false,
+        &cfg.apply,
+        Some(&cfg.log),
+        Watchers::default(),
+        batch,
+    )
+    .await;
+    relay.abort();
+    report
+}
+
+/// Releases the reservations, reporting how many master keys went; `None` when the task did
+/// not hand them back in time.
+pub async fn release(
+    kept: Option<Reservations>,
+    cfg: &ServiceConfig,
+    metrics: &Metrics,
+    events: &mpsc::Sender<SyncEvent>,
+) {
+    let Some(r) = kept else {
+        let _ = events
+            .send(SyncEvent::Trouble(
+                "releasing the kvstore reservations: the kvstore did not answer; they lapse with the lease".into(),
+            ))
+            .await;
+        return;
+    };
+    let held = r.masters_written();
+    let ev = match r.release(&cfg.log, metrics).await {
+        Ok(deleted) => SyncEvent::Note(format!(
+            "released the kvstore reservations: lease revoked, {deleted} of {held} master keys deleted (the rest is in use or changed)"
+        )),
+        Err(e) => SyncEvent::Trouble(format!(
+            "releasing the kvstore reservations: {e}; they lapse with the lease"
+        )),
+    };
+    let _ = events.send(ev).await;
+}
+
+/// The cutover's last check: a consistent verify. Every kvstore identity must be in
+/// Kubernetes with its labels at its own id, at the id a decision in any log given maps it
+/// to, or at the id the plan reuses for it (labels a CRD-mode agent already holds); one
+/// the operator skipped is a decision, not a problem.
+async fn cutover_verified(
+    cfg: &ServiceConfig,
+    reused: &BTreeMap<String, u32>,
+    nowhere: &BTreeSet<String>,
+) -> std::result::Result<(), CutoverWait> {
+    let logs: Vec<std::path::PathBuf> = cfg
+        .resume
+        .iter()
+        .cloned()
+        .chain(std::iter::once(cfg.log.path().to_path_buf()))
+        .collect();
+    let failed = |first: String| CutoverWait::Verify { problems: 1, first };
+    let logged = flows::expectations_from_logs(&logs)
+        .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
+    let expect = crate::core::sync::machine::cutover_expectations(logged, reused, nowhere);
+    let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
+        .await
+        .map_err(|e| failed(format!("verify could not run: {e}")))?;
+    let problems: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.problem != crate::core::verify::ProblemKind::Skipped)
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    // The first few, each with its id and why: enough to act on, short enough for a line.
+    let first: Vec<String> = problems
+        .iter()
+        .take(3)
+        .map(|p| {
+            let at = p
+                .expected_at
+                .map_or(String::new(), |t| format!(" (at {t})"));
+            let found = p
+                .found_labels
+                .as_deref()
+                .map_or(String::new(), |l| format!(", Kubernetes holds {l}"));
+            format!("{} {}{at}{found}", p.id, p.problem.as_str())
+        })
+        .collect();
+    Err(CutoverWait::Verify {
+        problems: problems.len(),
+        first: first.join("; "),
+    })
+}
+
+/// Reports the splits the machine found, each once its kvstore labels' nodes can be named
+/// (up to `SPLIT_NODES_WAIT` for their `value/` keys): in a task, so the loop does not wait
+/// on etcd.
+fn report_splits(
+    found: Vec<SplitFound>,
+    conn: &KvFollower,
+    prefix: &str,
+    events: &mpsc::Sender<SyncEvent>,
+    cfg: &Arc<ServiceConfig>,
+) {
+    let (conn, prefix) = (conn.clone(), prefix.to_string());
+    let (events, cfg) = (events.clone(), cfg.clone());
+    tokio::spawn(async move {
+        for f in found {
+            let Ok(kv_labels) = valid_label_key(&f.kv_value) else {
+                continue;
+            };
+            let nodes = loop {
+                let nodes = conn
+                    .nodes_using(&prefix, &f.kv_value)
+                    .await
+                    .unwrap_or_default();
+                if !nodes.is_empty() || f.found.elapsed() >= SPLIT_NODES_WAIT {
+                    break nodes;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            };
+            let split = SplitAllocation {
+                id: f.id,
+                kvstore_labels: kv_labels.to_string(),
+                k8s_labels: f.k8s_labels,
+                nodes,
+            };
+            let mut record = Record::decision(
+                &f.id.to_string(),
+                kv_labels,
+                Kind::Remap,
+                ("split-allocation", "rule"),
+                Some(f.id),
+            );
+            record.error = Some(split.to_string());
+            let _ = cfg.log.append(record);
+            let _ = events.send(SyncEvent::Split(split)).await;
+        }
+    });
+}

@@ -1,0 +1,649 @@
+//! `sync`: carries a cluster through the rollout window. After a first apply it follows both
+//! sides: every identity that appears in the kvstore is planned against the live Kubernetes
+//! view and, when it is a plain create (or decided), written within seconds; conflicts wait
+//! for a decision; objects CRD-mode agents create at ids the kvstore holds for other labels
+//! (split allocations) are reported with the nodes they affect. It never overwrites, updates
+//! or deletes a `CiliumIdentity`, and writes to etcd only with `--reserve-in-kvstore`
+//! (`app::reserve`, keys of its own). Cutover: no `value/` key left, nothing pending, and a
+//! consistent `verify` passes.
+//!
+//! What to do with each event is `core::sync::shell`'s (the shell the simulation runs too,
+//! over `core::sync::machine`); this module only reads both sides, runs the watches and the
+//! timers, and hands each input to the shell with the IO of `io`. Nothing slow is awaited in
+//! the loop: writes, reservations, cutover checks and split reports run as tasks and answer
+//! as messages.
+
+mod event;
+mod fatal;
+mod io;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::config::ServiceConfig;
+use super::decisions_file;
+pub use super::decisions_file::DecisionChange;
+use super::flows;
+use super::lease::{LeaseKeeper, LeaseOptions, Writer};
+use super::metrics::Metrics;
+use super::reserve::{self, ReservationTask, Reservations};
+use crate::apply::executor::StopFlag;
+use crate::apply::outcome::ApplyReport;
+use crate::core::planner::Op;
+use crate::core::planner::resume::{self, LoggedDecision};
+pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
+use crate::core::sync::machine::{Input, LeaseHolder, Settings};
+use crate::core::sync::shell::{RoundEnd, Shell, Turn};
+use crate::core::sync::{BatchOutcome, CutoverWait, SyncState};
+use crate::error::{Error, Result};
+use crate::io::etcd::KvWatchEvent;
+use crate::io::k8s::{K8sChange, ReadMode};
+use crate::io::kv_source::{KvFollower, KvSource};
+use crate::io::lease::LeaseApi;
+use crate::io::retry::{Backoff, Policy};
+pub use event::{SplitAllocation, SyncEvent, SyncStatus, catch_up_text, moot_text};
+use fatal::{refusal, refused_write};
+use io::{Answers, AppIo, stopped};
+
+/// How sync runs.
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// Decide remaps and duplicates as proposed; otherwise they wait for a decision.
+    pub accept_proposals: bool,
+    /// End (exit 0) at cutover, after a final consistent verify.
+    pub until_cutover: bool,
+    /// How long changes gather before the plan is made again.
+    pub settle: Duration,
+    /// How often a status is reported.
+    pub status_every: Duration,
+    /// How long no kvstore-mode node (no `value/` key) must be seen before cutover: an
+    /// agent's keys can linger until its lease lapses, and one that comes back resets it.
+    pub cutover_grace: Duration,
+    /// Reserve in the kvstore the ids Kubernetes holds and it does not (`app::reserve`).
+    pub reserve_in_kvstore: bool,
+    /// On a clean stop, release the reservations (as at cutover) instead of leaving them to
+    /// lapse with the lease.
+    pub release_reservations: bool,
+    /// The one-writer lease: sync writes only while it holds it.
+    pub lease: LeaseOptions,
+    /// Decisions made elsewhere, in a file sync reads at the start and again when it
+    /// changes (`app::decisions_file`); no file yet is no decisions yet.
+    pub decisions_file: Option<std::path::PathBuf>,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            accept_proposals: false,
+            until_cutover: false,
+            settle: Duration::from_millis(100),
+            status_every: Duration::from_secs(5),
+            cutover_grace: Duration::from_secs(120),
+            reserve_in_kvstore: false,
+            release_reservations: false,
+            lease: LeaseOptions::default(),
+            decisions_file: None,
+        }
+    }
+}
+
+/// Runs sync until `stop` (or cutover with `until_cutover`).
+/// `decided` carries decisions made while sync runs (the TUI's): each counts from the next
+/// round on, as one recorded in the log does.
+pub async fn run(
+    cfg: Arc<ServiceConfig>,
+    opts: SyncOptions,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+    stop: StopFlag,
+    mut decided: Option<mpsc::Receiver<DecisionChange>>,
+) -> Result<SyncEnd> {
+    if let KvSource::Memory(_) = &cfg.kv {
+        // Refused before anything is read or written (`follower` says why).
+        cfg.kv.follower().await?;
+    }
+    let file = match &opts.decisions_file {
+        Some(p) => decisions_file::read(p)?,
+        None => None,
+    };
+    let (decisions, earlier) = resume_decisions(&cfg, file.as_ref().map(|f| f.1.clone()))?;
+    // Followed while sync runs, unless decisions come from a screen instead (the TUI's).
+    let _following_file = match (&opts.decisions_file, decided.is_none()) {
+        (Some(path), true) => {
+            let seen = file.map_or_else(Default::default, |(bytes, steps)| {
+                (bytes, resume::replay(steps))
+            });
+            let (tx, rx) = mpsc::channel(64);
+            decided = Some(rx);
+            Some(AbortOnDrop(decisions_file::follow(
+                path.clone(),
+                seen,
+                tx,
+                events.clone(),
+            )))
+        }
+        _ => None,
+    };
+    let lease = take_lease(&cfg, &opts, &events).await?;
+    let settings = settings(&cfg, &opts);
+    let mut shell = Shell::new(settings, decisions, earlier, opts.release_reservations);
+    // Who holds the Lease now, known before the first round (said when the keeper says it).
+    shell.know_holder(holder_of(lease.writer.borrow().clone()));
+    let sync = Sync {
+        writer: lease.writer.clone(),
+        lease,
+        cfg,
+        opts,
+        metrics,
+        events,
+        stop,
+        decided,
+        shell,
+        reservations: None,
+        releasing: None,
+    };
+    sync.rounds().await
+}
+
+/// What the machine is set to, from the options.
+fn settings(cfg: &ServiceConfig, opts: &SyncOptions) -> Settings {
+    // The grace starts when the last kvstore-mode node goes. In the demo's in-memory kvstore
+    // a node's keys go the moment it moves (its lease is revoked, none lapses later), so a
+    // few seconds do.
+    let cutover_grace = match &cfg.kv {
+        KvSource::Live(_) => Duration::from_secs(5).min(opts.cutover_grace),
+        _ => opts.cutover_grace,
+    };
+    Settings {
+        range: cfg.scope.range,
+        accept_proposals: opts.accept_proposals,
+        until_cutover: opts.until_cutover,
+        reserve_in_kvstore: opts.reserve_in_kvstore,
+        cutover_grace,
+        lease: format!("{}/{}", opts.lease.namespace, opts.lease.name),
+    }
+}
+
+/// A task that ends with the value that owns it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The decisions recorded so far (any --resume logs, then the decisions file's `from_file`,
+/// then this log): a restart resumes them; and the kvstore reservations the logs record as
+/// made and not released. A log that cannot be read is an error: going on without its
+/// decisions could create what the operator skipped.
+fn resume_decisions(
+    cfg: &ServiceConfig,
+    from_file: Option<Vec<resume::LogStep>>,
+) -> Result<(BTreeMap<String, LoggedDecision>, reserve::Unreleased)> {
+    let (mut steps, mut reserved) = (Vec::new(), BTreeMap::new());
+    for p in &cfg.resume {
+        let log = flows::read_log(p)?;
+        steps.extend(log.steps());
+        reserve::note_reservations(&mut reserved, &log);
+    }
+    steps.extend(from_file.unwrap_or_default());
+    let own = flows::read_log(cfg.log.path())?;
+    steps.extend(own.steps());
+    reserve::note_reservations(&mut reserved, &own);
+    Ok((resume::replay(steps), reserved))
+}
+
+/// What lives across rounds: the configuration, the lease, the shell (with the machine
+/// that decides), the reservation writer.
+struct Sync {
+    cfg: Arc<ServiceConfig>,
+    opts: SyncOptions,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<SyncEvent>,
+    stop: StopFlag,
+    lease: LeaseKeeper,
+    writer: tokio::sync::watch::Receiver<Writer>,
+    decided: Option<mpsc::Receiver<DecisionChange>>,
+    /// Every decision sync takes, and how each is carried out: `core::sync::shell`.
+    shell: Shell,
+    reservations: Option<ReservationTask>,
+    /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
+    releasing: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Why a round could not start.
+enum Retry {
+    /// Waiting will not fix it (no endpoints, an unreadable certificate, a refused write).
+    Fatal(Error),
+    /// A server failed: try again after a wait.
+    After(String),
+}
+
+/// How a round ended, as the loop sees it.
+enum Ended {
+    Shell(RoundEnd),
+    /// A watch task ended: said, then a fresh round after a wait.
+    WatchLost(&'static str),
+}
+
+/// One round: from a read of both sides, following both watches, until a stop, cutover,
+/// or a compaction. It holds the channels; what to do is the shell's.
+struct Round {
+    /// A refusal a watch task met: sync ends.
+    fatal_rx: mpsc::Receiver<Error>,
+    kv_rx: mpsc::Receiver<KvWatchEvent>,
+    k8s_rx: mpsc::Receiver<K8sChange>,
+    watches: [tokio::task::JoinHandle<()>; 2],
+    answers: Answers,
+    done_rx: mpsc::Receiver<(Vec<Op>, Result<ApplyReport>)>,
+    /// A cutover check (a full consistent verify, 18 s at 65k on a real server) runs as a
+    /// task and its verdict comes back here, so the loop keeps mirroring meanwhile.
+    verdict_rx: mpsc::Receiver<std::result::Result<(), CutoverWait>>,
+}
+
+/// What ends a round from outside the shell.
+enum Interrupt {
+    /// A watch task ended.
+    WatchLost(&'static str),
+    /// A refusal (a watch's, a write's, the Lease's): sync ends.
+    Fatal(Error),
+}
+
+impl Sync {
+    /// Rounds until sync ends: each starts on a fresh read (retried after a wait when a
+    /// server fails) and follows both sides until the shell ends it.
+    async fn rounds(mut self) -> Result<SyncEnd> {
+        let mut backoff = Backoff::new(Policy::FOLLOW);
+        loop {
+            self.metrics.turned();
+            if self.stop.is_stopped() {
+                return Ok(SyncEnd::default());
+            }
+            // A stop while both sides are read (a full read can take tens of seconds) ends
+            // sync at once, not after the read.
+            let stop = self.stop.clone();
+            let started = tokio::select! {
+                r = self.start_round() => r,
+                () = stopped(&stop) => return self.end(None).await,
+            };
+            let round = match started {
+                Ok(r) => r,
+                Err(Retry::Fatal(e)) => return self.end(Some(e)).await,
+                Err(Retry::After(trouble)) => {
+                    let _ = self.events.send(SyncEvent::Trouble(trouble)).await;
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            backoff.reset();
+            let ended = match self.follow(round).await {
+                Ok(ended) => ended,
+                // A refusal ends sync: what it holds goes first (the Lease, for a standby).
+                Err(e) => return self.end(Some(e)).await,
+            };
+            match ended {
+                Ended::Shell(RoundEnd::Resnapshot) => {}
+                Ended::WatchLost(what) => {
+                    let trouble = format!("{what}; reading both sides again");
+                    let _ = self.events.send(SyncEvent::Trouble(trouble)).await;
+                    backoff.wait().await;
+                }
+                Ended::Shell(RoundEnd::Done(end)) => {
+                    self.end(None).await?;
+                    return Ok(*end);
+                }
+            }
+        }
+    }
+
+    /// Ends sync: the reservation writer finished (and released on a clean stop with
+    /// `--release-reservations`, while holding the Lease), a release in flight waited for,
+    /// the Lease given back; `error` returned if there is one.
+    async fn end(mut self, error: Option<Error>) -> Result<SyncEnd> {
+        let release = error.is_none() && self.shell.release_on_stop(self.lease.holding());
+        if let Some(task) = self.reservations.take() {
+            let kept = task.finish(crate::core::sync::shell::FINISH_WAIT).await;
+            if release {
+                io::release(kept, &self.cfg, &self.metrics, &self.events).await;
+            }
+        }
+        if let Some(releasing) = self.releasing.take() {
+            let _ = releasing.await;
+        }
+        self.lease.release().await;
+        match error {
+            Some(e) => Err(e),
+            None => Ok(SyncEnd::default()),
+        }
+    }
+
+    /// Reads both sides, Kubernetes first: an identity both GCs take between the two reads
+    /// (the kvstore's first, as they go) is then missing from the kvstore's read as well,
+    /// not made again at once. Starts the shell's round on them (the first reservations go
+    /// before the watches start, so the ids are taken from the first moment on), and both
+    /// watches from where each read was.
+    async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
+        let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
+        let conn = match cfg.kv.follower().await {
+            Ok(c) => c,
+            Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(Retry::Fatal(e)),
+            Err(e) => return Err(Retry::After(e.to_string())),
+        };
+        let retry = |what: &str, e: Error| {
+            refusal(what, &e).map_or(Retry::After(e.to_string()), Retry::Fatal)
+        };
+        let listed = cfg
+            .target
+            .list_identities(ReadMode::Cache, None)
+            .await
+            .map_err(|e| retry("listing ciliumidentities.cilium.io", e))?;
+        let snap = conn
+            .read_snapshot(&prefix)
+            .await
+            .map_err(|e| retry("reading the kvstore", e))?;
+        if self.shell.wants_writer() {
+            self.start_writer(&conn, &prefix).await?;
+        }
+        let mut state = SyncState::from_snapshot(snap);
+        state.k8s = listed.identities;
+        state.k8s_version = listed.resource_version;
+        let (kv_revision, k8s_version) = (state.kv_revision, state.k8s_version.clone());
+        let (done_tx, done_rx) = mpsc::channel(4);
+        let (verdict_tx, verdict_rx) = mpsc::channel(1);
+        let answers = Answers {
+            done_tx,
+            verdict_tx,
+            conn: conn.clone(),
+            prefix: prefix.clone(),
+        };
+        let gate = self.lease.gate.open();
+        let mut said = Vec::new();
+        self.with_io(&answers, &mut said, |shell, io| {
+            shell.start_round(state, Instant::now(), gate, io)
+        });
+        self.say(said).await;
+        let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
+        let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
+        let kv_watch = tokio::spawn(watch::follow_kvstore(
+            conn,
+            prefix,
+            kv_revision,
+            kv_tx,
+            self.metrics.clone(),
+            self.events.clone(),
+        ));
+        let (fatal_tx, fatal_rx) = mpsc::channel(1);
+        let k8s_watch = tokio::spawn(watch::follow_kubernetes(
+            cfg.clone(),
+            k8s_version,
+            k8s_tx,
+            (self.metrics.clone(), self.events.clone()),
+            fatal_tx,
+        ));
+        Ok(Round {
+            fatal_rx,
+            kv_rx,
+            k8s_rx,
+            watches: [kv_watch, k8s_watch],
+            answers,
+            done_rx,
+            verdict_rx,
+        })
+    }
+
+    /// Starts the reservation writer: a write the credentials may not make is the
+    /// operator's to fix (exit 2); a server that failed is tried again, as a failed read is.
+    async fn start_writer(
+        &mut self,
+        conn: &KvFollower,
+        prefix: &str,
+    ) -> std::result::Result<(), Retry> {
+        let mut started = match Reservations::start(conn, prefix).await {
+            Ok(r) => r,
+            Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
+            Err(e) => return Err(Retry::After(e.to_string())),
+        };
+        started.gate_writes(self.lease.gate.clone());
+        let task = ReservationTask::spawn(started, self.cfg.clone(), self.metrics.clone());
+        self.reservations = Some(task);
+        self.shell.writer_started();
+        Ok(())
+    }
+
+    /// Runs `f` on the shell with the binary's IO; what it says gathers in `said`.
+    fn with_io<T>(
+        &mut self,
+        answers: &Answers,
+        said: &mut Vec<SyncEvent>,
+        f: impl FnOnce(&mut Shell, &mut AppIo<'_>) -> T,
+    ) -> T {
+        let mut io = AppIo {
+            cfg: &self.cfg,
+            metrics: &self.metrics,
+            events: &self.events,
+            stop: &self.stop,
+            gate: &self.lease.gate,
+            answers,
+            reservations: &mut self.reservations,
+            releasing: &mut self.releasing,
+            said: Vec::new(),
+        };
+        let out = f(&mut self.shell, &mut io);
+        said.append(&mut io.said);
+        out
+    }
+
+    /// Sends what the shell said, in order.
+    async fn say(&self, said: Vec<SyncEvent>) {
+        for ev in said {
+            let _ = self.events.send(ev).await;
+        }
+    }
+
+    /// Follows both sides until the round ends: each event goes to the shell.
+    async fn follow(&mut self, mut round: Round) -> Result<Ended> {
+        let mut settle = tokio::time::interval(self.opts.settle);
+        let mut status_tick = tokio::time::interval(self.opts.status_every);
+        let ended = loop {
+            let turn = match self
+                .next_turn(&mut round, &mut settle, &mut status_tick)
+                .await
+            {
+                Ok(turn) => turn,
+                Err(Interrupt::WatchLost(what)) => break Ended::WatchLost(what),
+                Err(Interrupt::Fatal(e)) => {
+                    abort_watches(&round, &self.metrics);
+                    return Err(e);
+                }
+            };
+            self.metrics.turned();
+            if let Some(end) = self.take(turn, &round.answers).await {
+                break Ended::Shell(end);
+            }
+        };
+        if let Ended::Shell(RoundEnd::Resnapshot) = &ended {
+            self.drain_batch(&mut round).await;
+        }
+        if !matches!(ended, Ended::Shell(RoundEnd::Done(_))) {
+            self.shell.end_round();
+        }
+        abort_watches(&round, &self.metrics);
+        Ok(ended)
+    }
+
+    /// One turn handed to the shell, what it said sent; the round's end if it ends it.
+    async fn take(&mut self, turn: Turn, answers: &Answers) -> Option<RoundEnd> {
+        let gate = self.lease.gate.open();
+        // The ticks carry what the loop knows now: a stop asked for, both watches up.
+        let turn = match turn {
+            Turn::Settle { .. } => Turn::Settle {
+                stopped: self.stop.is_stopped(),
+            },
+            Turn::Status { .. } => Turn::Status {
+                watching: self.metrics.healthy(),
+            },
+            other => other,
+        };
+        let mut said = Vec::new();
+        let end = self.with_io(answers, &mut said, |shell, io| {
+            shell.take(turn, Instant::now(), gate, io)
+        });
+        self.say(said).await;
+        end
+    }
+
+    /// Before a fresh read: the batch in flight is taken in first, so the next round never
+    /// writes beside it and its outcomes are part of what is carried.
+    async fn drain_batch(&mut self, round: &mut Round) {
+        if self.shell.awaits_batch()
+            && let Some((ops, result)) = round.done_rx.recv().await
+        {
+            let outcome = batch_outcome(result);
+            self.take(
+                Turn::Input(Input::BatchDone { ops, outcome }),
+                &round.answers,
+            )
+            .await;
+        }
+    }
+
+    /// The next thing to hand the shell, or what interrupts the round.
+    async fn next_turn(
+        &mut self,
+        round: &mut Round,
+        settle: &mut tokio::time::Interval,
+        status_tick: &mut tokio::time::Interval,
+    ) -> std::result::Result<Turn, Interrupt> {
+        let turn = tokio::select! {
+            ev = round.kv_rx.recv() => match ev {
+                Some(ev) => Turn::Input(Input::Kv(ev)),
+                // The watch task ended (it never does on its own): start over rather than
+                // spin on a closed channel.
+                None => return Err(Interrupt::WatchLost("the kvstore watch ended")),
+            },
+            ch = round.k8s_rx.recv() => match ch {
+                Some(ch) => Turn::Input(Input::K8s(ch)),
+                None => return Err(Interrupt::WatchLost("the Kubernetes watch ended")),
+            },
+            Some(e) = round.fatal_rx.recv() => return Err(Interrupt::Fatal(e)),
+            Ok(()) = self.writer.changed() => {
+                let now = self.writer.borrow_and_update().clone();
+                match now {
+                    Writer::Refused(why) => return Err(Interrupt::Fatal(lease_refused(&self.opts, &why))),
+                    w => Turn::Input(Input::Lease(holder_of(w))),
+                }
+            }
+            Some(d) = next_decision(&mut self.decided) => match d {
+                DecisionChange::Decided(d) => Turn::Input(Input::Decided(d)),
+                DecisionChange::Undone(id) => Turn::Input(Input::Undone(id)),
+            },
+            Some((ops, result)) = round.done_rx.recv() => {
+                if let Some(e) = refused_write(&result) {
+                    return Err(Interrupt::Fatal(e));
+                }
+                Turn::Input(Input::BatchDone { ops, outcome: batch_outcome(result) })
+            }
+            _ = settle.tick() => Turn::Settle { stopped: false },
+            _ = status_tick.tick() => Turn::Status { watching: false },
+            Some(reply) = reserve::next_reply(&mut self.reservations) => Turn::Reply(reply),
+            Some(verdict) = round.verdict_rx.recv() => Turn::Input(Input::Verdict(verdict)),
+        };
+        Ok(turn)
+    }
+}
+
+/// Ends both watch tasks; until a new round's watches connect, neither counts as up
+/// (`/healthz` and `cilium_idmig_watch_up` say so).
+fn abort_watches(round: &Round, metrics: &Metrics) {
+    for w in &round.watches {
+        w.abort();
+    }
+    metrics.etcd_live.store(false, Ordering::Relaxed);
+    metrics.k8s_live.store(false, Ordering::Relaxed);
+}
+
+/// The lease keeper's word as the machine takes it (a refusal ends sync before).
+fn holder_of(w: Writer) -> LeaseHolder {
+    match w {
+        Writer::Us => LeaseHolder::Us,
+        Writer::Other { holder } => LeaseHolder::Other(holder),
+        Writer::Unknown | Writer::Refused(_) => LeaseHolder::Unknown,
+    }
+}
+
+/// Starts keeping the one-writer lease and waits (up to 5 s) for its first answer, so a
+/// sync that is not to write knows it before its first round. One sync per decision log
+/// on a host: the log is locked, so the lease's holder name (host and log) is one process.
+async fn take_lease(
+    cfg: &ServiceConfig,
+    opts: &SyncOptions,
+    events: &mpsc::Sender<SyncEvent>,
+) -> Result<LeaseKeeper> {
+    cfg.log.lock_for_one_writer()?;
+    let log = std::fs::canonicalize(cfg.log.path()).unwrap_or_else(|_| cfg.log.path().into());
+    let me = format!("{}:{}", crate::io::operator::hostname(), log.display());
+    let api = LeaseApi::new(&cfg.target, &opts.lease.namespace, &opts.lease.name);
+    let lease = LeaseKeeper::start(api, opts.lease.clone(), me);
+    let mut writer = lease.writer.clone();
+    let first = tokio::time::timeout(
+        Duration::from_secs(5),
+        writer.wait_for(|w| *w != Writer::Unknown),
+    )
+    .await
+    .ok()
+    .and_then(|w| w.ok().map(|w| w.clone()));
+    if let Some(w) = first {
+        match &w {
+            Writer::Refused(why) => return Err(lease_refused(opts, why)),
+            Writer::Other { holder } => {
+                let _ = events
+                    .send(SyncEvent::Note(format!(
+                        "lease {}/{} is held by {holder}: following both sides without writing until it is free",
+                        opts.lease.namespace, opts.lease.name
+                    )))
+                    .await;
+            }
+            _ => {}
+        }
+    }
+    Ok(lease)
+}
+
+fn lease_refused(opts: &SyncOptions, why: &str) -> Error {
+    Error::Config(format!(
+        "the one-writer lease {ns}/{name} is refused to these credentials ({why}): grant get, create and update on leases in namespace {ns} (the Role in assets/clusterrole.yaml), or name another with --lease-namespace/--lease-name",
+        ns = opts.lease.namespace,
+        name = opts.lease.name
+    ))
+}
+
+/// The next decision made (or undone) while sync runs; never, when nobody can make one.
+async fn next_decision(
+    decided: &mut Option<mpsc::Receiver<DecisionChange>>,
+) -> Option<DecisionChange> {
+    match decided {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A batch's result as the machine takes it in.
+fn batch_outcome(result: Result<ApplyReport>) -> BatchOutcome {
+    match result {
+        Err(e) => BatchOutcome::Failed(e.to_string()),
+        Ok(report) => BatchOutcome::Done {
+            results: report
+                .results
+                .iter()
+                .filter_map(|r| r.target_id.map(|t| (t, r.outcome)))
+                .collect(),
+            halted: report.stopped.clone(),
+        },
+    }
+}

@@ -1,0 +1,439 @@
+//! The one shell of sync, run unchanged by the binary (`app::sync`) and by the simulation
+//! (`crate::sim`): each input goes to the machine, and its commands are carried out through
+//! `Io` (the decision log, what is said, writes, cutover checks, split reports, the
+//! reservation writer); what the carrying-out answers at once (moot closures logged) goes
+//! back in; what lives across rounds (what a round carries over, the reservations' queue,
+//! what an earlier sync left reserved) is kept here; and it says when a round ends. Only the
+//! IO beneath differs: tasks and channels in the binary, the simulated world in the
+//! simulation.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::machine::{
+    CutoverReport, Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound, SyncEnd,
+};
+use super::reserve::{self as rules, Queue, Reply, Request, Unreleased};
+use super::{SyncReport, SyncState, SyncStatus, Taken};
+use crate::core::kvstore::NodeCounts;
+use crate::core::labels::LabelKey;
+use crate::core::planner::resume::LoggedDecision;
+use crate::core::planner::{Kind, Op};
+
+/// A decision-log line the shell writes itself (a batch's lines are the batch writer's, the
+/// reservations' the reservation writer's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A malformed kvstore entry, skipped.
+    Invalid {
+        id: String,
+        labels: String,
+        reason: String,
+    },
+    /// A conflict closed without a write: no kvstore-mode node uses its labels any more.
+    Moot {
+        id: String,
+        labels: LabelKey,
+        kind: Kind,
+    },
+    /// A decision that cannot be carried out as decided, and why.
+    Refused {
+        decision: LoggedDecision,
+        kind: Kind,
+        reason: String,
+    },
+}
+
+/// What the shell tells the operator (and the metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Both watches are established.
+    Following,
+    Note(String),
+    Trouble(String),
+    /// A conflict that waits for a decision (once per identity).
+    Conflict {
+        id: String,
+        kind: Kind,
+        reason: String,
+    },
+    /// A malformed kvstore entry, logged as skipped (once per identity).
+    Invalid {
+        id: String,
+        reason: String,
+    },
+    /// A conflict closed as moot (logged).
+    Moot {
+        id: String,
+        labels: LabelKey,
+    },
+    Status(SyncStatus),
+    NodeCounts(NodeCounts),
+    Cutover(CutoverReport),
+    /// What a batch changed, for the metrics.
+    Taken(Taken),
+}
+
+/// The IO beneath the shell. Each call starts or does one thing and returns at once; what
+/// takes time answers later as an input (`Input::BatchDone`, `Input::Verdict`, a reservation
+/// `Reply`).
+pub trait Io {
+    /// Appends `lines` to the decision log in order: how many were written (a failure stops
+    /// there).
+    fn log(&mut self, lines: Vec<Line>) -> usize;
+    fn say(&mut self, event: Event);
+    /// Starts a batch of creates, each decision logged before its write.
+    fn write(&mut self, ops: Vec<Op>);
+    /// Starts a cutover check (a consistent verify) with these expectations beside the logs.
+    fn verify(&mut self, reused: BTreeMap<String, u32>, nowhere: BTreeSet<String>);
+    /// Reports these splits, each once its kvstore labels' nodes can be named (at most
+    /// `SPLIT_NODES_WAIT` later), each logged.
+    fn report_splits(&mut self, found: Vec<SplitFound>);
+    /// Hands these to the reservation writer, in order.
+    fn reserve(&mut self, requests: Vec<Request>);
+    /// Cutover: the reservation writer finishes what it was sent (waiting at most
+    /// `FINISH_WAIT`), then releases what it holds, only while the Lease's gate is open.
+    fn release(&mut self);
+    /// Where sync stands after each input (for the metrics).
+    fn stands(&mut self, _status: &SyncStatus) {}
+}
+
+/// How long an ending sync waits for the reservation writes in flight (a stalled kvstore
+/// answers a request only at the client's timeout).
+pub const FINISH_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a split waits for the `value/` keys of the nodes that use it before it is
+/// reported without them.
+pub const SPLIT_NODES_WAIT: Duration = Duration::from_secs(5);
+
+/// How a round ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RoundEnd {
+    /// The kvstore was compacted past the watched revision: read both sides again (the
+    /// batch in flight is taken in first, `awaits_batch`).
+    Resnapshot,
+    Done(Box<SyncEnd>),
+}
+
+/// What the loop hands the shell: an input of the machine's, or a tick the shell turns
+/// into one.
+#[derive(Debug, Clone)]
+pub enum Turn {
+    Input(Input),
+    /// The settle tick; `stopped`: sync is asked to stop (told to the machine once).
+    Settle {
+        stopped: bool,
+    },
+    /// The status tick; `watching`: both watches are up.
+    Status {
+        watching: bool,
+    },
+    /// The reservation writer answered.
+    Reply(Reply),
+}
+
+/// How a round's first creates read: what sync wrote as it started (or after a fresh read),
+/// before anything arrived through its watches.
+pub fn catch_up_text(n: u64) -> String {
+    format!(
+        "wrote {}: decided, or missing in Kubernetes, when sync read both sides (counted as mirrored)",
+        crate::core::words::count(n, "CiliumIdentity object")
+    )
+}
+
+/// The shell (see the module).
+pub struct Shell {
+    machine: Machine,
+    /// What the last round knew, when it ended for a fresh read: the next round starts from
+    /// that read and keeps this memory (what was reported, made, counted). Kept until a round
+    /// starts: a read that fails leaves it for the one that succeeds.
+    carried: Option<SyncState>,
+    /// The stop was handed to the machine (this round).
+    stop_told: bool,
+    /// The round's first creates were announced.
+    catch_up_said: bool,
+    /// The reservations' queue (core's rules), once the writer started.
+    queue: Option<Queue>,
+    /// The reservations were released at cutover: none are made again in this run.
+    released: bool,
+    /// What the logs record as reserved and not released, taken over once by the holder.
+    earlier: Unreleased,
+    /// `--release-reservations`: a clean stop releases, as cutover does.
+    release_on_stop: bool,
+}
+
+impl Shell {
+    pub fn new(
+        settings: Settings,
+        decisions: BTreeMap<String, LoggedDecision>,
+        earlier: Unreleased,
+        release_on_stop: bool,
+    ) -> Self {
+        Shell {
+            machine: Machine::new(settings, decisions),
+            carried: None,
+            stop_told: false,
+            catch_up_said: false,
+            queue: None,
+            released: false,
+            earlier,
+            release_on_stop,
+        }
+    }
+
+    /// The machine, to read (the simulation's operator and invariants read its plan).
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Who holds the Lease, known before the first round.
+    pub fn know_holder(&mut self, holder: LeaseHolder) {
+        self.machine.know_holder(holder);
+    }
+
+    /// Whether a reservation writer is to be started before the next round: sync reserves,
+    /// none runs, and cutover has not released them.
+    pub fn wants_writer(&self) -> bool {
+        self.machine.settings().reserve_in_kvstore && self.queue.is_none() && !self.released
+    }
+
+    /// The reservation writer started: its queue is this shell's.
+    pub fn writer_started(&mut self) {
+        self.queue = Some(Queue::default());
+    }
+
+    /// Whether a writer runs, to be finished when sync ends.
+    pub fn has_writer(&self) -> bool {
+        self.queue.is_some()
+    }
+
+    /// On a clean stop: whether the reservations are released (`--release-reservations`,
+    /// and only while this sync holds the Lease).
+    pub fn release_on_stop(&self, holding: bool) -> bool {
+        self.release_on_stop && holding && self.queue.is_some()
+    }
+
+    /// A round starts on a fresh read of both sides (`state`), with what the last round
+    /// carried folded in; the first reservations are asked for before any watch delivers.
+    pub fn start_round(
+        &mut self,
+        mut state: SyncState,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        if let Some(old) = self.carried.take() {
+            state.carry_over(old, now);
+        }
+        self.stop_told = false;
+        self.catch_up_said = false;
+        let outs = self.machine.start_round(state, gate);
+        self.carry_out(outs, now, gate, io)
+    }
+
+    /// One turn of the loop: what it is, handed on.
+    pub fn take(
+        &mut self,
+        turn: Turn,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        match turn {
+            Turn::Input(input) => self.step(input, now, gate, io),
+            Turn::Settle { stopped } => self.settle(stopped, now, gate, io),
+            Turn::Status { watching } => self.step(Input::Status { watching }, now, gate, io),
+            Turn::Reply(reply) => self.reservation_reply(reply, now, gate, io),
+        }
+    }
+
+    /// One input to the machine, its commands carried out; the round's end if one ends it.
+    pub fn step(
+        &mut self,
+        input: Input,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        let outs = self.machine.step(input, now, gate);
+        self.carry_out(outs, now, gate, io)
+    }
+
+    /// The settle tick; `stopped`: sync is asked to stop (told to the machine once).
+    fn settle(
+        &mut self,
+        stopped: bool,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        let mut end = None;
+        if stopped && !self.stop_told {
+            self.stop_told = true;
+            end = self.step(Input::Stop, now, gate, io);
+        }
+        self.step(Input::Settle, now, gate, io).or(end)
+    }
+
+    /// The reservation writer answered: folded into the queue, said, told to the machine.
+    fn reservation_reply(
+        &mut self,
+        reply: Reply,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        let q = self.queue.as_mut()?;
+        match q.on_reply(reply, now) {
+            Some(rules::Said::Trouble(t)) => io.say(Event::Trouble(t)),
+            Some(rules::Said::Note(n)) => io.say(Event::Note(n)),
+            None => {}
+        }
+        let (held, own_masters) = (q.held(), q.own_masters().clone());
+        self.step(Input::Reservations { held, own_masters }, now, gate, io)
+    }
+
+    /// A round ends for a fresh read: whether the batch in flight is to be taken in first
+    /// (its outcome fed with `step`), so the next round never writes beside it and its
+    /// outcomes are part of what is carried.
+    pub fn awaits_batch(&self) -> bool {
+        self.machine.batch_running()
+    }
+
+    /// A round ended for a fresh read: what it knew is carried to the next.
+    pub fn end_round(&mut self) {
+        self.carried = Some(std::mem::take(&mut self.machine.state));
+    }
+
+    fn carry_out(
+        &mut self,
+        outs: Vec<Output>,
+        now: Instant,
+        gate: bool,
+        io: &mut impl Io,
+    ) -> Option<RoundEnd> {
+        let mut queue: VecDeque<Output> = outs.into();
+        let mut end = None;
+        while let Some(o) = queue.pop_front() {
+            match o {
+                Output::Following => io.say(Event::Following),
+                Output::Note(n) => io.say(Event::Note(n)),
+                Output::Trouble(t) => io.say(Event::Trouble(t)),
+                Output::Report(r) => {
+                    if let Some(id) = report(r, io) {
+                        queue.extend(self.machine.step(Input::RefusalNotLogged(id), now, gate));
+                    }
+                }
+                Output::Write(ops) => io.write(ops),
+                Output::Taken(taken) => {
+                    // Creates with no lag are no arrival through a watch: the catch-up.
+                    if !self.catch_up_said && taken.mirrored > 0 && taken.lags.is_empty() {
+                        self.catch_up_said = true;
+                        io.say(Event::Note(catch_up_text(taken.mirrored)));
+                    }
+                    io.say(Event::Taken(taken));
+                }
+                Output::Reserve(cmd) => self.reserve(cmd, now, io),
+                Output::ReportSplits(found) => io.report_splits(found),
+                Output::CloseMoot(moot) => {
+                    let lines = moot
+                        .iter()
+                        .map(|(id, labels, kind)| Line::Moot {
+                            id: id.clone(),
+                            labels: labels.clone(),
+                            kind: *kind,
+                        })
+                        .collect();
+                    // Closed only once logged; a log that fails stops the closing there.
+                    let n = io.log(lines);
+                    let logged = moot
+                        .into_iter()
+                        .take(n)
+                        .map(|(id, labels, _)| (id, labels))
+                        .collect();
+                    queue.extend(self.machine.step(Input::MootLogged(logged), now, gate));
+                }
+                Output::Moot { id, labels } => io.say(Event::Moot { id, labels }),
+                Output::Verify { reused, nowhere } => io.verify(reused, nowhere),
+                Output::Status(status) => io.say(Event::Status(status)),
+                Output::NodeCounts(counts) => io.say(Event::NodeCounts(counts)),
+                Output::Cutover(report) => io.say(Event::Cutover(report)),
+                Output::Resnapshot => end = Some(RoundEnd::Resnapshot),
+                Output::End(e) => end = Some(RoundEnd::Done(Box::new(e))),
+            }
+        }
+        io.stands(&self.machine.state.status);
+        end
+    }
+
+    /// A reservation command, to the queue and on to the writer; at cutover, the release.
+    fn reserve(&mut self, cmd: Reserve, now: Instant, io: &mut impl Io) {
+        if cmd == Reserve::Release {
+            // No kvstore-mode node is left to need them.
+            if self.queue.take().is_some() {
+                self.released = true;
+                io.release();
+            }
+            return;
+        }
+        let Some(q) = self.queue.as_mut() else {
+            return;
+        };
+        let m = &self.machine;
+        match cmd {
+            Reserve::AdoptEarlier => {
+                // Once, by the Lease's holder (only it writes).
+                let earlier = rules::earlier_to_adopt(&mut self.earlier, &m.state, m.holding());
+                q.adopt(earlier);
+            }
+            Reserve::MasterGone { id, k8s } => q.master_gone(id, k8s),
+            Reserve::Want { id, labels } => q.want(id, labels),
+            Reserve::Deleted { id } => q.deleted(id),
+            Reserve::ViewChanged => q.view_changed(),
+            Reserve::Pump => q.pump(&m.state, m.settings().range, now),
+            Reserve::Release => {}
+        }
+        let requests = q.take_requests();
+        if !requests.is_empty() {
+            io.reserve(requests);
+        }
+    }
+}
+
+/// A report of the machine's: an invalid entry is logged as skipped, a refused decision as
+/// refused; each is said. A refusal is said only once logged: the id of one whose line
+/// could not be written.
+fn report(report: SyncReport, io: &mut impl Io) -> Option<String> {
+    match report {
+        SyncReport::Invalid { id, labels, reason } => {
+            io.log(vec![Line::Invalid {
+                id: id.clone(),
+                labels,
+                reason: reason.clone(),
+            }]);
+            io.say(Event::Invalid { id, reason });
+        }
+        SyncReport::Conflict { id, kind, reason } => io.say(Event::Conflict { id, kind, reason }),
+        SyncReport::Refused {
+            decision,
+            kind,
+            reason,
+        } => {
+            let text = SyncReport::refused_text(&decision, &reason);
+            let id = decision.id.clone();
+            let line = Line::Refused {
+                decision,
+                kind,
+                reason,
+            };
+            if io.log(vec![line]) == 0 {
+                return Some(id);
+            }
+            io.say(Event::Trouble(text));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

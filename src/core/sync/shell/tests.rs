@@ -1,0 +1,484 @@
+//! The shell's own rules, one call at a time, against an IO that records every call: what is
+//! logged before it is said or closed, the catch-up said once a round, the stop told once,
+//! the reservations asked for only once a writer runs and released once, what a round
+//! carries, a refused decision logged and sent back to waiting. Whole rollouts are
+//! `crate::sim`'s, which runs this same shell.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::core::outcome::Outcome;
+use crate::core::planner::Action;
+use crate::core::range::IdRange;
+use crate::core::sync::machine::{K8sChange, KvWatchEvent};
+use crate::core::sync::{BatchOutcome, KvChange};
+
+const A: &str = "k8s:app=a;";
+const B: &str = "k8s:app=b;";
+
+/// Every call the shell made, in order; `log_room`: how many lines the log takes before it
+/// fails (a full disk).
+#[derive(Default)]
+struct Recorded {
+    logged: Vec<Line>,
+    said: Vec<Event>,
+    writes: Vec<Vec<Op>>,
+    verifies: usize,
+    splits: Vec<u32>,
+    requests: Vec<Request>,
+    releases: usize,
+    stands: usize,
+    log_room: Option<usize>,
+}
+
+impl Io for Recorded {
+    fn log(&mut self, lines: Vec<Line>) -> usize {
+        let room = self.log_room.unwrap_or(usize::MAX);
+        let n = lines.len().min(room);
+        self.log_room = self.log_room.map(|r| r - n);
+        self.logged.extend(lines.into_iter().take(n));
+        n
+    }
+    fn say(&mut self, event: Event) {
+        self.said.push(event);
+    }
+    fn write(&mut self, ops: Vec<Op>) {
+        self.writes.push(ops);
+    }
+    fn verify(&mut self, _reused: BTreeMap<String, u32>, _nowhere: BTreeSet<String>) {
+        self.verifies += 1;
+    }
+    fn report_splits(&mut self, found: Vec<SplitFound>) {
+        self.splits.extend(found.iter().map(|f| f.id));
+    }
+    fn reserve(&mut self, requests: Vec<Request>) {
+        self.requests.extend(requests);
+    }
+    fn release(&mut self) {
+        self.releases += 1;
+    }
+    fn stands(&mut self, _status: &SyncStatus) {
+        self.stands += 1;
+    }
+}
+
+impl Recorded {
+    fn notes(&self) -> Vec<&str> {
+        self.said
+            .iter()
+            .filter_map(|e| match e {
+                Event::Note(n) => Some(n.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+    fn troubles(&self) -> Vec<&str> {
+        self.said
+            .iter()
+            .filter_map(|e| match e {
+                Event::Trouble(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+    fn conflicts(&self) -> usize {
+        self.said
+            .iter()
+            .filter(|e| matches!(e, Event::Conflict { .. }))
+            .count()
+    }
+}
+
+fn settings(reserve: bool, until_cutover: bool) -> Settings {
+    Settings {
+        range: IdRange::for_cluster(0).unwrap(),
+        accept_proposals: false,
+        until_cutover,
+        reserve_in_kvstore: reserve,
+        cutover_grace: Duration::from_secs(10),
+        lease: "kube-system/sync".into(),
+    }
+}
+
+/// A shell with no decisions and nothing reserved earlier, and an IO that records.
+fn shell(settings: Settings, release_on_stop: bool) -> (Shell, Recorded) {
+    let shell = Shell::new(settings, BTreeMap::new(), BTreeMap::new(), release_on_stop);
+    (shell, Recorded::default())
+}
+
+fn master(id: &str, labels: &str) -> KvChange {
+    KvChange::Master {
+        id: id.as_bytes().to_vec(),
+        value: Some(labels.as_bytes().to_vec()),
+        created: true,
+    }
+}
+
+fn node(labels: &str, present: bool) -> KvChange {
+    KvChange::Slave {
+        label_key: labels.as_bytes().to_vec(),
+        node: b"10.0.0.1".to_vec(),
+        present,
+    }
+}
+
+/// Both sides read: the kvstore holding `kv`, Kubernetes `k8s` (as a snapshot reads them:
+/// nothing arrived through a watch, so no create of theirs has a lag).
+fn read(kv: &[(&str, &str)], k8s: &[(u32, &str)], _t0: Instant) -> SyncState {
+    let mut state = SyncState::default();
+    for (id, labels) in kv {
+        state
+            .masters
+            .insert(id.as_bytes().to_vec(), labels.as_bytes().to_vec());
+    }
+    state.k8s = k8s.iter().map(|(id, l)| (*id, l.to_string())).collect();
+    state
+}
+
+/// A shell that holds the Lease and follows both sides of `state`.
+fn following(shell: &mut Shell, state: SyncState, t0: Instant, io: &mut Recorded) {
+    shell.know_holder(LeaseHolder::Us);
+    shell.start_round(state, t0, true, io);
+    shell.take(
+        Turn::Input(Input::Kv(KvWatchEvent::Connected)),
+        t0,
+        true,
+        io,
+    );
+    shell.take(Turn::Input(Input::K8s(K8sChange::Connected)), t0, true, io);
+}
+
+fn settle(shell: &mut Shell, t: Instant, io: &mut Recorded) -> Option<RoundEnd> {
+    shell.take(Turn::Settle { stopped: false }, t, true, io)
+}
+
+fn created(ops: &[Op]) -> Input {
+    Input::BatchDone {
+        ops: ops.to_vec(),
+        outcome: BatchOutcome::Done {
+            results: ops
+                .iter()
+                .filter_map(|o| o.target_id.map(|t| (t, Outcome::Created)))
+                .collect(),
+            halted: None,
+        },
+    }
+}
+
+#[test]
+fn a_rounds_first_creates_are_said_once_as_the_catch_up_and_again_after_a_fresh_read() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(
+        &mut shell,
+        read(&[("300", A), ("301", B)], &[], t0),
+        t0,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    let ops = io.writes.pop().expect("a batch");
+    assert_eq!(ops.len(), 2);
+    shell.take(Turn::Input(created(&ops)), t0, true, &mut io);
+    assert_eq!(io.notes(), vec![catch_up_text(2).as_str()]);
+    // A later create that arrived through the watch has a lag: no second catch-up.
+    let arrived = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![master("302", "k8s:app=c;")],
+        revision: 9,
+    });
+    shell.take(Turn::Input(arrived), t0, true, &mut io);
+    settle(&mut shell, t0 + Duration::from_secs(1), &mut io);
+    let ops = io.writes.pop().expect("a second batch");
+    shell.take(
+        Turn::Input(created(&ops)),
+        t0 + Duration::from_secs(2),
+        true,
+        &mut io,
+    );
+    assert_eq!(io.notes().len(), 1, "{:?}", io.notes());
+    // Each write's outcome reached the metrics, and each turn said where sync stands.
+    assert_eq!(
+        io.said
+            .iter()
+            .filter(|e| matches!(e, Event::Taken(_)))
+            .count(),
+        2
+    );
+    assert!(io.stands >= 6, "{}", io.stands);
+    // A fresh round says its catch-up again.
+    shell.end_round();
+    shell.start_round(read(&[("303", "k8s:app=d;")], &[], t0), t0, true, &mut io);
+    settle(&mut shell, t0 + Duration::from_secs(3), &mut io);
+    let ops = io.writes.pop().expect("the new round's batch");
+    shell.take(
+        Turn::Input(created(&ops)),
+        t0 + Duration::from_secs(3),
+        true,
+        &mut io,
+    );
+    assert_eq!(io.notes().len(), 2, "{:?}", io.notes());
+}
+
+#[test]
+fn a_stop_is_told_once_and_ends_the_round_only_once_the_batch_is_in() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(&mut shell, read(&[("300", A)], &[], t0), t0, &mut io);
+    assert_eq!(settle(&mut shell, t0, &mut io), None);
+    let ops = io.writes.pop().expect("a batch");
+    // Asked to stop with the batch out: no end yet, at any settle.
+    let stop = Turn::Settle { stopped: true };
+    assert_eq!(shell.take(stop.clone(), t0, true, &mut io), None);
+    assert_eq!(shell.take(stop.clone(), t0, true, &mut io), None);
+    shell.take(Turn::Input(created(&ops)), t0, true, &mut io);
+    let Some(RoundEnd::Done(end)) = shell.take(stop, t0, true, &mut io) else {
+        panic!("the stop ends the round once the batch is in");
+    };
+    assert!(!end.cutover);
+    assert_eq!(end.status.mirrored, 1);
+}
+
+#[test]
+fn moot_conflicts_are_closed_only_as_far_as_the_log_took_them() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    // Two conflicts: the kvstore's 300 and 301 are held in Kubernetes by other labels.
+    let state = read(
+        &[("300", A), ("301", B)],
+        &[(300, "k8s:app=x;"), (301, "k8s:app=y;")],
+        t0,
+    );
+    following(&mut shell, state, t0, &mut io);
+    settle(&mut shell, t0, &mut io);
+    assert_eq!(io.conflicts(), 2);
+    io.log_room = Some(1);
+    // No kvstore-mode node for the grace: both are moot, and the log takes one line.
+    let later = t0 + Duration::from_secs(11);
+    shell.take(Turn::Status { watching: true }, t0, true, &mut io);
+    shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    let moot: Vec<&str> = io
+        .said
+        .iter()
+        .filter_map(|e| match e {
+            Event::Moot { id, .. } => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moot.len(), 1, "{:?}", io.said);
+    assert_eq!(io.logged.len(), 1);
+    let Line::Moot { id, .. } = &io.logged[0] else {
+        panic!("{:?}", io.logged);
+    };
+    assert_eq!(moot[0], id);
+    assert_eq!(shell.machine().state.moot.len(), 1);
+}
+
+#[test]
+fn a_malformed_entry_is_logged_as_skipped_before_it_is_said() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(
+        &mut shell,
+        read(&[("300", "not a label key")], &[], t0),
+        t0,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    assert!(
+        matches!(&io.logged[..], [Line::Invalid { id, .. }] if id == "300"),
+        "{:?}",
+        io.logged
+    );
+    assert!(
+        io.said
+            .iter()
+            .any(|e| matches!(e, Event::Invalid { id, .. } if id == "300"))
+    );
+    assert!(io.writes.is_empty());
+}
+
+#[test]
+fn a_decision_that_cannot_be_carried_out_is_refused_once_logged_and_waits_again() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    // 300 is held in Kubernetes by other labels: a conflict, decided on a screen as a
+    // create at 4000.
+    following(
+        &mut shell,
+        read(&[("300", A)], &[(300, B)], t0),
+        t0,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    assert_eq!(io.conflicts(), 1);
+    let decision = LoggedDecision {
+        id: "300".into(),
+        labels: A.into(),
+        action: Action::Create,
+        target_id: Some(4000),
+    };
+    // Meanwhile a CRD-mode agent took 4000 for other labels.
+    let taken = Input::K8s(K8sChange::Upsert {
+        id: 4000,
+        labels: "k8s:app=z;".into(),
+        resource_version: "5".into(),
+    });
+    shell.take(Turn::Input(taken), t0, true, &mut io);
+    shell.take(
+        Turn::Input(Input::Decided(decision.clone())),
+        t0,
+        true,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    assert!(io.writes.is_empty(), "{:?}", io.writes);
+    assert!(
+        matches!(&io.logged[..], [Line::Refused { decision: d, .. }] if *d == decision),
+        "{:?}",
+        io.logged
+    );
+    let refused = io.troubles();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].contains("300 (create at 4000) cannot be carried out"),
+        "{refused:?}"
+    );
+    // It waits again: its conflict is said again, and it counts as pending.
+    assert_eq!(io.conflicts(), 2);
+    assert_eq!(shell.machine().state.status.pending, 1);
+    // Said once: later rounds (the plan made again) do not say it again.
+    let arrived = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![master("301", "k8s:app=c;")],
+        revision: 9,
+    });
+    shell.take(Turn::Input(arrived), t0, true, &mut io);
+    shell.take(
+        Turn::Input(Input::K8s(K8sChange::Relisted {
+            identities: shell.machine().state.k8s.clone(),
+            resource_version: "6".into(),
+        })),
+        t0,
+        true,
+        &mut io,
+    );
+    settle(&mut shell, t0 + Duration::from_secs(1), &mut io);
+    assert_eq!(io.logged.len(), 1, "{:?}", io.logged);
+    // Decided again (to a free id): carried out.
+    let again = LoggedDecision {
+        target_id: Some(4001),
+        ..decision
+    };
+    shell.take(Turn::Input(Input::Decided(again)), t0, true, &mut io);
+    if let Some(ops) = io.writes.pop() {
+        shell.take(Turn::Input(created(&ops)), t0, true, &mut io);
+    }
+    settle(&mut shell, t0 + Duration::from_secs(2), &mut io);
+    let written: Vec<Option<u32>> = io.writes.iter().flatten().map(|o| o.target_id).collect();
+    assert!(written.contains(&Some(4001)), "{written:?}");
+}
+
+#[test]
+fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(true, false), true);
+    assert!(shell.wants_writer());
+    assert!(
+        !shell.release_on_stop(true),
+        "no writer yet: nothing to release"
+    );
+    // Without a writer, what the machine asks goes nowhere.
+    following(
+        &mut shell,
+        read(&[("300", A)], &[(4000, B)], t0),
+        t0,
+        &mut io,
+    );
+    assert!(io.requests.is_empty(), "{:?}", io.requests);
+    shell.end_round();
+    shell.writer_started();
+    assert!(!shell.wants_writer());
+    assert!(shell.has_writer());
+    assert!(shell.release_on_stop(true));
+    assert!(
+        !shell.release_on_stop(false),
+        "only the Lease's holder releases"
+    );
+    shell.start_round(read(&[("300", A)], &[(4000, B)], t0), t0, true, &mut io);
+    // The first batch goes before the watches deliver: 4000, which the kvstore does not hold.
+    assert_eq!(
+        io.requests,
+        vec![Request::Reserve(vec![(4000, B.to_string())])]
+    );
+    // The writer's answer reaches the machine.
+    let reply = Reply {
+        held: 1,
+        own_masters: Some([4000].into()),
+        batch: true,
+        failed: false,
+        said: Some(rules::Said::Note("held".into())),
+    };
+    shell.take(Turn::Reply(reply), t0, true, &mut io);
+    assert_eq!(shell.machine().state.status.reservations, 1);
+    assert_eq!(shell.machine().state.own_masters, BTreeSet::from([4000]));
+    assert!(io.notes().contains(&"held"));
+}
+
+#[test]
+fn cutover_releases_the_reservations_once_and_no_writer_starts_again() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(true, false), false);
+    shell.writer_started();
+    // 300 = A is in Kubernetes already; no kvstore-mode node.
+    let mut state = read(&[("300", A)], &[(300, A)], t0);
+    state.apply_kv_change(node(A, true), t0);
+    state.apply_kv_change(node(A, false), t0);
+    following(&mut shell, state, t0, &mut io);
+    settle(&mut shell, t0, &mut io);
+    let later = t0 + Duration::from_secs(11);
+    shell.take(Turn::Status { watching: true }, t0, true, &mut io);
+    shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    settle(&mut shell, later, &mut io);
+    shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    assert_eq!(io.verifies, 1);
+    shell.take(Turn::Input(Input::Verdict(Ok(()))), later, true, &mut io);
+    assert!(io.said.iter().any(|e| matches!(e, Event::Cutover(_))));
+    assert_eq!(io.releases, 1);
+    assert!(!shell.has_writer());
+    assert!(!shell.wants_writer(), "released: none is started again");
+    // A fresh read after cutover asks for nothing and releases nothing again.
+    shell.end_round();
+    let before = io.requests.len();
+    shell.start_round(
+        read(&[("300", A)], &[(300, A), (4000, B)], t0),
+        later,
+        true,
+        &mut io,
+    );
+    assert_eq!(io.requests.len(), before);
+    assert_eq!(io.releases, 1);
+}
+
+#[test]
+fn what_a_round_knew_is_carried_to_the_next_only_when_it_ends() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(&mut shell, read(&[("300", A)], &[], t0), t0, &mut io);
+    settle(&mut shell, t0, &mut io);
+    assert!(shell.awaits_batch());
+    let ops = io.writes.pop().expect("a batch");
+    shell.take(Turn::Input(created(&ops)), t0, true, &mut io);
+    assert!(!shell.awaits_batch());
+    // A compaction: the round ends for a fresh read.
+    let compacted = Input::Kv(KvWatchEvent::Compacted {
+        compact_revision: 50,
+    });
+    assert_eq!(
+        shell.take(Turn::Input(compacted), t0, true, &mut io),
+        Some(RoundEnd::Resnapshot)
+    );
+    shell.end_round();
+    shell.start_round(read(&[("300", A)], &[(300, A)], t0), t0, true, &mut io);
+    // What was made is remembered: the count goes on, and nothing is made again.
+    assert_eq!(shell.machine().state.status.mirrored, 1);
+    assert!(shell.machine().state.created.contains(&300));
+}

@@ -147,17 +147,9 @@ pub fn resume_from_logs(
     Ok(resume::resume(items, &decisions, k8s, range))
 }
 
-/// Re-reads both sides, re-validates every decision against them, logs the decisions, then
-/// writes. Nothing is written when any item is refused.
-pub async fn apply(
-    kv: &KvSource,
-    target: &K8sTarget,
-    scope: ClusterScope,
-    req: &ApplySpec,
-    log: &DecisionLog,
-    watchers: Watchers<'_>,
-    stop: StopFlag,
-) -> Result<ApplyRun> {
+/// A plan made for another cluster, another cluster id or range, or named with `--resume`
+/// as well, is refused before anything is read.
+fn refuse_plan_elsewhere(req: &ApplySpec, target: &K8sTarget, scope: ClusterScope) -> Result<()> {
     if req.plan.is_some() && !req.resume.is_empty() {
         return Err(Error::Config(
             "--plan and --resume both say what to apply: pass one of them".into(),
@@ -180,6 +172,21 @@ pub async fn apply(
             )));
         }
     }
+    Ok(())
+}
+
+/// Re-reads both sides, re-validates every decision against them, logs the decisions, then
+/// writes. Nothing is written when any item is refused.
+pub async fn apply(
+    kv: &KvSource,
+    target: &K8sTarget,
+    scope: ClusterScope,
+    req: &ApplySpec,
+    log: &DecisionLog,
+    watchers: Watchers<'_>,
+    stop: StopFlag,
+) -> Result<ApplyRun> {
+    refuse_plan_elsewhere(req, target, scope)?;
     let range = scope.range;
     // Node counts inform the operator, not the writes: apply skips that pass.
     let mut scan = read_both(kv, target, range, ScanOptions::default()).await?;

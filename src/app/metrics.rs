@@ -86,6 +86,9 @@ impl Metrics {
         let err = |e: prometheus::Error| Error::Config(format!("metrics: {e}"));
         let gauge = |name: &str, help: &str| IntGauge::new(name, help).map_err(err);
         let counter = |name: &str, help: &str| IntCounter::new(name, help).map_err(err);
+        let by = |name: &str, help: &str, label: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &[label]).map_err(err)
+        };
         let m = Metrics {
             kvstore_nodes: gauge(
                 "cilium_idmig_kvstore_nodes",
@@ -137,14 +140,11 @@ impl Metrics {
             k8s_heard: AtomicU64::new(0),
             turned: AtomicU64::new(0),
             born: Instant::now(),
-            watch_up: IntGaugeVec::new(
-                Opts::new(
-                    "cilium_idmig_watch_up",
-                    "1 while the watch on this source is connected and streaming",
-                ),
-                &["source"],
-            )
-            .map_err(err)?,
+            watch_up: by(
+                "cilium_idmig_watch_up",
+                "1 while the watch on this source is connected and streaming",
+                "source",
+            )?,
             last_event_age: GaugeVec::new(
                 Opts::new(
                     "cilium_idmig_last_event_age_seconds",
@@ -153,53 +153,31 @@ impl Metrics {
                 &["source"],
             )
             .map_err(err)?,
-            cutover_waiting: IntGaugeVec::new(
-                Opts::new(
-                    "cilium_idmig_cutover_waiting",
-                    "1 for what cutover waits for now (nodes, grace, decisions, writes, lease, verify, checking); all 0 once reached",
-                ),
-                &["reason"],
-            )
-            .map_err(err)?,
+            cutover_waiting: by(
+                "cilium_idmig_cutover_waiting",
+                "1 for what cutover waits for now (nodes, grace, decisions, writes, lease, verify, checking); all 0 once reached",
+                "reason",
+            )?,
             registry,
         };
-        m.registry
-            .register(Box::new(m.kvstore_nodes.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.mirrored.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.pending.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.splits.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.splits_found.clone()))
-            .map_err(err)?;
-        m.registry.register(Box::new(m.lag.clone())).map_err(err)?;
-        m.registry
-            .register(Box::new(m.write_failures.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.kvstore_reservations.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.kvstore_writes.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.relists.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.watch_up.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.cutover_waiting.clone()))
-            .map_err(err)?;
-        m.registry
-            .register(Box::new(m.last_event_age.clone()))
-            .map_err(err)?;
+        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+            Box::new(m.kvstore_nodes.clone()),
+            Box::new(m.mirrored.clone()),
+            Box::new(m.pending.clone()),
+            Box::new(m.splits.clone()),
+            Box::new(m.splits_found.clone()),
+            Box::new(m.lag.clone()),
+            Box::new(m.write_failures.clone()),
+            Box::new(m.kvstore_reservations.clone()),
+            Box::new(m.kvstore_writes.clone()),
+            Box::new(m.relists.clone()),
+            Box::new(m.watch_up.clone()),
+            Box::new(m.cutover_waiting.clone()),
+            Box::new(m.last_event_age.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).map_err(err)?;
+        }
         Ok(m)
     }
 

@@ -525,7 +525,6 @@ async fn sync_command(args: SyncArgs) -> anyhow::Result<Exit> {
             name: lease_name,
             ..Default::default()
         },
-        ..Default::default()
     };
     sync(
         world,

@@ -70,28 +70,14 @@ pub struct Instance {
     pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
+    /// A fresh read failed (the API server down): no round runs until one succeeds; what
+    /// the binary's channels would hold meanwhile (decisions, the Lease, the writer's
+    /// replies) waits here, the rest is not delivered.
+    unread: bool,
+    deferred: Vec<Turn>,
     /// Its reservation writer (`--reserve-in-kvstore`), started before a round as the
     /// shell asks.
     pub reserver: Option<SimReserver>,
-}
-
-/// Instance `i` writes (or announces cutover): its gate is open, the Lease record names
-/// it, and no other instance's gate is open (two instances never both write).
-pub fn check_sole_writer(i: usize, world: &World, what: &str) -> Result<(), Failure> {
-    let others: Vec<usize> = (0..world.gates.len())
-        .filter(|&j| j != i && world.lease_valid(j))
-        .collect();
-    if !world.lease_valid(i) || world.lease_holder() != Some(i) || !others.is_empty() {
-        return Err(Failure::new(
-            "writes only while the Lease is valid, by one instance at a time",
-            format!(
-                "{what}: its gate open {}, the record {:?}, others whose gate is open {others:?}",
-                world.lease_valid(i),
-                world.lease
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// The clock the machine sees: the simulation's time after a fixed start.
@@ -154,6 +140,8 @@ impl Instance {
             must_report: BTreeSet::new(),
             cutover: None,
             ended: false,
+            unread: false,
+            deferred: Vec::new(),
             reserver: None,
         };
         // A start's outputs are reservation requests only: none can fail a check.
@@ -281,6 +269,30 @@ impl Instance {
         }
     }
 
+    /// Whether a fresh read is still to succeed.
+    pub fn unread(&self) -> bool {
+        self.unread
+    }
+
+    /// Reads both sides again after a read that failed, unless the API server is still
+    /// down; then what waited is handed over in order.
+    pub fn read_again(
+        &mut self,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
+    ) -> Result<(), Failure> {
+        if !self.unread || faults.server_down {
+            return Ok(());
+        }
+        self.unread = false;
+        self.fresh_round(world, log, (clock, &mut *rng, &mut *trace), false)?;
+        for turn in std::mem::take(&mut self.deferred) {
+            self.feed(turn, world, log, (clock, &mut *rng, faults, &mut *trace))?;
+        }
+        Ok(())
+    }
+
     /// Whether the batch in flight had its decision lines written.
     pub fn batch_logged(&self) -> bool {
         !self.batch_unlogged
@@ -302,6 +314,17 @@ impl Instance {
         let (clock, rng, faults, trace) = ctx;
         let i = self.idx;
         let now = clock.at(world.now);
+        if self.unread {
+            let kept = matches!(
+                turn,
+                Turn::Reply(_)
+                    | Turn::Input(Input::Decided(_) | Input::Undone(_) | Input::Lease(_))
+            );
+            if kept {
+                self.deferred.push(turn);
+            }
+            return Ok(());
+        }
         if let Turn::Input(input) = &turn {
             self.shadow_sees(input);
         }
@@ -359,7 +382,8 @@ impl Instance {
             Some(RoundEnd::Resnapshot) => {
                 trace.line(world.now, format!("i{i} resnapshot"));
                 if self.shell.awaits_batch() {
-                    let outcome = self.execute_batch(world, log, (&mut *rng, faults, &mut *trace));
+                    let outcome =
+                        self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
                     let ops = self.batch.take().unwrap_or_default();
                     let now = clock.at(world.now);
                     let gate = world.lease_valid(i);
@@ -369,6 +393,12 @@ impl Instance {
                     })?;
                 }
                 self.shell.end_round();
+                if faults.server_down {
+                    // The read fails; the binary waits and reads again.
+                    trace.line(world.now, format!("i{i} cannot read both sides"));
+                    self.unread = true;
+                    return Ok(());
+                }
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }
         }
@@ -418,23 +448,31 @@ impl Instance {
         world: &mut World,
         log: &mut Vec<LogLine>,
         (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
-    ) -> BatchOutcome {
+    ) -> Result<BatchOutcome, Failure> {
         let Some(ops) = &self.batch else {
-            return BatchOutcome::Failed("no batch".into());
+            return Ok(BatchOutcome::Failed("no batch".into()));
         };
         if std::mem::take(&mut self.batch_unlogged) {
             // Log before act: no line, no create; the batch fails whole.
-            return BatchOutcome::Failed("the decision log: disk full".into());
+            return Ok(BatchOutcome::Failed("the decision log: disk full".into()));
         }
         if faults.server_down || (faults.flaky && rng.chance(0.05)) {
             trace.line(world.now, format!("i{} batch failed", self.idx));
-            return BatchOutcome::Failed("the API server answered 500".into());
+            return Ok(BatchOutcome::Failed("the API server answered 500".into()));
         }
-        let mut results = Vec::new();
+        let (i, mut results, mut halted) = (self.idx, Vec::new(), None);
         for op in ops {
             let Some(target) = op.target_id else {
                 continue;
             };
+            // As the executor does: no create starts unless the gate is open at that moment
+            // (the rest of the batch is halted, tried again later).
+            if halted.is_some() || !world.lease_valid(i) {
+                halted.get_or_insert_with(|| "the lease's write gate closed".to_string());
+                results.push((target, Outcome::NotAttempted));
+                continue;
+            }
+            world.check_sole_writer(i, &format!("i{i} created {target}"))?;
             let outcome = if world.create_object(target, op.label_key.clone()) {
                 world.created_by_sync.insert(target);
                 Outcome::Created
@@ -452,10 +490,7 @@ impl Instance {
             }
             results.push((target, outcome));
         }
-        BatchOutcome::Done {
-            results,
-            halted: None,
-        }
+        Ok(BatchOutcome::Done { results, halted })
     }
 
     /// The cutover check: a verify of the world as it is, with what this instance's log and
@@ -627,7 +662,7 @@ impl SimIo<'_> {
     fn check_write(&self, ops: &[Op]) -> Result<(), Failure> {
         let world = &*self.world;
         let i = self.idx;
-        check_sole_writer(i, world, &format!("i{i} wrote {} ops", ops.len()))?;
+        world.check_sole_writer(i, &format!("i{i} wrote {} ops", ops.len()))?;
         let view = &self.shadow.k8s;
         for op in ops {
             if op.op != OpKind::Create {
@@ -706,7 +741,7 @@ impl SimIo<'_> {
     fn check_cutover(&self) -> Result<(), Failure> {
         let world = &*self.world;
         let i = self.idx;
-        check_sole_writer(i, world, &format!("i{i} announced cutover"))?;
+        world.check_sole_writer(i, &format!("i{i} announced cutover"))?;
         // Sync's own reservations are no node's use.
         if let Some(((labels, node), (_, rev))) = world
             .values
@@ -941,6 +976,6 @@ impl Instance {
     }
 }
 
-/// How often, in simulated time, the shell ticks (as `SyncOptions` does).
-pub const SETTLE: Duration = Duration::from_millis(100);
-pub const STATUS: Duration = Duration::from_secs(1);
+/// How often, in simulated time, the shell ticks: the binary's own cadences.
+pub const SETTLE: Duration = shell::SETTLE_EVERY;
+pub const STATUS: Duration = shell::STATUS_EVERY;

@@ -1,13 +1,18 @@
-//! A deterministic simulation of whole rollouts, FoundationDB-style: the real sync machine
-//! (`core::sync::machine`), lease keeper (`core::lease`) and reservations
-//! (`core::sync::reserve`, carried out by `reserver`) in a simulated world (`world`: etcd
-//! with leases, a kube-apiserver, agents that allocate as Cilium's do, nodes rolling, both
-//! GCs, the Lease record), with faults (compactions, 410s, failed and lost batches, renewals
-//! that fail, a second instance racing for the Lease, etcd timeouts, crashes mid-write with a
-//! torn log line, a full disk, malformed entries) and an operator who decides at random; no tokio, no clock, no sockets, everything from one seed. The invariants are
-//! checked on every command the machine gives (`instance`); at the end the rollout finishes
-//! and cutover must come within the grace plus two checks. The same seed always gives the
-//! same run and the same trace digest.
+//! A deterministic simulation of whole rollouts, FoundationDB-style: the very shell the
+//! binary runs (`core::sync::shell`, over the real machine `core::sync::machine`), the real
+//! lease keeper's rules (`core::lease`) and reservation rules (`core::sync::reserve`, the
+//! writer's side carried out by `reserver`), with only the IO beneath swapped for a simulated
+//! world (`world`: etcd with leases, a kube-apiserver, agents that allocate as Cilium's do,
+//! nodes rolling and rolling back, both GCs, the Lease record), with faults (compactions,
+//! 410s, failed and lost batches, reads at a round's start that fail or are not one view,
+//! renewals that fail, a second instance racing for the Lease, etcd timeouts, crashes
+//! mid-write with a torn log line, a full disk, malformed entries) and an operator who
+//! decides, late, and undoes; no tokio, no clock, no sockets, everything from one seed, at
+//! the binary's own cadences. The invariants are checked on every call the shell makes
+//! (`instance`), against the world, the log and what each instance was told, never against
+//! the machine's own sets; at the end the rollout finishes and cutover must come within the
+//! grace plus two checks, with every decision that reached it ended in the log. The same
+//! seed always gives the same run and the same trace digest.
 
 pub mod instance;
 pub mod log;
@@ -20,14 +25,17 @@ pub use report::{Failure, Trace};
 
 use std::time::{Duration, Instant};
 
+use crate::core::kvstore::parse_id;
+use crate::core::labels::valid_label_key;
 use crate::core::lease::{Claim, LeaseRecord, TryOutcome, Writer as Elected};
 use crate::core::planner::Action;
-use crate::core::planner::resume::LoggedDecision;
+use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::Reply;
 use crate::core::sync::shell::Turn;
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
 use reserver::Writer;
+use std::collections::BTreeSet;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
 
 /// One seed's run.
@@ -277,7 +285,7 @@ impl Sim {
     }
 
     fn deliver_kv(&mut self, i: usize) -> Result<(), Failure> {
-        if !self.instances[i].alive {
+        if !self.instances[i].alive || self.instances[i].unread() {
             return Ok(());
         }
         let n = 1 + self.rng.below(4) as usize;
@@ -286,7 +294,7 @@ impl Sim {
     }
 
     fn deliver_k8s(&mut self, i: usize) -> Result<(), Failure> {
-        if !self.instances[i].alive {
+        if !self.instances[i].alive || self.instances[i].unread() {
             return Ok(());
         }
         let ch = self.instances[i].next_k8s(&self.world);
@@ -309,6 +317,14 @@ impl Sim {
         self.world.expire_res_leases();
         for i in 0..self.instances.len() {
             self.keep_reservations_alive(i)?;
+        }
+        for i in 0..self.instances.len() {
+            // A read that failed is tried again (as the binary does after a wait).
+            let inst = &mut self.instances[i];
+            if inst.alive {
+                let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
+                inst.read_again(&mut self.world, &mut self.logs[i], ctx)?;
+            }
         }
         for i in 0..self.instances.len() {
             let watching = self.instances[i].watching();
@@ -471,7 +487,7 @@ impl Sim {
             &mut self.world,
             &mut self.logs[i],
             (&mut self.rng, faults, &mut self.trace),
-        );
+        )?;
         let ops = inst.batch.take().unwrap_or_default();
         self.feed(i, Turn::Input(Input::BatchDone { ops, outcome }))
     }
@@ -490,7 +506,65 @@ impl Sim {
                 if verdict.is_ok() { "passes" } else { "fails" }
             ),
         );
+        if verdict.is_ok()
+            && let Some(unserved) = self.unserved(i).first()
+        {
+            return Err(Failure::new(
+                "the cutover check passes only once every kvstore identity is carried over",
+                format!("i{i}'s check passed with {unserved}"),
+            ));
+        }
         self.feed(i, Turn::Input(Input::Verdict(verdict)))
+    }
+
+    /// The kvstore identities not carried over, as the world and instance `i`'s log have
+    /// it (not the machine's own sets): each well-formed identity in range is served (an
+    /// object holds its labels, at its id or another), skipped by a decision in force,
+    /// closed as moot, or its object, made by sync, deleted since by the cluster's GC; sync's
+    /// own reservations are none.
+    fn unserved(&self, i: usize) -> Vec<String> {
+        let log = &self.logs[i];
+        let steps = log.iter().filter_map(|l| match l {
+            LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
+            LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
+            _ => None,
+        });
+        let decided = resume::replay(steps);
+        let moot: BTreeSet<&str> = log
+            .iter()
+            .filter_map(|l| match l {
+                LogLine::Moot { id } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let w = &self.world;
+        let held: BTreeSet<&str> = w.objects.values().map(|(l, _)| l.as_str()).collect();
+        w.masters
+            .iter()
+            .filter(|(id, labels)| {
+                let Ok(n) = parse_id(id.as_bytes()) else {
+                    return false;
+                };
+                let well_formed =
+                    instance::RANGE.contains(n) && valid_label_key(labels.as_bytes()).is_ok();
+                let own = w.sync_masters.contains_key(*id);
+                let skipped = decided
+                    .get(*id)
+                    .is_some_and(|d| d.action == Action::Skip && d.labels == **labels);
+                // Made by sync for it (its outcome in the log), deleted since.
+                let gc_took = log.iter().any(|l| {
+                    matches!(l, LogLine::Outcome { id: o, target: Some(t), .. }
+                        if o == *id && w.created_by_sync.contains(t) && !w.objects.contains_key(t))
+                });
+                well_formed
+                    && !own
+                    && !held.contains(labels.as_str())
+                    && !skipped
+                    && !moot.contains(id.as_str())
+                    && !gc_took
+            })
+            .map(|(id, labels)| format!("{id} ({labels}) not carried over"))
+            .collect()
     }
 
     /// The operator's GC (see `World::k8s_gc`).
@@ -689,7 +763,7 @@ impl Sim {
             }
             self.settle()?;
             ticks += 1;
-            if ticks.is_multiple_of(10) {
+            if ticks.is_multiple_of(STATUS.as_millis() as u64 / SETTLE.as_millis() as u64) {
                 self.status()?;
             }
             if let Some(holder) = self.world.lease_holder()

@@ -62,7 +62,7 @@ impl Writer<'_> {
     /// this instance's alone (the Lease held and valid, no other gate open).
     fn writing(&mut self, what: &str) {
         let i = self.idx;
-        if let Err(f) = super::instance::check_sole_writer(i, self.world, &format!("i{i} {what}")) {
+        if let Err(f) = self.world.check_sole_writer(i, &format!("i{i} {what}")) {
             self.violation.get_or_insert(f);
         }
     }

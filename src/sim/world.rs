@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::report::Failure;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::lease::{LeaseRecord, TryOutcome};
@@ -508,6 +509,26 @@ impl World {
             s.counts.add_key(labels.as_bytes(), node.as_bytes());
         }
         s
+    }
+
+    /// Instance `i` writes (or announces cutover): its gate is open, the Lease record names
+    /// it, and no other instance's gate is open (two instances never both write).
+    pub fn check_sole_writer(&self, i: usize, what: &str) -> Result<(), Failure> {
+        let world = self;
+        let others: Vec<usize> = (0..world.gates.len())
+            .filter(|&j| j != i && world.lease_valid(j))
+            .collect();
+        if !world.lease_valid(i) || world.lease_holder() != Some(i) || !others.is_empty() {
+            return Err(Failure::new(
+                "writes only while the Lease is valid, by one instance at a time",
+                format!(
+                    "{what}: its gate open {}, the record {:?}, others whose gate is open {others:?}",
+                    world.lease_valid(i),
+                    world.lease
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether instance `i` may write now, as its elector's gate says.

@@ -38,7 +38,7 @@ use crate::core::planner::Op;
 use crate::core::planner::resume::{self, LoggedDecision};
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
-use crate::core::sync::shell::{RoundEnd, Shell, Turn};
+use crate::core::sync::shell::{self, RoundEnd, Shell, Turn};
 use crate::core::sync::{BatchOutcome, CutoverWait, SyncState};
 use crate::error::{Error, Result};
 use crate::io::etcd::KvWatchEvent;
@@ -57,10 +57,6 @@ pub struct SyncOptions {
     pub accept_proposals: bool,
     /// End (exit 0) at cutover, after a final consistent verify.
     pub until_cutover: bool,
-    /// How long changes gather before the plan is made again.
-    pub settle: Duration,
-    /// How often a status is reported.
-    pub status_every: Duration,
     /// How long no kvstore-mode node (no `value/` key) must be seen before cutover: an
     /// agent's keys can linger until its lease lapses, and one that comes back resets it.
     pub cutover_grace: Duration,
@@ -81,8 +77,6 @@ impl Default for SyncOptions {
         SyncOptions {
             accept_proposals: false,
             until_cutover: false,
-            settle: Duration::from_millis(100),
-            status_every: Duration::from_secs(5),
             cutover_grace: Duration::from_secs(120),
             reserve_in_kvstore: false,
             release_reservations: false,
@@ -152,13 +146,8 @@ pub async fn run(
 
 /// What the machine is set to, from the options.
 fn settings(cfg: &ServiceConfig, opts: &SyncOptions) -> Settings {
-    // The grace starts when the last kvstore-mode node goes. In the demo's in-memory kvstore
-    // a node's keys go the moment it moves (its lease is revoked, none lapses later), so a
-    // few seconds do.
-    let cutover_grace = match &cfg.kv {
-        KvSource::Live(_) => Duration::from_secs(5).min(opts.cutover_grace),
-        _ => opts.cutover_grace,
-    };
+    let keys_go_at_once = matches!(&cfg.kv, KvSource::Live(_));
+    let cutover_grace = shell::cutover_grace(opts.cutover_grace, keys_go_at_once);
     Settings {
         range: cfg.scope.range,
         accept_proposals: opts.accept_proposals,
@@ -263,7 +252,7 @@ impl Sync {
         loop {
             self.metrics.turned();
             if self.stop.is_stopped() {
-                return Ok(SyncEnd::default());
+                return self.end(None).await;
             }
             // A stop while both sides are read (a full read can take tens of seconds) ends
             // sync at once, not after the read.
@@ -308,7 +297,7 @@ impl Sync {
     async fn end(mut self, error: Option<Error>) -> Result<SyncEnd> {
         let release = error.is_none() && self.shell.release_on_stop(self.lease.holding());
         if let Some(task) = self.reservations.take() {
-            let kept = task.finish(crate::core::sync::shell::FINISH_WAIT).await;
+            let kept = task.finish(shell::FINISH_WAIT).await;
             if release {
                 io::release(kept, &self.cfg, &self.metrics, &self.events).await;
             }
@@ -448,8 +437,8 @@ impl Sync {
 
     /// Follows both sides until the round ends: each event goes to the shell.
     async fn follow(&mut self, mut round: Round) -> Result<Ended> {
-        let mut settle = tokio::time::interval(self.opts.settle);
-        let mut status_tick = tokio::time::interval(self.opts.status_every);
+        let mut settle = tokio::time::interval(shell::SETTLE_EVERY);
+        let mut status_tick = tokio::time::interval(shell::STATUS_EVERY);
         let ended = loop {
             let turn = match self
                 .next_turn(&mut round, &mut settle, &mut status_tick)

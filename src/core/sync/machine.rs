@@ -609,6 +609,14 @@ impl Machine {
         state.status.watching = watching;
         if state.status.kvstore_nodes > 0 {
             state.no_nodes_since = None;
+            if self.cutover_announced && self.settings.reserve_in_kvstore {
+                // Cutover released the reservations; a node back in kvstore mode needs them
+                // again, whole: a fresh read, before which the writer starts anew.
+                out.push(Output::Trouble(
+                    "a kvstore-mode node is back after cutover: reading both sides again to reserve anew".into(),
+                ));
+                out.push(Output::Resnapshot);
+            }
             // A kvstore-mode node coming back starts the watch for cutover again.
             self.cutover_announced = false;
             self.last_verify_failed = None;
@@ -726,7 +734,7 @@ impl Machine {
     /// Whether sync reserves in the kvstore now: with `--reserve-in-kvstore`, until cutover
     /// released the reservations (no kvstore-mode node is left to need them); again once a
     /// node comes back.
-    fn reserving(&self) -> bool {
+    pub fn reserving(&self) -> bool {
         self.settings.reserve_in_kvstore && !self.cutover_announced
     }
 

@@ -98,6 +98,25 @@ pub trait Io {
     fn stands(&mut self, _status: &SyncStatus) {}
 }
 
+/// How often sync plans and writes what changed (the settle tick): what arrives within it
+/// goes in one batch.
+pub const SETTLE_EVERY: Duration = Duration::from_millis(100);
+
+/// How often sync says where it stands, retries what waited, closes what is moot and looks
+/// at cutover (the status tick).
+pub const STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// The cutover grace a run uses: as asked, except where a node's keys go the moment it
+/// moves (the demo's in-memory kvstore revokes an agent's lease at once, none lapses later),
+/// where a few seconds do.
+pub fn cutover_grace(asked: Duration, keys_go_at_once: bool) -> Duration {
+    if keys_go_at_once {
+        asked.min(Duration::from_secs(5))
+    } else {
+        asked
+    }
+}
+
 /// How long an ending sync waits for the reservation writes in flight (a stalled kvstore
 /// answers a request only at the client's timeout).
 pub const FINISH_WAIT: Duration = Duration::from_secs(10);
@@ -152,10 +171,8 @@ pub struct Shell {
     stop_told: bool,
     /// The round's first creates were announced.
     catch_up_said: bool,
-    /// The reservations' queue (core's rules), once the writer started.
+    /// The reservations' queue (core's rules), while a writer runs.
     queue: Option<Queue>,
-    /// The reservations were released at cutover: none are made again in this run.
-    released: bool,
     /// What the logs record as reserved and not released, taken over once by the holder.
     earlier: Unreleased,
     /// `--release-reservations`: a clean stop releases, as cutover does.
@@ -175,7 +192,6 @@ impl Shell {
             stop_told: false,
             catch_up_said: false,
             queue: None,
-            released: false,
             earlier,
             release_on_stop,
         }
@@ -191,10 +207,10 @@ impl Shell {
         self.machine.know_holder(holder);
     }
 
-    /// Whether a reservation writer is to be started before the next round: sync reserves,
-    /// none runs, and cutover has not released them.
+    /// Whether a reservation writer is to be started before the next round: sync reserves
+    /// now (not since cutover released them, unless a node came back) and none runs.
     pub fn wants_writer(&self) -> bool {
-        self.machine.settings().reserve_in_kvstore && self.queue.is_none() && !self.released
+        self.machine.reserving() && self.queue.is_none()
     }
 
     /// The reservation writer started: its queue is this shell's.
@@ -371,7 +387,6 @@ impl Shell {
         if cmd == Reserve::Release {
             // No kvstore-mode node is left to need them.
             if self.queue.take().is_some() {
-                self.released = true;
                 io.release();
             }
             return;

@@ -424,7 +424,7 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
 }
 
 #[test]
-fn cutover_releases_the_reservations_once_and_no_writer_starts_again() {
+fn cutover_releases_the_reservations_once_and_a_node_back_reserves_anew() {
     let t0 = Instant::now();
     let (mut shell, mut io) = shell(settings(true, false), false);
     shell.writer_started();
@@ -456,6 +456,35 @@ fn cutover_releases_the_reservations_once_and_no_writer_starts_again() {
     );
     assert_eq!(io.requests.len(), before);
     assert_eq!(io.releases, 1);
+    // A node back in kvstore mode needs them again: a fresh read, with a writer started.
+    let back = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![node(A, true)],
+        revision: 20,
+    });
+    shell.take(Turn::Input(back), later, true, &mut io);
+    settle(&mut shell, later, &mut io);
+    let end = shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    assert_eq!(end, Some(RoundEnd::Resnapshot));
+    assert!(
+        io.troubles()
+            .iter()
+            .any(|t| t.contains("back after cutover")),
+        "{:?}",
+        io.said
+    );
+    shell.end_round();
+    assert!(shell.wants_writer());
+    shell.writer_started();
+    shell.start_round(
+        read(&[("300", A)], &[(300, A), (4000, B)], t0),
+        later,
+        true,
+        &mut io,
+    );
+    assert_eq!(
+        io.requests[before..],
+        [Request::Reserve(vec![(4000, B.to_string())])]
+    );
 }
 
 #[test]
@@ -481,4 +510,84 @@ fn what_a_round_knew_is_carried_to_the_next_only_when_it_ends() {
     // What was made is remembered: the count goes on, and nothing is made again.
     assert_eq!(shell.machine().state.status.mirrored, 1);
     assert!(shell.machine().state.created.contains(&300));
+}
+
+#[test]
+fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
+    let t0 = Instant::now();
+    let settings = settings(true, false);
+    // An earlier sync left 4003 reserved (at revision 7); Kubernetes still holds it.
+    let earlier = BTreeMap::from([(4003, (B.to_string(), 7))]);
+    let mut shell = Shell::new(settings, BTreeMap::new(), earlier, false);
+    let mut io = Recorded::default();
+    shell.writer_started();
+    following(
+        &mut shell,
+        read(&[("4003", B)], &[(4003, B)], t0),
+        t0,
+        &mut io,
+    );
+    // Taken over first, once; nothing else to reserve (the kvstore holds no other id).
+    let adopted = vec![rules::Earlier {
+        id: 4003,
+        labels: B.into(),
+        revision: 7,
+        keep: true,
+    }];
+    assert_eq!(io.requests, vec![Request::Adopt(adopted)]);
+    io.requests.clear();
+    // An object arrives: reserved at once.
+    let c = "k8s:app=c;";
+    let upsert = K8sChange::Upsert {
+        id: 4001,
+        labels: c.into(),
+        resource_version: "3".into(),
+    };
+    shell.take(Turn::Input(Input::K8s(upsert)), t0, true, &mut io);
+    assert_eq!(io.requests, vec![Request::Reserve(vec![(4001, c.into())])]);
+    let reply = Reply {
+        held: 1,
+        own_masters: None,
+        batch: true,
+        failed: false,
+        said: None,
+    };
+    shell.take(Turn::Reply(reply), t0, true, &mut io);
+    io.requests.clear();
+    // It goes: its `value/` key goes.
+    let deleted = K8sChange::Deleted {
+        id: 4001,
+        resource_version: "4".into(),
+    };
+    shell.take(Turn::Input(Input::K8s(deleted)), t0, true, &mut io);
+    assert_eq!(io.requests, vec![Request::Unreserve(4001)]);
+    io.requests.clear();
+    // The kvstore's GC takes the master key at 4003 while Kubernetes holds it: forgotten,
+    // then reserved again.
+    let gone = KvChange::Master {
+        id: b"4003".to_vec(),
+        value: None,
+        created: false,
+    };
+    let changes = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![gone],
+        revision: 12,
+    });
+    shell.take(Turn::Input(changes), t0, true, &mut io);
+    assert_eq!(
+        io.requests,
+        vec![
+            Request::Forget(4003),
+            Request::Reserve(vec![(4003, B.to_string())])
+        ]
+    );
+    // A fresh round adopts nothing again.
+    shell.end_round();
+    io.requests.clear();
+    shell.start_round(read(&[], &[], t0), t0, true, &mut io);
+    assert!(
+        !io.requests.iter().any(|r| matches!(r, Request::Adopt(_))),
+        "{:?}",
+        io.requests
+    );
 }

@@ -230,7 +230,10 @@ pub struct SyncState {
     pub first_seen: HashMap<Vec<u8>, Instant>,
     /// Objects this sync created; one deleted later is created again at most once.
     pub created: HashSet<u32>,
-    pub deleted_after_create: HashSet<u32>,
+    /// Objects this sync made and something deleted since, with the labels they held: only
+    /// those labels at that id fall under "made again once, only while used"; other labels
+    /// mapped to the freed id are a new object.
+    pub deleted_after_create: HashMap<u32, LabelKey>,
     pub recreated: HashSet<u32>,
     /// Targets with a create in flight.
     pub in_flight: HashMap<u32, LabelKey>,
@@ -558,8 +561,10 @@ impl SyncState {
             self.cache = None;
         }
         self.k8s.remove(&id);
-        if self.created.contains(&id) {
-            self.deleted_after_create.insert(id);
+        if self.created.contains(&id)
+            && let Some(old) = old
+        {
+            self.deleted_after_create.insert(id, old);
         }
         self.settle_if_held(id, now);
         self.end_split_if_over(id);
@@ -794,10 +799,34 @@ impl SyncState {
             out.push(SyncReport::Refused {
                 decision: decision.clone(),
                 kind,
-                reason: d.reason,
+                reason: format!("{}; it waits for a decision again", d.reason),
             });
         }
         out
+    }
+
+    /// A decided create at `t`, whose object this sync made and the cluster's GC (or a
+    /// person) deleted since, is not made again while no kvstore-mode node uses its labels:
+    /// said once, as a refusal, so the decision does not end in silence. The decision stays
+    /// in force (made again if a node comes to use them).
+    fn refuse_remaking(&mut self, item: &PlanItem, t: u32) -> Option<SyncReport> {
+        let decision = LoggedDecision {
+            id: item.id.clone(),
+            labels: item.labels.clone(),
+            action: item.action,
+            target_id: Some(t),
+        };
+        if self.refused.get(&item.id) == Some(&decision) {
+            return None;
+        }
+        self.refused.insert(item.id.clone(), decision.clone());
+        Some(SyncReport::Refused {
+            decision,
+            kind: item.kind,
+            reason: format!(
+                "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
+            ),
+        })
     }
 
     /// The plan as the last round saw it: kept up to date, with the decisions resumed onto it.
@@ -882,10 +911,13 @@ impl SyncState {
             {
                 continue;
             }
-            if self.deleted_after_create.contains(&t) {
+            if self.deleted_after_create.get(&t) == Some(&item.labels) {
                 if !self.may_make_again(t, item.labels.as_bytes()) {
                     if self.reported.insert(format!("deleted:{t}")) {
                         self.status.deleted_not_recreated += 1;
+                    }
+                    if item.decided {
+                        reports.extend(self.refuse_remaking(item, t));
                     }
                     continue;
                 }
@@ -1084,7 +1116,7 @@ impl SyncReport {
             (a, t) => format!("{a:?} {t:?}").to_lowercase(),
         };
         format!(
-            "the decision on {} ({what}) cannot be carried out: {reason}; it waits for a decision again",
+            "the decision on {} ({what}) cannot be carried out: {reason}",
             decision.id
         )
     }
@@ -2116,6 +2148,110 @@ mod tests {
         let mut targets: Vec<u32> = ops.iter().filter_map(|o| o.target_id).collect();
         targets.sort();
         assert_eq!(targets, [302, 303, 304]);
+    }
+
+    #[test]
+    fn other_labels_at_an_id_whose_object_sync_made_and_someone_deleted_are_a_new_object() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        // The kvstore's 400 (a400) is held in Kubernetes by other labels: remapped, as
+        // accepted, to 256, the lowest id free on both sides.
+        let mut sync = following(&[400], t0);
+        sync.k8s_upsert(400, "k8s:app=other;".into(), "1".into(), t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, true, t0);
+        assert_eq!(
+            ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+            [Some(256)]
+        );
+        let done = |ops: Vec<Op>| BatchOutcome::Done {
+            results: ops
+                .iter()
+                .filter_map(|o| o.target_id.map(|t| (t, Outcome::Created)))
+                .collect(),
+            halted: None,
+        };
+        sync.take_results(ops.clone(), done(ops), t0);
+        // The cluster's GC deletes 256; the kvstore's takes 400; 401 (b) comes, also held
+        // by other labels in Kubernetes.
+        sync.k8s_delete(256, "2".into(), t0);
+        for change in [
+            KvChange::Slave {
+                label_key: b"k8s:app=a400;".to_vec(),
+                node: b"node-1".to_vec(),
+                present: false,
+            },
+            KvChange::Master {
+                id: b"400".to_vec(),
+                value: None,
+                created: false,
+            },
+            KvChange::Master {
+                id: b"401".to_vec(),
+                value: Some(b"k8s:app=b;".to_vec()),
+                created: true,
+            },
+        ] {
+            sync.apply_kv_change(change, t0);
+        }
+        sync.k8s_upsert(401, "k8s:app=y;".into(), "3".into(), t0);
+        // b's remap to the freed 256 is a new object: made, not held back as "made again".
+        let t1 = t0 + RECREATE_SETTLE;
+        let (ops, reports) = sync.round(&BTreeMap::new(), range, true, t1);
+        assert_eq!(
+            ops.iter()
+                .map(|o| (o.id.as_str(), o.target_id))
+                .collect::<Vec<_>>(),
+            [("401", Some(256))],
+            "{reports:?}"
+        );
+        assert_eq!(sync.status.deleted_not_recreated, 0);
+    }
+
+    #[test]
+    fn a_decided_create_of_an_object_sync_made_and_the_gc_deleted_is_refused_once() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let mut sync = following(&[300], t0);
+        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let results = vec![(300, Outcome::Created)];
+        let outcome = BatchOutcome::Done {
+            results,
+            halted: None,
+        };
+        sync.take_results(ops, outcome, t0);
+        // No node uses it any more, and the GC deletes it; the operator decides to create it.
+        sync.apply_kv_change(
+            KvChange::Slave {
+                label_key: b"k8s:app=a300;".to_vec(),
+                node: b"node-1".to_vec(),
+                present: false,
+            },
+            t0,
+        );
+        sync.k8s_delete(300, String::new(), t0);
+        let decided = BTreeMap::from([(
+            "300".to_string(),
+            LoggedDecision {
+                id: "300".into(),
+                labels: "k8s:app=a300;".into(),
+                action: Action::Create,
+                target_id: Some(300),
+            },
+        )]);
+        let t1 = t0 + RECREATE_SETTLE;
+        let refused = |reports: &[SyncReport]| {
+            reports
+                .iter()
+                .filter(|r| matches!(r, SyncReport::Refused { reason, .. } if reason.contains("deleted since")))
+                .count()
+        };
+        let (ops, reports) = sync.round(&decided, range, false, t1);
+        assert!(ops.is_empty(), "{ops:?}");
+        assert_eq!(refused(&reports), 1, "{reports:?}");
+        // Said once, however many rounds pass.
+        sync.overlay = None;
+        let (_, reports) = sync.round(&decided, range, false, t1);
+        assert_eq!(refused(&reports), 0, "{reports:?}");
     }
 
     #[test]

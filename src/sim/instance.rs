@@ -737,6 +737,58 @@ impl SimIo<'_> {
             .map_or(Duration::ZERO, |t| world.now.saturating_sub(*t))
     }
 
+    /// The kvstore identities this instance has seen that are not carried over, as the world
+    /// and its log have it (not the machine's own sets): each well-formed identity in range
+    /// is served (an object holds its labels, at its id or another), skipped by a decision
+    /// in force, closed as moot, or was served and its object deleted since by a GC (the
+    /// cluster's call, not sync's to undo); sync's own reservations are none.
+    fn unserved(&self) -> Vec<String> {
+        let steps = self.log.iter().filter_map(|l| match l {
+            LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
+            LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
+            _ => None,
+        });
+        let decided = resume::replay(steps);
+        let moot: BTreeSet<&str> = self
+            .log
+            .iter()
+            .filter_map(|l| match l {
+                LogLine::Moot { id } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let w = &*self.world;
+        let held: BTreeSet<&str> = w.objects.values().map(|(l, _)| l.as_str()).collect();
+        let ever_held: BTreeSet<&str> = w
+            .k8s_log
+            .iter()
+            .filter_map(|(_, c)| match c {
+                K8sChange::Upsert { labels, .. } => Some(labels.as_str()),
+                _ => None,
+            })
+            .collect();
+        w.masters
+            .iter()
+            .filter(|(id, labels)| {
+                let Ok(n) = parse_id(id.as_bytes()) else {
+                    return false;
+                };
+                let seen = w.master_revs.get(*id).is_some_and(|r| *r <= self.kv_pos);
+                let well_formed = RANGE.contains(n) && valid_label_key(labels.as_bytes()).is_ok();
+                let skipped = decided.get(*id).is_some_and(|d| {
+                    d.action == crate::core::planner::Action::Skip && d.labels == **labels
+                });
+                seen && well_formed
+                    && !w.sync_masters.contains_key(*id)
+                    && !held.contains(labels.as_str())
+                    && !ever_held.contains(labels.as_str())
+                    && !skipped
+                    && !moot.contains(id.as_str())
+            })
+            .map(|(id, labels)| format!("{id} ({labels}) not carried over"))
+            .collect()
+    }
+
     /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
     fn check_cutover(&self) -> Result<(), Failure> {
         let world = &*self.world;
@@ -814,9 +866,15 @@ impl shell::Io for SimIo<'_> {
             Event::Cutover(report) => {
                 let checked = self.check_cutover();
                 self.fail(checked);
+                if let Some(unserved) = self.unserved().first() {
+                    self.fail(Err(Failure::new(
+                        "cutover only once every kvstore identity is carried over",
+                        format!("i{i} announced cutover with {unserved}"),
+                    )));
+                }
                 self.line(format!("i{i} cutover {report}"));
-                let now = self.world.now;
-                self.cutover.get_or_insert(now);
+                // The latest: a node that comes back starts the rollout's end again.
+                *self.cutover = Some(self.world.now);
             }
             Event::Conflict { id, kind, .. } => self.line(format!("i{i} conflict {id} {kind:?}")),
             Event::Invalid { id, .. } => self.line(format!("i{i} invalid {id}")),

@@ -42,7 +42,8 @@ pub enum LogLine {
         labels: LabelKey,
         revision: i64,
     },
-    /// A reservation's master key deleted at cutover (`release-reservation`).
+    /// A reservation released at cutover (`release-reservation`): its master key deleted, or
+    /// kept because a node uses it (or it changed), and no longer sync's either way.
     Released {
         id: u32,
     },

@@ -310,7 +310,10 @@ impl SimReserver {
             );
             w.writing(&format!("released {id}"));
             if !w.world.res_release(id, &labels, revision) {
+                // In use (or changed): a node's now, no longer sync's; logged as released
+                // with why, as `app::reserve` logs it (`release-reservation`, kept).
                 self.done.push(format!("kept {id}"));
+                w.log.push(LogLine::Released { id });
                 continue;
             }
             self.done.push(format!("released {id}"));

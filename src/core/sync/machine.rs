@@ -322,6 +322,11 @@ impl Machine {
         self.ended
     }
 
+    /// Cutover was announced and stands (no kvstore-mode node came back since).
+    pub fn cutover_announced(&self) -> bool {
+        self.cutover_announced
+    }
+
     /// A round starts from a fresh read of both sides (`state`, with what an earlier round
     /// carried folded in): nothing of the old round's watches, batch or checks is left.
     pub fn start_round(&mut self, state: SyncState, lease_valid: bool) -> Vec<Output> {
@@ -688,7 +693,8 @@ impl Machine {
                     .into_iter()
                     .filter(|i| {
                         i.target_id.is_some_and(|t| {
-                            state.deleted_after_create.contains(&t) && !state.k8s.contains_key(&t)
+                            state.deleted_after_create.get(&t) == Some(&i.labels)
+                                && !state.k8s.contains_key(&t)
                         })
                     })
                     .map(|i| i.id),

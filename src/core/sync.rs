@@ -805,16 +805,20 @@ impl SyncState {
         out
     }
 
-    /// A decided create at `t`, whose object this sync made and the cluster's GC (or a
-    /// person) deleted since, is not made again while no kvstore-mode node uses its labels:
-    /// said once, as a refusal, so the decision does not end in silence. The decision stays
-    /// in force (made again if a node comes to use them).
-    fn refuse_remaking(&mut self, item: &PlanItem, t: u32) -> Option<SyncReport> {
+    /// A decided item that the rules hold back (`why`): said once per decision, as a
+    /// refusal, so the decision does not end in silence. It stays in force (carried out if
+    /// what holds it back goes).
+    fn refuse_once(
+        &mut self,
+        item: &PlanItem,
+        target_id: Option<u32>,
+        why: String,
+    ) -> Option<SyncReport> {
         let decision = LoggedDecision {
             id: item.id.clone(),
             labels: item.labels.clone(),
             action: item.action,
-            target_id: Some(t),
+            target_id,
         };
         if self.refused.get(&item.id) == Some(&decision) {
             return None;
@@ -823,9 +827,7 @@ impl SyncState {
         Some(SyncReport::Refused {
             decision,
             kind: item.kind,
-            reason: format!(
-                "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
-            ),
+            reason: why,
         })
     }
 
@@ -875,7 +877,11 @@ impl SyncState {
             }
             if self.reservation_alone(item) {
                 // Sync's own master key (the object it reserved went, by the operator's GC):
-                // nothing to create, nothing to decide.
+                // nothing to create, nothing to decide; a decision on it is refused, once.
+                if item.decided && item.action == Action::Create {
+                    let why = "the kvstore holds this id only as this sync's own reservation (the object it reserved was deleted since): nothing to create";
+                    reports.extend(self.refuse_once(item, item.target_id, why.to_string()));
+                }
                 continue;
             }
             let waiting = item.kind.needs_decision() && !item.decided && !accept_proposals;
@@ -917,7 +923,10 @@ impl SyncState {
                         self.status.deleted_not_recreated += 1;
                     }
                     if item.decided {
-                        reports.extend(self.refuse_remaking(item, t));
+                        let why = format!(
+                            "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
+                        );
+                        reports.extend(self.refuse_once(item, Some(t), why));
                     }
                     continue;
                 }
@@ -2089,6 +2098,17 @@ mod tests {
     }
 
     /// A state following `ids`, each a plain identity with its own labels, used by one node.
+    /// node-1 stops using `k8s:app=a<id>;` (as `following` set it up), then its object goes.
+    fn unused_and_deleted(sync: &mut SyncState, id: u32, t0: Instant) {
+        let slave = KvChange::Slave {
+            label_key: format!("k8s:app=a{id};").into_bytes(),
+            node: b"node-1".to_vec(),
+            present: false,
+        };
+        sync.apply_kv_change(slave, t0);
+        sync.k8s_delete(id, String::new(), t0);
+    }
+
     fn following(ids: &[u32], t0: Instant) -> SyncState {
         let mut sync = SyncState::default();
         for id in ids {
@@ -2220,15 +2240,7 @@ mod tests {
         };
         sync.take_results(ops, outcome, t0);
         // No node uses it any more, and the GC deletes it; the operator decides to create it.
-        sync.apply_kv_change(
-            KvChange::Slave {
-                label_key: b"k8s:app=a300;".to_vec(),
-                node: b"node-1".to_vec(),
-                present: false,
-            },
-            t0,
-        );
-        sync.k8s_delete(300, String::new(), t0);
+        unused_and_deleted(&mut sync, 300, t0);
         let decided = BTreeMap::from([(
             "300".to_string(),
             LoggedDecision {
@@ -2296,15 +2308,7 @@ mod tests {
         let mut sync = following(&[300], t0);
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
         made(&mut sync, ops);
-        sync.apply_kv_change(
-            KvChange::Slave {
-                label_key: b"k8s:app=a300;".to_vec(),
-                node: b"node-1".to_vec(),
-                present: false,
-            },
-            t0,
-        );
-        sync.k8s_delete(300, String::new(), t0);
+        unused_and_deleted(&mut sync, 300, t0);
         let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
         assert!(ops.is_empty());
         assert_eq!(

@@ -107,6 +107,36 @@ const REGRESSIONS: &[(u64, usize, &str)] = &[
         200,
         "the same for an object sync made whose labels no node used when its delete arrived: a node's key the trailing view showed next made it again at once",
     ),
+    (
+        7,
+        200,
+        "issue 33, defect 3: the kvstore read before the Kubernetes list at a round's start; an identity both GCs took between the two reads was made again at once (fails at step 172 with the reads in that order)",
+    ),
+    (
+        13,
+        400,
+        "issue 33, defect 7: adoption's put-back wrote with the Lease's write gate closed (fails at step 387 without the gate looked at before each write)",
+    ),
+    (
+        294,
+        5000,
+        "issue 33, defect 8: a decision delivered after the last plan closed as moot (\"waited for a decision\") and written after",
+    ),
+    (
+        755,
+        5000,
+        "a decided create of an object sync made and the GC deleted, held back in silence: nothing after the decision in the log",
+    ),
+    (
+        4108,
+        5000,
+        "a decided create of an id the kvstore held only as sync's own reservation, held back in silence",
+    ),
+    (
+        19220,
+        500,
+        "other labels remapped to an id whose object sync made and the GC deleted: never made, and cutover announced without them (step 434)",
+    ),
 ];
 
 #[test]

@@ -591,3 +591,81 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
         io.requests
     );
 }
+
+#[test]
+fn the_catch_up_and_the_demos_grace_read_as_documented() {
+    assert_eq!(
+        catch_up_text(2),
+        "wrote 2 CiliumIdentity objects: decided, or missing in Kubernetes, when sync read both sides (counted as mirrored)"
+    );
+    assert!(catch_up_text(1).starts_with("wrote 1 CiliumIdentity object:"));
+    let asked = Duration::from_secs(120);
+    assert_eq!(cutover_grace(asked, false), asked);
+    assert_eq!(cutover_grace(asked, true), Duration::from_secs(5));
+    assert_eq!(
+        cutover_grace(Duration::from_secs(3), true),
+        Duration::from_secs(3)
+    );
+}
+
+#[test]
+fn only_a_rounds_first_lagless_creates_are_the_catch_up() {
+    let t0 = Instant::now();
+    // A first batch that fails wrote nothing: no catch-up.
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(
+        &mut shell,
+        read(&[("300", A), ("301", B)], &[], t0),
+        t0,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    let ops = io.writes.pop().expect("a batch");
+    let failed = Input::BatchDone {
+        ops: ops.clone(),
+        outcome: BatchOutcome::Done {
+            results: vec![(300, Outcome::Created), (301, Outcome::Failed)],
+            halted: None,
+        },
+    };
+    shell.take(Turn::Input(failed), t0, true, &mut io);
+    assert_eq!(io.notes(), vec![catch_up_text(1).as_str()]);
+    // The retry of the one that failed has no lag either: said once all the same.
+    let later = t0 + Duration::from_secs(11);
+    shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    settle(&mut shell, later, &mut io);
+    let ops = io.writes.pop().expect("the retry");
+    assert_eq!(ops.len(), 1);
+    shell.take(Turn::Input(created(&ops)), later, true, &mut io);
+    assert_eq!(io.notes().len(), 1, "{:?}", io.notes());
+
+    // A round whose first batch fails whole says nothing; one whose first creates arrived
+    // through the watch (with a lag) says nothing either.
+    let (mut shell, mut io) = shell_with_nothing_read(t0);
+    let arrived = Input::Kv(KvWatchEvent::Changes {
+        changes: vec![master("302", "k8s:app=c;")],
+        revision: 9,
+    });
+    shell.take(Turn::Input(arrived), t0, true, &mut io);
+    settle(&mut shell, t0, &mut io);
+    let ops = io.writes.pop().expect("a batch");
+    let whole = Input::BatchDone {
+        ops: ops.clone(),
+        outcome: BatchOutcome::Failed("500".into()),
+    };
+    shell.take(Turn::Input(whole), t0, true, &mut io);
+    assert!(io.notes().is_empty(), "{:?}", io.notes());
+    let later = t0 + Duration::from_secs(11);
+    shell.take(Turn::Status { watching: true }, later, true, &mut io);
+    settle(&mut shell, later, &mut io);
+    let ops = io.writes.pop().expect("the retry");
+    shell.take(Turn::Input(created(&ops)), later, true, &mut io);
+    assert!(io.notes().is_empty(), "{:?}", io.notes());
+}
+
+/// A shell following both sides, nothing in either.
+fn shell_with_nothing_read(t0: Instant) -> (Shell, Recorded) {
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(&mut shell, read(&[], &[], t0), t0, &mut io);
+    (shell, io)
+}

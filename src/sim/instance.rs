@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use super::log::{LogLine, unreleased};
+pub use super::log::{LogLine, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
 use super::reserver::{SimReserver, Writer};
 use super::world::World;
@@ -14,7 +14,6 @@ use crate::core::kvstore::{MasterEntry, RESERVATION_NODE, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
-use crate::core::planner::resume::{self, LogStep};
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
@@ -110,12 +109,7 @@ impl Instance {
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Self {
-        let steps = log.iter().filter_map(|l| match l {
-            LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
-            LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
-            _ => None,
-        });
-        let shell = Shell::new(settings, resume::replay(steps), unreleased(log), false);
+        let shell = Shell::new(settings, decisions_in_force(log), unreleased(log), false);
         let mut i = Instance {
             idx,
             shell,
@@ -743,12 +737,7 @@ impl SimIo<'_> {
     /// in force, closed as moot, or was served and its object deleted since by a GC (the
     /// cluster's call, not sync's to undo); sync's own reservations are none.
     fn unserved(&self) -> Vec<String> {
-        let steps = self.log.iter().filter_map(|l| match l {
-            LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
-            LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
-            _ => None,
-        });
-        let decided = resume::replay(steps);
+        let decided = decisions_in_force(self.log);
         let moot: BTreeSet<&str> = self
             .log
             .iter()

@@ -2,7 +2,9 @@
 //! restart reads its decisions and its reservations back from it.
 
 use crate::core::labels::LabelKey;
-use crate::core::planner::resume::LoggedDecision;
+use std::collections::BTreeMap;
+
+use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::core::sync::reserve::Unreleased;
 
 /// A line of an instance's decision log (it outlives a crash).
@@ -47,6 +49,17 @@ pub enum LogLine {
     Released {
         id: u32,
     },
+}
+
+/// The decisions in force after replaying `log`'s decisions and undos, as a restart (and
+/// the binary's resume) reads them.
+pub fn decisions_in_force(log: &[LogLine]) -> BTreeMap<String, LoggedDecision> {
+    let steps = log.iter().filter_map(|l| match l {
+        LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
+        LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
+        _ => None,
+    });
+    resume::replay(steps)
 }
 
 /// What `log` records as reserved and not released, as `app::reserve::note_reservations`

@@ -790,17 +790,12 @@ impl SyncState {
             else {
                 continue;
             };
-            if self.refused.get(&d.id) == Some(decision) {
-                continue;
+            let reason = format!("{}; it waits for a decision again", d.reason);
+            if let Some(r) = self.refuse(decision.clone(), kind, reason) {
+                // Waiting again: its conflict is said again, with the fresh proposal.
+                self.reported.remove(&d.id);
+                out.push(r);
             }
-            self.refused.insert(d.id.clone(), decision.clone());
-            // Waiting again: its conflict is said again, with the fresh proposal.
-            self.reported.remove(&d.id);
-            out.push(SyncReport::Refused {
-                decision: decision.clone(),
-                kind,
-                reason: format!("{}; it waits for a decision again", d.reason),
-            });
         }
         out
     }
@@ -820,14 +815,24 @@ impl SyncState {
             action: item.action,
             target_id,
         };
-        if self.refused.get(&item.id) == Some(&decision) {
+        self.refuse(decision, item.kind, why)
+    }
+
+    /// A refusal of `decision`, once: `None` when this very decision was refused already.
+    fn refuse(
+        &mut self,
+        decision: LoggedDecision,
+        kind: Kind,
+        reason: String,
+    ) -> Option<SyncReport> {
+        if self.refused.get(&decision.id) == Some(&decision) {
             return None;
         }
-        self.refused.insert(item.id.clone(), decision.clone());
+        self.refused.insert(decision.id.clone(), decision.clone());
         Some(SyncReport::Refused {
             decision,
-            kind: item.kind,
-            reason: why,
+            kind,
+            reason,
         })
     }
 

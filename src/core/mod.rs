@@ -1,5 +1,6 @@
 //! The pure core: no IO, no clock, no terminal. Every rule about identities lives here.
 
+pub mod at_once;
 pub mod audit;
 pub mod identity;
 pub mod kvstore;

@@ -16,26 +16,7 @@ use crate::error::{Error, Result};
 use crate::io::etcd::EtcdConnection;
 use crate::io::mem_kv::MemKv;
 
-/// Cilium's lease TTL for its `value/` keys: a reservation left behind by a killed sync lapses
-/// as an agent's would.
-pub const LEASE_TTL_SECS: i64 = 900;
-
-/// What a reservation found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reserved {
-    /// Both keys written at this revision (the master key's `mod_revision`).
-    Written { revision: i64 },
-    /// The master key exists, holding this label key: nothing written.
-    Held(Vec<u8>),
-}
-
-/// What releasing a master key did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Released {
-    Deleted,
-    /// Left in place, with why (changed since, or another node's `value/` key uses it).
-    Kept(&'static str),
-}
+pub use crate::core::sync::reserve::writer::{LEASE_TTL_SECS, Released, Reserved};
 
 /// Where reservations are written: etcd, or the demo's in-memory kvstore.
 #[derive(Clone)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 pub use super::log::{LogLine, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
-use super::reserver::{SimReserver, Writer};
+use super::reserver::{SimKv, SimReservations};
 use super::world::World;
 use crate::core::kvstore::{MasterEntry, RESERVATION_NODE, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
@@ -76,7 +76,7 @@ pub struct Instance {
     deferred: Vec<Turn>,
     /// Its reservation writer (`--reserve-in-kvstore`), started before a round as the
     /// shell asks.
-    pub reserver: Option<SimReserver>,
+    pub reserver: Option<SimReservations>,
 }
 
 /// The clock the machine sees: the simulation's time after a fixed start.
@@ -188,7 +188,7 @@ impl Instance {
         self.k8s_expired = false;
         self.verify = None;
         if self.shell.wants_writer() {
-            self.reserver = Some(SimReserver::start(world));
+            self.reserver = Some(SimReservations::start(world));
             self.shell.writer_started();
         }
         let now = clock.at(world.now);
@@ -551,7 +551,7 @@ pub struct SimIo<'a> {
     batch: &'a mut Option<Vec<Op>>,
     batch_unlogged: &'a mut bool,
     verify: &'a mut Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
-    reserver: &'a mut Option<SimReserver>,
+    reserver: &'a mut Option<SimReservations>,
     shadow: &'a Shadow,
     occurrences: &'a BTreeMap<u32, u32>,
     reports: &'a mut BTreeMap<u32, u32>,
@@ -635,7 +635,7 @@ impl SimIo<'_> {
         let Some(res) = self.reserver.as_mut() else {
             return Ok(());
         };
-        let mut w = Writer {
+        let mut w = SimKv {
             world: &mut *self.world,
             log: &mut *self.log,
             may_write,
@@ -644,6 +644,7 @@ impl SimIo<'_> {
             rng: &mut *self.rng,
             idx: i,
             violation: None,
+            done: Vec::new(),
         };
         res.work(&mut w)?;
         self.trace

@@ -32,7 +32,7 @@ use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::Reply;
 use crate::core::sync::shell::Turn;
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
-use reserver::Writer;
+use reserver::SimKv;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
 
 /// One seed's run.
@@ -427,7 +427,7 @@ impl Sim {
     fn with_writer<T>(
         &mut self,
         i: usize,
-        f: impl FnOnce(&mut reserver::SimReserver, &mut Writer<'_>) -> T,
+        f: impl FnOnce(&mut reserver::SimReservations, &mut SimKv<'_>) -> T,
     ) -> Option<T> {
         let may_write = self.world.lease_valid(i);
         let inst = &mut self.instances[i];
@@ -435,7 +435,7 @@ impl Sim {
         if !inst.alive {
             return None;
         }
-        let mut w = Writer {
+        let mut w = SimKv {
             world: &mut self.world,
             log: &mut self.logs[i],
             may_write,
@@ -444,6 +444,7 @@ impl Sim {
             rng: &mut self.rng,
             idx: i,
             violation: None,
+            done: Vec::new(),
         };
         Some(f(res, &mut w))
     }

@@ -65,12 +65,11 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
         sync_reserve_in_kvstore: true,
     });
     let conn = kv.follower().await.unwrap();
-    let r = Reservations::start(&conn, P).await.unwrap();
-    let mut task = Some(ReservationTask::spawn(
-        r,
-        cfg.clone(),
-        Arc::new(Metrics::new().unwrap()),
-    ));
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let r = Reservations::start(&conn, P, cfg.clone(), metrics)
+        .await
+        .unwrap();
+    let mut task = Some(ReservationTask::spawn(r));
     let mut queue = Queue::default();
 
     // Sync's view: Kubernetes holds 4000 (`b`) and 4001 (`c`), the kvstore neither. Between
@@ -123,11 +122,7 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
 
     // Released: the lease's key goes, the master key written goes, the agent's stays.
     let r = task.take().unwrap().finish(Duration::from_secs(10)).await;
-    let deleted = r
-        .unwrap()
-        .release(&cfg.log, &Metrics::new().unwrap())
-        .await
-        .unwrap();
+    let deleted = r.unwrap().release().await.unwrap();
     assert_eq!(deleted, 1);
     assert_eq!(all_keys(&w).await, before);
 }

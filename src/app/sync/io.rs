@@ -115,11 +115,10 @@ impl shell::Io for AppIo<'_> {
     fn release(&mut self) {
         // Released in a task; a sync that ends (`--until-cutover`) waits for it.
         if let Some(task) = self.reservations.take() {
-            let (cfg, metrics, events) =
-                (self.cfg.clone(), self.metrics.clone(), self.events.clone());
+            let events = self.events.clone();
             *self.releasing = Some(tokio::spawn(async move {
                 let kept = task.finish(FINISH_WAIT).await;
-                release(kept, &cfg, &metrics, &events).await;
+                release(kept, &events).await;
             }));
         }
     }
@@ -232,12 +231,7 @@ async fn write(
 
 /// Releases the reservations, reporting how many master keys went; `None` when the task did
 /// not hand them back in time.
-pub async fn release(
-    kept: Option<Reservations>,
-    cfg: &ServiceConfig,
-    metrics: &Metrics,
-    events: &mpsc::Sender<SyncEvent>,
-) {
+pub async fn release(kept: Option<Reservations>, events: &mpsc::Sender<SyncEvent>) {
     let Some(r) = kept else {
         let _ = events
             .send(SyncEvent::Trouble(
@@ -247,7 +241,7 @@ pub async fn release(
         return;
     };
     let held = r.masters_written();
-    let ev = match r.release(&cfg.log, metrics).await {
+    let ev = match r.release().await {
         Ok(deleted) => SyncEvent::Note(format!(
             "released the kvstore reservations: lease revoked, {deleted} of {held} master keys deleted (the rest is in use or changed)"
         )),

@@ -299,7 +299,7 @@ impl Sync {
         if let Some(task) = self.reservations.take() {
             let kept = task.finish(shell::FINISH_WAIT).await;
             if release {
-                io::release(kept, &self.cfg, &self.metrics, &self.events).await;
+                io::release(kept, &self.events).await;
             }
         }
         if let Some(releasing) = self.releasing.take() {
@@ -393,13 +393,14 @@ impl Sync {
         conn: &KvFollower,
         prefix: &str,
     ) -> std::result::Result<(), Retry> {
-        let mut started = match Reservations::start(conn, prefix).await {
-            Ok(r) => r,
-            Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
-            Err(e) => return Err(Retry::After(e.to_string())),
-        };
+        let mut started =
+            match Reservations::start(conn, prefix, self.cfg.clone(), self.metrics.clone()).await {
+                Ok(r) => r,
+                Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
+                Err(e) => return Err(Retry::After(e.to_string())),
+            };
         started.gate_writes(self.lease.gate.clone());
-        let task = ReservationTask::spawn(started, self.cfg.clone(), self.metrics.clone());
+        let task = ReservationTask::spawn(started);
         self.reservations = Some(task);
         self.shell.writer_started();
         Ok(())

@@ -409,5 +409,7 @@ impl Ledger {
     }
 }
 
+pub mod writer;
+
 #[cfg(test)]
 mod tests;

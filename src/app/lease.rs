@@ -14,7 +14,9 @@ use tokio::time::Instant;
 
 use crate::apply::executor::WriteGate;
 pub use crate::core::lease::Writer;
-use crate::core::lease::{Claim, Elector, LeaseRecord, TryOutcome};
+use crate::core::lease::keeper::{LeaseError, LeaseStore, LeaseWrite};
+use crate::core::lease::{Elector, LeaseRecord, TryOutcome};
+use crate::io::k8s::RequestError;
 use crate::io::lease::LeaseApi;
 
 /// Which lease, and how long a holder keeps it without renewing.
@@ -97,13 +99,15 @@ async fn keep(
         let started = std::time::Instant::now();
         // A try that hangs (a dead connection) is given up in time to try again before the
         // deadline, instead of holding the loop while the lease runs out.
-        let tried =
-            tokio::time::timeout(elector.renew_every(), try_take(&api, &opts, &mut elector)).await;
-        let outcome = match tried {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(e)) if e.code() == Some(403) => TryOutcome::Refused(e.to_string()),
-            Ok(Err(_)) | Err(_) => TryOutcome::Failed,
+        let mut store = ApiStore {
+            api: &api,
+            read: None,
         };
+        let renew_every = elector.renew_every();
+        let tried = elector.try_take(&mut store, &std::time::Instant::now);
+        let outcome = tokio::time::timeout(renew_every, tried)
+            .await
+            .unwrap_or(TryOutcome::Failed);
         let refused = matches!(outcome, TryOutcome::Refused(_));
         let wait = elector.tried(outcome, started, std::time::Instant::now());
         publish(&elector, &tx, &gate);
@@ -116,10 +120,10 @@ async fn keep(
             _ = tokio::time::sleep(wait) => {}
             _ = sleep_until_some(deadline) => {}
             _ = &mut stopped => {
-                if elector.release() {
-                    gate.set(None);
-                    let _ = tokio::time::timeout(elector.renew_every(), give_up(&api, elector.me())).await;
-                }
+                gate.set(None);
+                let mut store = ApiStore { api: &api, read: None };
+                let renew_every = elector.renew_every();
+                let _ = tokio::time::timeout(renew_every, elector.give_up(&mut store)).await;
                 return;
             }
         }
@@ -151,93 +155,92 @@ async fn sleep_until_some(at: Option<std::time::Instant>) {
     }
 }
 
-/// One try: read the Lease, let the elector decide, and create or replace it at the
-/// version read when the elector claims it.
-async fn try_take(
-    api: &LeaseApi,
-    opts: &LeaseOptions,
-    elector: &mut Elector,
-) -> Result<TryOutcome, crate::io::k8s::RequestError> {
-    let now = MicroTime(Timestamp::now());
-    let secs = i32::try_from(opts.duration.as_secs()).unwrap_or(i32::MAX);
-    let me = elector.me().to_string();
-    let lease = api.get().await?;
-    let record = lease.as_ref().map(|l| {
-        let spec = l.spec.clone().unwrap_or_default();
-        LeaseRecord {
-            holder: spec.holder_identity.filter(|h| !h.is_empty()),
-            duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64),
-            version: l.metadata.resource_version.clone().unwrap_or_default(),
-        }
-    });
-    // Our clock at the answer, not at the request: "unchanged for a whole duration" counts
-    // from when we saw it.
-    let take = match elector.claim(record.as_ref(), std::time::Instant::now()) {
-        Claim::HeldBy(holder) => return Ok(TryOutcome::HeldBy(holder)),
-        Claim::Create => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(api.name.clone()),
-                    namespace: Some(api.namespace.clone()),
-                    ..Default::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(me),
-                    lease_duration_seconds: Some(secs),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    lease_transitions: Some(0),
-                    ..Default::default()
-                }),
-            };
-            return match api.create(&lease).await {
-                Ok(l) => Ok(TryOutcome::Held {
-                    version: l.metadata.resource_version.unwrap_or_default(),
-                }),
-                // Another candidate created it first: theirs.
-                Err(e) if e.is_already_exists() => Ok(TryOutcome::HeldBy("another sync".into())),
-                Err(e) => Err(e),
-            };
-        }
-        Claim::Replace { take } => take,
-    };
-    // Ours already, free, or expired: renew or take it, at the version read.
-    let Some(mut next) = lease else {
-        return Ok(TryOutcome::Failed);
-    };
-    let s = next.spec.get_or_insert_with(LeaseSpec::default);
-    if take {
-        s.acquire_time = Some(now.clone());
-        s.lease_transitions = Some(s.lease_transitions.unwrap_or(0) + 1);
-    }
-    s.holder_identity = Some(me);
-    s.lease_duration_seconds = Some(secs);
-    s.renew_time = Some(now);
-    match api.replace(&next).await {
-        Ok(l) => Ok(TryOutcome::Held {
-            version: l.metadata.resource_version.unwrap_or_default(),
-        }),
-        // Someone wrote it in between (a renewal, another candidate): not ours this time.
-        Err(e) if e.is_conflict() => Ok(TryOutcome::HeldBy(
-            record
-                .and_then(|r| r.holder)
-                .unwrap_or_else(|| "another sync".into()),
-        )),
-        Err(e) => Err(e),
+/// The Lease on the API server, as core's keeper reads and writes it: a replace is made
+/// on the object read last, at its version.
+struct ApiStore<'a> {
+    api: &'a LeaseApi,
+    read: Option<Lease>,
+}
+
+fn lease_error(e: RequestError) -> LeaseError {
+    LeaseError {
+        code: e.code(),
+        reason: match &e {
+            RequestError::Status { reason, .. } => reason.clone(),
+            _ => String::new(),
+        },
+        text: e.to_string(),
     }
 }
 
-/// Clears the holder (as client-go's release on cancel does), if it is still us.
-async fn give_up(api: &LeaseApi, me: &str) -> Result<(), crate::io::k8s::RequestError> {
-    let Some(mut lease) = api.get().await? else {
-        return Ok(());
-    };
-    let s = lease.spec.get_or_insert_with(LeaseSpec::default);
-    if s.holder_identity.as_deref() != Some(me) {
-        return Ok(());
+fn seconds(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+impl LeaseStore for ApiStore<'_> {
+    async fn read(&mut self) -> Result<Option<LeaseRecord>, LeaseError> {
+        self.read = self.api.get().await.map_err(lease_error)?;
+        Ok(self.read.as_ref().map(|l| {
+            let spec = l.spec.clone().unwrap_or_default();
+            LeaseRecord {
+                holder: spec.holder_identity.filter(|h| !h.is_empty()),
+                duration: Duration::from_secs(
+                    spec.lease_duration_seconds.unwrap_or(15).max(1) as u64
+                ),
+                version: l.metadata.resource_version.clone().unwrap_or_default(),
+            }
+        }))
     }
-    s.holder_identity = None;
-    s.lease_duration_seconds = Some(1);
-    s.renew_time = Some(MicroTime(Timestamp::now()));
-    api.replace(&lease).await.map(|_| ())
+
+    async fn create(&mut self, holder: &str, duration: Duration) -> Result<String, LeaseError> {
+        let now = MicroTime(Timestamp::now());
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.api.name.clone()),
+                namespace: Some(self.api.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_string()),
+                lease_duration_seconds: Some(seconds(duration)),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        let made = self.api.create(&lease).await.map_err(lease_error)?;
+        Ok(made.metadata.resource_version.unwrap_or_default())
+    }
+
+    async fn replace(&mut self, write: LeaseWrite) -> Result<String, LeaseError> {
+        let Some(mut next) = self.read.take() else {
+            return Err(LeaseError::unanswered(
+                "the Lease was not read before its replace",
+            ));
+        };
+        let now = MicroTime(Timestamp::now());
+        let s = next.spec.get_or_insert_with(LeaseSpec::default);
+        match write {
+            LeaseWrite::Hold {
+                holder,
+                duration,
+                transition,
+            } => {
+                if transition {
+                    s.acquire_time = Some(now.clone());
+                    s.lease_transitions = Some(s.lease_transitions.unwrap_or(0) + 1);
+                }
+                s.holder_identity = Some(holder);
+                s.lease_duration_seconds = Some(seconds(duration));
+            }
+            LeaseWrite::Clear => {
+                s.holder_identity = None;
+                s.lease_duration_seconds = Some(1);
+            }
+        }
+        s.renew_time = Some(now);
+        let made = self.api.replace(&next).await.map_err(lease_error)?;
+        Ok(made.metadata.resource_version.unwrap_or_default())
+    }
 }

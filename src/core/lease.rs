@@ -3,8 +3,8 @@
 //! holder's lease counts as expired only once its record has not changed for a whole lease
 //! duration on our own clock (no trust in clock skew); every change is a replace at the
 //! version read, so two candidates cannot both win; and a holder that cannot renew within
-//! two thirds of the duration stops writing before anyone else may start. `app::lease`
-//! carries the requests out; the simulation drives the same rules with several instances.
+//! two thirds of the duration stops writing before anyone else may start. `keeper` makes
+//! the requests over a `LeaseStore` (the API server in `app::lease`); the simulation drives the same rules with several instances.
 
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,11 @@ impl Elector {
 
     pub fn me(&self) -> &str {
         &self.me
+    }
+
+    /// How long a holder keeps the Lease without renewing.
+    pub fn duration(&self) -> Duration {
+        self.duration
     }
 
     /// How often the holder renews (a third of the duration): a try that takes longer is
@@ -189,6 +194,8 @@ impl Elector {
         held
     }
 }
+
+pub mod keeper;
 
 #[cfg(test)]
 mod tests;

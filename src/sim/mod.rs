@@ -15,6 +15,7 @@
 //! seed always gives the same run and the same trace digest.
 
 pub mod instance;
+pub mod lease;
 pub mod log;
 pub mod report;
 pub mod reserver;
@@ -25,7 +26,7 @@ pub use report::{Failure, Trace};
 
 use std::time::{Duration, Instant};
 
-use crate::core::lease::{Claim, LeaseRecord, TryOutcome, Writer as Elected};
+use crate::core::lease::Writer as Elected;
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
@@ -337,32 +338,17 @@ impl Sim {
     fn lease(&mut self) -> Result<(), Failure> {
         let now = self.world.now;
         let at = self.clock.at(now);
-        let due: Vec<usize> = (0..self.instances.len())
-            .filter(|&i| self.instances[i].alive && self.instances[i].next_try <= now)
-            .collect();
-        let mut tries: Vec<(usize, Option<LeaseRecord>, Claim)> = due
-            .into_iter()
-            .map(|i| {
-                let read = self.world.lease.clone();
-                let claim = self.instances[i].elector.claim(read.as_ref(), at);
-                (i, read, claim)
-            })
-            .collect();
-        if tries.len() > 1 && self.rng.chance(0.5) {
-            tries.reverse();
-        }
         let before = self.world.lease_holder();
-        for (i, read, claim) in tries {
-            let outcome = if self.renewals_fail[i] {
-                TryOutcome::Failed
-            } else {
-                match claim {
-                    Claim::HeldBy(holder) => TryOutcome::HeldBy(holder),
-                    Claim::Create | Claim::Replace { .. } => self
-                        .world
-                        .lease_write(read.as_ref(), &world::lease_identity(i)),
-                }
-            };
+        let fails = &self.renewals_fail;
+        let keepers: Vec<_> = self
+            .instances
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, inst)| inst.alive && inst.next_try <= now)
+            .map(|(i, inst)| (i, &mut inst.elector, fails[i]))
+            .collect();
+        let reversed = keepers.len() > 1 && self.rng.chance(0.5);
+        for (i, outcome) in lease::tries(&mut self.world, keepers, at, reversed)? {
             let wait = self.instances[i].elector.tried(outcome, at, at);
             self.instances[i].next_try = now + wait;
         }

@@ -12,7 +12,8 @@ use std::time::Duration;
 use super::report::Failure;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
-use crate::core::lease::{LeaseRecord, TryOutcome};
+use crate::core::lease::LeaseRecord;
+use crate::core::lease::keeper::LeaseError;
 use crate::core::rng::Rng;
 use crate::core::sync::machine::K8sChange;
 use crate::core::sync::{KvChange, SyncState};
@@ -546,20 +547,35 @@ impl World {
         holder.strip_prefix('i')?.parse().ok()
     }
 
-    /// A create (no record read) or a replace at the version `read`, by `me`: made only if
-    /// the record is still as read, as the API server does (otherwise 409, or AlreadyExists).
-    pub fn lease_write(&mut self, read: Option<&LeaseRecord>, me: &str) -> TryOutcome {
-        if self.lease.as_ref().map(|r| &r.version) != read.map(|r| &r.version) {
-            let holder = self.lease.as_ref().and_then(|r| r.holder.clone());
-            return TryOutcome::HeldBy(holder.unwrap_or_else(|| "another sync".into()));
+    /// A create (`read` is `None`: none was read) or a replace of the record read at its
+    /// version, as the API server makes them: only if the record is still as read
+    /// (otherwise 409, AlreadyExists for a create, Conflict for a replace).
+    pub fn lease_write(
+        &mut self,
+        read: Option<&str>,
+        holder: Option<&str>,
+        duration: Duration,
+    ) -> Result<String, LeaseError> {
+        let now = self.lease.as_ref().map(|r| r.version.as_str());
+        if now != read {
+            let reason = if read.is_none() {
+                "AlreadyExists"
+            } else {
+                "Conflict"
+            };
+            return Err(LeaseError {
+                code: Some(409),
+                reason: reason.into(),
+                text: format!("409 {reason}"),
+            });
         }
         self.lease_version += 1;
         let version = self.lease_version.to_string();
         self.lease = Some(LeaseRecord {
-            holder: Some(me.to_string()),
-            duration: LEASE_DURATION,
+            holder: holder.map(String::from),
+            duration,
             version: version.clone(),
         });
-        TryOutcome::Held { version }
+        Ok(version)
     }
 }

@@ -10,6 +10,7 @@ pub mod outcome;
 pub mod plan_cache;
 pub mod planner;
 pub mod range;
+pub mod retry;
 pub mod rng;
 pub mod sync;
 pub mod verify;

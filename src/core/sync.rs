@@ -16,6 +16,7 @@ use crate::core::plan_cache::PlanCache;
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 
+pub mod failure;
 pub mod machine;
 pub mod reserve;
 pub mod shell;

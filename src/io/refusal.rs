@@ -44,6 +44,6 @@ fn chain_refused(cause: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn refusal_code(code: u16) -> bool {
+pub fn refusal_code(code: u16) -> bool {
     (400..500).contains(&code) && code != 408 && code != 429
 }

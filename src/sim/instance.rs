@@ -16,7 +16,9 @@ use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
+use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
+use crate::core::sync::failure::{self, Fault, Path, Then};
 use crate::core::sync::machine::{
     Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
 };
@@ -73,6 +75,10 @@ pub struct Instance {
     /// the binary's channels would hold meanwhile (decisions, the Lease, the writer's
     /// replies) waits here, the rest is not delivered.
     unread: bool,
+    /// When a read that failed is tried again, and the waits between tries (the binary's
+    /// backoff, core's rules).
+    read_at: Duration,
+    read_backoff: Backoff,
     deferred: Vec<Turn>,
     /// Its reservation writer (`--reserve-in-kvstore`), started before a round as the
     /// shell asks.
@@ -135,6 +141,8 @@ impl Instance {
             cutover: None,
             ended: false,
             unread: false,
+            read_at: Duration::ZERO,
+            read_backoff: Backoff::new(Policy::FOLLOW),
             deferred: Vec::new(),
             reserver: None,
         };
@@ -276,14 +284,32 @@ impl Instance {
         log: &mut Vec<LogLine>,
         (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
-        if !self.unread || faults.server_down {
+        if !self.unread || world.now < self.read_at {
+            return Ok(());
+        }
+        if faults.server_down {
+            self.read_failed(world.now)?;
             return Ok(());
         }
         self.unread = false;
+        self.read_backoff.reset();
         self.fresh_round(world, log, (clock, &mut *rng, &mut *trace), false)?;
         for turn in std::mem::take(&mut self.deferred) {
             self.feed(turn, world, log, (clock, &mut *rng, faults, &mut *trace))?;
         }
+        Ok(())
+    }
+
+    /// A round's read failed (the API server down): an outage, which the rules ride out;
+    /// tried again after the backoff's wait.
+    fn read_failed(&mut self, now: Duration) -> Result<(), Failure> {
+        if failure::then(Path::K8sList, Fault::outage()) != Then::Retry {
+            return Err(Failure::new(
+                "an outage is ridden out",
+                format!("i{}: the rules end sync on a failed read", self.idx),
+            ));
+        }
+        self.read_at = now + self.read_backoff.failed();
         Ok(())
     }
 
@@ -391,7 +417,7 @@ impl Instance {
                     // The read fails; the binary waits and reads again.
                     trace.line(world.now, format!("i{i} cannot read both sides"));
                     self.unread = true;
-                    return Ok(());
+                    return self.read_failed(world.now);
                 }
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }

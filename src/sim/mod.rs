@@ -301,6 +301,7 @@ impl Sim {
 
     fn settle(&mut self) -> Result<(), Failure> {
         self.world.now += SETTLE;
+        self.reads_due()?;
         for i in 0..self.instances.len() {
             self.feed(i, Turn::Settle { stopped: false })?;
         }
@@ -316,17 +317,22 @@ impl Sim {
         for i in 0..self.instances.len() {
             self.keep_reservations_alive(i)?;
         }
+        self.reads_due()?;
         for i in 0..self.instances.len() {
-            // A read that failed is tried again (as the binary does after a wait).
+            let watching = self.instances[i].watching();
+            self.feed(i, Turn::Status { watching })?;
+        }
+        Ok(())
+    }
+
+    /// Each read that failed is tried again once its wait is over (as the binary does).
+    fn reads_due(&mut self) -> Result<(), Failure> {
+        for i in 0..self.instances.len() {
             let inst = &mut self.instances[i];
             if inst.alive {
                 let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
                 inst.read_again(&mut self.world, &mut self.logs[i], ctx)?;
             }
-        }
-        for i in 0..self.instances.len() {
-            let watching = self.instances[i].watching();
-            self.feed(i, Turn::Status { watching })?;
         }
         Ok(())
     }

@@ -1,14 +1,46 @@
-//! What ends sync rather than being retried: a refusal (401, 403, or etcd's permission
-//! denied) of something sync needs is configuration, which waiting never fixes, so sync ends
-//! (exit 2) naming what was refused and what to grant. Outages (refused connections, 5xx,
-//! timeouts) are not refusals and are retried.
+//! Each error sync meets, read as a `Fault` for core's rules (`core::sync::failure`), which
+//! say whether it ends sync or is ridden out. A refusal that ends sync names what was
+//! refused and what to grant.
 
 use crate::apply::outcome::ApplyReport;
+use crate::core::sync::failure::{self, Fault, Path, Then};
 use crate::error::{Error, Result};
+use crate::io::k8s::RequestError;
+use crate::io::refusal::{refusal_code, refused_by_server};
 
-/// The refusal `e` is, if it is one, as sync's error naming `what`.
-pub fn refusal(what: &str, e: &Error) -> Option<Error> {
-    crate::io::refusal::refused_by_server(e).then(|| refused(what, &e.to_string()))
+/// The fault `e` is, as the rules read it. A file's error is configuration only where files
+/// read are configuration (a certificate when connecting); elsewhere it is the decision
+/// log's disk, which may come back.
+fn fault(path: Path, e: &Error) -> Fault {
+    let files_are_config = path == Path::KvRead;
+    Fault {
+        refused: refused_by_server(e),
+        config: matches!(e, Error::Config(_))
+            || (files_are_config && matches!(e, Error::File { .. })),
+        ..Fault::default()
+    }
+}
+
+/// The fault a request to the API server met; `old_token`: it was sent with a token since
+/// renewed.
+pub fn request_fault(e: &RequestError, old_token: bool) -> Fault {
+    Fault {
+        refused: e.code().is_some_and(refusal_code),
+        code: e.code(),
+        old_token,
+        config: false,
+    }
+}
+
+/// What sync does after `e`, met on `path` doing `what`: `Ok` with the trouble to tell
+/// before trying again, or `Err` with the error sync ends with.
+pub fn after(path: Path, what: &str, e: Error) -> std::result::Result<String, Error> {
+    let f = fault(path, &e);
+    match failure::then(path, f) {
+        Then::Retry => Ok(e.to_string()),
+        Then::End if f.refused => Err(refused(what, &e.to_string())),
+        Then::End => Err(e),
+    }
 }
 
 pub fn refused(what: &str, e: &str) -> Error {
@@ -19,13 +51,20 @@ pub fn refused(what: &str, e: &str) -> Error {
 
 /// A create the server refused (401, 403): sync cannot write, and waiting will not fix it.
 pub fn refused_write(result: &Result<ApplyReport>) -> Option<Error> {
+    let what = "creating a CiliumIdentity";
     match result {
-        Err(e) => refusal("creating a CiliumIdentity", e),
-        Ok(report) => report.results.iter().find(|r| r.refused).map(|r| {
-            refused(
-                "creating a CiliumIdentity",
-                r.error.as_deref().unwrap_or(""),
-            )
-        }),
+        Err(e) => (failure::then(Path::Create, fault(Path::Create, e)) == Then::End)
+            .then(|| refused(what, &e.to_string())),
+        Ok(report) => report
+            .results
+            .iter()
+            .find(|r| {
+                let f = Fault {
+                    refused: r.refused,
+                    ..Fault::default()
+                };
+                failure::then(Path::Create, f) == Then::End
+            })
+            .map(|r| refused(what, r.error.as_deref().unwrap_or(""))),
     }
 }

@@ -36,6 +36,7 @@ use crate::apply::executor::StopFlag;
 use crate::apply::outcome::ApplyReport;
 use crate::core::planner::Op;
 use crate::core::planner::resume::{self, LoggedDecision};
+use crate::core::sync::failure::Path;
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
 use crate::core::sync::shell::{self, RoundEnd, Shell, Turn};
@@ -47,7 +48,7 @@ use crate::io::kv_source::{KvFollower, KvSource};
 use crate::io::lease::LeaseApi;
 use crate::io::retry::{Backoff, Policy};
 pub use event::{SplitAllocation, SyncEvent, SyncStatus, catch_up_text, moot_text};
-use fatal::{refusal, refused_write};
+use fatal::refused_write;
 use io::{Answers, AppIo, stopped};
 
 /// How sync runs.
@@ -319,23 +320,24 @@ impl Sync {
     /// watches from where each read was.
     async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
         let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
-        let conn = match cfg.kv.follower().await {
-            Ok(c) => c,
-            Err(e @ (Error::Config(_) | Error::File { .. })) => return Err(Retry::Fatal(e)),
-            Err(e) => return Err(Retry::After(e.to_string())),
+        let retry = |path: Path, what: &str, e: Error| match fatal::after(path, what, e) {
+            Ok(trouble) => Retry::After(trouble),
+            Err(end) => Retry::Fatal(end),
         };
-        let retry = |what: &str, e: Error| {
-            refusal(what, &e).map_or(Retry::After(e.to_string()), Retry::Fatal)
-        };
+        let conn = cfg
+            .kv
+            .follower()
+            .await
+            .map_err(|e| retry(Path::KvRead, "connecting to the kvstore", e))?;
         let listed = cfg
             .target
             .list_identities(ReadMode::Cache, None)
             .await
-            .map_err(|e| retry("listing ciliumidentities.cilium.io", e))?;
+            .map_err(|e| retry(Path::K8sList, "listing ciliumidentities.cilium.io", e))?;
         let snap = conn
             .read_snapshot(&prefix)
             .await
-            .map_err(|e| retry("reading the kvstore", e))?;
+            .map_err(|e| retry(Path::KvRead, "reading the kvstore", e))?;
         if self.shell.wants_writer() {
             self.start_writer(&conn, &prefix).await?;
         }
@@ -359,15 +361,14 @@ impl Sync {
         self.say(said).await;
         let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
+        let (fatal_tx, fatal_rx) = mpsc::channel(2);
         let kv_watch = tokio::spawn(watch::follow_kvstore(
-            conn,
-            prefix,
+            (conn, prefix),
             kv_revision,
             kv_tx,
-            self.metrics.clone(),
-            self.events.clone(),
+            (self.metrics.clone(), self.events.clone()),
+            fatal_tx.clone(),
         ));
-        let (fatal_tx, fatal_rx) = mpsc::channel(1);
         let k8s_watch = tokio::spawn(watch::follow_kubernetes(
             cfg.clone(),
             k8s_version,
@@ -396,8 +397,14 @@ impl Sync {
         let mut started =
             match Reservations::start(conn, prefix, self.cfg.clone(), self.metrics.clone()).await {
                 Ok(r) => r,
-                Err(e @ Error::Config(_)) => return Err(Retry::Fatal(e)),
-                Err(e) => return Err(Retry::After(e.to_string())),
+                Err(e) => {
+                    return Err(
+                        match fatal::after(Path::ReservationStart, "writing to the kvstore", e) {
+                            Ok(trouble) => Retry::After(trouble),
+                            Err(end) => Retry::Fatal(end),
+                        },
+                    );
+                }
             };
         started.gate_writes(self.lease.gate.clone());
         let task = ReservationTask::spawn(started);

@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
 use super::event::SyncEvent;
-use super::fatal::{refusal, refused};
+use super::fatal::{after, refused, request_fault};
 use crate::app::config::ServiceConfig;
 use crate::app::metrics::{Metrics, Source};
+use crate::core::sync::failure::{self, Path, Then};
 use crate::error::Error;
 use crate::io::etcd::KvWatchEvent;
 use crate::io::k8s::{K8sChange, ReadMode};
@@ -20,12 +21,11 @@ use crate::io::retry::{Backoff, Policy};
 
 /// Follows the kvstore, watching again from the last revision after a failure.
 pub async fn follow_kvstore(
-    conn: KvFollower,
-    prefix: String,
+    (conn, prefix): (KvFollower, String),
     mut revision: i64,
     tx: mpsc::Sender<KvWatchEvent>,
-    metrics: Arc<Metrics>,
-    events: mpsc::Sender<SyncEvent>,
+    (metrics, events): (Arc<Metrics>, mpsc::Sender<SyncEvent>),
+    fatal: mpsc::Sender<Error>,
 ) {
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
@@ -57,11 +57,11 @@ pub async fn follow_kvstore(
         }
         metrics.etcd_live.store(false, Ordering::Relaxed);
         if let Ok(Err(e)) = watch.await {
-            let _ = events
-                .send(SyncEvent::Trouble(format!(
-                    "{e}; watching again from revision {revision}"
-                )))
-                .await;
+            let (path, what) = (Path::KvWatch, "watching the kvstore");
+            let again = |t| format!("{t}; watching again from revision {revision}");
+            if ends(path, what, e, (&fatal, &events), again).await {
+                return;
+            }
         }
         backoff.wait().await;
     }
@@ -107,7 +107,7 @@ pub async fn follow_kubernetes(
             }
         }
         let ended = watch.await;
-        if matches!(ended, Ok(Ok(()))) && !heard && opened.elapsed() < Duration::from_secs(5) {
+        if matches!(ended, Ok(Ok(()))) && failure::closed_at_once(heard, opened.elapsed()) {
             // Ended cleanly at once with nothing said (a proxy closing streams): not again
             // at once.
             metrics.k8s_live.store(false, Ordering::Relaxed);
@@ -116,7 +116,8 @@ pub async fn follow_kubernetes(
         if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
             // A 401 just after the token file was renewed was sent with the old token.
-            if matches!(e.code(), Some(401 | 403)) && !cfg.target.sent_with_old_token(&e) {
+            let fault = request_fault(&e, cfg.target.sent_with_old_token(&e));
+            if failure::then(Path::K8sWatch, fault) == Then::End {
                 let what = "watching ciliumidentities.cilium.io";
                 let _ = fatal.send(refused(what, &e.to_string())).await;
                 return;
@@ -147,19 +148,36 @@ pub async fn follow_kubernetes(
                         break;
                     }
                     Err(e) => {
-                        if let Some(refused) = refusal("listing ciliumidentities.cilium.io", &e) {
-                            let _ = fatal.send(refused).await;
+                        let (path, what) = (Path::K8sList, "listing ciliumidentities.cilium.io");
+                        let again = |t| format!("listing again after the watch expired: {t}");
+                        if ends(path, what, e, (&fatal, &events), again).await {
                             return;
                         }
-                        let _ = events
-                            .send(SyncEvent::Trouble(format!(
-                                "listing again after the watch expired: {e}"
-                            )))
-                            .await;
                         backoff.wait().await;
                     }
                 }
             }
+        }
+    }
+}
+
+/// Tells the loop what a failure met on `path` doing `what` means, by core's rules: the
+/// error sync ends with (`true`), or the trouble, in `again`'s words, before a retry.
+async fn ends(
+    path: Path,
+    what: &str,
+    e: Error,
+    (fatal, events): (&mpsc::Sender<Error>, &mpsc::Sender<SyncEvent>),
+    again: impl FnOnce(String) -> String,
+) -> bool {
+    match after(path, what, e) {
+        Err(end) => {
+            let _ = fatal.send(end).await;
+            true
+        }
+        Ok(trouble) => {
+            let _ = events.send(SyncEvent::Trouble(again(trouble))).await;
+            false
         }
     }
 }

@@ -258,16 +258,17 @@ fn dirty_tick_with(decided: u32) {
     use cilium_idmig::core::outcome::Outcome;
     use cilium_idmig::core::planner::Action;
     use cilium_idmig::core::planner::resume::LoggedDecision;
+    use cilium_idmig::core::sync::decided::Decisions;
     use cilium_idmig::core::sync::{BatchOutcome, KvChange, SyncState};
     let range = cilium_idmig::core::range::IdRange::for_cluster(0).expect("range");
-    let mut st = SyncState::default();
     let labels = |i: u32| format!("k8s:app=load-{i};k8s:io.kubernetes.pod.namespace=bench;");
     // 65,230 mirrored, 50 arriving one per tick.
-    for i in 256..65_486u32 {
-        st.masters
-            .insert(i.to_string().into_bytes(), labels(i).into_bytes());
-        st.k8s.insert(i, labels(i));
-    }
+    let masters = (256..65_486u32)
+        .map(|i| (i.to_string().into_bytes(), labels(i).into_bytes()))
+        .collect();
+    let k8s = (256..65_486u32).map(|i| (i, labels(i))).collect();
+    let mut st =
+        SyncState::from_kvstore(masters, Default::default(), 0).with_kubernetes(k8s, String::new());
     let decisions: std::collections::BTreeMap<String, LoggedDecision> = (256..256 + decided)
         .map(|i| {
             let d = LoggedDecision {
@@ -279,10 +280,11 @@ fn dirty_tick_with(decided: u32) {
             (d.id.clone(), d)
         })
         .collect();
+    let mut decisions = Decisions::new(decisions);
     let mut times = Vec::new();
     let now = Instant::now();
     let t = Instant::now();
-    st.round(&decisions, range, false, now);
+    st.round(&mut decisions, range, false, now);
     let first = t.elapsed();
     for i in 65_486..65_536u32 {
         let t = Instant::now();
@@ -292,7 +294,7 @@ fn dirty_tick_with(decided: u32) {
             created: true,
         };
         st.apply_kv_change(change, now);
-        let (ops, _) = st.round(&decisions, range, false, now);
+        let (ops, _) = st.round(&mut decisions, range, false, now);
         times.push(t.elapsed());
         let results = ops
             .iter()

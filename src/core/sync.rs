@@ -15,7 +15,9 @@ use crate::core::outcome::Outcome;
 use crate::core::plan_cache::PlanCache;
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
+use decided::Decisions;
 
+pub mod decided;
 pub mod failure;
 pub mod machine;
 pub mod reserve;
@@ -220,68 +222,65 @@ impl std::fmt::Display for SyncStatus {
 /// What sync knows of both sides, and what it has done.
 #[derive(Default)]
 pub struct SyncState {
-    pub masters: BTreeMap<Vec<u8>, Vec<u8>>,
-    pub counts: NodeCounts,
+    masters: BTreeMap<Vec<u8>, Vec<u8>>,
+    counts: NodeCounts,
     /// The counts moved since they were last published to the screens that show them.
-    pub counts_changed: bool,
-    pub k8s: BTreeMap<u32, LabelKey>,
-    pub kv_revision: i64,
-    pub k8s_version: String,
+    counts_changed: bool,
+    k8s: BTreeMap<u32, LabelKey>,
+    kv_revision: i64,
+    k8s_version: String,
     /// When each kvstore identity that appeared after the snapshot was first seen.
-    pub first_seen: HashMap<Vec<u8>, Instant>,
+    first_seen: HashMap<Vec<u8>, Instant>,
     /// Objects this sync created; one deleted later is created again at most once.
-    pub created: HashSet<u32>,
+    created: HashSet<u32>,
     /// Objects this sync made and something deleted since, with the labels they held: only
     /// those labels at that id fall under "made again once, only while used"; other labels
     /// mapped to the freed id are a new object.
-    pub deleted_after_create: HashMap<u32, LabelKey>,
-    pub recreated: HashSet<u32>,
+    deleted_after_create: HashMap<u32, LabelKey>,
+    recreated: HashSet<u32>,
     /// Targets with a create in flight.
-    pub in_flight: HashMap<u32, LabelKey>,
+    in_flight: HashMap<u32, LabelKey>,
     /// Targets whose create failed, and when to try again.
-    pub failed: HashMap<u32, Instant>,
+    failed: HashMap<u32, Instant>,
     /// Objects deleted in Kubernetes while the kvstore still held their identity, and until
     /// when they are not made again. The two GCs often remove one identity moments apart,
     /// and sync's view of the kvstore can lag its view of Kubernetes: made again at once,
     /// the object would outlive its identity and split the id when an agent takes it next.
     /// The kvstore's delete arriving meanwhile ends the wait with nothing to make.
-    pub settling: HashMap<u32, Instant>,
+    settling: HashMap<u32, Instant>,
     /// Targets whose create failed and has not been made since (with the kvstore id it
     /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
-    pub unwritten: HashMap<u32, String>,
-    pub reported: HashSet<String>,
-    /// Decisions refused (dropped when resumed onto the plan), each reported once: a
-    /// decision that reached sync ends in a write, a refusal or a closure, never in silence.
-    pub refused: HashMap<String, LoggedDecision>,
+    unwritten: HashMap<u32, String>,
+    reported: HashSet<String>,
     /// Kvstore ids that waited for a decision before their write: their time to write is a
     /// decision wait, not lag.
-    pub waited_for_decision: HashSet<String>,
+    waited_for_decision: HashSet<String>,
     /// Ids split now; one whose split ends leaves it, so a later split there is new.
-    pub splits: HashSet<u32>,
+    splits: HashSet<u32>,
     /// From the latest plan: kvstore ids served at another id that holds their labels.
-    pub reused: BTreeMap<String, u32>,
+    reused: BTreeMap<String, u32>,
     /// Splits found and not yet reported (waiting to name their nodes), with when found.
-    pub splits_to_report: Vec<(u32, Instant)>,
+    splits_to_report: Vec<(u32, Instant)>,
     /// Conflicts closed as moot (no node uses their labels any more).
-    pub moot: BTreeSet<String>,
+    moot: BTreeSet<String>,
     /// From the latest round: the conflicts waiting for a decision (id, labels, kind), and
     /// how many identities the operator skipped. Kept instead of the whole plan, which at
     /// 65,280 identities is tens of MiB.
-    pub waiting: Vec<(String, LabelKey, Kind)>,
-    pub skipped: usize,
+    waiting: Vec<(String, LabelKey, Kind)>,
+    skipped: usize,
     /// Since when no kvstore-mode node has been seen.
-    pub no_nodes_since: Option<Instant>,
-    pub lags: VecDeque<Duration>,
-    pub status: SyncStatus,
+    no_nodes_since: Option<Instant>,
+    lags: VecDeque<Duration>,
+    status: SyncStatus,
     /// Ids whose master key this sync wrote itself (`--reserve-in-kvstore`): while no
     /// kvstore-mode node uses one, it is sync's own, never a reason to create anything.
-    pub own_masters: BTreeSet<u32>,
+    own_masters: BTreeSet<u32>,
     /// The decisions as last resumed onto the plan (`Overlay`): kept while no change touches
     /// what they name, so a tick with decisions present stays incremental.
-    pub overlay: Option<Overlay>,
+    overlay: Option<Overlay>,
     /// The plan, kept up to date change by change where a change stays local
     /// (`PlanCache`); `None`: the next round plans in full.
-    pub cache: Option<PlanCache>,
+    cache: Option<PlanCache>,
 }
 
 /// The items the decisions change, as resumed onto the whole plan (`resume::resume`, which
@@ -390,13 +389,70 @@ impl SyncState {
     }
 
     pub fn from_snapshot(snap: KvSnapshot) -> Self {
+        let masters = snap.masters.into_iter().map(|m| (m.id, m.value)).collect();
+        SyncState::from_kvstore(masters, snap.node_counts, snap.source.revision)
+    }
+
+    /// The kvstore as read at one revision: master keys and the nodes using each label set.
+    pub fn from_kvstore(
+        masters: BTreeMap<Vec<u8>, Vec<u8>>,
+        counts: NodeCounts,
+        kv_revision: i64,
+    ) -> Self {
         SyncState {
-            masters: snap.masters.into_iter().map(|m| (m.id, m.value)).collect(),
-            counts: snap.node_counts,
+            masters,
+            counts,
             counts_changed: true,
-            kv_revision: snap.source.revision,
+            kv_revision,
             ..Default::default()
         }
+    }
+
+    /// With Kubernetes as listed at `version`.
+    pub fn with_kubernetes(mut self, k8s: BTreeMap<u32, LabelKey>, version: String) -> Self {
+        self.k8s = k8s;
+        self.k8s_version = version;
+        self
+    }
+
+    /// The CiliumIdentities in range as sync sees them: id and label key.
+    pub fn k8s(&self) -> &BTreeMap<u32, LabelKey> {
+        &self.k8s
+    }
+
+    /// The master keys as sync sees them: id and value.
+    pub fn masters(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
+        &self.masters
+    }
+
+    /// The kvstore's revision as last seen.
+    pub fn kv_revision(&self) -> i64 {
+        self.kv_revision
+    }
+
+    /// Kubernetes' resource version as last seen.
+    pub fn k8s_version(&self) -> &str {
+        &self.k8s_version
+    }
+
+    /// What waits for a decision now (id, labels, kind).
+    pub fn waiting(&self) -> &[(String, LabelKey, Kind)] {
+        &self.waiting
+    }
+
+    /// What sync tells about itself (the status line, the metrics).
+    pub fn status(&self) -> &SyncStatus {
+        &self.status
+    }
+
+    /// Closed as moot: `id` needs nothing more.
+    pub fn is_moot(&self, id: &str) -> bool {
+        self.moot.contains(id)
+    }
+
+    /// Where the plan reuses an object a CRD-mode agent made for these labels, by item id.
+    pub fn reused(&self) -> &BTreeMap<String, u32> {
+        &self.reused
     }
 
     pub fn plan(
@@ -651,7 +707,6 @@ impl SyncState {
         self.settling = old.settling;
         self.unwritten = old.unwritten;
         self.reported = old.reported;
-        self.refused = old.refused;
         self.waited_for_decision = old.waited_for_decision;
         self.moot = old.moot;
         self.lags = old.lags;
@@ -719,7 +774,7 @@ impl SyncState {
     /// counts published.
     pub fn round(
         &mut self,
-        decisions: &BTreeMap<String, LoggedDecision>,
+        decisions: &mut Decisions,
         range: crate::core::range::IdRange,
         accept_proposals: bool,
         now: Instant,
@@ -743,9 +798,9 @@ impl SyncState {
             // The decisions resumed onto the whole plan: in full now, kept until a change
             // names what they touch.
             let live: Vec<PlanItem> = cache.items().cloned().collect();
-            let resumed = resume::resume(&live, decisions, &self.k8s, range);
+            let resumed = resume::resume(&live, decisions.in_force(), &self.k8s, range);
             refusals = self.refusals(&live, resumed.dropped, decisions);
-            self.overlay = Some(Overlay::of(&live, resumed.items, decisions));
+            self.overlay = Some(Overlay::of(&live, resumed.items, decisions.in_force()));
         }
         let overlay = self.overlay.take();
         let items = || {
@@ -756,7 +811,7 @@ impl SyncState {
                     .unwrap_or(i)
             })
         };
-        let mut out = self.select_writes(items(), accept_proposals, now);
+        let mut out = self.select_writes(items(), accept_proposals, now, decisions);
         // The refusals before the conflicts they send back to waiting.
         refusals.append(&mut out.1);
         out.1 = refusals;
@@ -779,7 +834,7 @@ impl SyncState {
         &mut self,
         live: &[PlanItem],
         dropped: Vec<resume::Dropped>,
-        decisions: &BTreeMap<String, LoggedDecision>,
+        decisions: &mut Decisions,
     ) -> Vec<SyncReport> {
         let mut out = Vec::new();
         if dropped.is_empty() {
@@ -792,49 +847,13 @@ impl SyncState {
                 continue;
             };
             let reason = format!("{}; it waits for a decision again", d.reason);
-            if let Some(r) = self.refuse(decision.clone(), kind, reason) {
+            if let Some(r) = refuse(decisions, decision.clone(), kind, reason) {
                 // Waiting again: its conflict is said again, with the fresh proposal.
                 self.reported.remove(&d.id);
                 out.push(r);
             }
         }
         out
-    }
-
-    /// A decided item that the rules hold back (`why`): said once per decision, as a
-    /// refusal, so the decision does not end in silence. It stays in force (carried out if
-    /// what holds it back goes).
-    fn refuse_once(
-        &mut self,
-        item: &PlanItem,
-        target_id: Option<u32>,
-        why: String,
-    ) -> Option<SyncReport> {
-        let decision = LoggedDecision {
-            id: item.id.clone(),
-            labels: item.labels.clone(),
-            action: item.action,
-            target_id,
-        };
-        self.refuse(decision, item.kind, why)
-    }
-
-    /// A refusal of `decision`, once: `None` when this very decision was refused already.
-    fn refuse(
-        &mut self,
-        decision: LoggedDecision,
-        kind: Kind,
-        reason: String,
-    ) -> Option<SyncReport> {
-        if self.refused.get(&decision.id) == Some(&decision) {
-            return None;
-        }
-        self.refused.insert(decision.id.clone(), decision.clone());
-        Some(SyncReport::Refused {
-            decision,
-            kind,
-            reason,
-        })
     }
 
     /// The plan as the last round saw it: kept up to date, with the decisions resumed onto it.
@@ -862,6 +881,7 @@ impl SyncState {
         items: impl Iterator<Item = &'a PlanItem>,
         accept_proposals: bool,
         now: Instant,
+        decisions: &mut Decisions,
     ) -> (Vec<Op>, Vec<SyncReport>) {
         expire(&mut self.failed, now);
         expire(&mut self.settling, now);
@@ -886,7 +906,12 @@ impl SyncState {
                 // nothing to create, nothing to decide; a decision on it is refused, once.
                 if item.decided && item.action == Action::Create {
                     let why = "the kvstore holds this id only as this sync's own reservation (the object it reserved was deleted since): nothing to create";
-                    reports.extend(self.refuse_once(item, item.target_id, why.to_string()));
+                    reports.extend(refuse_once(
+                        decisions,
+                        item,
+                        item.target_id,
+                        why.to_string(),
+                    ));
                 }
                 continue;
             }
@@ -932,7 +957,7 @@ impl SyncState {
                         let why = format!(
                             "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
                         );
-                        reports.extend(self.refuse_once(item, Some(t), why));
+                        reports.extend(refuse_once(decisions, item, Some(t), why));
                     }
                     continue;
                 }
@@ -1158,6 +1183,38 @@ pub struct Taken {
     pub lags: Vec<Duration>,
 }
 
+/// A decided item that the rules hold back (`why`): said once per decision, as a refusal,
+/// so the decision does not end in silence. It stays in force (carried out if what holds it
+/// back goes).
+fn refuse_once(
+    decisions: &mut Decisions,
+    item: &PlanItem,
+    target_id: Option<u32>,
+    why: String,
+) -> Option<SyncReport> {
+    let decision = LoggedDecision {
+        id: item.id.clone(),
+        labels: item.labels.clone(),
+        action: item.action,
+        target_id,
+    };
+    refuse(decisions, decision, item.kind, why)
+}
+
+/// A refusal of `decision`, once: `None` when this very decision was refused already.
+fn refuse(
+    decisions: &mut Decisions,
+    decision: LoggedDecision,
+    kind: Kind,
+    reason: String,
+) -> Option<SyncReport> {
+    decisions.refuse(&decision).then_some(SyncReport::Refused {
+        decision,
+        kind,
+        reason,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
@@ -1259,8 +1316,9 @@ mod tests {
     fn run_with(
         events: Vec<Event>,
         accept_proposals: bool,
-        decisions: &BTreeMap<String, LoggedDecision>,
+        in_force: &BTreeMap<String, LoggedDecision>,
     ) -> Result<(), TestCaseError> {
+        let mut decisions = Decisions::new(in_force.clone());
         let range = IdRange::for_cluster(0).unwrap();
         let mut sync = SyncState::default();
         let mut w = World::default();
@@ -1299,11 +1357,11 @@ mod tests {
                     }
                 }
                 Event::Round => {
-                    let (ops, _) = sync.round(decisions, range, accept_proposals, now);
+                    let (ops, _) = sync.round(&mut decisions, range, accept_proposals, now);
                     // The plan kept up to date change by change, with the decisions kept
                     // resumed onto it, is the plan made in full with them resumed
                     // (node counts aside: the cache does not keep them).
-                    let full = sync.plan(decisions, range);
+                    let full = sync.plan(in_force, range);
                     let cached: Vec<PlanItem> = sync.planned_items();
                     let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
                         items
@@ -1453,12 +1511,12 @@ mod tests {
         sync.apply_kv_change(node(true), t0);
         sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
         sync.k8s_upsert(301, "k8s:app=y;".into(), String::new(), t0);
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         let target = sync.reused.get("301").copied().expect("301 mapped");
         assert!(!sync.k8s.contains_key(&target));
         // While node-1 uses `r`, nothing is moot.
         assert!(sync.moot_now().is_empty());
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         // node-1 moves: the proposal and the mapping to it are both moot.
         sync.apply_kv_change(node(false), t0);
         let moot: Vec<(String, Kind)> = sync
@@ -1490,11 +1548,11 @@ mod tests {
         // 300 `r` is a remap no node uses any more: closed as moot.
         sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
         sync.apply_kv_change(put("300", "k8s:app=r;"), t0);
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         let moot: Vec<String> = sync.moot_now().into_iter().map(|(id, ..)| id).collect();
         assert_eq!(moot, ["300"]);
         sync.moot.insert("300".into());
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(sync.status.pending, 0, "closed");
         // The kvstore's GC frees 300 and an agent takes it for `s`, which node-1 uses and
         // Kubernetes still holds for `x`: a new conflict, pending and reported.
@@ -1502,7 +1560,7 @@ mod tests {
             sync.apply_kv_change(change, t0);
         }
         assert!(!sync.moot.contains("300"));
-        let (_, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (_, reports) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(sync.status.pending, 1, "{reports:?}");
         // The same without the delete between (a compaction hid it): labels changed in place.
         sync.moot.insert("300".into());
@@ -1587,7 +1645,7 @@ mod tests {
             t0,
         );
         sync.own_masters.insert(4000);
-        let (ops, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, reports) = sync.round(&mut Decisions::default(), range, false, t0);
         assert!(ops.is_empty(), "{ops:?}");
         assert!(reports.is_empty());
         assert_eq!(sync.reservations_alone().collect::<Vec<_>>(), [4000]);
@@ -1600,7 +1658,7 @@ mod tests {
             },
             t0,
         );
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(
             ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
             [Some(4000)]
@@ -1625,7 +1683,7 @@ mod tests {
                 t0,
             );
         }
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(ops.len(), 1);
         let t1 = t0 + Duration::from_millis(50);
         let done = |ops: &[Op]| BatchOutcome::Done {
@@ -1638,7 +1696,7 @@ mod tests {
         sync.take_results(ops.clone(), done(&ops), t1);
         // The operator decides 35 s later: accepted as proposed.
         let t2 = t0 + Duration::from_secs(35);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, true, t2);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, true, t2);
         assert_eq!(ops.len(), 1, "{ops:?}");
         sync.take_results(ops.clone(), done(&ops), t2);
         sync.refresh_lag_percentiles();
@@ -1657,7 +1715,7 @@ mod tests {
         old.apply_kv_change(put("300", "k8s:app=a;"), t0);
         old.apply_kv_change(put("301", "k8s:app=b;"), t0);
         old.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
-        let (ops, reports) = old.round(&BTreeMap::new(), range, false, t0);
+        let (ops, reports) = old.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(ops.len(), 1);
         assert_eq!(reports.len(), 1, "301's remap waits: {reports:?}");
         let done = BatchOutcome::Done {
@@ -1702,7 +1760,7 @@ mod tests {
             "only the new split is found"
         );
         assert_eq!((fresh.status.splits, fresh.status.splits_found), (2, 2));
-        let (ops, reports) = fresh.round(&BTreeMap::new(), range, false, t0);
+        let (ops, reports) = fresh.round(&mut Decisions::default(), range, false, t0);
         assert!(ops.is_empty(), "{ops:?}");
         // 301 was reported before; 302's remap is new.
         let ids: Vec<String> = reports
@@ -1777,7 +1835,7 @@ mod tests {
             },
         )]
         .into();
-        let (ops, _) = sync.round(&decisions, range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::new(decisions), range, false, t0);
         assert!(ops.is_empty(), "nothing to write: {ops:?}");
         assert_eq!(sync.reused.get("300"), Some(&5000));
     }
@@ -1794,16 +1852,26 @@ mod tests {
         };
         sync.apply_kv_change(put, t0);
         let items = sync.plan(&BTreeMap::new(), range);
-        let (ops, _) = sync.select_writes(items.iter(), false, t0);
+        let (ops, _) = sync.select_writes(items.iter(), false, t0, &mut Decisions::default());
         assert_eq!(ops.len(), 1);
         let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
         assert_eq!((taken.failures, sync.status.failures), (1, 1));
         assert!(taken.trouble.unwrap().contains("log full"));
         assert_eq!(sync.unwritten_now(), 1);
         // Not before its wait is over; then again.
-        let (ops, _) = sync.select_writes(items.iter(), false, t0 + Duration::from_secs(1));
+        let (ops, _) = sync.select_writes(
+            items.iter(),
+            false,
+            t0 + Duration::from_secs(1),
+            &mut Decisions::default(),
+        );
         assert!(ops.is_empty());
-        let (ops, _) = sync.select_writes(items.iter(), false, t0 + RETRY_AFTER);
+        let (ops, _) = sync.select_writes(
+            items.iter(),
+            false,
+            t0 + RETRY_AFTER,
+            &mut Decisions::default(),
+        );
         assert_eq!(ops.len(), 1);
         let done = BatchOutcome::Done {
             results: vec![(300, Outcome::Created)],
@@ -1826,12 +1894,12 @@ mod tests {
             created: true,
         };
         sync.apply_kv_change(put(300, "k8s:app=a;"), t0);
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         // New labels at a new id, and the object sync creates for them: kept up to date.
         sync.apply_kv_change(put(301, "k8s:app=b;"), t0);
         sync.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
         assert!(sync.cache.is_some(), "local changes keep the plan");
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(
             ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
             [Some(301)]
@@ -1839,7 +1907,7 @@ mod tests {
         // Labels another identity holds: the next round plans in full.
         sync.apply_kv_change(put(302, "k8s:app=b;"), t0);
         assert!(sync.cache.is_none(), "a duplicate is not local");
-        sync.round(&BTreeMap::new(), range, false, t0);
+        sync.round(&mut Decisions::default(), range, false, t0);
         // An agent's object at a kvstore id with other labels: a split, not local either.
         sync.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
         assert!(sync.cache.is_none());
@@ -2031,7 +2099,7 @@ mod tests {
         // Kubernetes holds 300 and 301 for other labels: two remaps wait.
         sync.k8s_upsert(300, "k8s:app=x;".into(), "1".into(), t0);
         sync.k8s_upsert(301, "k8s:app=y;".into(), "2".into(), t0);
-        let (ops, reports) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, reports) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(ops.len(), 1, "302 is a plain create");
         assert_eq!(reports.len(), 2);
         assert_eq!(sync.status.pending, 2);
@@ -2088,11 +2156,11 @@ mod tests {
             t0,
         );
         let narrow = IdRange { min: 256, max: 299 };
-        let (ops, reports) = sync.round(&BTreeMap::new(), narrow, false, t0);
+        let (ops, reports) = sync.round(&mut Decisions::default(), narrow, false, t0);
         assert!(ops.is_empty());
         assert!(matches!(&reports[..], [SyncReport::Invalid { id, .. }] if id == "300"));
         let (ops, _) = sync.round(
-            &BTreeMap::new(),
+            &mut Decisions::default(),
             IdRange::for_cluster(0).unwrap(),
             false,
             t0,
@@ -2144,7 +2212,7 @@ mod tests {
         let range = IdRange::for_cluster(0).unwrap();
         let t0 = Instant::now();
         let mut sync = following(&[300, 301, 302, 303, 304], t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert_eq!(ops.len(), 5);
         let results = vec![
             (300, Outcome::Created),
@@ -2168,9 +2236,14 @@ mod tests {
         assert_eq!(sync.created, HashSet::from([300]));
         assert_eq!(sync.unwritten_now(), 3);
         // The others wait, then are tried again, all three.
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + Duration::from_secs(1));
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + Duration::from_secs(1),
+        );
         assert!(ops.is_empty(), "{ops:?}");
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RETRY_AFTER);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0 + RETRY_AFTER);
         let mut targets: Vec<u32> = ops.iter().filter_map(|o| o.target_id).collect();
         targets.sort();
         assert_eq!(targets, [302, 303, 304]);
@@ -2184,7 +2257,7 @@ mod tests {
         // accepted, to 256, the lowest id free on both sides.
         let mut sync = following(&[400], t0);
         sync.k8s_upsert(400, "k8s:app=other;".into(), "1".into(), t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, true, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, true, t0);
         assert_eq!(
             ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
             [Some(256)]
@@ -2222,7 +2295,7 @@ mod tests {
         sync.k8s_upsert(401, "k8s:app=y;".into(), "3".into(), t0);
         // b's remap to the freed 256 is a new object: made, not held back as "made again".
         let t1 = t0 + RECREATE_SETTLE;
-        let (ops, reports) = sync.round(&BTreeMap::new(), range, true, t1);
+        let (ops, reports) = sync.round(&mut Decisions::default(), range, true, t1);
         assert_eq!(
             ops.iter()
                 .map(|o| (o.id.as_str(), o.target_id))
@@ -2238,7 +2311,7 @@ mod tests {
         let range = IdRange::for_cluster(0).unwrap();
         let t0 = Instant::now();
         let mut sync = following(&[300], t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         let results = vec![(300, Outcome::Created)];
         let outcome = BatchOutcome::Done {
             results,
@@ -2247,7 +2320,7 @@ mod tests {
         sync.take_results(ops, outcome, t0);
         // No node uses it any more, and the GC deletes it; the operator decides to create it.
         unused_and_deleted(&mut sync, 300, t0);
-        let decided = BTreeMap::from([(
+        let mut decided = Decisions::new(BTreeMap::from([(
             "300".to_string(),
             LoggedDecision {
                 id: "300".into(),
@@ -2255,7 +2328,7 @@ mod tests {
                 action: Action::Create,
                 target_id: Some(300),
             },
-        )]);
+        )]));
         let t1 = t0 + RECREATE_SETTLE;
         let refused = |reports: &[SyncReport]| {
             reports
@@ -2263,12 +2336,12 @@ mod tests {
                 .filter(|r| matches!(r, SyncReport::Refused { reason, .. } if reason.contains("deleted since")))
                 .count()
         };
-        let (ops, reports) = sync.round(&decided, range, false, t1);
+        let (ops, reports) = sync.round(&mut decided, range, false, t1);
         assert!(ops.is_empty(), "{ops:?}");
         assert_eq!(refused(&reports), 1, "{reports:?}");
         // Said once, however many rounds pass.
         sync.overlay = None;
-        let (_, reports) = sync.round(&decided, range, false, t1);
+        let (_, reports) = sync.round(&mut decided, range, false, t1);
         assert_eq!(refused(&reports), 0, "{reports:?}");
     }
 
@@ -2288,21 +2361,26 @@ mod tests {
                 t0,
             );
         };
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         made(&mut sync, ops);
         // Deleted while node-1 uses it: made again, once, after the wait.
         sync.k8s_delete(300, String::new(), t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert!(ops.is_empty(), "made again before the wait: {ops:?}");
         let t1 = t0 + RECREATE_SETTLE;
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t1);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t1);
         assert_eq!(ops.len(), 1);
         assert_eq!(sync.status.recreated, 1);
         made(&mut sync, ops);
         // Deleted again: not a third time, counted once however many rounds pass.
         sync.k8s_delete(300, String::new(), t1);
         for _ in 0..3 {
-            let (ops, _) = sync.round(&BTreeMap::new(), range, false, t1 + RECREATE_SETTLE);
+            let (ops, _) = sync.round(
+                &mut Decisions::default(),
+                range,
+                false,
+                t1 + RECREATE_SETTLE,
+            );
             assert!(ops.is_empty());
         }
         assert_eq!(
@@ -2312,10 +2390,15 @@ mod tests {
 
         // One that no node uses any more is not made again at all.
         let mut sync = following(&[300], t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         made(&mut sync, ops);
         unused_and_deleted(&mut sync, 300, t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + RECREATE_SETTLE,
+        );
         assert!(ops.is_empty());
         assert_eq!(
             (sync.status.recreated, sync.status.deleted_not_recreated),
@@ -2325,7 +2408,7 @@ mod tests {
         // Unused when its delete arrives, it still waits: a node's key that the trailing
         // view shows next (just before the kvstore's deletes) must not make it again.
         let mut sync = following(&[300], t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         made(&mut sync, ops);
         let node_key = |present| KvChange::Slave {
             label_key: b"k8s:app=a300;".to_vec(),
@@ -2335,7 +2418,7 @@ mod tests {
         sync.apply_kv_change(node_key(false), t0);
         sync.k8s_delete(300, String::new(), t0);
         sync.apply_kv_change(node_key(true), t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert!(ops.is_empty(), "made again before the wait: {ops:?}");
         sync.apply_kv_change(node_key(false), t0 + Duration::from_millis(500));
         sync.apply_kv_change(
@@ -2346,7 +2429,12 @@ mod tests {
             },
             t0 + Duration::from_millis(500),
         );
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + RECREATE_SETTLE,
+        );
         assert!(ops.is_empty(), "{ops:?}");
     }
 
@@ -2363,19 +2451,33 @@ mod tests {
         let mut sync = following(&[300, 301], t0);
         sync.k8s_upsert(300, "k8s:app=a300;".into(), "1".into(), t0);
         sync.k8s_upsert(301, "k8s:app=a301;".into(), "2".into(), t0);
-        assert!(sync.round(&BTreeMap::new(), range, false, t0).0.is_empty());
+        assert!(
+            sync.round(&mut Decisions::default(), range, false, t0)
+                .0
+                .is_empty()
+        );
         // The cluster's GC took both objects; sync saw that before the kvstore's GC took
         // 300's identity, a moment earlier.
         sync.k8s_delete(300, "3".into(), t0);
         sync.k8s_delete(301, "4".into(), t0);
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0);
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
         assert!(ops.is_empty(), "{ops:?}");
         sync.apply_kv_change(gone.clone(), t0 + Duration::from_millis(500));
         assert!(!sync.settling.contains_key(&300));
         // 301's identity stays in the kvstore: made again once the wait is over.
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + Duration::from_secs(1));
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + Duration::from_secs(1),
+        );
         assert!(ops.is_empty(), "{ops:?}");
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + RECREATE_SETTLE,
+        );
         assert_eq!(
             ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
             [Some(301)]
@@ -2385,8 +2487,17 @@ mod tests {
         let mut sync = following(&[302], t0);
         sync.k8s_upsert(302, "k8s:app=a302;".into(), "1".into(), t0);
         sync.k8s_relisted(BTreeMap::new(), "9".into(), t0);
-        assert!(sync.round(&BTreeMap::new(), range, false, t0).0.is_empty());
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        assert!(
+            sync.round(&mut Decisions::default(), range, false, t0)
+                .0
+                .is_empty()
+        );
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + RECREATE_SETTLE,
+        );
         assert_eq!(ops.len(), 1);
         // So does one whose object sync never saw (made and deleted while the watch was
         // gone): not made if the kvstore's delete arrives meanwhile, else made after the wait.
@@ -2396,9 +2507,18 @@ mod tests {
             sync.settling.keys().copied().collect::<BTreeSet<_>>(),
             BTreeSet::from([300, 303])
         );
-        assert!(sync.round(&BTreeMap::new(), range, false, t0).0.is_empty());
+        assert!(
+            sync.round(&mut Decisions::default(), range, false, t0)
+                .0
+                .is_empty()
+        );
         sync.apply_kv_change(gone, t0 + Duration::from_millis(500));
-        let (ops, _) = sync.round(&BTreeMap::new(), range, false, t0 + RECREATE_SETTLE);
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t0 + RECREATE_SETTLE,
+        );
         assert_eq!(
             ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
             [Some(303)]

@@ -172,9 +172,7 @@ impl Instance {
                 );
             }
         }
-        let mut state = world.kv_read();
-        state.k8s = k8s;
-        state.k8s_version = k8s_rv.to_string();
+        let state = world.kv_read().with_kubernetes(k8s, k8s_rv.to_string());
         let fresh = Shadow::of(&state);
         // At a start every split there is one to report at most once; after a fresh
         // snapshot, those that began in the gap.
@@ -189,7 +187,7 @@ impl Instance {
         self.shadow = fresh;
         let shadow = &self.shadow;
         self.must_report.retain(|id| shadow.split(*id));
-        self.kv_pos = state.kv_revision;
+        self.kv_pos = state.kv_revision();
         self.k8s_pos = k8s_rv;
         self.kv_connected = false;
         self.k8s_connected = false;
@@ -945,11 +943,11 @@ impl Shadow {
     fn of(state: &crate::core::sync::SyncState) -> Self {
         Shadow {
             kv: state
-                .masters
+                .masters()
                 .iter()
                 .filter_map(|(id, v)| Some((parse_id(id).ok()?, v.clone())))
                 .collect(),
-            k8s: state.k8s.clone(),
+            k8s: state.k8s().clone(),
         }
     }
 

@@ -517,7 +517,7 @@ impl Sim {
         }
         let machine = inst.shell.machine();
         if self.rng.chance(0.1) {
-            let decided: Vec<String> = machine.decisions.keys().cloned().collect();
+            let decided: Vec<String> = machine.decisions().in_force().keys().cloned().collect();
             if let Some(id) = self.rng.pick(&decided).cloned() {
                 self.mail.push((i, Decision::Undo(id)));
             }
@@ -532,8 +532,8 @@ impl Sim {
 
     /// A decision on a conflict instance `i` has waiting, as its plan proposes it now.
     fn decision(&mut self, i: usize) -> Option<LoggedDecision> {
-        let state = &self.instances[i].shell.machine().state;
-        let (id, labels, _) = self.rng.pick(&state.waiting).cloned()?;
+        let state = self.instances[i].shell.machine().state();
+        let (id, labels, _) = self.rng.pick(state.waiting()).cloned()?;
         let item = state.planned_items().into_iter().find(|it| it.id == id)?;
         let (action, target_id) = if self.rng.chance(0.7) {
             (item.action, item.target_id)
@@ -724,7 +724,7 @@ impl Sim {
                 self.instances
                     .iter()
                     .map(|i| {
-                        let wait = &i.shell.machine().state.status.cutover_wait;
+                        let wait = &i.shell.machine().state().status().cutover_wait;
                         // The item behind the first problem, as this instance plans it.
                         let first = match wait {
                             Some(crate::core::sync::CutoverWait::Verify { first, .. }) => {
@@ -735,7 +735,7 @@ impl Sim {
                         let item = i
                             .shell
                             .machine()
-                            .state
+                            .state()
                             .planned_items()
                             .into_iter()
                             .find(|it| it.id == first)
@@ -747,8 +747,8 @@ impl Sim {
                                     it.action,
                                     it.target_id,
                                     it.decided,
-                                    i.shell.machine().state.moot.contains(&it.id),
-                                    i.shell.machine().state.reused.get(&it.id)
+                                    i.shell.machine().state().is_moot(&it.id),
+                                    i.shell.machine().state().reused().get(&it.id)
                                 )
                             })
                             .unwrap_or_default();

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::report::Failure;
-use crate::core::kvstore::RESERVATION_NODE;
+use crate::core::kvstore::{NodeCounts, RESERVATION_NODE};
 use crate::core::labels::LabelKey;
 use crate::core::lease::LeaseRecord;
 use crate::core::lease::keeper::LeaseError;
@@ -498,18 +498,16 @@ impl World {
     /// A read of the kvstore at one revision, as a snapshot: master keys and the nodes
     /// using each label set.
     pub fn kv_read(&self) -> SyncState {
-        let mut s = SyncState {
-            kv_revision: self.kv_rev,
-            ..Default::default()
-        };
-        for (id, v) in &self.masters {
-            s.masters
-                .insert(id.clone().into_bytes(), v.clone().into_bytes());
-        }
+        let masters = self
+            .masters
+            .iter()
+            .map(|(id, v)| (id.clone().into_bytes(), v.clone().into_bytes()))
+            .collect();
+        let mut counts = NodeCounts::default();
         for (labels, node) in self.values.keys() {
-            s.counts.add_key(labels.as_bytes(), node.as_bytes());
+            counts.add_key(labels.as_bytes(), node.as_bytes());
         }
-        s
+        SyncState::from_kvstore(masters, counts, self.kv_rev)
     }
 
     /// Instance `i` writes (or announces cutover): its gate is open, the Lease record names

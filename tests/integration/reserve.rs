@@ -74,9 +74,8 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
 
     // Sync's view: Kubernetes holds 4000 (`b`) and 4001 (`c`), the kvstore neither. Between
     // that view and the write, a kvstore-mode agent takes 4001 for `d`.
-    let mut state = SyncState::default();
-    state.k8s.insert(4000, "k8s:app=b;".into());
-    state.k8s.insert(4001, "k8s:app=c;".into());
+    let k8s = [(4000, "k8s:app=b;".into()), (4001, "k8s:app=c;".into())];
+    let state = SyncState::default().with_kubernetes(k8s.into(), String::new());
     w.etcd.put(&format!("{P}/id/4001"), b"k8s:app=d;").await;
     w.etcd
         .put(&format!("{P}/value/k8s:app=d;/node-1"), b"4001")

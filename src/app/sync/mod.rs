@@ -341,10 +341,9 @@ impl Sync {
         if self.shell.wants_writer() {
             self.start_writer(&conn, &prefix).await?;
         }
-        let mut state = SyncState::from_snapshot(snap);
-        state.k8s = listed.identities;
-        state.k8s_version = listed.resource_version;
-        let (kv_revision, k8s_version) = (state.kv_revision, state.k8s_version.clone());
+        let state = SyncState::from_snapshot(snap)
+            .with_kubernetes(listed.identities, listed.resource_version);
+        let (kv_revision, k8s_version) = (state.kv_revision(), state.k8s_version().to_string());
         let (done_tx, done_rx) = mpsc::channel(4);
         let (verdict_tx, verdict_rx) = mpsc::channel(1);
         let answers = Answers {

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use super::decided::Decisions;
 use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
 use crate::core::kvstore::{NodeCounts, parse_id};
 use crate::core::labels::LabelKey;
@@ -256,8 +257,9 @@ pub const COUNTS_EVERY: Duration = Duration::from_secs(5);
 
 /// Sync's decisions (see the module).
 pub struct Machine {
-    pub state: SyncState,
-    pub decisions: BTreeMap<String, LoggedDecision>,
+    state: SyncState,
+    /// The operator's decisions: in force and refused (they outlive a round).
+    decisions: Decisions,
     settings: Settings,
     holder: LeaseHolder,
     /// The Lease is valid now (the lease keeper's write gate), told with each input.
@@ -280,7 +282,7 @@ impl Machine {
     pub fn new(settings: Settings, decisions: BTreeMap<String, LoggedDecision>) -> Self {
         Machine {
             state: SyncState::default(),
-            decisions,
+            decisions: Decisions::new(decisions),
             settings,
             holder: LeaseHolder::Unknown,
             lease_valid: false,
@@ -307,6 +309,21 @@ impl Machine {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// What sync knows of both sides and what it did.
+    pub fn state(&self) -> &SyncState {
+        &self.state
+    }
+
+    /// A round ends for a fresh read: what sync knew, taken to be carried to the next.
+    pub fn take_state(&mut self) -> SyncState {
+        std::mem::take(&mut self.state)
+    }
+
+    /// The operator's decisions as sync holds them.
+    pub fn decisions(&self) -> &Decisions {
+        &self.decisions
     }
 
     /// This sync holds the Lease and it is valid: it may write.
@@ -368,17 +385,15 @@ impl Machine {
             Input::Lease(holder) => self.on_lease(holder, &mut out),
             Input::Decided(d) => {
                 self.state.reported.remove(&d.id);
-                self.state.refused.remove(&d.id);
                 // The decisions changed: resumed onto the plan again at the next round.
                 self.state.overlay = None;
-                self.decisions.insert(d.id.clone(), d);
+                self.decisions.decide(d);
                 self.dirty = true;
             }
             Input::Undone(id) => {
                 self.state.reported.remove(&id);
-                self.state.refused.remove(&id);
                 self.state.overlay = None;
-                self.decisions.remove(&id);
+                self.decisions.undo(&id);
                 self.dirty = true;
             }
             Input::BatchDone { ops, outcome } => {
@@ -402,7 +417,7 @@ impl Machine {
                 self.dirty = true;
             }
             Input::RefusalNotLogged(id) => {
-                self.state.refused.remove(&id);
+                self.decisions.unrefuse(&id);
                 // Resumed again at the next plan, which drops it again and says so.
                 self.state.overlay = None;
                 self.dirty = true;
@@ -574,9 +589,9 @@ impl Machine {
         }
         self.dirty = false;
         let s = &self.settings;
-        let (ops, reports) = self
-            .state
-            .round(&self.decisions, s.range, s.accept_proposals, now);
+        let (ops, reports) =
+            self.state
+                .round(&mut self.decisions, s.range, s.accept_proposals, now);
         out.extend(reports.into_iter().map(Output::Report));
         if !ops.is_empty() {
             self.batch_running = true;
@@ -634,10 +649,8 @@ impl Machine {
             let mut moot = self.state.moot_now();
             // Decided since the last plan (and not refused): carried out at the next settle,
             // not closed as waiting for a decision it has.
-            let state = &self.state;
-            moot.retain(|(id, _, _)| {
-                !self.decisions.contains_key(id) || state.refused.contains_key(id)
-            });
+            let decisions = &self.decisions;
+            moot.retain(|(id, _, _)| decisions.get(id).is_none() || decisions.is_refused(id));
             if !moot.is_empty() {
                 // Closed once logged (`MootLogged`); nothing is quiet until then.
                 self.dirty = true;
@@ -669,6 +682,7 @@ impl Machine {
         // decision, not an outcome, so verify would otherwise expect the object for ever).
         nowhere.extend(
             self.decisions
+                .in_force()
                 .values()
                 .filter(|d| {
                     // Only while the id still holds the labels decided on (the kvstore's GC

@@ -318,7 +318,7 @@ impl Shell {
 
     /// A round ended for a fresh read: what it knew is carried to the next.
     pub fn end_round(&mut self) {
-        self.carried = Some(std::mem::take(&mut self.machine.state));
+        self.carried = Some(self.machine.take_state());
     }
 
     fn carry_out(
@@ -378,7 +378,7 @@ impl Shell {
                 Output::End(e) => end = Some(RoundEnd::Done(Box::new(e))),
             }
         }
-        io.stands(&self.machine.state.status);
+        io.stands(self.machine.state().status());
         end
     }
 
@@ -398,14 +398,14 @@ impl Shell {
         match cmd {
             Reserve::AdoptEarlier => {
                 // Once, by the Lease's holder (only it writes).
-                let earlier = rules::earlier_to_adopt(&mut self.earlier, &m.state, m.holding());
+                let earlier = rules::earlier_to_adopt(&mut self.earlier, m.state(), m.holding());
                 q.adopt(earlier);
             }
             Reserve::MasterGone { id, k8s } => q.master_gone(id, k8s),
             Reserve::Want { id, labels } => q.want(id, labels),
             Reserve::Deleted { id } => q.deleted(id),
             Reserve::ViewChanged => q.view_changed(),
-            Reserve::Pump => q.pump(&m.state, m.settings().range, now),
+            Reserve::Pump => q.pump(m.state(), m.settings().range, now),
             Reserve::Release => {}
         }
         let requests = q.take_requests();

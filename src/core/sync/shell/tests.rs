@@ -270,7 +270,7 @@ fn moot_conflicts_are_closed_only_as_far_as_the_log_took_them() {
         panic!("{:?}", io.logged);
     };
     assert_eq!(moot[0], id);
-    assert_eq!(shell.machine().state.moot.len(), 1);
+    assert_eq!(shell.machine().state().moot.len(), 1);
 }
 
 #[test]
@@ -345,7 +345,7 @@ fn a_decision_that_cannot_be_carried_out_is_refused_once_logged_and_waits_again(
     );
     // It waits again: its conflict is said again, and it counts as pending.
     assert_eq!(io.conflicts(), 2);
-    assert_eq!(shell.machine().state.status.pending, 1);
+    assert_eq!(shell.machine().state().status.pending, 1);
     // Said once: later rounds (the plan made again) do not say it again.
     let arrived = Input::Kv(KvWatchEvent::Changes {
         changes: vec![master("301", "k8s:app=c;")],
@@ -354,7 +354,7 @@ fn a_decision_that_cannot_be_carried_out_is_refused_once_logged_and_waits_again(
     shell.take(Turn::Input(arrived), t0, true, &mut io);
     shell.take(
         Turn::Input(Input::K8s(K8sChange::Relisted {
-            identities: shell.machine().state.k8s.clone(),
+            identities: shell.machine().state().k8s.clone(),
             resource_version: "6".into(),
         })),
         t0,
@@ -418,8 +418,8 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
         said: Some(rules::Said::Note("held".into())),
     };
     shell.take(Turn::Reply(reply), t0, true, &mut io);
-    assert_eq!(shell.machine().state.status.reservations, 1);
-    assert_eq!(shell.machine().state.own_masters, BTreeSet::from([4000]));
+    assert_eq!(shell.machine().state().status.reservations, 1);
+    assert_eq!(shell.machine().state().own_masters, BTreeSet::from([4000]));
     assert!(io.notes().contains(&"held"));
 }
 
@@ -508,8 +508,8 @@ fn what_a_round_knew_is_carried_to_the_next_only_when_it_ends() {
     shell.end_round();
     shell.start_round(read(&[("300", A)], &[(300, A)], t0), t0, true, &mut io);
     // What was made is remembered: the count goes on, and nothing is made again.
-    assert_eq!(shell.machine().state.status.mirrored, 1);
-    assert!(shell.machine().state.created.contains(&300));
+    assert_eq!(shell.machine().state().status.mirrored, 1);
+    assert!(shell.machine().state().created.contains(&300));
 }
 
 #[test]

@@ -948,38 +948,12 @@ impl SyncState {
             {
                 continue;
             }
-            if self.deleted_after_create.get(&t) == Some(&item.labels) {
-                if !self.may_make_again(t, item.labels.as_bytes()) {
-                    if self.reported.insert(format!("deleted:{t}")) {
-                        self.status.deleted_not_recreated += 1;
-                    }
-                    if item.decided {
-                        let why = format!(
-                            "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
-                        );
-                        reports.extend(refuse_once(decisions, item, Some(t), why));
-                    }
-                    continue;
-                }
-                self.recreated.insert(t);
-                self.status.recreated += 1;
+            if self.deleted_after_create.get(&t) == Some(&item.labels)
+                && !self.make_again(item, t, decisions, &mut reports)
+            {
+                continue;
             }
-            ops.push(Op {
-                id: item.id.clone(),
-                label_key: item.labels.clone(),
-                kind: item.kind,
-                op: OpKind::Create,
-                target_id: Some(t),
-                decided_by: if item.decided {
-                    DecidedBy::Operator
-                } else if item.kind.needs_decision() {
-                    DecidedBy::AcceptProposals
-                } else {
-                    DecidedBy::Proposal
-                },
-                expect: None,
-                reason: None,
-            });
+            ops.push(create_op(item, t));
             claimed_labels.insert(item.labels.clone());
         }
         self.status.pending = pending;
@@ -989,6 +963,33 @@ impl SyncState {
             }
         }
         (ops, reports)
+    }
+
+    /// An object this sync made at `t` for `item`'s labels, deleted since: whether it is made
+    /// again now (counted), or held back by the make-again-once rule (counted once, and a
+    /// decision on it refused once).
+    fn make_again(
+        &mut self,
+        item: &PlanItem,
+        t: u32,
+        decisions: &mut Decisions,
+        reports: &mut Vec<SyncReport>,
+    ) -> bool {
+        if !self.may_make_again(t, item.labels.as_bytes()) {
+            if self.reported.insert(format!("deleted:{t}")) {
+                self.status.deleted_not_recreated += 1;
+            }
+            if item.decided {
+                let why = format!(
+                    "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
+                );
+                reports.extend(refuse_once(decisions, item, Some(t), why));
+            }
+            return false;
+        }
+        self.recreated.insert(t);
+        self.status.recreated += 1;
+        true
     }
 
     /// What the latest plan says beyond the writes: skips, reuses, counts.
@@ -1181,6 +1182,26 @@ pub struct Taken {
     pub mirrored: u64,
     pub failures: u64,
     pub lags: Vec<Duration>,
+}
+
+/// The create of `item` at `t`, and who decided it.
+fn create_op(item: &PlanItem, t: u32) -> Op {
+    Op {
+        id: item.id.clone(),
+        label_key: item.labels.clone(),
+        kind: item.kind,
+        op: OpKind::Create,
+        target_id: Some(t),
+        decided_by: if item.decided {
+            DecidedBy::Operator
+        } else if item.kind.needs_decision() {
+            DecidedBy::AcceptProposals
+        } else {
+            DecidedBy::Proposal
+        },
+        expect: None,
+        reason: None,
+    }
 }
 
 /// A decided item that the rules hold back (`why`): said once per decision, as a refusal,

@@ -115,7 +115,7 @@ impl Instance {
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Self {
-        let shell = Shell::new(settings, decisions_in_force(log), unreleased(log), false);
+        let shell = Shell::new(settings, decisions_in_force(log), false);
         let mut i = Instance {
             idx,
             shell,
@@ -195,7 +195,7 @@ impl Instance {
         self.verify = None;
         if self.shell.wants_writer() {
             self.reserver = Some(SimReservations::start(world));
-            self.shell.writer_started();
+            self.shell.writer_started(unreleased(log));
         }
         let now = clock.at(world.now);
         let gate = world.lease_valid(self.idx);
@@ -420,6 +420,41 @@ impl Instance {
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }
         }
+    }
+
+    /// Asked to stop (SIGTERM, an upgrade), as the binary is: the stop is told at the next
+    /// settle; a batch out is taken in first (the machine waits for it); then sync ends. A
+    /// stop while both sides are still to be read ends it at once.
+    pub fn stop(
+        &mut self,
+        world: &mut World,
+        log: &mut Vec<LogLine>,
+        (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
+    ) -> Result<(), Failure> {
+        if self.unread || self.ended {
+            return Ok(());
+        }
+        let stop = Turn::Settle { stopped: true };
+        self.feed(
+            stop.clone(),
+            world,
+            log,
+            (clock, &mut *rng, faults, &mut *trace),
+        )?;
+        if !self.ended && self.batch.is_some() {
+            let outcome = self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
+            let ops = self.batch.take().unwrap_or_default();
+            let done = Turn::Input(Input::BatchDone { ops, outcome });
+            self.feed(done, world, log, (clock, &mut *rng, faults, &mut *trace))?;
+            self.feed(stop, world, log, (clock, rng, faults, trace))?;
+        }
+        if !self.ended {
+            return Err(Failure::new(
+                "a stop ends sync once its batch is in",
+                format!("i{} was told to stop and goes on", self.idx),
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` on the shell with the simulated world as its IO; the first invariant a call

@@ -132,3 +132,24 @@ pub fn tries(
     }
     Ok(outcomes)
 }
+
+/// A clean stop's give-up, core's (`Elector::give_up`): whether the Lease was cleared.
+pub fn give_up(world: &mut World, elector: &mut Elector, fails: bool) -> Result<bool, Failure> {
+    let world = RefCell::new(world);
+    let mut store = SimStore {
+        world: &world,
+        fails,
+        read: None,
+    };
+    let mut f = std::pin::pin!(elector.give_up(&mut store));
+    // The read, then the write after its turn.
+    for _ in 0..2 {
+        if let Poll::Ready(cleared) = f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            return Ok(cleared);
+        }
+    }
+    Err(Failure::new(
+        "the simulation's IO answers at once",
+        "a Lease give-up waited twice".to_string(),
+    ))
+}

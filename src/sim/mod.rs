@@ -249,6 +249,7 @@ impl Sim {
                 );
                 Ok(())
             }
+            92 if self.rng.chance(0.5) => self.stop_and_restart(i),
             92 => self.crash(i),
             93 => {
                 self.world.malformed(&mut self.rng);
@@ -646,7 +647,33 @@ impl Sim {
         }
         self.trace
             .line(self.world.now, format!("i{i} crashes{note} and restarts"));
-        // A dead process writes nothing; the restarted one starts its keeper afresh.
+        self.restart(i);
+        Ok(())
+    }
+
+    /// An instance stops cleanly (an upgrade, SIGTERM) and starts again: its sync ends as
+    /// the binary's does (the batch out taken in, the reservation writer finishing what it
+    /// was sent) and core's keeper gives the Lease up, so another takes over at once.
+    fn stop_and_restart(&mut self, i: usize) -> Result<(), Failure> {
+        if !self.instances[i].alive {
+            return Ok(());
+        }
+        let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
+        self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
+        self.reservations_done(i)?;
+        let fails = self.renewals_fail[i];
+        let gave_up = lease::give_up(&mut self.world, &mut self.instances[i].elector, fails)?;
+        self.trace.line(
+            self.world.now,
+            format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
+        );
+        self.restart(i);
+        Ok(())
+    }
+
+    /// Instance `i` starts again from its log and a fresh read.
+    fn restart(&mut self, i: usize) {
+        // A process that ended writes nothing; the restarted one starts its keeper afresh.
         self.world.gates[i] = None;
         let ctx = (&self.clock, &mut self.rng, &mut self.trace);
         let restarted = Instance::start(
@@ -657,7 +684,6 @@ impl Sim {
             ctx,
         );
         self.instances[i] = restarted;
-        Ok(())
     }
 
     /// The end of the rollout: every node moves to CRD mode, the faults end, and events are

@@ -106,7 +106,7 @@ pub async fn run(
         Some(p) => decisions_file::read(p)?,
         None => None,
     };
-    let (decisions, earlier) = resume_decisions(&cfg, file.as_ref().map(|f| f.1.clone()))?;
+    let decisions = resume_decisions(&cfg, file.as_ref().map(|f| f.1.clone()))?;
     // Followed while sync runs, unless decisions come from a screen instead (the TUI's).
     let _following_file = match (&opts.decisions_file, decided.is_none()) {
         (Some(path), true) => {
@@ -126,7 +126,7 @@ pub async fn run(
     };
     let lease = take_lease(&cfg, &opts, &events).await?;
     let settings = settings(&cfg, &opts);
-    let mut shell = Shell::new(settings, decisions, earlier, opts.release_reservations);
+    let mut shell = Shell::new(settings, decisions, opts.release_reservations);
     // Who holds the Lease now, known before the first round (said when the keeper says it).
     shell.know_holder(holder_of(lease.writer.borrow().clone()));
     let sync = Sync {
@@ -169,24 +169,29 @@ impl Drop for AbortOnDrop {
 }
 
 /// The decisions recorded so far (any --resume logs, then the decisions file's `from_file`,
-/// then this log): a restart resumes them; and the kvstore reservations the logs record as
-/// made and not released. A log that cannot be read is an error: going on without its
-/// decisions could create what the operator skipped.
+/// then this log): a restart resumes them. A log that cannot be read is an error: going on
+/// without its decisions could create what the operator skipped.
 fn resume_decisions(
     cfg: &ServiceConfig,
     from_file: Option<Vec<resume::LogStep>>,
-) -> Result<(BTreeMap<String, LoggedDecision>, reserve::Unreleased)> {
-    let (mut steps, mut reserved) = (Vec::new(), BTreeMap::new());
+) -> Result<BTreeMap<String, LoggedDecision>> {
+    let mut steps = Vec::new();
     for p in &cfg.resume {
-        let log = flows::read_log(p)?;
-        steps.extend(log.steps());
-        reserve::note_reservations(&mut reserved, &log);
+        steps.extend(flows::read_log(p)?.steps());
     }
     steps.extend(from_file.unwrap_or_default());
-    let own = flows::read_log(cfg.log.path())?;
-    steps.extend(own.steps());
-    reserve::note_reservations(&mut reserved, &own);
-    Ok((resume::replay(steps), reserved))
+    steps.extend(flows::read_log(cfg.log.path())?.steps());
+    Ok(resume::replay(steps))
+}
+
+/// The kvstore reservations the logs (any --resume logs, then this log) record as made and
+/// not released now.
+fn unreleased_in_logs(cfg: &ServiceConfig) -> Result<reserve::Unreleased> {
+    let mut reserved = BTreeMap::new();
+    for p in cfg.resume.iter().chain([&cfg.log.path().to_path_buf()]) {
+        reserve::note_reservations(&mut reserved, &flows::read_log(p)?);
+    }
+    Ok(reserved)
 }
 
 /// What lives across rounds: the configuration, the lease, the shell (with the machine
@@ -406,9 +411,14 @@ impl Sync {
                 }
             };
         started.gate_writes(self.lease.gate.clone());
+        // A release still running (at cutover) ends first: what it left is in the log.
+        if let Some(releasing) = self.releasing.take() {
+            let _ = releasing.await;
+        }
+        let unreleased = unreleased_in_logs(&self.cfg).map_err(Retry::Fatal)?;
         let task = ReservationTask::spawn(started);
         self.reservations = Some(task);
-        self.shell.writer_started();
+        self.shell.writer_started(unreleased);
         Ok(())
     }
 

@@ -675,6 +675,16 @@ impl Machine {
         }
         self.last_verify = Some(now);
         self.verifying = true;
+        out.push(Output::Verify {
+            reused: self.state.reused.clone(),
+            nowhere: self.expected_nowhere(),
+        });
+    }
+
+    /// What the cutover check expects in Kubernetes nowhere: the identities closed as moot,
+    /// sync's own reservations, those skipped by a decision, and objects sync made that the
+    /// cluster's GC deleted since and that are not made again.
+    fn expected_nowhere(&self) -> BTreeSet<String> {
         let mut nowhere = self.state.moot.clone();
         // Sync's own reservations are no kvstore identities: verify expects no object there.
         nowhere.extend(self.state.reservations_alone().map(|id| id.to_string()));
@@ -714,10 +724,7 @@ impl Machine {
                     .map(|i| i.id),
             );
         }
-        out.push(Output::Verify {
-            reused: self.state.reused.clone(),
-            nowhere,
-        });
+        nowhere
     }
 
     /// No kvstore-mode node for the grace, and this sync holds the Lease.

@@ -183,7 +183,6 @@ impl Shell {
     pub fn new(
         settings: Settings,
         decisions: BTreeMap<String, LoggedDecision>,
-        earlier: Unreleased,
         release_on_stop: bool,
     ) -> Self {
         Shell {
@@ -192,7 +191,7 @@ impl Shell {
             stop_told: false,
             catch_up_said: false,
             queue: None,
-            earlier,
+            earlier: Unreleased::new(),
             release_on_stop,
         }
     }
@@ -213,9 +212,14 @@ impl Shell {
         self.machine.reserving() && self.queue.is_none()
     }
 
-    /// The reservation writer started: its queue is this shell's.
-    pub fn writer_started(&mut self) {
+    /// The reservation writer started: its queue is this shell's; `unreleased` is what the
+    /// decision logs record as reserved and not released now, read as the writer starts (at
+    /// a start, what an earlier sync left; after a release at cutover that did not finish, a
+    /// disk full or the Lease lost midway, what that release left), taken over once by the
+    /// Lease's holder, so a writer that starts again never forgets master keys written.
+    pub fn writer_started(&mut self, unreleased: Unreleased) {
         self.queue = Some(Queue::default());
+        self.earlier = unreleased;
     }
 
     /// Whether a writer runs, to be finished when sync ends.

@@ -103,7 +103,7 @@ fn settings(reserve: bool, until_cutover: bool) -> Settings {
 
 /// A shell with no decisions and nothing reserved earlier, and an IO that records.
 fn shell(settings: Settings, release_on_stop: bool) -> (Shell, Recorded) {
-    let shell = Shell::new(settings, BTreeMap::new(), BTreeMap::new(), release_on_stop);
+    let shell = Shell::new(settings, BTreeMap::new(), release_on_stop);
     (shell, Recorded::default())
 }
 
@@ -395,7 +395,7 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
     );
     assert!(io.requests.is_empty(), "{:?}", io.requests);
     shell.end_round();
-    shell.writer_started();
+    shell.writer_started(BTreeMap::new());
     assert!(!shell.wants_writer());
     assert!(shell.has_writer());
     assert!(shell.release_on_stop(true));
@@ -427,7 +427,7 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
 fn cutover_releases_the_reservations_once_and_a_node_back_reserves_anew() {
     let t0 = Instant::now();
     let (mut shell, mut io) = shell(settings(true, false), false);
-    shell.writer_started();
+    shell.writer_started(BTreeMap::new());
     // 300 = A is in Kubernetes already; no kvstore-mode node.
     let mut state = read(&[("300", A)], &[(300, A)], t0);
     state.apply_kv_change(node(A, true), t0);
@@ -474,7 +474,7 @@ fn cutover_releases_the_reservations_once_and_a_node_back_reserves_anew() {
     );
     shell.end_round();
     assert!(shell.wants_writer());
-    shell.writer_started();
+    shell.writer_started(BTreeMap::new());
     shell.start_round(
         read(&[("300", A)], &[(300, A), (4000, B)], t0),
         later,
@@ -518,9 +518,9 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
     let settings = settings(true, false);
     // An earlier sync left 4003 reserved (at revision 7); Kubernetes still holds it.
     let earlier = BTreeMap::from([(4003, (B.to_string(), 7))]);
-    let mut shell = Shell::new(settings, BTreeMap::new(), earlier, false);
+    let mut shell = Shell::new(settings, BTreeMap::new(), false);
     let mut io = Recorded::default();
-    shell.writer_started();
+    shell.writer_started(earlier);
     following(
         &mut shell,
         read(&[("4003", B)], &[(4003, B)], t0),

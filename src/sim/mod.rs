@@ -1,12 +1,15 @@
 //! A deterministic simulation of whole rollouts, FoundationDB-style: the very shell the
-//! binary runs (`core::sync::shell`, over the real machine `core::sync::machine`), the real
-//! lease keeper's rules (`core::lease`) and reservation rules (`core::sync::reserve`, the
-//! writer's side carried out by `reserver`), with only the IO beneath swapped for a simulated
+//! binary runs (`core::sync::shell`, over the real machine `core::sync::machine`), the very
+//! Lease keeper's tries (`core::lease::keeper`, over `lease`'s simulated API server), the
+//! very reservation writer (`core::sync::reserve::writer`, over `reserver`'s simulated etcd)
+//! and the same rules for what a failure means (`core::sync::failure`, `core::retry`), with
+//! only the IO beneath swapped for a simulated
 //! world (`world`: etcd with leases, a kube-apiserver, agents that allocate as Cilium's do,
 //! nodes rolling and rolling back, both GCs, the Lease record), with faults (compactions,
 //! 410s, failed and lost batches, reads at a round's start that fail or are not one view,
 //! renewals that fail, a second instance racing for the Lease, etcd timeouts, crashes
-//! mid-write with a torn log line, a full disk, malformed entries) and an operator who
+//! mid-write with a torn log line, clean stops, a full disk, malformed entries) and an
+//! operator who
 //! decides, late, and undoes; no tokio, no clock, no sockets, everything from one seed, at
 //! the binary's own cadences. The invariants are checked on every call the shell makes
 //! (`instance`), against the world, the log and what each instance was told, never against
@@ -338,10 +341,10 @@ impl Sim {
         Ok(())
     }
 
-    /// The lease keepers, each with core's rules (`Elector`) as the real keeper runs them:
-    /// each whose wait is over reads the record and decides; then the writes land in a random
-    /// order, so one can come between another's read and write (a 409). A keeper whose
-    /// renewals fail gets no answer. Each is told when who holds the Lease changes for it.
+    /// The lease keepers' tries, core's own (`Elector::try_take`, through `lease::tries`):
+    /// each whose wait is over reads the record and decides; then the writes land in the
+    /// seed's order, so one can come between another's read and write (a 409). A keeper
+    /// whose renewals fail gets no answer. Each is told when who holds the Lease changes.
     fn lease(&mut self) -> Result<(), Failure> {
         let now = self.world.now;
         let at = self.clock.at(now);

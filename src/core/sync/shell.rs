@@ -388,33 +388,36 @@ impl Shell {
 
     /// A reservation command, to the queue and on to the writer; at cutover, the release.
     fn reserve(&mut self, cmd: Reserve, now: Instant, io: &mut impl Io) {
-        if cmd == Reserve::Release {
-            // No kvstore-mode node is left to need them.
-            if self.queue.take().is_some() {
-                io.release();
-            }
-            return;
-        }
         let Some(q) = self.queue.as_mut() else {
             return;
         };
         let m = &self.machine;
+        // What the logs record as reserved and not released is taken over once, by the
+        // Lease's holder (only it writes), at the first command that finds it holding: the
+        // Lease taken while its gate is shut a moment (a renewal late) must not leave it
+        // behind, and a release takes it along.
+        q.adopt(rules::earlier_to_adopt(
+            &mut self.earlier,
+            m.state(),
+            m.holding(),
+        ));
+        let release = cmd == Reserve::Release;
         match cmd {
-            Reserve::AdoptEarlier => {
-                // Once, by the Lease's holder (only it writes).
-                let earlier = rules::earlier_to_adopt(&mut self.earlier, m.state(), m.holding());
-                q.adopt(earlier);
-            }
             Reserve::MasterGone { id, k8s } => q.master_gone(id, k8s),
             Reserve::Want { id, labels } => q.want(id, labels),
             Reserve::Deleted { id } => q.deleted(id),
             Reserve::ViewChanged => q.view_changed(),
             Reserve::Pump => q.pump(m.state(), m.settings().range, now),
-            Reserve::Release => {}
+            Reserve::AdoptEarlier | Reserve::Release => {}
         }
         let requests = q.take_requests();
         if !requests.is_empty() {
             io.reserve(requests);
+        }
+        if release {
+            // No kvstore-mode node is left to need them.
+            self.queue = None;
+            io.release();
         }
     }
 }

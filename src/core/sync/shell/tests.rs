@@ -669,3 +669,37 @@ fn shell_with_nothing_read(t0: Instant) -> (Shell, Recorded) {
     following(&mut shell, read(&[], &[], t0), t0, &mut io);
     (shell, io)
 }
+
+#[test]
+fn what_the_logs_left_is_taken_over_once_the_lease_is_held_with_its_gate_open() {
+    let t0 = Instant::now();
+    let mut shell = Shell::new(settings(true, false), BTreeMap::new(), false);
+    let mut io = Recorded::default();
+    // An earlier writer left 4003 reserved (at revision 7) and its release did not finish.
+    shell.writer_started(BTreeMap::from([(4003, (B.to_string(), 7))]));
+    // Another sync holds the Lease at the start: nothing is taken over.
+    shell.know_holder(LeaseHolder::Other("other".into()));
+    shell.start_round(read(&[], &[(4003, B)], t0), t0, false, &mut io);
+    assert!(io.requests.is_empty(), "{:?}", io.requests);
+    // The Lease is taken while its gate is shut (the renewal came late): still nothing.
+    let us = Turn::Input(Input::Lease(LeaseHolder::Us));
+    shell.take(us, t0, false, &mut io);
+    assert!(io.requests.is_empty(), "{:?}", io.requests);
+    // The gate opens: the next command takes it over, once.
+    settle(&mut shell, t0 + Duration::from_millis(100), &mut io);
+    let adopted = Request::Adopt(vec![rules::Earlier {
+        id: 4003,
+        labels: B.into(),
+        revision: 7,
+        keep: true,
+    }]);
+    assert_eq!(
+        io.requests.iter().filter(|r| **r == adopted).count(),
+        1,
+        "{:?}",
+        io.requests
+    );
+    io.requests.clear();
+    settle(&mut shell, t0 + Duration::from_millis(200), &mut io);
+    assert!(!io.requests.contains(&adopted), "{:?}", io.requests);
+}

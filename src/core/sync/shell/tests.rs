@@ -166,9 +166,9 @@ fn created(ops: &[Op]) -> Input {
     }
 }
 
-#[test]
-fn a_rounds_first_creates_are_said_once_as_the_catch_up_and_again_after_a_fresh_read() {
-    let t0 = Instant::now();
+/// A shell following a kvstore of two identities (300, 301) and no objects, with the
+/// batch of their two creates out.
+fn first_batch_of_two(t0: Instant) -> (Shell, Recorded, Vec<Op>) {
     let (mut shell, mut io) = shell(settings(false, false), false);
     following(
         &mut shell,
@@ -178,6 +178,13 @@ fn a_rounds_first_creates_are_said_once_as_the_catch_up_and_again_after_a_fresh_
     );
     settle(&mut shell, t0, &mut io);
     let ops = io.writes.pop().expect("a batch");
+    (shell, io, ops)
+}
+
+#[test]
+fn a_rounds_first_creates_are_said_once_as_the_catch_up_and_again_after_a_fresh_read() {
+    let t0 = Instant::now();
+    let (mut shell, mut io, ops) = first_batch_of_two(t0);
     assert_eq!(ops.len(), 2);
     shell.take(Turn::Input(created(&ops)), t0, true, &mut io);
     assert_eq!(io.notes(), vec![catch_up_text(2).as_str()]);
@@ -612,15 +619,7 @@ fn the_catch_up_and_the_demos_grace_read_as_documented() {
 fn only_a_rounds_first_lagless_creates_are_the_catch_up() {
     let t0 = Instant::now();
     // A first batch that fails wrote nothing: no catch-up.
-    let (mut shell, mut io) = shell(settings(false, false), false);
-    following(
-        &mut shell,
-        read(&[("300", A), ("301", B)], &[], t0),
-        t0,
-        &mut io,
-    );
-    settle(&mut shell, t0, &mut io);
-    let ops = io.writes.pop().expect("a batch");
+    let (mut shell, mut io, ops) = first_batch_of_two(t0);
     let failed = Input::BatchDone {
         ops: ops.clone(),
         outcome: BatchOutcome::Done {

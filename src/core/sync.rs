@@ -2328,6 +2328,39 @@ mod tests {
     }
 
     #[test]
+    fn what_the_shell_and_the_simulation_read_is_the_state_itself() {
+        let range = IdRange::for_cluster(0).unwrap();
+        let t0 = Instant::now();
+        let masters = BTreeMap::from([
+            (b"300".to_vec(), b"k8s:app=a;".to_vec()),
+            (b"301".to_vec(), b"k8s:app=b;".to_vec()),
+        ]);
+        // 5000 holds b's labels: its identity 301 is a duplicate, waiting for a decision.
+        let k8s = BTreeMap::from([(5000, "k8s:app=b;".to_string())]);
+        let mut sync = SyncState::from_kvstore(masters.clone(), NodeCounts::default(), 42)
+            .with_kubernetes(k8s.clone(), "17".into());
+        assert_eq!(sync.masters(), &masters);
+        assert_eq!(sync.k8s(), &k8s);
+        assert_eq!(sync.kv_revision(), 42);
+        assert_eq!(sync.k8s_version(), "17");
+        let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+        assert_eq!(sync.status(), &sync.status);
+        assert_eq!(sync.status().identities, 2);
+        assert_eq!(sync.waiting(), sync.waiting.as_slice());
+        assert_eq!(
+            sync.waiting()
+                .iter()
+                .map(|w| w.0.as_str())
+                .collect::<Vec<_>>(),
+            ["301"],
+            "{ops:?}"
+        );
+        assert_eq!(sync.reused(), &sync.reused);
+        sync.moot.insert("301".into());
+        assert!(sync.is_moot("301") && !sync.is_moot("300"));
+    }
+
+    #[test]
     fn a_decided_create_of_an_object_sync_made_and_the_gc_deleted_is_refused_once() {
         let range = IdRange::for_cluster(0).unwrap();
         let t0 = Instant::now();

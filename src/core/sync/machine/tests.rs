@@ -195,6 +195,7 @@ fn cutover_comes_after_the_grace_and_a_passing_check_and_only_once() {
         true,
     );
     assert!(!out.iter().any(|o| matches!(o, Output::Cutover(_))));
+    assert!(!m.cutover_announced());
     let out = m.step(
         Input::Status { watching: true },
         t1 + Duration::from_secs(20),
@@ -211,7 +212,7 @@ fn cutover_comes_after_the_grace_and_a_passing_check_and_only_once() {
         "{out:?}"
     );
     assert!(out.iter().any(|o| matches!(o, Output::End(e) if e.cutover)));
-    assert!(m.ended());
+    assert!(m.ended() && m.cutover_announced());
     assert!(
         m.step(Input::Status { watching: true }, t2, true)
             .is_empty()
@@ -458,8 +459,11 @@ fn a_skip_the_operator_undoes_waits_for_a_decision_again() {
     let t0 = Instant::now();
     let mut m = skipped_300(t0);
     assert_eq!(m.state.status.pending, 0, "skipped");
+    let skip = m.decisions().get("300").map(|d| d.action);
+    assert_eq!(skip, Some(crate::core::planner::Action::Skip));
     // Undone on screen 3: pending again, reported again, and no longer expected nowhere.
     m.step(Input::Undone("300".into()), t0, true);
+    assert!(m.decisions().get("300").is_none());
     let out = m.step(Input::Settle, t0, true);
     assert!(
         out.iter().any(|o| matches!(

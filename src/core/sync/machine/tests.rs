@@ -875,3 +875,26 @@ fn node_counts_are_published_when_they_moved_at_most_every_counts_every() {
         None
     );
 }
+
+#[test]
+fn a_deleted_object_waiting_to_be_made_again_is_a_write_cutover_waits_for() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    m.step(done(ops), t0, true);
+    m.step(Input::Settle, t0, true);
+    m.step(Input::Status { watching: true }, t0, true);
+    // Just before the grace is over, a person deletes the object while the kvstore holds
+    // the identity: it waits before it is made again, and nothing else is unsettled.
+    let t1 = t0 + Duration::from_secs(10);
+    let deleted = Input::K8s(K8sChange::Deleted {
+        id: 300,
+        resource_version: "9".into(),
+    });
+    m.step(deleted, t1 - Duration::from_millis(500), true);
+    m.step(Input::Settle, t1 - Duration::from_millis(500), true);
+    m.step(Input::Status { watching: true }, t1, true);
+    assert_eq!(m.state.in_flight.len() + m.state.failed.len(), 0);
+    assert_eq!(m.state.settling.len(), 1);
+    assert_eq!(m.state.status.cutover_wait, Some(CutoverWait::Writes(1)));
+}

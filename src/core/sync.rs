@@ -2355,7 +2355,8 @@ mod tests {
             ["301"],
             "{ops:?}"
         );
-        assert_eq!(sync.reused(), &sync.reused);
+        sync.reused.insert("302".into(), 5001);
+        assert_eq!(sync.reused(), &BTreeMap::from([("302".to_string(), 5001)]));
         sync.moot.insert("301".into());
         assert!(sync.is_moot("301") && !sync.is_moot("300"));
     }

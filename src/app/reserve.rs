@@ -27,9 +27,9 @@ use super::metrics::Metrics;
 use crate::apply::executor::WriteGate;
 use crate::core::labels::LabelKey;
 use crate::core::planner::Kind;
-use crate::core::sync::reserve::Request;
 use crate::core::sync::reserve::writer::{KvWrites, Released, Reserved, WriteLine, Writer};
 pub use crate::core::sync::reserve::{Earlier, Reply, Said, Unreleased};
+use crate::core::sync::reserve::{Recorded, Request, note_unreleased};
 use crate::error::{Error, Result};
 use crate::io::decision_log::{LogContents, Record};
 use crate::io::kv_source::KvFollower;
@@ -194,22 +194,21 @@ impl Reservations {
 }
 
 /// Folds one decision log (logs in order) into the reservations recorded as made and not
-/// released: what a sync restarted (after a crash, an upgrade, or on another host) takes over.
+/// released (core's `note_unreleased`): what a sync restarted takes over.
 pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
-    for r in &log.records {
-        let Ok(id) = r.id.parse::<u32>() else {
-            continue;
-        };
+    let lines = log.records.iter().filter_map(|r| {
+        let id = r.id.parse::<u32>().ok()?;
         match (r.action.as_deref(), r.kvstore_revision) {
-            (Some("reserve-in-kvstore"), Some(revision)) => {
-                made.insert(id, (r.labels.clone(), revision));
-            }
-            (Some("release-reservation"), _) => {
-                made.remove(&id);
-            }
-            _ => {}
+            (Some("reserve-in-kvstore"), Some(revision)) => Some(Recorded::Reserved {
+                id,
+                labels: r.labels.clone(),
+                revision,
+            }),
+            (Some("release-reservation"), _) => Some(Recorded::Released { id }),
+            _ => None,
         }
-    }
+    });
+    note_unreleased(made, lines);
 }
 
 /// How often the reservations' lease is kept alive: well within its 15 minutes, and soon

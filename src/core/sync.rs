@@ -1340,7 +1340,6 @@ mod tests {
         in_force: &BTreeMap<String, LoggedDecision>,
     ) -> Result<(), TestCaseError> {
         let mut decisions = Decisions::new(in_force.clone());
-        let range = IdRange::for_cluster(0).unwrap();
         let mut sync = SyncState::default();
         let mut w = World::default();
         let mut now = Instant::now();
@@ -1377,72 +1376,15 @@ mod tests {
                         sync.k8s_delete(id, String::new(), now);
                     }
                 }
-                Event::Round => {
-                    let (ops, _) = sync.round(&mut decisions, range, accept_proposals, now);
-                    // The plan kept up to date change by change, with the decisions kept
-                    // resumed onto it, is the plan made in full with them resumed
-                    // (node counts aside: the cache does not keep them).
-                    let full = sync.plan(in_force, range);
-                    let cached: Vec<PlanItem> = sync.planned_items();
-                    let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
-                        items
-                            .iter()
-                            .cloned()
-                            .map(|mut i| {
-                                i.nodes = 0;
-                                i
-                            })
-                            .collect()
-                    };
-                    prop_assert_eq!(strip(&cached), strip(&full));
-                    for op in &ops {
-                        let t = op.target_id.unwrap();
-                        prop_assert!(range.contains(t), "a write outside the range: {op:?}");
-                        prop_assert!(
-                            valid_label_key(op.label_key.as_bytes()).is_ok(),
-                            "a malformed write: {op:?}"
-                        );
-                        prop_assert!(parse_id(op.id.as_bytes()).is_ok(), "a malformed id: {op:?}");
-                        let elsewhere = w.k8s.iter().any(|(id, l)| *l == op.label_key && *id != t)
-                            || w.in_flight.iter().any(|o| o.label_key == op.label_key);
-                        // A duplicate the operator decided to create is the one allowed.
-                        let decided = op.decided_by == DecidedBy::Operator;
-                        prop_assert!(
-                            accept_proposals || decided || !elsewhere,
-                            "a second object for {}: {op:?}, world {:?}",
-                            op.label_key,
-                            w.k8s
-                        );
-                    }
-                    w.in_flight.extend(ops);
-                }
-                Event::Complete { fail } => {
-                    let ops = std::mem::take(&mut w.in_flight);
-                    let mut results = Vec::new();
-                    for op in &ops {
-                        let t = op.target_id.unwrap();
-                        let outcome = match w.k8s.get(&t) {
-                            _ if fail => Outcome::Failed,
-                            Some(l) if *l == op.label_key => Outcome::AlreadyExisted,
-                            Some(_) => Outcome::Conflict,
-                            None => {
-                                w.k8s.insert(t, op.label_key.clone());
-                                w.created.insert(t, op.label_key.clone());
-                                Outcome::Created
-                            }
-                        };
-                        results.push((t, outcome));
-                    }
-                    let outcome = BatchOutcome::Done {
-                        results,
-                        halted: None,
-                    };
-                    sync.take_results(ops, outcome, now);
-                    // Sync's own creates reach it again through its watch.
-                    for (id, l) in &w.k8s {
-                        sync.k8s_upsert(*id, l.clone(), String::new(), now);
-                    }
-                }
+                Event::Round => round(
+                    &mut sync,
+                    &mut w,
+                    &mut decisions,
+                    in_force,
+                    accept_proposals,
+                    now,
+                )?,
+                Event::Complete { fail } => complete(&mut sync, &mut w, fail, now),
             }
             w.splits_found
                 .extend(sync.splits_to_report.drain(..).map(|(id, _)| id));
@@ -1453,6 +1395,90 @@ mod tests {
                 "the count of splits now is not the splits there are"
             );
         }
+        check_end(&w, &sync, accept_proposals || !decisions.is_empty())
+    }
+
+    /// A round: its writes are checked against the world, then go in flight. The plan kept
+    /// up to date change by change, with the decisions kept resumed onto it, is the plan
+    /// made in full with them resumed (node counts aside: the cache does not keep them).
+    fn round(
+        sync: &mut SyncState,
+        w: &mut World,
+        decisions: &mut Decisions,
+        in_force: &BTreeMap<String, LoggedDecision>,
+        accept_proposals: bool,
+        now: Instant,
+    ) -> Result<(), TestCaseError> {
+        let range = IdRange::for_cluster(0).unwrap();
+        let (ops, _) = sync.round(decisions, range, accept_proposals, now);
+        let full = sync.plan(in_force, range);
+        let cached: Vec<PlanItem> = sync.planned_items();
+        let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
+            items
+                .iter()
+                .cloned()
+                .map(|mut i| {
+                    i.nodes = 0;
+                    i
+                })
+                .collect()
+        };
+        prop_assert_eq!(strip(&cached), strip(&full));
+        for op in &ops {
+            let t = op.target_id.unwrap();
+            prop_assert!(range.contains(t), "a write outside the range: {op:?}");
+            prop_assert!(
+                valid_label_key(op.label_key.as_bytes()).is_ok(),
+                "a malformed write: {op:?}"
+            );
+            prop_assert!(parse_id(op.id.as_bytes()).is_ok(), "a malformed id: {op:?}");
+            let elsewhere = w.k8s.iter().any(|(id, l)| *l == op.label_key && *id != t)
+                || w.in_flight.iter().any(|o| o.label_key == op.label_key);
+            // A duplicate the operator decided to create is the one allowed.
+            let decided = op.decided_by == DecidedBy::Operator;
+            prop_assert!(
+                accept_proposals || decided || !elsewhere,
+                "a second object for {}: {op:?}, world {:?}",
+                op.label_key,
+                w.k8s
+            );
+        }
+        w.in_flight.extend(ops);
+        Ok(())
+    }
+
+    /// The batch in flight completes (or fails as a whole), as the API server answers it.
+    fn complete(sync: &mut SyncState, w: &mut World, fail: bool, now: Instant) {
+        let ops = std::mem::take(&mut w.in_flight);
+        let mut results = Vec::new();
+        for op in &ops {
+            let t = op.target_id.unwrap();
+            let outcome = match w.k8s.get(&t) {
+                _ if fail => Outcome::Failed,
+                Some(l) if *l == op.label_key => Outcome::AlreadyExisted,
+                Some(_) => Outcome::Conflict,
+                None => {
+                    w.k8s.insert(t, op.label_key.clone());
+                    w.created.insert(t, op.label_key.clone());
+                    Outcome::Created
+                }
+            };
+            results.push((t, outcome));
+        }
+        let outcome = BatchOutcome::Done {
+            results,
+            halted: None,
+        };
+        sync.take_results(ops, outcome, now);
+        // Sync's own creates reach it again through its watch.
+        for (id, l) in &w.k8s {
+            sync.k8s_upsert(*id, l.clone(), String::new(), now);
+        }
+    }
+
+    /// At the end: every split found once, and at most one object per label set created
+    /// unless proposals were accepted or decisions taken (`decided`).
+    fn check_end(w: &World, sync: &SyncState, decided: bool) -> Result<(), TestCaseError> {
         // Every occurrence of a split found exactly once: none missed, none twice.
         let mut found: BTreeMap<u32, usize> = BTreeMap::new();
         for id in &w.splits_found {
@@ -1467,7 +1493,7 @@ mod tests {
         // Of the objects sync created, at most one per label set exists (one deleted since
         // may have been followed by another, for a kvstore id still in use); an operator's
         // decision to create may make a second on purpose.
-        if !accept_proposals && decisions.is_empty() {
+        if !decided {
             let mut per_labels: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
             for (id, labels) in &w.created {
                 per_labels.entry(labels.as_str()).or_default().push(*id);

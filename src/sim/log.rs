@@ -5,7 +5,7 @@ use crate::core::labels::LabelKey;
 use std::collections::BTreeMap;
 
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
-use crate::core::sync::reserve::Unreleased;
+use crate::core::sync::reserve::{Recorded, Unreleased, note_unreleased};
 
 /// A line of an instance's decision log (it outlives a crash).
 #[derive(Debug, Clone)]
@@ -62,24 +62,23 @@ pub fn decisions_in_force(log: &[LogLine]) -> BTreeMap<String, LoggedDecision> {
     resume::replay(steps)
 }
 
-/// What `log` records as reserved and not released, as `app::reserve::note_reservations`
-/// reads a decision log.
+/// What `log` records as reserved and not released, read by core's `note_unreleased` as
+/// the binary reads a decision log.
 pub fn unreleased(log: &[LogLine]) -> Unreleased {
     let mut made = Unreleased::new();
-    for line in log {
-        match line {
-            LogLine::Reserved {
-                id,
-                labels,
-                revision,
-            } => {
-                made.insert(*id, (labels.clone(), *revision));
-            }
-            LogLine::Released { id } => {
-                made.remove(id);
-            }
-            _ => {}
-        }
-    }
+    let lines = log.iter().filter_map(|line| match line {
+        LogLine::Reserved {
+            id,
+            labels,
+            revision,
+        } => Some(Recorded::Reserved {
+            id: *id,
+            labels: labels.clone(),
+            revision: *revision,
+        }),
+        LogLine::Released { id } => Some(Recorded::Released { id: *id }),
+        _ => None,
+    });
+    note_unreleased(&mut made, lines);
     made
 }

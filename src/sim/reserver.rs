@@ -66,11 +66,6 @@ impl SimKv<'_> {
     }
 }
 
-/// The lease ids of the simulated etcd, as the writer holds them.
-fn lease_of(lease: i64) -> u64 {
-    u64::try_from(lease).unwrap_or_default()
-}
-
 impl KvWrites for SimKv<'_> {
     fn may_write(&self) -> bool {
         self.may_write
@@ -96,12 +91,12 @@ impl KvWrites for SimKv<'_> {
 
     async fn grant(&mut self) -> Result<i64, String> {
         self.etcd_up()?;
-        Ok(i64::try_from(self.world.res_grant()).unwrap_or(i64::MAX))
+        Ok(self.world.res_grant())
     }
 
     async fn keep_alive(&mut self, lease: i64) -> Result<bool, String> {
         self.etcd_up()?;
-        Ok(self.world.res_keep_alive(lease_of(lease)))
+        Ok(self.world.res_keep_alive(lease))
     }
 
     async fn reserve(
@@ -112,7 +107,7 @@ impl KvWrites for SimKv<'_> {
     ) -> Result<Reserved, String> {
         self.etcd_up()?;
         self.writing(&format!("reserved {id}"));
-        match self.world.res_reserve(id, labels, lease_of(lease)) {
+        match self.world.res_reserve(id, labels, lease) {
             ResWrite::Written(revision) => {
                 self.done
                     .push(format!("reserved {id} at revision {revision}"));
@@ -132,9 +127,7 @@ impl KvWrites for SimKv<'_> {
     ) -> Result<bool, String> {
         self.etcd_up()?;
         self.writing(&format!("put back {id}"));
-        let back = self
-            .world
-            .res_restore(id, labels, revision, lease_of(lease));
+        let back = self.world.res_restore(id, labels, revision, lease);
         self.done
             .push(format!("put back {id} (as written at {revision}): {back}"));
         Ok(back)
@@ -153,7 +146,7 @@ impl KvWrites for SimKv<'_> {
 
     async fn revoke(&mut self, lease: i64) -> Result<(), String> {
         self.writing("revoked its reservation lease");
-        self.world.res_revoke(lease_of(lease));
+        self.world.res_revoke(lease);
         Ok(())
     }
 
@@ -195,7 +188,7 @@ impl KvWrites for SimKv<'_> {
 impl SimReservations {
     /// Starts with a lease of its own (`Reservations::start`).
     pub fn start(world: &mut World) -> Self {
-        let lease = i64::try_from(world.res_grant()).unwrap_or(i64::MAX);
+        let lease = world.res_grant();
         SimReservations {
             writer: Writer::new(lease),
             inbox: VecDeque::new(),
@@ -209,8 +202,8 @@ impl SimReservations {
         self.inbox.extend(requests);
     }
 
-    pub fn lease(&self) -> u64 {
-        lease_of(self.writer.lease())
+    pub fn lease(&self) -> i64 {
+        self.writer.lease()
     }
 
     /// The writer's turn: every request in the inbox, as the binary's task takes them; the

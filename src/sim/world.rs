@@ -76,10 +76,10 @@ pub struct World {
     /// How many master keys sync wrote in all (one id may be reserved again after a GC).
     pub sync_master_writes: usize,
     /// etcd leases holding sync's reservation `value/` keys: lease -> when it lapses.
-    pub res_leases: BTreeMap<u64, Duration>,
-    next_res_lease: u64,
+    pub res_leases: BTreeMap<i64, Duration>,
+    next_res_lease: i64,
     /// The lease each reservation `value/` key (by labels) is on.
-    pub res_value_lease: BTreeMap<String, u64>,
+    pub res_value_lease: BTreeMap<String, i64>,
     /// `value/<labels>/<node>` -> (id, revision it was created at).
     pub values: BTreeMap<(String, String), (u32, i64)>,
     /// Every kvstore change, by revision; a watch from before `compacted` is cancelled.
@@ -287,7 +287,7 @@ impl World {
     }
 
     /// A new etcd lease for sync's reservations.
-    pub fn res_grant(&mut self) -> u64 {
+    pub fn res_grant(&mut self) -> i64 {
         self.next_res_lease += 1;
         self.res_leases
             .insert(self.next_res_lease, self.now + RESERVATION_TTL);
@@ -295,7 +295,7 @@ impl World {
     }
 
     /// Keeps `lease` alive; false when it lapsed already.
-    pub fn res_keep_alive(&mut self, lease: u64) -> bool {
+    pub fn res_keep_alive(&mut self, lease: i64) -> bool {
         match self.res_leases.get_mut(&lease) {
             Some(until) => {
                 *until = self.now + RESERVATION_TTL;
@@ -308,7 +308,7 @@ impl World {
     /// Leases whose time is up lapse, and their `value/` keys with them.
     pub fn expire_res_leases(&mut self) {
         let now = self.now;
-        let gone: Vec<u64> = self
+        let gone: Vec<i64> = self
             .res_leases
             .iter()
             .filter(|(_, until)| **until <= now)
@@ -320,7 +320,7 @@ impl World {
     }
 
     /// Revokes `lease`: every reservation `value/` key on it goes.
-    pub fn res_revoke(&mut self, lease: u64) {
+    pub fn res_revoke(&mut self, lease: i64) {
         self.res_leases.remove(&lease);
         let on_it: Vec<String> = self
             .res_value_lease
@@ -334,14 +334,14 @@ impl World {
         }
     }
 
-    fn put_reservation_value(&mut self, labels: &str, id: u32, lease: u64) {
+    fn put_reservation_value(&mut self, labels: &str, id: u32, lease: i64) {
         self.put_value(labels, RESERVATION_NODE, id);
         self.res_value_lease.insert(labels.to_string(), lease);
     }
 
     /// Reserves `id` for `labels` as `io::reservation` does, in one transaction: the master
     /// key only if it does not exist, and sync's `value/` key on `lease`.
-    pub fn res_reserve(&mut self, id: u32, labels: &str, lease: u64) -> ResWrite {
+    pub fn res_reserve(&mut self, id: u32, labels: &str, lease: i64) -> ResWrite {
         let key = id.to_string();
         if !self.res_leases.contains_key(&lease) {
             return ResWrite::LeaseGone;
@@ -364,7 +364,7 @@ impl World {
     }
 
     /// Puts sync's `value/` key back on `lease` if the master key is still as written.
-    pub fn res_restore(&mut self, id: u32, labels: &str, revision: i64, lease: u64) -> bool {
+    pub fn res_restore(&mut self, id: u32, labels: &str, revision: i64, lease: i64) -> bool {
         let key = id.to_string();
         let as_written = self.master_revs.get(&key) == Some(&revision)
             && self.masters.get(&key).map(String::as_str) == Some(labels);

@@ -124,8 +124,6 @@ pub enum Reserve {
     Deleted { id: u32 },
     /// A fresh view of Kubernetes: every id in it is looked at again.
     ViewChanged,
-    /// Take over what an earlier sync reserved and did not release.
-    AdoptEarlier,
     /// Write what is due.
     Pump,
     /// Cutover: no kvstore-mode node is left to need them.
@@ -360,14 +358,12 @@ impl Machine {
         self.k8s_up = false;
         self.following = false;
         let mut out = Vec::new();
-        if self.reserving() {
-            out.push(Output::Reserve(Reserve::AdoptEarlier));
-            if self.holding() {
-                // A fresh view: every id in it is looked at; the first batch goes before the
-                // watches deliver anything.
-                out.push(Output::Reserve(Reserve::ViewChanged));
-                out.push(Output::Reserve(Reserve::Pump));
-            }
+        if self.reserving() && self.holding() {
+            // A fresh view: every id in it is looked at; the first batch goes before the
+            // watches deliver anything. (What earlier syncs left is taken over by the shell
+            // at the first reservation command that finds this sync holding.)
+            out.push(Output::Reserve(Reserve::ViewChanged));
+            out.push(Output::Reserve(Reserve::Pump));
         }
         out
     }
@@ -536,7 +532,6 @@ impl Machine {
             LeaseHolder::Us => {
                 // Everything seen while another sync wrote is planned (and reserved) again.
                 if self.reserving() {
-                    out.push(Output::Reserve(Reserve::AdoptEarlier));
                     out.push(Output::Reserve(Reserve::ViewChanged));
                 }
                 self.dirty = true;

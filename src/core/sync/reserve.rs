@@ -18,6 +18,39 @@ use crate::core::range::IdRange;
 /// revision its master key was written at.
 pub type Unreleased = BTreeMap<u32, (LabelKey, i64)>;
 
+/// A decision log's line about a reservation, as far as what is left unreleased goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// Made (`reserve-in-kvstore`), its master key written at `revision`.
+    Reserved {
+        id: u32,
+        labels: LabelKey,
+        revision: i64,
+    },
+    /// Released at cutover (`release-reservation`): no longer sync's, deleted or kept.
+    Released { id: u32 },
+}
+
+/// Folds a decision log's reservation lines (logs in order) into `made`: what is recorded
+/// as reserved and not released, which a sync restarted (after a crash, an upgrade, or on
+/// another host) takes over. The binary reads its logs, the simulation its own, through it.
+pub fn note_unreleased(made: &mut Unreleased, lines: impl IntoIterator<Item = Recorded>) {
+    for line in lines {
+        match line {
+            Recorded::Reserved {
+                id,
+                labels,
+                revision,
+            } => {
+                made.insert(id, (labels, revision));
+            }
+            Recorded::Released { id } => {
+                made.remove(&id);
+            }
+        }
+    }
+}
+
 /// A reservation an earlier sync recorded in its decision log and did not release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Earlier {

@@ -242,3 +242,33 @@ fn only_the_holder_takes_over_what_an_earlier_sync_left_and_only_once() {
     );
     assert!(earlier_to_adopt(&mut earlier, &s, true).is_empty());
 }
+
+#[test]
+fn what_is_left_unreleased_is_the_last_reservation_of_each_id_not_released_since() {
+    let mut made = Unreleased::new();
+    made.insert(299, (A.into(), 2));
+    note_unreleased(
+        &mut made,
+        [
+            Recorded::Reserved {
+                id: 300,
+                labels: A.into(),
+                revision: 5,
+            },
+            Recorded::Reserved {
+                id: 301,
+                labels: B.into(),
+                revision: 6,
+            },
+            Recorded::Released { id: 300 },
+            Recorded::Released { id: 299 },
+            Recorded::Reserved {
+                id: 301,
+                labels: B.into(),
+                revision: 9,
+            },
+        ],
+    );
+    let left: Vec<_> = made.into_iter().collect();
+    assert_eq!(left, vec![(301, (B.into(), 9))]);
+}

@@ -115,7 +115,7 @@ async fn keep(
             return;
         }
         // Wake at the deadline too, to tell the loop that writes must stop.
-        let deadline = elector.deadline();
+        let deadline = elector.gate_until();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = sleep_until_some(deadline) => {}
@@ -135,11 +135,7 @@ async fn keep(
 
 /// Tells the loop and the executor what the elector now says: who writes, and until when.
 fn publish(elector: &Elector, tx: &watch::Sender<Writer>, gate: &WriteGate) {
-    gate.set(
-        elector
-            .gate_until()
-            .filter(|_| *elector.writer() == Writer::Us),
-    );
+    gate.set(elector.gate_until());
     tx.send_if_modified(|w| {
         let changed = w != elector.writer();
         *w = elector.writer().clone();

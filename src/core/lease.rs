@@ -106,8 +106,11 @@ impl Elector {
         &self.writer
     }
 
-    /// Until when this candidate may write (its gate), if it may at all.
+    /// Until when this candidate may write (its gate), if it may at all: only while it holds
+    /// the lease. What the binary's keeper publishes and the simulation's gates are, and the
+    /// deadline at which the holder must notice it may no longer write (to say so).
     pub fn gate_until(&self) -> Option<Instant> {
+        // Set only by a try that held the lease, cleared whenever it is not held.
         self.gate_until
     }
 
@@ -115,11 +118,6 @@ impl Elector {
     /// started less than two thirds of the duration ago.
     pub fn may_write(&self, now: Instant) -> bool {
         self.writer == Writer::Us && self.gate_until.is_some_and(|until| now < until)
-    }
-
-    /// When the holder must notice it may no longer write (to say so), if it holds it.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.gate_until.filter(|_| self.writer == Writer::Us)
     }
 
     /// What to do with `record` (`None`: there is none), read at `now`.
@@ -178,7 +176,7 @@ impl Elector {
     /// At `now`: past the deadline, the holder may no longer write and knows nothing of
     /// who holds the lease. Returns whether that just happened.
     pub fn check_deadline(&mut self, now: Instant) -> bool {
-        if self.deadline().is_some_and(|d| now >= d) {
+        if self.gate_until.is_some_and(|d| now >= d) {
             self.gate_until = None;
             self.writer = Writer::Unknown;
             return true;

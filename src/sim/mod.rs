@@ -372,7 +372,6 @@ impl Sim {
             e.check_deadline(at);
             let gate = e
                 .gate_until()
-                .filter(|_| *e.writer() == Elected::Us)
                 .map(|until| until.saturating_duration_since(self.clock.0));
             self.world.gates[i] = gate.filter(|_| self.instances[i].alive);
         }

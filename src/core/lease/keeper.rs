@@ -258,6 +258,21 @@ mod tests {
             };
             assert_eq!(try_with(&mut store).1, TryOutcome::Failed);
         }
+        // A replace refused, or failing otherwise, is no other holder's win.
+        for (e, outcome) in [
+            (
+                status(403, "Forbidden"),
+                TryOutcome::Refused("403 Forbidden".into()),
+            ),
+            (status(500, "InternalError"), TryOutcome::Failed),
+        ] {
+            let mut store = Scripted {
+                read: Some(Ok(Some(record(None, "7")))),
+                write: Some(Err(e)),
+                ..Default::default()
+            };
+            assert_eq!(try_with(&mut store).1, outcome);
+        }
     }
 
     #[test]

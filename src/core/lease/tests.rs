@@ -67,7 +67,7 @@ fn the_gate_closes_two_thirds_of_a_duration_after_the_try_began() {
     assert_eq!(wait, D / 3 - Duration::from_secs(3));
     assert!(a.may_write(answered));
     let deadline = t0 + D * 2 / 3;
-    assert_eq!(a.deadline(), Some(deadline));
+    assert_eq!(a.gate_until(), Some(deadline));
     assert!(a.may_write(deadline - Duration::from_millis(1)));
     assert!(!a.may_write(deadline));
     // A failed renewal leaves the gate where it was; the deadline then closes it.

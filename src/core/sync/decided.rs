@@ -89,6 +89,9 @@ mod tests {
     #[test]
     fn a_refusal_is_said_once_per_decision_and_again_after_a_new_decision_or_an_undo() {
         let mut ds = Decisions::new(BTreeMap::from([("300".into(), d("300", 400))]));
+        assert!(!ds.is_empty());
+        assert_eq!(ds.get("300"), Some(&d("300", 400)));
+        assert!(!ds.is_refused("300"));
         assert!(ds.refuse(&d("300", 400)));
         assert!(!ds.refuse(&d("300", 400)));
         assert!(ds.is_refused("300"));
@@ -102,7 +105,12 @@ mod tests {
         assert!(ds.is_empty() && !ds.is_refused("300"));
         ds.decide(d("301", 403));
         assert!(ds.refuse(&d("301", 403)));
+        assert_eq!(
+            ds.in_force().iter().collect::<Vec<_>>(),
+            vec![(&"301".to_string(), &d("301", 403))]
+        );
         ds.unrefuse("301");
+        assert!(!ds.is_refused("301"));
         assert!(ds.refuse(&d("301", 403)));
     }
 }

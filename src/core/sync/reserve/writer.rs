@@ -44,11 +44,6 @@ pub struct WriteLine {
     pub revision: Option<i64>,
 }
 
-/// The announcement before a write (`reserving`, `unreserving`, `releasing`).
-pub fn is_announcement(action: &str) -> bool {
-    matches!(action, "reserving" | "unreserving" | "releasing")
-}
-
 /// What the writer needs beneath it: the decision log, the write gate, etcd's operations on
 /// the tool's own keys (each failure as the text to tell the operator), and the counters.
 ///
@@ -457,3 +452,6 @@ impl Writer {
         Ok(deleted)
     }
 }
+
+#[cfg(test)]
+mod tests;

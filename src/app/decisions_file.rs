@@ -1,16 +1,20 @@
 //! `sync --decisions FILE`: decisions made elsewhere (on a bastion, in the TUI, exported with
 //! `cilium-idmig log --decisions-only`) handed to a running sync through a file, such as a
 //! mounted ConfigMap the kubelet replaces: read at the start, then again whenever its bytes
-//! change, and each change carried to the machine as a decision or an undo.
+//! change, and each change logged in sync's decision log, then carried to the machine as a
+//! decision or an undo. A change whose line cannot be logged is not carried: sync never acts
+//! on a decision its log does not hold.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::core::planner::resume::{self, LogStep, LoggedDecision};
+use crate::core::planner::resume::{self, LoggedDecision};
 use crate::error::{Error, Result};
+use crate::io::decision_log::{DecisionLog, LogContents, Record};
 
 /// How often the file is read again. A mounted ConfigMap changes a minute or so after the
 /// object does (the kubelet's sync period), so a few seconds more add little.
@@ -31,14 +35,25 @@ pub enum Said {
     Trouble(String),
 }
 
-/// The decisions file as it is now: its bytes and the steps they record; `None` while there
-/// is no file (a ConfigMap not created yet: nothing decided there so far).
-pub fn read(path: &Path) -> Result<Option<(Vec<u8>, Vec<LogStep>)>> {
+/// The decisions a file (or a set of logs) holds in force, each with the line that
+/// decided it.
+pub type InForce = BTreeMap<String, (LoggedDecision, Record)>;
+
+/// The decisions file as it is now: its bytes and what they read as; `None` while there is
+/// no file (a ConfigMap not created yet: nothing decided there so far).
+pub fn read(path: &Path) -> Result<Option<(Vec<u8>, LogContents)>> {
     let Some(bytes) = bytes_of(path)? else {
         return Ok(None);
     };
-    let steps = steps_in(path, &bytes)?;
-    Ok(Some((bytes, steps)))
+    let contents = crate::io::decision_log::parse(path, &bytes)?;
+    Ok(Some((bytes, contents)))
+}
+
+/// The decisions in force at the end of `logs`, each with its line, replayed in the order
+/// they were made.
+pub fn in_force(logs: &[&LogContents]) -> InForce {
+    let steps = crate::io::decision_log::steps_in_time(logs);
+    resume::replay_with(steps.into_iter().map(|(s, r)| (s, r.clone())))
 }
 
 /// The file's bytes; `None` while there is no file.
@@ -50,20 +65,90 @@ fn bytes_of(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-/// The decisions and undos in the file's `bytes`, read the one way every log is read: a
-/// damaged line is refused, never read around.
-fn steps_in(path: &Path, bytes: &[u8]) -> Result<Vec<LogStep>> {
-    Ok(crate::io::decision_log::parse(path, bytes)?
-        .steps()
-        .collect())
+/// The line sync's log records for a change: the decision as the file words it (with this
+/// run's time and operator), or an undo back to undecided.
+pub fn line_of(change: &DecisionChange, before: Option<&Record>, now: Option<&Record>) -> Record {
+    match (change, now, before) {
+        (DecisionChange::Decided(_), Some(r), _) => r.decision_only(),
+        (DecisionChange::Decided(d), None, _) => Record::decision(
+            &d.id,
+            &d.labels,
+            crate::core::planner::Kind::Create,
+            (d.action.as_str(), "operator"),
+            d.target_id,
+        ),
+        (DecisionChange::Undone(id), _, prev) => {
+            let (labels, kind) = prev
+                .map_or((String::new(), crate::core::planner::Kind::Create), |r| {
+                    (r.labels.clone(), r.kind)
+                });
+            Record::decision(id, &labels, kind, ("undecided", "operator"), None)
+        }
+    }
 }
 
-/// Follows the file from `seen` (the bytes read at the start, and the decisions they
-/// replay to): each change goes to `decided`, and is said on `events`. Ends when sync does
-/// (either channel closed).
+/// Logs each change from `before` to `after` in `log`, in id order: the changes logged, in
+/// order, and a trouble line naming those that could not be (carried nowhere, left in
+/// `before`'s state so the file's next change offers them again).
+pub fn log_changes(
+    log: &DecisionLog,
+    before: &mut InForce,
+    after: &InForce,
+) -> (Vec<DecisionChange>, Option<String>) {
+    let plain = |m: &InForce| -> BTreeMap<String, LoggedDecision> {
+        m.iter()
+            .map(|(id, (d, _))| (id.clone(), d.clone()))
+            .collect()
+    };
+    let (new, gone) = resume::changes(&plain(before), &plain(after));
+    let mut logged = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    let mut error = None;
+    let changes = new
+        .into_iter()
+        .map(DecisionChange::Decided)
+        .chain(gone.into_iter().map(DecisionChange::Undone));
+    for change in changes {
+        let id = match &change {
+            DecisionChange::Decided(d) => d.id.clone(),
+            DecisionChange::Undone(id) => id.clone(),
+        };
+        let line = line_of(
+            &change,
+            before.get(&id).map(|(_, r)| r),
+            after.get(&id).map(|(_, r)| r),
+        );
+        match log.append(line) {
+            Ok(()) => {
+                match after.get(&id) {
+                    Some(v) => before.insert(id, v.clone()),
+                    None => before.remove(&id),
+                };
+                logged.push(change);
+            }
+            Err(e) => {
+                error.get_or_insert(e.to_string());
+                failed.push(id);
+            }
+        }
+    }
+    let trouble = error.map(|e| {
+        format!(
+            "{} from the decisions file could not be logged ({e}): not carried to sync; make {} again once the log can be written",
+            crate::core::words::count(failed.len(), "decision"),
+            if failed.len() == 1 { "it" } else { "them" },
+        ) + &format!(" ({})", failed.join(", "))
+    });
+    (logged, trouble)
+}
+
+/// Follows the file from `seen` (the bytes read at the start, and the decisions in force
+/// they replay to): each change is logged in `log`, then goes to `decided`, and is said on
+/// `events`. Ends when sync does (either channel closed).
 pub fn follow<E: From<Said> + Send + 'static>(
     path: PathBuf,
-    seen: (Vec<u8>, BTreeMap<String, LoggedDecision>),
+    seen: (Vec<u8>, InForce),
+    log: Arc<DecisionLog>,
     decided: mpsc::Sender<DecisionChange>,
     events: mpsc::Sender<E>,
 ) -> tokio::task::JoinHandle<()> {
@@ -85,25 +170,29 @@ pub fn follow<E: From<Said> + Send + 'static>(
                 }
             };
             // A version of the file is said once, however it reads; a new one is read again.
-            let steps = steps_in(&path, &now);
+            let read = crate::io::decision_log::parse(&path, &now);
             bytes = now;
-            let said = match steps {
-                Ok(steps) => {
-                    let replayed = resume::replay(steps);
-                    let (new, gone) = resume::changes(&decisions, &replayed);
-                    decisions = replayed;
-                    let said = changed_text(&path, new.len(), gone.len());
-                    for d in new {
-                        let _ = decided.send(DecisionChange::Decided(d)).await;
-                    }
-                    for id in gone {
-                        let _ = decided.send(DecisionChange::Undone(id)).await;
-                    }
-                    Said::Note(said)
+            let contents = match read {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = events.send(E::from(trouble(&e))).await;
+                    continue;
                 }
-                Err(e) => trouble(&e),
             };
-            let _ = events.send(E::from(said)).await;
+            let after = in_force(&[&contents]);
+            let (logged, not_logged) = log_changes(&log, &mut decisions, &after);
+            let decided_n = logged
+                .iter()
+                .filter(|c| matches!(c, DecisionChange::Decided(_)))
+                .count();
+            let said = changed_text(&path, decided_n, logged.len() - decided_n);
+            for change in logged {
+                let _ = decided.send(change).await;
+            }
+            let _ = events.send(E::from(Said::Note(said))).await;
+            if let Some(t) = not_logged {
+                let _ = events.send(E::from(Said::Trouble(t))).await;
+            }
         }
     })
 }
@@ -118,7 +207,7 @@ fn trouble(e: &Error) -> Said {
 /// What a change of the file is said as (`kubectl logs` shows it).
 pub fn changed_text(path: &Path, decided: usize, undone: usize) -> String {
     format!(
-        "decisions file {} changed: {} and {} carried to sync",
+        "decisions file {} changed: {} and {} logged and carried to sync",
         path.display(),
         crate::core::words::count(decided, "decision"),
         crate::core::words::count(undone, "undo"),

@@ -32,15 +32,12 @@ pub fn export(
     Ok(vec![log_out, md_out])
 }
 
-/// The decisions in force at the end of `logs` (read in order, undos applied), as a compact
+/// The decisions in force at the end of `logs` (in the order they were made, undos applied), as a compact
 /// decision log: the last session line, then one decision line per identity in id order,
 /// stripped of outcomes. `--resume` and `sync --decisions` read it to the same decisions;
 /// at a few hundred bytes a decision it fits a ConfigMap (1 MiB) up to thousands.
 pub fn decisions_only(logs: &[crate::io::decision_log::LogContents]) -> Result<Vec<u8>> {
-    let steps = logs
-        .iter()
-        .flat_map(|l| &l.records)
-        .filter_map(|r| r.step().map(|s| (s, r)));
+    let steps = crate::io::decision_log::steps_in_time(&logs.iter().collect::<Vec<_>>());
     let in_force = crate::core::planner::resume::replay_with(steps);
     let mut lasts: Vec<_> = in_force.into_values().map(|(_, r)| r).collect();
     lasts.sort_by_key(|r| (r.id.parse::<u64>().unwrap_or(u64::MAX), r.id.clone()));

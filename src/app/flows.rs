@@ -139,12 +139,20 @@ pub fn resume_from_logs(
     k8s: &std::collections::BTreeMap<u32, crate::core::labels::LabelKey>,
     range: IdRange,
 ) -> Result<Resumed> {
-    let mut steps = Vec::new();
-    for p in paths {
-        steps.extend(read_log(p)?.steps());
-    }
-    let decisions = resume::replay(steps);
+    let logs = paths
+        .iter()
+        .map(|p| read_log(p))
+        .collect::<Result<Vec<_>>>()?;
+    let decisions = decisions_in_force(&logs.iter().collect::<Vec<_>>());
     Ok(resume::resume(items, &decisions, k8s, range))
+}
+
+/// The decisions in force at the end of `logs`, replayed in the order they were made.
+pub fn decisions_in_force(
+    logs: &[&LogContents],
+) -> std::collections::BTreeMap<String, resume::LoggedDecision> {
+    let steps = crate::io::decision_log::steps_in_time(logs);
+    resume::replay(steps.into_iter().map(|(s, _)| s))
 }
 
 /// A plan made for another cluster, another cluster id or range, or named with `--resume`

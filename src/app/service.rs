@@ -413,13 +413,22 @@ impl Service {
         });
     }
 
-    /// An operator's decision: logged, and handed to a running sync.
+    /// An operator's decision: logged, and handed to a running sync only once logged (sync
+    /// never acts on a decision its log does not hold; the failure says to make it again).
     async fn decided(&self, name: &str, item: PlanItem) {
         if let Err(e) = self.cfg.log.append(decision_record(name, &item)) {
+            let e = crate::Error::file(
+                self.cfg.log.path(),
+                format!(
+                    "the decision on {} could not be logged ({e}): it is not carried out; make it again once the log can be written",
+                    item.id
+                ),
+            );
             let _ = self
                 .tx
                 .send(ServiceEvent::failed(0, Task::DecisionLog, e))
                 .await;
+            return;
         }
         // A running sync takes every change: a decision, and an undo (without which a skip
         // undone would stay skipped in sync, and expected nowhere at cutover).
@@ -498,9 +507,12 @@ impl Service {
 }
 
 /// The decision log line for an operator's decision in a front end.
+/// An undo is logged as what is in force after it: the earlier decision it brings back, or
+/// `undecided` (back to the proposal), so every line states its identity's decision and a
+/// replay never depends on how many lines an earlier decision left.
 fn decision_record(name: &str, item: &PlanItem) -> Record {
-    let action = if name == "undo" {
-        "undo"
+    let action = if name == "undo" && !item.decided {
+        "undecided"
     } else {
         item.action.as_str()
     };

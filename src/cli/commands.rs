@@ -693,8 +693,9 @@ async fn apply(
             d.reason
         )?;
     }
-    // A rerun that found every identity where it belongs wrote nothing: its log would only
-    // repeat the decisions of the run that did, so none is left behind.
+    // A rerun that found every identity where it belongs, and decided nothing, wrote
+    // nothing: its log would only repeat the run that did, so none is left behind. A log
+    // with a decision in it (a skip, a mapping, a choice) is kept: the decision is the record.
     let wrote_nothing = run.report.results.iter().all(|r| {
         use cilium_idmig::core::outcome::Outcome;
         matches!(
@@ -707,8 +708,15 @@ async fn apply(
             "next: `sync --until-cutover` through the rollout (or `verify` with this decision log once no agent allocates in the kvstore)"
         )?;
     }
-    if wrote_nothing && !run.report.crd_created && kept.discard_if_fresh() {
-        outln!("decision log: none kept (every identity was already where it belongs)")?;
+    if wrote_nothing && !run.report.crd_created && kept.discard_if_nothing_decided() {
+        outln!(
+            "decision log: none kept (every identity was already where it belongs, and nothing was decided)"
+        )?;
+    } else if wrote_nothing && kept.holds_decisions() {
+        outln!(
+            "decision log: {} (it records the decisions; nothing needed writing to the cluster)",
+            log_path.display()
+        )?;
     } else {
         outln!("decision log: {}", log_path.display())?;
     }

@@ -122,6 +122,15 @@ impl Record {
         self
     }
 
+    /// Whether this line records a decision worth keeping the log for although nothing was
+    /// written: a person's decision (or `--accept-proposals`), an undo, a skip or a mapping
+    /// (which `verify` reads back). An identity found where it belongs is not one.
+    pub fn is_decision(&self) -> bool {
+        self.step().is_some()
+            || matches!(self.outcome, Some(Outcome::Skipped | Outcome::Mapped))
+            || matches!(self.action.as_deref(), Some("skip" | "map"))
+    }
+
     /// What this line means for a resume: from the fields, or from the text in logs
     /// written before the fields.
     pub fn step(&self) -> Option<LogStep> {
@@ -173,6 +182,8 @@ pub struct DecisionLog {
     fresh: bool,
     /// A decision or an outcome was recorded (session lines do not count).
     recorded: std::sync::atomic::AtomicBool,
+    /// A decision was recorded (`Record::is_decision`): the log is the record of it.
+    decided: std::sync::atomic::AtomicBool,
 }
 
 impl DecisionLog {
@@ -199,6 +210,7 @@ impl DecisionLog {
             repaired,
             fresh,
             recorded: std::sync::atomic::AtomicBool::new(false),
+            decided: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -211,11 +223,20 @@ impl DecisionLog {
         std::fs::remove_file(&self.path).is_ok()
     }
 
-    /// Removes the log when this run made it, whatever it recorded: for a run whose lines
-    /// say nothing happened (an apply rerun that found every identity in place). True if
-    /// removed.
-    pub fn discard_if_fresh(&self) -> bool {
-        self.fresh && std::fs::remove_file(&self.path).is_ok()
+    /// Removes the log when this run made it and it records no decision, only identities
+    /// found where they belong (an apply rerun that found every identity in place): its lines
+    /// would only repeat the run that wrote them. A log with any decision in it (a skip, a
+    /// mapping, an operator's or `--accept-proposals`' choice) is kept, written or not: the
+    /// decision is the record. True if removed.
+    pub fn discard_if_nothing_decided(&self) -> bool {
+        self.fresh
+            && !self.decided.load(std::sync::atomic::Ordering::SeqCst)
+            && std::fs::remove_file(&self.path).is_ok()
+    }
+
+    /// Whether this run recorded a decision (`Record::is_decision`) in the log.
+    pub fn holds_decisions(&self) -> bool {
+        self.decided.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// What opening the log repaired, if anything: one line for the operator.
@@ -254,7 +275,13 @@ impl DecisionLog {
         record.operator = self.operator.clone();
         self.recorded
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.append_line(&record)
+        self.append_line(&record)?;
+        // Only once the line is written: a decision whose line failed is no record.
+        if record.is_decision() {
+            self.decided
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// Appends the session line that opens a run.
@@ -358,6 +385,28 @@ impl LogContents {
         }
         pending.len()
     }
+}
+
+/// Every decision and undo of `logs`, each with its line, in the order they were made: by
+/// each line's time, so that of two logs (a `--resume` log, a decisions file, this run's
+/// own) the newer decision on an identity wins whichever file is named first. A line whose
+/// time does not read keeps its place after the line before it in its own log; lines of
+/// the same time keep the order of `logs` and of their lines.
+pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)> {
+    let mut all: Vec<(Option<jiff::Timestamp>, usize, usize, LogStep, &'a Record)> = Vec::new();
+    for (n, log) in logs.iter().enumerate() {
+        let mut at: Option<jiff::Timestamp> = None;
+        for (k, r) in log.records.iter().enumerate() {
+            if let Ok(t) = r.ts.parse::<jiff::Timestamp>() {
+                at = Some(at.map_or(t, |a| a.max(t)));
+            }
+            if let Some(step) = r.step() {
+                all.push((at, n, k, step, r));
+            }
+        }
+    }
+    all.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    all.into_iter().map(|(_, _, _, s, r)| (s, r)).collect()
 }
 
 /// Reads a decision log, the one way every command does (apply, sync, verify, rollback).

@@ -56,7 +56,8 @@ pub enum LogLine {
 pub fn decisions_in_force(log: &[LogLine]) -> BTreeMap<String, LoggedDecision> {
     let steps = log.iter().filter_map(|l| match l {
         LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
-        LogLine::Undo { id } => Some(LogStep::Undo { id: id.clone() }),
+        // The simulation's undo is the binary's: back to undecided, nothing in force.
+        LogLine::Undo { id } => Some(LogStep::Undecided { id: id.clone() }),
         _ => None,
     });
     resume::replay(steps)

@@ -35,7 +35,7 @@ use super::reserve::{self, ReservationTask, Reservations};
 use crate::apply::executor::StopFlag;
 use crate::apply::outcome::ApplyReport;
 use crate::core::planner::Op;
-use crate::core::planner::resume::{self, LoggedDecision};
+use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::failure::Path;
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
@@ -106,18 +106,17 @@ pub async fn run(
         Some(p) => decisions_file::read(p)?,
         None => None,
     };
-    let decisions = resume_decisions(&cfg, file.as_ref().map(|f| f.1.clone()))?;
+    let (decisions, from_file) = resume_decisions(&cfg, file.as_ref().map(|f| &f.1))?;
     // Followed while sync runs, unless decisions come from a screen instead (the TUI's).
     let _following_file = match (&opts.decisions_file, decided.is_none()) {
         (Some(path), true) => {
-            let seen = file.map_or_else(Default::default, |(bytes, steps)| {
-                (bytes, resume::replay(steps))
-            });
+            let seen = file.map_or_else(Default::default, |(bytes, _)| (bytes, from_file));
             let (tx, rx) = mpsc::channel(64);
             decided = Some(rx);
             Some(AbortOnDrop(decisions_file::follow(
                 path.clone(),
                 seen,
+                cfg.log.clone(),
                 tx,
                 events.clone(),
             )))
@@ -168,20 +167,41 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The decisions recorded so far (any --resume logs, then the decisions file's `from_file`,
-/// then this log): a restart resumes them. A log that cannot be read is an error: going on
-/// without its decisions could create what the operator skipped.
+/// The decisions recorded so far (any --resume logs, this log and the decisions file, in the
+/// order they were made, so the newest word on an identity wins wherever it is written): a
+/// restart resumes them. What the file decides that the logs do not hold yet is logged in
+/// this log first: the log is the record of every decision sync acts on. Also returned:
+/// the file's own decisions in force, from which following it starts. A log that cannot be
+/// read is an error: going on without its decisions could create what the operator skipped.
 fn resume_decisions(
     cfg: &ServiceConfig,
-    from_file: Option<Vec<resume::LogStep>>,
-) -> Result<BTreeMap<String, LoggedDecision>> {
-    let mut steps = Vec::new();
+    file: Option<&crate::io::decision_log::LogContents>,
+) -> Result<(BTreeMap<String, LoggedDecision>, decisions_file::InForce)> {
+    let mut logs = Vec::new();
     for p in &cfg.resume {
-        steps.extend(flows::read_log(p)?.steps());
+        logs.push(flows::read_log(p)?);
     }
-    steps.extend(from_file.unwrap_or_default());
-    steps.extend(flows::read_log(cfg.log.path())?.steps());
-    Ok(resume::replay(steps))
+    logs.push(flows::read_log(cfg.log.path())?);
+    let mut recorded = decisions_file::in_force(&logs.iter().collect::<Vec<_>>());
+    let Some(file) = file else {
+        return Ok((plain(&recorded), Default::default()));
+    };
+    let mut all: Vec<_> = logs.iter().collect();
+    all.push(file);
+    let with_file = decisions_file::in_force(&all);
+    let (_, not_logged) = decisions_file::log_changes(&cfg.log, &mut recorded, &with_file);
+    if let Some(why) = not_logged {
+        return Err(crate::Error::file(cfg.log.path(), why));
+    }
+    Ok((plain(&recorded), decisions_file::in_force(&[file])))
+}
+
+/// The decisions alone, without the lines they came from.
+fn plain(in_force: &decisions_file::InForce) -> BTreeMap<String, LoggedDecision> {
+    in_force
+        .iter()
+        .map(|(id, (d, _))| (id.clone(), d.clone()))
+        .collect()
 }
 
 /// The kvstore reservations the logs (any --resume logs, then this log) record as made and

@@ -24,8 +24,16 @@ pub struct LoggedDecision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogStep {
     Decide(LoggedDecision),
-    /// The operator undid their last decision on this id.
+    /// The operator undid their last decision on this id (an `undo` line, as logs written
+    /// before `undecided` record an undo).
     Undo {
+        id: String,
+    },
+    /// No decision is in force on this id any more: it is back to its proposal, undecided
+    /// (an undo that left nothing decided, a decision removed from a decisions file). An
+    /// undo that brings back an earlier decision is logged as that decision instead, so each
+    /// line states what is in force after it and a replay of any prefix of a log is exact.
+    Undecided {
         id: String,
     },
 }
@@ -96,6 +104,7 @@ pub fn step_of_fields(
     }
     let action = match action {
         "undo" => return Some(LogStep::Undo { id: id.to_string() }),
+        "undecided" => return Some(LogStep::Undecided { id: id.to_string() }),
         "create" => Action::Create,
         "map" | "none" => Action::None,
         "skip" => Action::Skip,
@@ -120,17 +129,33 @@ pub fn replay(steps: impl IntoIterator<Item = LogStep>) -> BTreeMap<String, Logg
 
 /// `replay`, each step carrying `T` (the log line it came from): the decision in force per
 /// id, with what its step carried.
+///
+/// A decision is logged more than once without being made again: apply and sync log it
+/// before a write, again on a retry and again with its outcome. A line equal to the decision
+/// already in force on its id is that same decision, not a new one to undo back to: were it
+/// pushed, one `undo` would take back one copy and leave the undone decision in force.
+/// `undecided` clears the id whatever came before.
 pub fn replay_with<T>(
     steps: impl IntoIterator<Item = (LogStep, T)>,
 ) -> BTreeMap<String, (LoggedDecision, T)> {
     let mut stacks: BTreeMap<String, Vec<(LoggedDecision, T)>> = BTreeMap::new();
     for (step, tag) in steps {
         match step {
-            LogStep::Decide(d) => stacks.entry(d.id.clone()).or_default().push((d, tag)),
+            LogStep::Decide(d) => {
+                let stack = stacks.entry(d.id.clone()).or_default();
+                match stack.last_mut() {
+                    // The same decision again: the newest line stands for it.
+                    Some(top) if top.0 == d => *top = (d, tag),
+                    _ => stack.push((d, tag)),
+                }
+            }
             LogStep::Undo { id } => {
                 if let Some(s) = stacks.get_mut(&id) {
                     s.pop();
                 }
+            }
+            LogStep::Undecided { id } => {
+                stacks.remove(&id);
             }
         }
     }

@@ -104,6 +104,9 @@ pub enum Input {
     /// refused yet (a reader of the log would see the decision in force), and is refused
     /// again, logged, at a later round.
     RefusalNotLogged(String),
+    /// The skip of this malformed kvstore entry could not be logged: it is not reported
+    /// yet, and is reported again, logged, at a later round.
+    InvalidNotLogged(String),
     /// The reservations answered: how many are held, and the master keys sync wrote.
     Reservations {
         held: usize,
@@ -410,6 +413,10 @@ impl Machine {
                     self.state.reused.remove(&id);
                     out.push(Output::Moot { id, labels });
                 }
+                self.dirty = true;
+            }
+            Input::InvalidNotLogged(id) => {
+                self.state.reported.remove(&id);
                 self.dirty = true;
             }
             Input::RefusalNotLogged(id) => {

@@ -340,8 +340,8 @@ impl Shell {
                 Output::Note(n) => io.say(Event::Note(n)),
                 Output::Trouble(t) => io.say(Event::Trouble(t)),
                 Output::Report(r) => {
-                    if let Some(id) = report(r, io) {
-                        queue.extend(self.machine.step(Input::RefusalNotLogged(id), now, gate));
+                    if let Some(not_logged) = report(r, io) {
+                        queue.extend(self.machine.step(not_logged, now, gate));
                     }
                 }
                 Output::Write(ops) => io.write(ops),
@@ -423,16 +423,19 @@ impl Shell {
 }
 
 /// A report of the machine's: an invalid entry is logged as skipped, a refused decision as
-/// refused; each is said. A refusal is said only once logged: the id of one whose line
-/// could not be written.
-fn report(report: SyncReport, io: &mut impl Io) -> Option<String> {
+/// refused; each is said only once logged. One whose line could not be written goes back to
+/// the machine (the input returned), to be reported and logged again at a later round.
+fn report(report: SyncReport, io: &mut impl Io) -> Option<Input> {
     match report {
         SyncReport::Invalid { id, labels, reason } => {
-            io.log(vec![Line::Invalid {
+            let line = Line::Invalid {
                 id: id.clone(),
                 labels,
                 reason: reason.clone(),
-            }]);
+            };
+            if io.log(vec![line]) == 0 {
+                return Some(Input::InvalidNotLogged(id));
+            }
             io.say(Event::Invalid { id, reason });
         }
         SyncReport::Conflict { id, kind, reason } => io.say(Event::Conflict { id, kind, reason }),
@@ -449,7 +452,7 @@ fn report(report: SyncReport, io: &mut impl Io) -> Option<String> {
                 reason,
             };
             if io.log(vec![line]) == 0 {
-                return Some(id);
+                return Some(Input::RefusalNotLogged(id));
             }
             io.say(Event::Trouble(text));
         }

@@ -167,12 +167,20 @@ pub fn verify_summary(r: &VerifyReport) -> String {
         }
         out.push('\n');
     }
+    for s in &r.skipped {
+        let _ = writeln!(
+            out,
+            "{:<11} id {} by decision: {}",
+            "skipped", s.id, s.labels
+        );
+    }
     let _ = writeln!(
         out,
-        "verified {} identities: {} ok ({} via a recorded mapping), {}; {} invalid kvstore entries not checked",
+        "verified {} identities: {} ok ({} via a recorded mapping), {} skipped by decision, {}; {} invalid kvstore entries not checked",
         r.checked,
         r.ok,
         r.mapped,
+        r.skipped.len(),
         crate::core::words::count(r.problems.len(), "problem"),
         r.invalid_ignored
     );

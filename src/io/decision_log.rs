@@ -405,7 +405,7 @@ pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)>
             }
         }
     }
-    all.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    all.sort_by_key(|a| (a.0, a.1, a.2));
     all.into_iter().map(|(_, _, _, s, r)| (s, r)).collect()
 }
 
@@ -415,10 +415,22 @@ pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)>
 /// reading around a damaged line would silently drop a decision (a skip turned into a create
 /// under `--accept-proposals`) or an object rollback must delete.
 pub fn read(path: &Path) -> Result<LogContents> {
-    let f = File::open(path).map_err(|e| Error::file_io(path, "cannot read decision log", e))?;
+    let f = open_to_read(path)?;
     let c = read_from(BufReader::new(f)).map_err(|e| Error::file_cause(path, e))?;
     refuse_damaged(path, &c)?;
     Ok(c)
+}
+
+/// Opens a log to read. One that does not exist is named as such: a mistyped path, or a
+/// run that kept no log (it decided and wrote nothing), never read as an empty one.
+fn open_to_read(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::file(
+            path,
+            "no such decision log; check the path (a run keeps its log only when it decided or wrote something, and says so when it keeps none)",
+        ),
+        _ => Error::file_io(path, "cannot read decision log", e),
+    })
 }
 
 /// `read` of a log already in memory (`bytes`, read from `path`): refused alike.
@@ -476,7 +488,7 @@ fn expect(e: &mut Expectations, r: &Record) {
 /// (damaged lines refused alike) without keeping its records: a log of a 65,280-identity
 /// migration holds 130,000 of them, and verify needs only these maps.
 pub fn read_expectations(path: &Path) -> Result<Expectations> {
-    let f = File::open(path).map_err(|e| Error::file_io(path, "cannot read decision log", e))?;
+    let f = open_to_read(path)?;
     let mut e = Expectations::default();
     let c = fold_from(BufReader::new(f), |rec| expect(&mut e, &rec))
         .map_err(|err| Error::file_cause(path, err))?;
@@ -747,6 +759,114 @@ mod tests {
         assert!(err.is_usage(), "exit 2: {err}");
         let e = err.to_string();
         assert!(e.contains("d.jsonl") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn steps_replay_in_the_order_they_were_made_whichever_log_is_named_first() {
+        let at = |id: &str, ts: &str, action: &str, t: Option<u32>| {
+            let mut r = Record::decision(id, "k8s:a=b;", Kind::Remap, (action, "operator"), t);
+            r.ts = ts.into();
+            r
+        };
+        let log = |records: Vec<Record>| LogContents {
+            records,
+            ..Default::default()
+        };
+        // This run's log decided 300 at 10:00; the decisions file, edited at 10:05, skips
+        // it and undoes 301 (decided in the run's log at 10:01).
+        let run = log(vec![
+            at("300", "2026-12-04T10:00:00Z", "create", Some(5000)),
+            at("301", "2026-12-04T10:01:00Z", "create", Some(5001)),
+        ]);
+        let file = log(vec![
+            at("300", "2026-12-04T10:05:00.5Z", "skip", None),
+            at("301", "2026-12-04T10:05:01Z", "undecided", None),
+        ]);
+        for order in [[&run, &file], [&file, &run]] {
+            let steps = steps_in_time(&order);
+            let r = crate::core::planner::resume::replay(steps.into_iter().map(|(s, _)| s));
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(r["300"].action, Action::Skip);
+        }
+        // A line whose time does not read keeps its place after the one before it.
+        let odd = log(vec![
+            at("302", "2026-12-04T10:00:00Z", "create", Some(6000)),
+            at("302", "not a time", "skip", None),
+        ]);
+        let later = log(vec![at(
+            "302",
+            "2026-12-04T09:00:00Z",
+            "create",
+            Some(6001),
+        )]);
+        let steps = steps_in_time(&[&later, &odd]);
+        let r = crate::core::planner::resume::replay(steps.into_iter().map(|(s, _)| s));
+        assert_eq!(r["302"].action, Action::Skip);
+    }
+
+    #[test]
+    fn a_log_is_discarded_only_when_it_records_no_decision() {
+        let dir = tempfile::tempdir().unwrap();
+        let in_place = |id: &str| Record {
+            outcome: Some(Outcome::AlreadyMigrated),
+            ..Record::decision(
+                id,
+                "k8s:a=b;",
+                Kind::AlreadyMigrated,
+                ("none", "proposal"),
+                Some(300),
+            )
+        };
+        let path = dir.path().join("rerun.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        log.append(in_place("300")).unwrap();
+        assert!(!log.holds_decisions());
+        assert!(log.discard_if_nothing_decided());
+        assert!(!path.exists());
+        // A skip, a mapping, an operator's or --accept-proposals' decision: each keeps it.
+        let skip = Record {
+            outcome: Some(Outcome::Skipped),
+            ..Record::decision("301", "k8s:a=c;", Kind::Remap, ("skip", "operator"), None)
+        };
+        let map = Record {
+            outcome: Some(Outcome::Mapped),
+            ..Record::decision(
+                "302",
+                "k8s:a=d;",
+                Kind::Reuse,
+                ("map", "proposal"),
+                Some(900),
+            )
+        };
+        let accepted = Record::decision(
+            "303",
+            "k8s:a=e;",
+            Kind::Remap,
+            ("create", "accept-proposals"),
+            Some(256),
+        );
+        for (n, r) in [skip, map, accepted].into_iter().enumerate() {
+            let path = dir.path().join(format!("{n}.jsonl"));
+            let log = DecisionLog::open(&path).unwrap();
+            log.append(in_place("300")).unwrap();
+            log.append(r).unwrap();
+            assert!(log.holds_decisions());
+            assert!(!log.discard_if_nothing_decided());
+            assert!(path.exists());
+        }
+        // A decision whose line could not be written is no record of it.
+        let full = DecisionLog::open(Path::new("/dev/full")).unwrap();
+        assert!(
+            full.append(Record::decision(
+                "304",
+                "k8s:a=f;",
+                Kind::Remap,
+                ("skip", "operator"),
+                None
+            ))
+            .is_err()
+        );
+        assert!(!full.holds_decisions());
     }
 
     #[test]

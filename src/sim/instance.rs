@@ -25,7 +25,7 @@ use crate::core::sync::machine::{
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, Line, RoundEnd, Shell, Turn};
 use crate::core::sync::{BatchOutcome, CutoverWait};
-use crate::core::verify::{Expectations, ProblemKind, verify};
+use crate::core::verify::{Expectations, verify};
 
 /// Faults the shell meets while carrying commands out.
 #[derive(Debug, Clone, Copy, Default)]
@@ -580,11 +580,7 @@ impl Instance {
             .map(|(id, (l, _))| (*id, l.clone()))
             .collect();
         let report = verify(&masters, &k8s, &expect, RANGE);
-        let problems: Vec<_> = report
-            .problems
-            .iter()
-            .filter(|p| p.problem != ProblemKind::Skipped)
-            .collect();
+        let problems: Vec<_> = report.problems.iter().collect();
         Some(match problems.first() {
             None => Ok(()),
             Some(p) => Err(CutoverWait::Verify {

@@ -133,6 +133,16 @@ impl Sync {
         line
     }
 
+    /// Waits for the process to end by itself within `secs`: its exit code and output.
+    pub(crate) async fn exits_within(&mut self, secs: u64) -> (i32, String) {
+        let status = tokio::time::timeout(Duration::from_secs(secs), self.child.wait())
+            .await
+            .expect("sync ends by itself")
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (status.code().unwrap_or(-1), self.text())
+    }
+
     pub(crate) async fn kill(mut self) {
         self.child.kill().await.unwrap();
     }

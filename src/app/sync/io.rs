@@ -274,11 +274,7 @@ async fn cutover_verified(
     let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
         .await
         .map_err(|e| failed(format!("verify could not run: {e}")))?;
-    let problems: Vec<_> = report
-        .problems
-        .iter()
-        .filter(|p| p.problem != crate::core::verify::ProblemKind::Skipped)
-        .collect();
+    let problems: Vec<_> = report.problems.iter().collect();
     if problems.is_empty() {
         return Ok(());
     }

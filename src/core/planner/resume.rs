@@ -407,6 +407,57 @@ mod tests {
     }
 
     #[test]
+    fn an_undo_takes_back_a_decision_however_often_it_was_logged() {
+        let d = |id: &str, t: u32| {
+            LogStep::Decide(LoggedDecision {
+                id: id.into(),
+                labels: A.into(),
+                action: Action::Create,
+                target_id: Some(t),
+            })
+        };
+        let undo = |id: &str| LogStep::Undo { id: id.into() };
+        // 1 decided to 400, logged when decided, before its batch, on a retry and with its
+        // outcome; then undone: nothing is in force.
+        let r = replay([
+            d("1", 400),
+            d("1", 400),
+            d("1", 400),
+            d("1", 400),
+            undo("1"),
+        ]);
+        assert!(r.is_empty(), "{r:?}");
+        // 2: 500, then 501 logged twice, one undo: 500 again.
+        let r = replay([d("2", 500), d("2", 501), d("2", 501), undo("2")]);
+        assert_eq!(r["2"].target_id, Some(500));
+        // 3: an edit back to an earlier decision is a decision of its own.
+        let r = replay([d("3", 600), d("3", 601), d("3", 600), undo("3")]);
+        assert_eq!(r["3"].target_id, Some(601));
+    }
+
+    #[test]
+    fn undecided_clears_whatever_came_before_and_a_later_decision_stands() {
+        let d = |t: u32| {
+            LogStep::Decide(LoggedDecision {
+                id: "1".into(),
+                labels: A.into(),
+                action: Action::Create,
+                target_id: Some(t),
+            })
+        };
+        let clear = LogStep::Undecided { id: "1".into() };
+        assert!(replay([d(400), d(401), d(401), clear.clone()]).is_empty());
+        let r = replay([d(400), clear, d(402)]);
+        assert_eq!(r["1"].target_id, Some(402));
+        assert_eq!(
+            step_of_fields("1", A, "operator", "undecided", None),
+            Some(LogStep::Undecided { id: "1".into() })
+        );
+        // Only a person's undo counts, as only a person's decision does.
+        assert_eq!(step_of_fields("1", A, "rule", "undecided", None), None);
+    }
+
+    #[test]
     fn a_create_decided_before_the_labels_reached_kubernetes_is_not_made_a_second_object() {
         // 300 was a remap (Kubernetes holds 300 for other labels), decided to 5000; since, a
         // CRD-mode agent put A at 400. 301 was a remap too; since, its own id holds B.

@@ -184,11 +184,11 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     if c.phase == CommitPhase::Done && !c.rollback {
         match &c.verify {
             Some(v) if v.passed() => lines.push(Line::styled(
-                format!("verified: all {} valid identities present with identical labels ({} via a mapping)", v.checked, v.mapped),
+                format!("verified: {} of {} valid identities present with identical labels ({} via a mapping), {} skipped by decision", v.ok, v.checked, v.mapped, v.skipped.len()),
                 t.good(),
             )),
             Some(v) => lines.push(Line::styled(
-                format!("verification: {} of {} ok, {} (skipped or missing)", v.ok, v.checked, crate::core::words::count(v.problems.len(), "problem")),
+                format!("verification: {} of {} ok, {} skipped by decision, {} (missing or different)", v.ok, v.checked, v.skipped.len(), crate::core::words::count(v.problems.len(), "problem")),
                 t.bad(),
             )),
             None => lines.push(Line::raw("not verified (the commit was stopped)")),

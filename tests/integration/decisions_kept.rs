@@ -1,0 +1,216 @@
+//! No decision of the operator is lost: a run whose decisions write nothing keeps its log,
+//! every command reads every log it can be given (decisions without writes, a run stopped
+//! before any write, a torn last line, an empty file), and a log named that does not exist
+//! is an error naming it. The real binary against a real etcd and the sandbox API server.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use cilium_idmig::core::labels::{parse_label_key, to_security_labels};
+use cilium_idmig::sandbox::SandboxConfig;
+
+use crate::e2e::{World, log_records};
+use crate::harness::run;
+use crate::sync::Sync;
+
+const P: &str = "cilium/state/identities/v1";
+const A: &str = "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;";
+const B: &str = "k8s:app=b;k8s:io.kubernetes.pod.namespace=shop;";
+const C: &str = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
+const D: &str = "k8s:app=d;k8s:io.kubernetes.pod.namespace=shop;";
+
+/// The plan at `path` with `ids` set to skip, decided.
+fn skip_in_plan(path: &str, ids: &[&str]) {
+    let mut plan: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for item in plan["items"].as_array_mut().unwrap() {
+        if ids.contains(&item["id"].as_str().unwrap()) {
+            item["action"] = "skip".into();
+            item["decided"] = true.into();
+        }
+    }
+    std::fs::write(path, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+}
+
+/// The operator's decisions in a log: (id, action) of each line decided by the operator.
+fn operator_lines(path: &str) -> Vec<(String, String)> {
+    log_records(Path::new(path))
+        .into_iter()
+        .filter(|r| r["decided_by"] == "operator")
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                r["action"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_skip_that_writes_nothing_is_recorded_and_every_command_reads_its_log() {
+    let w = World::new(SandboxConfig::default()).await;
+    // 1. 1700 and 1702 migrated.
+    w.etcd.put(&format!("{P}/id/1700"), A.as_bytes()).await;
+    w.etcd.put(&format!("{P}/id/1702"), B.as_bytes()).await;
+    let d1 = w.path("d1.jsonl");
+    let r = w.cli(&["apply", "--yes", "--decision-log", &d1]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // 2. 1701 appears in the kvstore, its id taken in Kubernetes by other labels (a remap);
+    // 1703 too, a plain create.
+    w.etcd.put(&format!("{P}/id/1701"), C.as_bytes()).await;
+    w.etcd.put(&format!("{P}/id/1703"), D.as_bytes()).await;
+    let squatter = to_security_labels(&parse_label_key("k8s:app=squatter;").unwrap());
+    w.sb.seed_identity(1701, &squatter);
+    // 3. Both skipped in the plan: nothing to write, and the skips are the record.
+    let plan = w.path("plan.json");
+    let r = w.cli(&["plan", "--output", &plan]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    skip_in_plan(&plan, &["1701", "1703"]);
+    let skip = w.path("skip.jsonl");
+    let r = w
+        .cli(&["apply", "--plan", &plan, "--yes", "--decision-log", &skip])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains(&format!(
+            "decision log: {skip} (it records the decisions; nothing needed writing"
+        )),
+        "{}",
+        r.stdout
+    );
+    let mut skips = operator_lines(&skip);
+    skips.dedup();
+    assert_eq!(
+        skips,
+        [
+            ("1701".to_string(), "skip".to_string()),
+            ("1703".to_string(), "skip".to_string())
+        ]
+    );
+    let objects = w.sb.objects();
+    assert!(!objects.contains_key("1703"), "a skip writes nothing");
+    // 4. Every command reads it: log, verify, an apply and a sync resuming it.
+    let r = run(w.dir.path(), &["log", &skip]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("1701") && r.stdout.contains("1703"),
+        "{}",
+        r.stdout
+    );
+    let r = w
+        .cli(&["verify", "--decision-log", &d1, "--decision-log", &skip])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let again = w.path("again.jsonl");
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--resume",
+            &d1,
+            "--resume",
+            &skip,
+            "--decision-log",
+            &again,
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        w.sb.objects(),
+        objects,
+        "the skips resumed: nothing created"
+    );
+    let mut s = Sync::start_with_log(
+        &w,
+        "sync.jsonl",
+        &[
+            "--resume",
+            &d1,
+            "--resume",
+            &skip,
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+        ],
+    );
+    s.ends_at_cutover(60, 20).await;
+    assert_eq!(
+        w.sb.objects(),
+        objects,
+        "sync created nothing the operator skipped"
+    );
+    // 5. A plan of nothing but skips keeps every one of them.
+    let plan2 = w.path("plan2.json");
+    let r = w.cli(&["plan", "--output", &plan2]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    skip_in_plan(&plan2, &["1700", "1701", "1702", "1703"]);
+    let all = w.path("all-skips.jsonl");
+    let r = w
+        .cli(&["apply", "--plan", &plan2, "--yes", "--decision-log", &all])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let mut ids: Vec<String> = operator_lines(&all)
+        .into_iter()
+        .filter(|(_, a)| a == "skip")
+        .map(|(id, _)| id)
+        .collect();
+    ids.dedup();
+    assert_eq!(ids, ["1700", "1701", "1702", "1703"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_command_reads_every_log_and_a_missing_one_is_named() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/1700"), A.as_bytes()).await;
+    let d1 = w.path("d1.jsonl");
+    let r = w.cli(&["apply", "--yes", "--decision-log", &d1]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let whole = std::fs::read_to_string(&d1).unwrap();
+    // An empty file, a log of a run stopped before any write (its session line alone), and
+    // a log whose last line is torn.
+    let empty = w.path("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let session_only = w.path("session.jsonl");
+    std::fs::write(
+        &session_only,
+        format!("{}\n", whole.lines().next().unwrap()),
+    )
+    .unwrap();
+    let torn = w.path("torn.jsonl");
+    std::fs::write(&torn, format!("{whole}{{\"ts\":\"2026-12-04T10:")).unwrap();
+    for log in [&empty, &session_only, &torn] {
+        let r = run(w.dir.path(), &["log", log]).await;
+        assert_eq!(r.code, 0, "log {log}: {}{}", r.stdout, r.stderr);
+        let r = w.cli(&["verify", "--decision-log", log]).await;
+        assert_eq!(r.code, 0, "verify {log}: {}{}", r.stdout, r.stderr);
+        let out = w.path("out.jsonl");
+        let r = w
+            .cli(&["apply", "--yes", "--resume", log, "--decision-log", &out])
+            .await;
+        assert_eq!(r.code, 0, "apply --resume {log}: {}{}", r.stdout, r.stderr);
+        let r = w.cli(&["rollback", "--decision-log", log]).await;
+        assert_eq!(r.code, 0, "rollback {log}: {}{}", r.stdout, r.stderr);
+    }
+    // A log named that does not exist: an error naming it, exit 2, for every reader.
+    let missing = w.path("no-such-log.jsonl");
+    for args in [
+        vec!["apply", "--yes", "--resume", &missing],
+        vec!["verify", "--decision-log", &missing],
+    ] {
+        let r = w.cli(&args).await;
+        assert_eq!(r.code, 2, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains("no-such-log.jsonl"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let r = run(w.dir.path(), &["log", &missing]).await;
+    assert_eq!(r.code, 2, "log: {}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("no-such-log.jsonl"), "log: {}", r.stderr);
+    let mut s = Sync::start_with_log(&w, "sync.jsonl", &["--resume", &missing]);
+    let (code, text) = s.exits_within(20).await;
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("no-such-log.jsonl"), "{text}");
+}

@@ -383,17 +383,23 @@ mod tests {
         assert_eq!(step_of("301", B, "edit (create x)", None), None);
     }
 
+    /// A decision to create `id` at `t`, as a log line replays.
+    fn create_step(id: &str, t: u32) -> LogStep {
+        LogStep::Decide(LoggedDecision {
+            id: id.into(),
+            labels: A.into(),
+            action: Action::Create,
+            target_id: Some(t),
+        })
+    }
+
+    fn undo_step(id: &str) -> LogStep {
+        LogStep::Undo { id: id.into() }
+    }
+
     #[test]
     fn undo_takes_back_the_last_decision_on_its_id() {
-        let d = |id: &str, t: u32| {
-            LogStep::Decide(LoggedDecision {
-                id: id.into(),
-                labels: A.into(),
-                action: Action::Create,
-                target_id: Some(t),
-            })
-        };
-        let undo = |id: &str| LogStep::Undo { id: id.into() };
+        let (d, undo) = (create_step, undo_step);
         let r = replay([
             d("1", 400),
             d("1", 401),
@@ -408,15 +414,7 @@ mod tests {
 
     #[test]
     fn an_undo_takes_back_a_decision_however_often_it_was_logged() {
-        let d = |id: &str, t: u32| {
-            LogStep::Decide(LoggedDecision {
-                id: id.into(),
-                labels: A.into(),
-                action: Action::Create,
-                target_id: Some(t),
-            })
-        };
-        let undo = |id: &str| LogStep::Undo { id: id.into() };
+        let (d, undo) = (create_step, undo_step);
         // 1 decided to 400, logged when decided, before its batch, on a retry and with its
         // outcome; then undone: nothing is in force.
         let r = replay([
@@ -437,14 +435,7 @@ mod tests {
 
     #[test]
     fn undecided_clears_whatever_came_before_and_a_later_decision_stands() {
-        let d = |t: u32| {
-            LogStep::Decide(LoggedDecision {
-                id: "1".into(),
-                labels: A.into(),
-                action: Action::Create,
-                target_id: Some(t),
-            })
-        };
+        let d = |t: u32| create_step("1", t);
         let clear = LogStep::Undecided { id: "1".into() };
         assert!(replay([d(400), d(401), d(401), clear.clone()]).is_empty());
         let r = replay([d(400), clear, d(402)]);

@@ -467,6 +467,10 @@ pub fn read_from(r: impl BufRead) -> std::io::Result<LogContents> {
 /// Folds one record into what `verify` expects: the latest serving or skip per id (its
 /// target and labels), and the ids a rollback deleted and nothing served again since.
 fn expect(e: &mut Expectations, r: &Record) {
+    if r.outcome.is_none() {
+        expect_decided(e, r);
+        return;
+    }
     match r.outcome {
         Some(o) if o.is_serving() => {
             e.mappings.insert(r.id.clone(), r.target_id);
@@ -479,6 +483,27 @@ fn expect(e: &mut Expectations, r: &Record) {
         }
         Some(Outcome::Deleted | Outcome::AlreadyGone) => {
             e.rolled_back.insert(r.id.clone());
+        }
+        _ => {}
+    }
+}
+
+/// A person's decision with no outcome (sync's decisions file, the TUI, a plan's skip before
+/// its outcome): a skip is expected nowhere, whether or not a write ever follows, and an undo
+/// or a later decision takes back a skip. Any other decision waits for its outcome line:
+/// until something is written, the identity is expected where it was.
+fn expect_decided(e: &mut Expectations, r: &Record) {
+    let skipped = |e: &Expectations| e.mappings.get(&r.id) == Some(&None);
+    match r.step() {
+        Some(LogStep::Decide(d)) if d.action == crate::core::planner::Action::Skip => {
+            e.mappings.insert(r.id.clone(), None);
+            e.mapped_labels.insert(r.id.clone(), r.labels.clone());
+        }
+        Some(LogStep::Decide(_) | LogStep::Undo { .. } | LogStep::Undecided { .. })
+            if skipped(e) =>
+        {
+            e.mappings.remove(&r.id);
+            e.mapped_labels.remove(&r.id);
         }
         _ => {}
     }
@@ -802,6 +827,38 @@ mod tests {
         let steps = steps_in_time(&[&later, &odd]);
         let r = crate::core::planner::resume::replay(steps.into_iter().map(|(s, _)| s));
         assert_eq!(r["302"].action, Action::Skip);
+    }
+
+    #[test]
+    fn a_skip_decided_without_an_outcome_is_expected_nowhere_until_undone() {
+        let line = |id: &str, action: &str, by: &str| {
+            Record::decision(id, "k8s:a=b;", Kind::Remap, (action, by), None)
+        };
+        let of = |records: Vec<Record>| {
+            LogContents {
+                records,
+                ..Default::default()
+            }
+            .expectations()
+            .mappings
+        };
+        // Sync's decisions file skips 302: no outcome line ever follows.
+        let m = of(vec![line("302", "skip", "operator")]);
+        assert_eq!(m.get("302"), Some(&None));
+        // Undone, or decided otherwise: expected where it was again.
+        for after in ["undecided", "create"] {
+            let m = of(vec![
+                line("302", "skip", "operator"),
+                line("302", after, "operator"),
+            ]);
+            assert_eq!(m.get("302"), None, "{after}");
+        }
+        // A rule's skip without an outcome, or a create decided and not written, changes
+        // nothing: what was written says where it is.
+        assert!(of(vec![line("303", "skip", "rule")]).is_empty());
+        let mut created = line("304", "create", "operator");
+        created.target_id = Some(5000);
+        assert!(of(vec![created]).is_empty());
     }
 
     #[test]

@@ -214,3 +214,81 @@ async fn every_command_reads_every_log_and_a_missing_one_is_named() {
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("no-such-log.jsonl"), "{text}");
 }
+
+/// A decisions file line: `action` on `id` by the operator, at `ts`.
+fn file_line(id: &str, labels: &str, action: &str, target: Option<u32>) -> String {
+    let ts = jiff::Timestamp::now().to_string();
+    serde_json::json!({
+        "ts": ts, "operator": "alice@bastion", "id": id, "labels": labels, "kind": "remap",
+        "decision": format!("{action} (operator)"), "decided_by": "operator",
+        "action": action, "target_id": target,
+    })
+    .to_string()
+        + "\n"
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_logs_what_its_decisions_file_decides_and_undoes_before_acting() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    // A kvstore-mode node: no cutover while the test runs.
+    w.etcd.put(&format!("{P}/value/{A}/10.0.0.1"), b"300").await;
+    // 302 is a remap (its id taken by other labels); 303 a plain create.
+    let squatter = to_security_labels(&parse_label_key("k8s:app=squatter;").unwrap());
+    w.sb.seed_identity(302, &squatter);
+    w.etcd.put(&format!("{P}/id/302"), C.as_bytes()).await;
+    w.etcd.put(&format!("{P}/id/303"), D.as_bytes()).await;
+    let file = w.path("decisions.jsonl");
+    std::fs::write(
+        &file,
+        file_line("302", C, "skip", None) + &file_line("303", D, "skip", None),
+    )
+    .unwrap();
+    let s = Sync::start_with_log(&w, "sync.jsonl", &["--decisions", &file]);
+    s.wait_for_line("sync: ", 30).await;
+    let log = w.path("sync.jsonl");
+    let lines = operator_lines(&log);
+    assert!(
+        lines.contains(&("302".into(), "skip".into()))
+            && lines.contains(&("303".into(), "skip".into())),
+        "the file's decisions are logged before sync acts on them: {lines:?}"
+    );
+    assert!(!w.sb.objects().contains_key("303"), "303 skipped");
+    // 303's line taken out of the file: an undo, logged, and 303 is created as proposed.
+    std::fs::write(&file, file_line("302", C, "skip", None)).unwrap();
+    s.wait_for_line("1 undo logged and carried to sync", 30)
+        .await;
+    crate::sync::wait_for(20, "303 created", || w.sb.objects().get("303").cloned()).await;
+    let lines = operator_lines(&log);
+    assert!(
+        lines.contains(&("303".into(), "undecided".into())),
+        "{lines:?}"
+    );
+    let (code, text) = s.stop().await;
+    assert!(code == 0 || code == 1, "{text}");
+    // The log alone carries it all: verify reads the skip as decided, and a sync restarted
+    // on it without the file keeps 302 skipped.
+    let r = w.cli(&["verify", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("1 skipped by decision"), "{}", r.stdout);
+    let before = w.sb.objects();
+    let s = Sync::start_with_log(&w, "sync.jsonl", &[]);
+    s.wait_for_line("sync: ", 30).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let (_, text) = s.stop().await;
+    assert_eq!(w.sb.objects(), before, "{text}");
+    let r = run(w.dir.path(), &["log", "--decisions-only", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let ids: Vec<String> = r
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        ids,
+        ["302"],
+        "the decisions in force, each once: {}",
+        r.stdout
+    );
+}

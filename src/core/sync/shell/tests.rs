@@ -305,6 +305,38 @@ fn a_malformed_entry_is_logged_as_skipped_before_it_is_said() {
 }
 
 #[test]
+fn a_malformed_entry_whose_skip_was_not_logged_is_not_said_and_is_logged_at_a_later_round() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    io.log_room = Some(0);
+    following(
+        &mut shell,
+        read(&[("300", "not a label key")], &[], t0),
+        t0,
+        &mut io,
+    );
+    settle(&mut shell, t0, &mut io);
+    assert!(io.logged.is_empty());
+    let said = |io: &Recorded| {
+        io.said
+            .iter()
+            .filter(|e| matches!(e, Event::Invalid { id, .. } if id == "300"))
+            .count()
+    };
+    assert_eq!(said(&io), 0, "said only once logged");
+    // The disk has room again: the next round logs it, once, and says it.
+    io.log_room = None;
+    settle(&mut shell, t0 + SETTLE_EVERY, &mut io);
+    settle(&mut shell, t0 + 2 * SETTLE_EVERY, &mut io);
+    assert!(
+        matches!(&io.logged[..], [Line::Invalid { id, .. }] if id == "300"),
+        "{:?}",
+        io.logged
+    );
+    assert_eq!(said(&io), 1);
+}
+
+#[test]
 fn a_decision_that_cannot_be_carried_out_is_refused_once_logged_and_waits_again() {
     let t0 = Instant::now();
     let (mut shell, mut io) = shell(settings(false, false), false);

@@ -248,7 +248,7 @@ fn decision_name(op: &Op) -> &'static str {
 }
 
 /// The log line for an operation: its decision, and its outcome once there is one.
-fn record(op: &Op, result: Option<&OpResult>) -> Record {
+pub fn record(op: &Op, result: Option<&OpResult>) -> Record {
     let decided = (decision_name(op), op.decided_by.as_str());
     let mut r = Record::decision(&op.id, &op.label_key, op.kind, decided, op.target_id);
     if let Some(res) = result {

@@ -11,6 +11,8 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_decision_log;
+#[cfg(test)]
 mod tests_new_user;
 
 use std::io::Stdout;

@@ -246,7 +246,7 @@ fn decisions_are_logged_at_once_and_undo_restores() {
         "moves to the next undecided conflict"
     );
     let cmds = update(&mut m, key('s'));
-    assert_eq!(logged(&cmds), vec!["303 skip (skip 900)".to_string()]);
+    assert_eq!(logged(&cmds), vec!["303 skip (skip -)".to_string()]);
     assert_eq!(item(&m, "303").action, Action::Skip);
     let cmds = update(&mut m, key('z'));
     assert_eq!(logged(&cmds), vec!["303 undo (none 900)".to_string()]);

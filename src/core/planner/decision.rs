@@ -93,7 +93,12 @@ impl Decision {
                 item.action = Action::None;
                 item.target_id = Some(x);
             }
-            Decision::Skip => item.action = Action::Skip,
+            // A skip serves the identity nowhere: no target, so neither the log nor the
+            // screen keeps the proposal it did not take.
+            Decision::Skip => {
+                item.action = Action::Skip;
+                item.target_id = None;
+            }
             Decision::CreateAnyway => {
                 if item.kind != Kind::Duplicate {
                     return Err("create anyway is for duplicates; use e to pick an id".into());
@@ -225,7 +230,11 @@ mod tests {
         assert_eq!((d.action, d.target_id), (Action::None, Some(900)));
         Decision::CreateAnyway.apply_to(&mut d).unwrap();
         assert_eq!((d.action, d.target_id), (Action::Create, Some(301)));
-        assert_eq!(describe("edit", &i), "edit (skip 400)");
+        assert_eq!(
+            describe("edit", &i),
+            "edit (skip -)",
+            "a skip keeps no target"
+        );
     }
 
     #[test]

@@ -45,12 +45,12 @@ pub enum LogStep {
 pub fn step_of(id: &str, labels: &str, decision: &str, target_id: Option<u32>) -> Option<LogStep> {
     let (name, rest) = decision.split_once(" (")?;
     let inner = rest.strip_suffix(')')?;
-    let decide = |action, target_id| {
+    let decide = |action, target_id: Option<u32>| {
         Some(LogStep::Decide(LoggedDecision {
             id: id.to_string(),
             labels: labels.to_string(),
             action,
-            target_id,
+            target_id: target_id.filter(|_| action != Action::Skip),
         }))
     };
     if let Some((action, target)) = inner.split_once(' ') {
@@ -114,7 +114,8 @@ pub fn step_of_fields(
         id: id.to_string(),
         labels: labels.to_string(),
         action,
-        target_id,
+        // A skip has no target (logs written before kept the proposal it did not take).
+        target_id: target_id.filter(|_| action != Action::Skip),
     }))
 }
 

@@ -203,13 +203,18 @@ fn accept_all(model: &mut Model, count: usize) -> Vec<Command> {
         .filter(|&i| !model.cluster.items[i].decided)
         .collect();
     let mut cmds = Vec::new();
+    let mut step = Vec::new();
     for i in pending {
+        step.push((i, model.cluster.items[i].clone()));
         // Accepting a proposal cannot be refused.
         let _ = Decision::Accept.apply_to(&mut model.cluster.items[i]);
         cmds.push(log_decision("accept-all", &model.cluster.items[i]));
     }
-    model.review.undo.clear();
-    model.status = format!("accepted {count} proposals");
+    // One step for `z`, as a bulk decision is: the decisions before it stay undoable too.
+    if !step.is_empty() {
+        model.review.undo.push(step);
+    }
+    model.status = format!("accepted {count} proposals (z undoes them as one step)");
     cmds
 }
 

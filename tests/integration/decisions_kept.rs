@@ -101,6 +101,16 @@ async fn a_skip_that_writes_nothing_is_recorded_and_every_command_reads_its_log(
         .cli(&["verify", "--decision-log", &d1, "--decision-log", &skip])
         .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // The audit reads the skips as decided, not as findings, whichever log holds them.
+    let r = w
+        .cli(&["audit", "--decision-log", &d1, "--decision-log", &skip])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("skipped by decision: kvstore 1701"),
+        "{}",
+        r.stdout
+    );
     let again = w.path("again.jsonl");
     let r = w
         .cli(&[
@@ -290,5 +300,212 @@ async fn sync_logs_what_its_decisions_file_decides_and_undoes_before_acting() {
         ["302"],
         "the decisions in force, each once: {}",
         r.stdout
+    );
+}
+
+/// What the operator does to one plan item by hand.
+#[derive(Debug, Clone, Copy)]
+enum Edit {
+    Leave,
+    /// `"decided": true` on the proposal.
+    Decide,
+    Skip,
+    /// Create at its own id.
+    CreateOwn,
+    /// Create at 256 + k.
+    CreateAt(u32),
+}
+
+fn edits() -> impl proptest::strategy::Strategy<Value = Vec<Edit>> {
+    use proptest::prelude::*;
+    let edit = prop_oneof![
+        2 => Just(Edit::Leave),
+        3 => Just(Edit::Decide),
+        3 => Just(Edit::Skip),
+        1 => Just(Edit::CreateOwn),
+        1 => (0u32..6).prop_map(Edit::CreateAt),
+    ];
+    proptest::collection::vec(edit, 6)
+}
+
+/// A plan of six identities (a plain create, an already migrated one, two remaps, a
+/// duplicate, a reuse) edited by hand, applied through the same path as `apply --plan`: a
+/// refused plan logs no decision; an applied one logs every decision the operator made,
+/// written or not, and replays to exactly those; every object created has its decision
+/// line before its outcome; the log is kept whenever it holds a decision.
+#[test]
+fn a_hand_edited_plan_applied_logs_exactly_the_operators_decisions() {
+    use cilium_idmig::app::flows::{self, ApplySpec};
+    use cilium_idmig::apply::executor::{StopFlag, Watchers};
+    use cilium_idmig::core::kvstore::{KvSnapshot, MasterEntry, SourceInfo};
+    use cilium_idmig::core::planner::resume::{LoggedDecision, replay};
+    use cilium_idmig::core::planner::{Action, DecidedBy};
+    use cilium_idmig::core::range::ClusterScope;
+    use cilium_idmig::io::decision_log::{DecisionLog, read};
+    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::io::kv_source::KvSource;
+    use cilium_idmig::sandbox::Sandbox;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
+    // How many edited plans were applied and how many refused: both must be tried.
+    let (applied, refused) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
+    let labels = |n: u32| format!("k8s:app=p{n};k8s:io.kubernetes.pod.namespace=shop;");
+    let sl = |k: &str| to_security_labels(&parse_label_key(k).unwrap());
+    runner
+        .run(&edits(), |edits| {
+            rt.block_on(async {
+                let sb = Sandbox::start(SandboxConfig::default()).await.unwrap();
+                // 300 plain, 301 migrated, 302 and 303 remaps, 304 a duplicate (at 904), 305
+                // a reuse (its id taken, its labels at 905).
+                sb.seed_identity(301, &sl(&labels(1)));
+                sb.seed_identity(302, &sl("k8s:app=squatter2;"));
+                sb.seed_identity(303, &sl("k8s:app=squatter3;"));
+                sb.seed_identity(904, &sl(&labels(4)));
+                sb.seed_identity(305, &sl("k8s:app=squatter5;"));
+                sb.seed_identity(905, &sl(&labels(5)));
+                let seeded = sb.objects();
+                let masters = (0..6)
+                    .map(|n| MasterEntry::new((300 + n).to_string(), labels(n)))
+                    .collect();
+                let kv = KvSource::Memory(KvSnapshot {
+                    source: SourceInfo {
+                        prefix: "cilium/state/identities/v1".into(),
+                        ..Default::default()
+                    },
+                    masters,
+                    node_counts: Default::default(),
+                });
+                let target = K8sTarget::from_url(&sb.url()).unwrap();
+                let scope = ClusterScope::new(0, Default::default()).unwrap();
+                let scan = flows::scan(&kv, &target, scope.range).await.unwrap();
+                let live = scan.items.clone();
+                let mut plan = flows::plan_file(scan, &target, scope);
+                for (item, edit) in plan.items.iter_mut().zip(&edits) {
+                    let own = item.numeric_id().unwrap();
+                    match edit {
+                        Edit::Leave => {}
+                        Edit::Decide => item.decided = true,
+                        Edit::Skip => item.action = Action::Skip,
+                        Edit::CreateOwn => {
+                            item.action = Action::Create;
+                            item.target_id = Some(own);
+                        }
+                        Edit::CreateAt(k) => {
+                            item.action = Action::Create;
+                            item.target_id = Some(256 + k);
+                        }
+                    }
+                    if !matches!(edit, Edit::Leave) {
+                        item.decided = true;
+                    }
+                }
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("plan.jsonl");
+                let log = DecisionLog::open(&path).unwrap();
+                let spec = ApplySpec {
+                    plan: Some(plan.clone()),
+                    resume: Vec::new(),
+                    accept_proposals: false,
+                    options: Default::default(),
+                };
+                let watchers = Watchers {
+                    events: None,
+                    progress: None,
+                };
+                let run = flows::apply(
+                    &kv,
+                    &target,
+                    scope,
+                    &spec,
+                    &log,
+                    watchers,
+                    StopFlag::default(),
+                )
+                .await;
+                let records = read(&path).unwrap().records;
+                let Ok(run) = run else {
+                    refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    assert!(
+                        records.is_empty(),
+                        "a refused plan logs nothing: {records:?}"
+                    );
+                    assert_eq!(sb.objects(), seeded, "a refused plan writes nothing");
+                    return;
+                };
+                assert!(run.report.succeeded(), "{:?}", run.report);
+                applied.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // The operator's decisions, as the plan states them: a skip has no target, and
+                // a create where Kubernetes already holds the labels is that id served.
+                let expected: std::collections::BTreeMap<String, LoggedDecision> = plan
+                    .items
+                    .iter()
+                    .zip(&live)
+                    .filter(|(p, l)| DecidedBy::of(p, l, false) == DecidedBy::Operator)
+                    .map(|(p, _)| {
+                        let target_id = p.target_id.filter(|_| p.action != Action::Skip);
+                        let served = target_id.is_some_and(|t| {
+                            seeded.get(&t.to_string()).is_some_and(|o| {
+                                cilium_idmig::core::identity::parse_identity(o)
+                                    .unwrap()
+                                    .labels
+                                    == sl(&p.labels)
+                            })
+                        });
+                        let action = match p.action {
+                            Action::Create if served => Action::None,
+                            a => a,
+                        };
+                        let d = LoggedDecision {
+                            id: p.id.clone(),
+                            labels: p.labels.clone(),
+                            action,
+                            target_id,
+                        };
+                        (p.id.clone(), d)
+                    })
+                    .collect();
+                let replayed = replay(records.iter().filter_map(|r| r.step()));
+                assert_eq!(replayed, expected, "edits {edits:?}");
+                // Every object created has its decision line, before its outcome.
+                for (name, _) in sb
+                    .objects()
+                    .iter()
+                    .filter(|(n, _)| !seeded.contains_key(*n))
+                {
+                    let t: u32 = name.parse().unwrap();
+                    let decided = records
+                        .iter()
+                        .position(|r| r.target_id == Some(t) && r.outcome.is_none());
+                    let created = records.iter().position(|r| {
+                        r.target_id == Some(t)
+                            && r.outcome == Some(cilium_idmig::core::outcome::Outcome::Created)
+                    });
+                    assert!(
+                        matches!((decided, created), (Some(d), Some(c)) if d < c),
+                        "object {t}: decision line {decided:?}, outcome line {created:?}"
+                    );
+                }
+                // Kept whenever it holds a decision; discarded only when it holds none.
+                let discarded = log.discard_if_nothing_decided();
+                assert_eq!(
+                    discarded,
+                    expected.is_empty() && !records.iter().any(|r| r.is_decision())
+                );
+            });
+            Ok(())
+        })
+        .unwrap();
+    let (applied, refused) = (applied.into_inner(), refused.into_inner());
+    assert!(
+        applied >= 4 && refused >= 4,
+        "{applied} applied, {refused} refused"
     );
 }

@@ -99,6 +99,35 @@ pub(crate) fn root_cause(cause: &(dyn std::error::Error + 'static)) -> (String, 
     (text, unreachable)
 }
 
+/// What to check when etcd's client fails in a way that says the endpoint is not what was
+/// meant: something that is not etcd's client port (an API server, a peer port) breaks the
+/// gRPC stream; a plain-http etcd named with https ends the TLS handshake at once.
+fn etcd_hint(root: &str) -> Option<&'static str> {
+    let has = |words: &[&str]| words.iter().any(|w| root.to_lowercase().contains(w));
+    if has(&[
+        "tls handshake eof",
+        "invalidcontenttype",
+        "corrupt message",
+        "wrong version number",
+    ]) {
+        Some(
+            "the endpoint does not answer TLS: if etcd listens on plain http, name it http://, not https://",
+        )
+    } else if has(&[
+        "broken pipe",
+        "stream closed",
+        "h2 protocol error",
+        "frame with invalid size",
+        "http2 error",
+    ]) {
+        Some(
+            "is it etcd's client URL (port 2379 by default)? Another server there (the API server, an etcd peer port) answers etcd's gRPC this way",
+        )
+    } else {
+        None
+    }
+}
+
 /// `"{what}: {innermost cause}"`, with `unreachable_hint` when the server could not be
 /// reached at all, and the cause kept as the source.
 fn server_failure(
@@ -154,11 +183,16 @@ impl Error {
 
     /// An etcd failure, worded by its innermost cause (see `server_failure`).
     pub fn etcd(endpoints: impl Into<String>, what: &str, cause: impl Into<BoxError>) -> Self {
-        let (message, source) = server_failure(
+        let cause = cause.into();
+        let (root, _) = root_cause(cause.as_ref());
+        let (mut message, source) = server_failure(
             what,
             cause,
             "check that etcd is up and that --etcd-endpoints (or --etcd-config) names it",
         );
+        if let Some(hint) = etcd_hint(&root) {
+            message = format!("{message}; {hint}");
+        }
         Error::Etcd {
             endpoints: endpoints.into(),
             message,
@@ -226,6 +260,31 @@ impl Error {
             // credentials or this request (`io::refusal` tells, for the exit code).
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod etcd_hint_tests {
+    #[test]
+    fn an_endpoint_that_is_not_etcd_or_not_tls_says_what_to_check() {
+        let e = super::Error::etcd(
+            "https://127.0.0.1:2379",
+            "range request",
+            std::io::Error::other("tls handshake eof"),
+        );
+        assert!(e.to_string().contains("name it http://"), "{e}");
+        let e = super::Error::etcd(
+            "http://127.0.0.1:6443",
+            "range request",
+            std::io::Error::other("stream closed because of a broken pipe"),
+        );
+        assert!(e.to_string().contains("etcd's client URL"), "{e}");
+        let e = super::Error::etcd(
+            "http://x",
+            "range request",
+            std::io::Error::other("key not found"),
+        );
+        assert!(!e.to_string().contains("client URL"), "{e}");
     }
 }
 

@@ -233,8 +233,20 @@ pub async fn apply(
         req.accept_proposals,
     )
     .map_err(|errs| {
-        // Every refused item is named, however many: the operator fixes them all at once.
-        let all: Vec<String> = errs.iter().map(|e| format!("  {e}")).collect();
+        // Every refused item is named, however many: the operator fixes them all at once;
+        // under a resume, with why its recorded decision was dropped, which is the cause.
+        let dropped: HashMap<&str, &str> = resumed
+            .iter()
+            .flat_map(|r| &r.dropped)
+            .map(|d| (d.id.as_str(), d.reason.as_str()))
+            .collect();
+        let all: Vec<String> = errs
+            .iter()
+            .map(|e| match dropped.get(e.id.as_str()) {
+                Some(why) => format!("  {e} (its recorded decision was dropped: {why})"),
+                None => format!("  {e}"),
+            })
+            .collect();
         Error::Refused(format!(
             "{} item(s) refused, nothing written:\n{}",
             errs.len(),

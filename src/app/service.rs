@@ -510,7 +510,7 @@ impl Service {
 /// An undo is logged as what is in force after it: the earlier decision it brings back, or
 /// `undecided` (back to the proposal), so every line states its identity's decision and a
 /// replay never depends on how many lines an earlier decision left.
-pub(crate) fn decision_record(name: &str, item: &PlanItem) -> Record {
+pub fn decision_record(name: &str, item: &PlanItem) -> Record {
     let action = if name == "undo" && !item.decided {
         "undecided"
     } else {

@@ -126,8 +126,7 @@ async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::R
     // is an error.
     let mut logs = Vec::new();
     for f in &files {
-        let bytes = std::fs::read(f)
-            .map_err(|e| cilium_idmig::Error::file_io(f, "cannot read decision log", e))?;
+        let bytes = decision_log::read_bytes(f)?;
         let contents = decision_log::parse(f, &bytes)?;
         logs.push((bytes, contents));
     }
@@ -144,7 +143,9 @@ async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::R
     if decisions_only {
         let contents: Vec<_> = logs.into_iter().map(|(_, c)| c).collect();
         let compact = cilium_idmig::app::export::decisions_only(&contents)?;
-        stdout.write_all(&compact)?;
+        stdout
+            .write_all(&compact)
+            .map_err(super::out::StdoutError)?;
         if compact.len() > CONFIGMAP_BYTES {
             eprintln!(
                 "warning: the decisions take {} bytes, more than a ConfigMap holds (1 MiB): give sync the file on its volume with --resume instead",
@@ -156,7 +157,10 @@ async fn log(files: Vec<PathBuf>, decisions_only: bool, hold: bool) -> anyhow::R
     for (bytes, _) in &logs {
         // Whole lines only: a sync may be appending to it right now.
         let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        stdout.write_all(&bytes[..whole])?;
+        // A reader that closed the pipe (`| head -1`) has what it wanted: a quiet exit 0.
+        stdout
+            .write_all(&bytes[..whole])
+            .map_err(super::out::StdoutError)?;
     }
     Ok(Exit::Ok)
 }
@@ -808,7 +812,6 @@ async fn sync(
     use cilium_idmig::apply::executor::StopFlag;
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = open_log(&log_path)?;
-    let until_cutover = opts.until_cutover;
     let cfg = Arc::new(ServiceConfig {
         kv: world.kv,
         target: world.target,
@@ -910,7 +913,8 @@ async fn sync(
         task.abort();
     }
     outln!("{}", end.status)?;
-    if until_cutover && !end.cutover {
+    // Said on every stop before cutover, with --until-cutover or without: what is left.
+    if !end.cutover {
         outln!(
             "cutover not reached: {}, {}; run sync again to go on",
             count(end.status.kvstore_nodes, "kvstore-mode node"),
@@ -989,6 +993,9 @@ async fn interactive(
     );
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let end = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
+    // Exit 1 when the last commit or rollback left writes failed or not made (stopped with
+    // Ctrl-C, say), as `tui --help` and a headless apply say.
+    let unfinished = end.commit.is_some_and(|s| s.unfinished());
     // What stays on the terminal: what the last commit did, and how to finish it.
     if let Some(s) = end.commit {
         outln!("{s}")?;
@@ -1018,7 +1025,7 @@ async fn interactive(
     } else {
         outln!("decision log: {}", log_path.display())?;
     }
-    Ok(Exit::Ok)
+    Ok(if unfinished { Exit::Failed } else { Exit::Ok })
 }
 
 /// The line after the TUI that says how to carry on: `command` with this run's flags, or,

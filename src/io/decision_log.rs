@@ -433,6 +433,14 @@ fn open_to_read(path: &Path) -> Result<File> {
     })
 }
 
+/// A log's bytes, as `read` opens it (a log that does not exist named as such).
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut open_to_read(path)?, &mut bytes)
+        .map_err(|e| Error::file_io(path, "cannot read decision log", e))?;
+    Ok(bytes)
+}
+
 /// `read` of a log already in memory (`bytes`, read from `path`): refused alike.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<LogContents> {
     let c = read_from(bytes).map_err(|e| Error::file_cause(path, e))?;

@@ -51,7 +51,13 @@ pub struct EtcdConfigFile {
 
 impl EtcdConfigFile {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::file_cause(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::file(
+                path,
+                "no such etcd config (--etcd-config): pass the file Cilium's agents mount (its etcd.config option), or --etcd-endpoints URL",
+            ),
+            _ => Error::file_io(path, "cannot read the etcd config (--etcd-config)", e),
+        })?;
         serde_yaml_ng::from_str(&text)
             .map_err(|e| Error::file_io(path, "not a valid etcd config", e))
     }

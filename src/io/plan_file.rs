@@ -15,6 +15,7 @@ pub const PLAN_VERSION: u32 = 1;
 
 /// Which API server the plan was made against.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct TargetInfo {
     pub server: String,
     pub context: Option<String>,
@@ -22,12 +23,14 @@ pub struct TargetInfo {
 
 /// Whether apply must install the CRD first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct CrdStep {
     pub present: bool,
     pub create: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanFile {
     pub version: u32,
     pub created_at: String,
@@ -125,8 +128,34 @@ impl PlanFile {
             }
             None => return Err("no \"version\": not a cilium-idmig plan".into()),
         }
-        let plan: PlanFile =
+        // Strict, as kubectl's field validation is: a misspelt field (`"acton"`) is refused,
+        // never read as absent. Items are read one by one so a refusal names the item.
+        let mut raw = raw;
+        let items = match raw.get_mut("items") {
+            Some(serde_json::Value::Array(items)) => std::mem::take(items),
+            Some(_) => return Err("\"items\" is not a list".into()),
+            None => return Err("no \"items\": not a cilium-idmig plan".into()),
+        };
+        let mut plan: PlanFile =
             serde_json::from_value(raw).map_err(|e| format!("not a valid plan: {e}"))?;
+        plan.items = items
+            .into_iter()
+            .enumerate()
+            .map(|(n, v)| {
+                let id = v
+                    .get("id")
+                    .map_or_else(|| format!("number {}", n + 1), ToString::to_string);
+                let item: PlanItem = serde_json::from_value(v)
+                    .map_err(|e| format!("item {id}: {e}; fix the field or remove it"))?;
+                if item.kind != crate::core::planner::Kind::Invalid && item.numeric_id().is_none() {
+                    return Err(format!(
+                        "item {id}: id {:?} is not a kvstore identity's id (a number in the range), yet the plan says it is a {}; check the id for a typo",
+                        item.id, item.kind
+                    ));
+                }
+                Ok(item)
+            })
+            .collect::<Result<_, String>>()?;
         let expected = plan.scope()?.range;
         if plan.range != expected {
             return Err(format!(
@@ -185,6 +214,26 @@ mod tests {
         assert_eq!(v["summary"]["create"], 1);
         assert_eq!(v["max_connected_clusters"], 255);
         assert!(v["created_by"].as_str().unwrap().contains('@'));
+    }
+
+    #[test]
+    fn a_misspelt_field_or_a_malformed_id_is_refused_naming_the_item() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["items"][0]["acton"] = "skip".into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("item \"300\"") && e.contains("acton"), "{e}");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["items"][0]["traget_id"] = 1005.into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("traget_id"), "{e}");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["items"][0]["id"] = "1O05".into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("1O05") && e.contains("typo"), "{e}");
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["crd"]["craete"] = true.into();
+        let e = PlanFile::from_slice(v.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("craete"), "{e}");
     }
 
     #[test]

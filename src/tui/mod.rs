@@ -11,8 +11,6 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_decision_log;
-#[cfg(test)]
 mod tests_new_user;
 
 use std::io::Stdout;

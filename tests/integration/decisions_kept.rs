@@ -276,6 +276,11 @@ async fn sync_logs_what_its_decisions_file_decides_and_undoes_before_acting() {
     );
     let (code, text) = s.stop().await;
     assert!(code == 0 || code == 1, "{text}");
+    // Stopped without --until-cutover: what is left is said all the same.
+    assert!(
+        text.contains("cutover not reached: 1 kvstore-mode node, 0 pending decisions"),
+        "{text}"
+    );
     // The log alone carries it all: verify reads the skip as decided, and a sync restarted
     // on it without the file keeps 302 skipped.
     let r = w.cli(&["verify", "--decision-log", &log]).await;
@@ -508,4 +513,30 @@ fn a_hand_edited_plan_applied_logs_exactly_the_operators_decisions() {
         applied >= 4 && refused >= 4,
         "{applied} applied, {refused} refused"
     );
+}
+
+/// `log FILE | head -1`: the reader has what it wanted; no error, exit 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_log_read_into_a_pipe_closed_early_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.jsonl");
+    let line = serde_json::json!({
+        "ts": "2026-12-04T10:00:00Z", "operator": "alice@bastion", "id": "300",
+        "labels": A, "kind": "create", "decision": "create (proposal)",
+        "decided_by": "proposal", "action": "create", "target_id": 300,
+    })
+    .to_string();
+    // Larger than a pipe holds, so the write meets the closed pipe.
+    std::fs::write(&path, format!("{line}\n").repeat(20_000)).unwrap();
+    let out = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"set -o pipefail; "$0" log "$1" | head -1 >/dev/null"#)
+        .arg(crate::harness::bin())
+        .arg(&path)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 }

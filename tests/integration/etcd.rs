@@ -171,5 +171,9 @@ async fn unreachable_or_missing_config_is_a_clear_error() {
         ..Default::default()
     };
     let err = read_snapshot(&o).await.unwrap_err().to_string();
-    assert!(err.contains("/nonexistent/etcd.yaml"), "{err}");
+    assert!(
+        err.contains("/nonexistent/etcd.yaml")
+            && err.contains("no such etcd config (--etcd-config)"),
+        "says which file it is: {err}"
+    );
 }

@@ -2,6 +2,7 @@
 
 mod audit;
 mod cli;
+mod decision_sequences;
 mod decisions_kept;
 mod docs;
 mod e2e;

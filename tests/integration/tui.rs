@@ -59,8 +59,13 @@ async fn review_and_commit_in_the_demo_under_tmux() {
     t.keys(&["y", "4", "Enter"]);
     t.wait_for("Type yes", 5);
     t.keys(&["y", "e", "s", "Enter"]);
-    let done = t.wait_for("verification", 60);
+    let done = t.wait_for("verified: ", 60);
     assert!(done.contains("0 failed"), "{done}");
+    // The skip was the operator's: verification passes, naming it as skipped.
+    assert!(
+        done.contains("verified: ") && done.contains("1 skipped by decision"),
+        "{done}"
+    );
 
     // The sandbox holds what was decided.
     let base = format!("http://127.0.0.1:{port}");

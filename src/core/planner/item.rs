@@ -81,8 +81,11 @@ impl Action {
     }
 }
 
-/// One kvstore identity and what the plan proposes for it.
+/// One kvstore identity and what the plan proposes for it. Unknown fields are refused: a
+/// plan is edited by hand, and a misspelt field read as absent would write what the
+/// operator meant to change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanItem {
     /// The id as written in the kvstore key (text, since an invalid one may not be a number).
     pub id: String,

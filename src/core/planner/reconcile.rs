@@ -289,7 +289,7 @@ fn decide(
             }
             if l.kind.needs_decision() && !d.decided && !accept_proposals {
                 return Err(format!(
-                    "is a {} and needs a decision: set \"decided\": true in the plan, or pass --accept-proposals",
+                    "is a {} and needs a decision: decide it in the TUI or in a plan (\"decided\": true), or pass --accept-proposals",
                     l.kind
                 ));
             }

@@ -111,6 +111,10 @@ pub enum Modal {
     ConfirmSync {
         typed: TextField,
     },
+    /// Quitting with decisions logged but not committed: `y` first.
+    ConfirmQuit {
+        uncommitted: usize,
+    },
     /// Leaving while sync runs stops it before cutover: the typed word `leave` first.
     ConfirmLeave {
         typed: TextField,
@@ -183,6 +187,9 @@ pub struct ReviewState {
     pub proposals: std::collections::HashMap<String, (PlanAction, Option<u32>)>,
     /// The label panes' first row shown (PgUp/PgDn): a label set can outgrow them.
     pub label_scroll: u16,
+    /// Decisions logged since the last commit started: in the log, not written yet. `q`
+    /// asks before it leaves them (the next start offers to resume them).
+    pub uncommitted: usize,
 }
 
 /// `sync` in the TUI: whether it runs, its latest status, and what it reported.

@@ -36,7 +36,11 @@ pub fn init(model: &mut Model) -> Vec<Command> {
 
 pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
     match msg {
-        Msg::Key(key) => on_key(model, key),
+        Msg::Key(key) => {
+            let cmds = on_key(model, key);
+            count_uncommitted(model, &cmds);
+            cmds
+        }
         Msg::Scroll(n) => {
             if model.screen == Screen::Identities && model.modal.is_none() {
                 move_selection(model, n as isize);
@@ -134,6 +138,17 @@ fn move_selection(model: &mut Model, delta: isize) {
     model.clamp_offset();
 }
 
+/// Each decision logged counts as not committed until a commit starts.
+fn count_uncommitted(model: &mut Model, cmds: &[Command]) {
+    for c in cmds {
+        match c {
+            Command::Send(ServiceRequest::Decided { .. }) => model.review.uncommitted += 1,
+            Command::Send(ServiceRequest::Commit { .. }) => model.review.uncommitted = 0,
+            _ => {}
+        }
+    }
+}
+
 fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
     if let Some(modal) = model.modal.take() {
         return on_modal_key(model, modal, key);
@@ -159,6 +174,13 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
                 // Leaving stops sync before cutover: a typed word, as starting it took.
                 model.modal = Some(Modal::ConfirmLeave {
                     typed: TextField::default(),
+                });
+                return vec![];
+            }
+            if model.review.uncommitted > 0 && !model.sync.running {
+                // Decided and not committed: in the log, not in the cluster. Ask first.
+                model.modal = Some(Modal::ConfirmQuit {
+                    uncommitted: model.review.uncommitted,
                 });
                 return vec![];
             }

@@ -43,6 +43,12 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
         }
         Modal::Search { input } => on_search(model, input, &key),
         Modal::EditTarget { input, .. } => on_edit_target(model, input, &key),
+        Modal::ConfirmQuit { .. } => {
+            if matches!(key.code, KeyCode::Char('y') | KeyCode::Char('q')) {
+                model.quit = true;
+            }
+            vec![]
+        }
         Modal::ConfirmAcceptAll { count } => match key.code {
             KeyCode::Char('y') | KeyCode::Enter => accept_all(model, count),
             _ => vec![],

@@ -184,7 +184,7 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     if c.phase == CommitPhase::Done && !c.rollback {
         match &c.verify {
             Some(v) if v.passed() => lines.push(Line::styled(
-                format!("verified: {} of {} valid identities present with identical labels ({} via a mapping), {} skipped by decision", v.ok, v.checked, v.mapped, v.skipped.len()),
+                format!("verified: {} of {} in place with identical labels ({} via a mapping), {} skipped by decision", v.ok, v.checked, v.mapped, v.skipped.len()),
                 t.good(),
             )),
             Some(v) => lines.push(Line::styled(

@@ -301,6 +301,18 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             }
             (" Edit target id ", lines, 6)
         }
+        Modal::ConfirmQuit { uncommitted } => (
+            " Quit with decisions not committed? ",
+            vec![
+                Line::raw(format!(
+                    "{} in the decision log, not committed: nothing was written for them.",
+                    crate::core::words::count(*uncommitted, "decision")
+                )),
+                Line::raw("The next start offers to resume them (or `tui --resume LOG`)."),
+                Line::raw("y or q: quit · any other key: stay"),
+            ],
+            5,
+        ),
         Modal::ConfirmAcceptAll { count } => (
             " Accept all remaining proposals? ",
             vec![

@@ -1,4 +1,5 @@
-//! The decision log as the record of the operator's review, property-tested: random accepts,
+//! The decision log as the record of the operator's review, property-tested (the TUI's model,
+//! the service's log lines, the log's reader, no server): random accepts,
 //! edits, skips, reuses, creates anyway, undos and accept-alls over random conflict sets,
 //! through the TUI's own `update`, each logged line made as the service makes it. After
 //! every key, replaying the log so far gives exactly the decisions the screen shows; a log
@@ -10,18 +11,18 @@ use std::collections::{BTreeMap, HashMap};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use proptest::prelude::*;
 
-use super::model::{Model, Screen};
-use super::msg::{Command, Msg};
-use super::update::{init, update};
-use crate::app::service::{ScanResult, ServiceEvent, ServiceRequest, decision_record};
-use crate::apply::executor::record;
-use crate::apply::outcome::{OpResult, Outcome};
-use crate::core::kvstore::{MasterEntry, SourceInfo};
-use crate::core::planner::plan;
-use crate::core::planner::resume::{LoggedDecision, replay};
-use crate::core::planner::{OpKind, reconcile};
-use crate::core::range::IdRange;
-use crate::io::decision_log::{LogContents, Record, read_from, steps_in_time};
+use cilium_idmig::app::service::{ScanResult, ServiceEvent, ServiceRequest, decision_record};
+use cilium_idmig::apply::executor::record;
+use cilium_idmig::apply::outcome::{OpResult, Outcome};
+use cilium_idmig::core::kvstore::{MasterEntry, SourceInfo};
+use cilium_idmig::core::planner::plan;
+use cilium_idmig::core::planner::resume::{LoggedDecision, replay};
+use cilium_idmig::core::planner::{OpKind, reconcile};
+use cilium_idmig::core::range::IdRange;
+use cilium_idmig::io::decision_log::{LogContents, Record, read_from, steps_in_time};
+use cilium_idmig::tui::model::{Model, Screen};
+use cilium_idmig::tui::msg::{Command, Msg};
+use cilium_idmig::tui::update::{init, update};
 
 /// What the operator does, one key (or key and answer) at a time.
 #[derive(Debug, Clone)]
@@ -285,7 +286,7 @@ proptest! {
         }
         // The decisions export: each decision in force once, replaying to the same.
         let contents = LogContents { records: log.clone(), ..Default::default() };
-        let export = crate::app::export::decisions_only(std::slice::from_ref(&contents)).unwrap();
+        let export = cilium_idmig::app::export::decisions_only(std::slice::from_ref(&contents)).unwrap();
         let exported = read_from(export.as_slice()).unwrap();
         let mut ids: Vec<&str> = exported.records.iter().map(|r| r.id.as_str()).collect();
         let n = ids.len();
@@ -321,4 +322,27 @@ fn accept_all_is_one_undoable_step_and_keeps_the_decisions_before_it_undoable() 
         on_screen(&m).is_empty(),
         "the skip before it is undone next"
     );
+}
+
+#[test]
+fn quitting_with_decisions_not_committed_asks_first() {
+    let masters = vec![MasterEntry::new("300", "k8s:app=r0;")];
+    let k8s: BTreeMap<u32, String> = [(300, "k8s:app=squatter;".to_string())].into();
+    let mut m = scanned(&masters, &k8s);
+    // Nothing decided: q quits.
+    let mut fresh = m.clone();
+    update(&mut fresh, key(KeyCode::Char('q')));
+    assert!(fresh.quit);
+    press(&mut m, &Op::Skip);
+    update(&mut m, key(KeyCode::Char('q')));
+    assert!(!m.quit);
+    assert!(matches!(
+        m.modal,
+        Some(cilium_idmig::tui::model::Modal::ConfirmQuit { uncommitted: 1 })
+    ));
+    update(&mut m, key(KeyCode::Char('n')));
+    assert!(!m.quit && m.modal.is_none(), "any other key stays");
+    update(&mut m, key(KeyCode::Char('q')));
+    update(&mut m, key(KeyCode::Char('y')));
+    assert!(m.quit);
 }

@@ -335,6 +335,9 @@ async fn a_review_resumes_after_a_quit_and_after_sigkill() {
     t.wait_for("edit", 5);
     let skipped = decide_remap(&t);
     t.keys(&["s", "q"]);
+    // Two decisions not committed: q asks first.
+    t.wait_for("Quit with decisions not committed?", 5);
+    t.keys(&["y"]);
     let s = t.wait_for("EXITED 0", 10);
     let log = s
         .lines()

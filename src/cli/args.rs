@@ -20,7 +20,7 @@ pub const LONG_VERSION: &str = concat!(
     "\nKubernetes: 1.16 and later (CiliumIdentity cilium.io/v2, CRD apiextensions.k8s.io/v1)",
     "\nTested with: Cilium 1.9's and 1.18's own identity allocators (kvstore, crd,",
     "\n        doublewrite-readcrd modes), Cilium 1.6.11's migrator side by side,",
-    "\n        kube-apiserver 1.19.0, etcd 3.4"
+    "\n        kube-apiserver 1.19.0 over etcd 3.4 and 1.36.2 over etcd 3.6"
 );
 
 /// What each command's long help (and man page) ends with: examples, which the guide uses

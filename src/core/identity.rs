@@ -27,7 +27,7 @@ pub const ROLLBACK_ROLE_YAML: &str = include_str!("../../assets/clusterrole-roll
 
 /// What the tool is tested with, against the real code: said by `--version` and the
 /// preflight.
-pub const TESTED_WITH: &str = "tested with Cilium 1.9's and 1.18's own identity allocators (kvstore, crd, doublewrite-readcrd modes), Cilium 1.6.11's migrator side by side, kube-apiserver 1.19.0, etcd 3.4";
+pub const TESTED_WITH: &str = "tested with Cilium 1.9's and 1.18's own identity allocators (kvstore, crd, doublewrite-readcrd modes), Cilium 1.6.11's migrator side by side, kube-apiserver 1.19.0 over etcd 3.4 and 1.36.2 over etcd 3.6";
 
 /// The collection path of CiliumIdentity objects.
 pub fn collection_path() -> String {

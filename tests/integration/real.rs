@@ -1099,3 +1099,52 @@ async fn an_apply_killed_on_a_real_server_and_run_again_converges_to_the_uninter
         expected.len()
     );
 }
+
+/// Kubernetes 1.36 over Debian's etcd 3.4 refuses a streaming list (`RequestWatchProgress` is
+/// missing) with an ERROR event: the tool falls back to paged lists for the rest of the
+/// process, says so once, and plan, apply and verify work as on any server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streaming_list_the_server_refuses_falls_back_to_pages_once() {
+    let Some(cp) = ControlPlane::start_with(
+        "real::a_streaming_list_the_server_refuses_falls_back_to_pages_once",
+        &[("KUBE_VERSION", "1.36"), ("ETCD", "etcd")],
+    ) else {
+        return;
+    };
+    assert!(cp.version().starts_with("v1.36"), "{}", cp.version());
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    etcd.put(&format!("{P}/id/301"), B.as_bytes()).await;
+    cp.create_identity(301, &security_labels(B));
+    let dir = tempfile::tempdir().unwrap();
+    let fallback = "reading lists in pages from now on";
+    let (r, _) = cli(dir.path(), &cp.kubeconfig, &etcd, &["plan"], 60).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        r.stderr.matches(fallback).count(),
+        1,
+        "said once: {}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("RequestWatchProgress"), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("already-migrated       1"),
+        "{}",
+        r.stdout
+    );
+    // apply reads both sides, then verifies: one process, one line.
+    let log = dir.path().join("d.jsonl");
+    let (r, _) = cli(
+        dir.path(),
+        &cp.kubeconfig,
+        &etcd,
+        &["apply", "--yes", "--decision-log", log.to_str().unwrap()],
+        60,
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.matches(fallback).count() <= 1, "{}", r.stderr);
+    assert_eq!(cp.identities().len(), 2);
+    let (r, _) = cli(dir.path(), &cp.kubeconfig, &etcd, &["verify"], 60).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}

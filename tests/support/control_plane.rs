@@ -26,9 +26,13 @@ pub struct ControlPlane {
 /// Records that `test` was skipped and why: on stderr (`cargo test -- --nocapture` shows
 /// it), and as a line of the file `IDMIG_SKIPS` names, for the suite's closing line.
 pub fn skip(test: &str, why: &str) {
-    let line = format!("skipped: {test}: {why}");
+    note("IDMIG_SKIPS", &format!("skipped: {test}: {why}"));
+}
+
+/// `line` on stderr, and appended to the file the variable `var` names (if set).
+fn note(var: &str, line: &str) {
     eprintln!("{line}");
-    if let Ok(path) = std::env::var("IDMIG_SKIPS") {
+    if let Ok(path) = std::env::var(var) {
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
@@ -73,9 +77,26 @@ pub fn cilium_bin(name: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// Records that `test` ran on the real server `version` (`APISERVER_VERSION`, and which
+/// etcd beneath it): on stderr, and as a line of the file `IDMIG_SERVERS` names, which
+/// `scripts/test` prints beside the closing line so the run says which servers it proved.
+pub fn ran_on(test: &str, version: &str, etcd: &str) {
+    note(
+        "IDMIG_SERVERS",
+        &format!("ran: {test} on kube-apiserver {version} over etcd {etcd}"),
+    );
+}
+
 impl ControlPlane {
-    /// Starts one, or says why `test` is skipped and returns `None`.
+    /// Starts one (the release `KUBE_VERSION` names, 1.19 by default, as the script does),
+    /// or says why `test` is skipped and returns `None`.
     pub fn start(test: &str) -> Option<ControlPlane> {
+        Self::start_with(test, &[])
+    }
+
+    /// Starts one with these variables set for the script (`KUBE_VERSION`, `ETCD`,
+    /// `EXTRA_APISERVER_FLAGS`), or says why `test` is skipped.
+    pub fn start_with(test: &str, vars: &[(&str, &str)]) -> Option<ControlPlane> {
         let script = match locate() {
             Ok(s) => s,
             Err(why) => {
@@ -87,6 +108,7 @@ impl ControlPlane {
         let out = Command::new(&script)
             .arg("start")
             .arg(dir.path())
+            .envs(vars.iter().copied())
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -104,7 +126,22 @@ impl ControlPlane {
             std::fs::read_to_string(cp.dir.path().join("apiserver.log")).unwrap_or_default()
         );
         cp.url = cp.env()["APISERVER_URL"].clone();
+        let version = cp.version();
+        let etcd = match vars.iter().find(|(k, _)| *k == "ETCD") {
+            Some(_) => "3.4 (Debian's)",
+            None if version.starts_with("v1.19") => "3.4",
+            None => "3.6",
+        };
+        ran_on(test, &version, etcd);
         Some(cp)
+    }
+
+    /// The release running (`v1.19.0`, `v1.36.2`).
+    pub fn version(&self) -> String {
+        self.env()
+            .get("APISERVER_VERSION")
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The cluster CA's certificate (what a pod finds as `ca.crt` beside its token).

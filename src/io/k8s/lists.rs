@@ -152,19 +152,44 @@ impl K8sTarget {
         );
         let body = match self.send_stream(Method::GET, &path, READ_TIMEOUT).await {
             Ok(body) => body,
-            Err(RequestError::Status {
-                code: 400 | 403 | 422,
-                ..
-            }) => {
-                self.watch_list.store(WATCH_LIST_NO, Ordering::Relaxed);
-                return Err(ListError::Unsupported);
-            }
+            // Throttled or unreachable: the server said nothing about streaming lists.
+            Err(e @ RequestError::Status { code: 429, .. }) => return Err(ListError::Request(e)),
+            Err(e @ RequestError::Status { .. }) => return Err(self.stop_streaming(&e)),
             Err(e) => return Err(ListError::Request(e)),
         };
-        self.watch_list.store(WATCH_LIST_YES, Ordering::Relaxed);
+        match self.read_stream(body, listed).await {
+            Ok(snap) => {
+                self.watch_list.store(WATCH_LIST_YES, Ordering::Relaxed);
+                Ok(snap)
+            }
+            Err(e) => Err(self.stop_streaming(&e)),
+        }
+    }
+
+    /// A streaming list that failed before its initial-events bookmark (refused at the
+    /// start, an ERROR event of any code, the stream ending early): lists are read in pages
+    /// for the rest of the process, as client-go's reflector falls back, said once. On 1.36
+    /// over etcd 3.4 the server refuses the stream with a 500 (`RequestWatchProgress` is
+    /// missing) every time: trying it again would only fail again.
+    fn stop_streaming(&self, e: &RequestError) -> ListError {
+        if self.watch_list.swap(WATCH_LIST_NO, Ordering::Relaxed) != WATCH_LIST_NO {
+            tracing::warn!(
+                "{}: the streaming list (sendInitialEvents) failed before its last bookmark ({e}); reading lists in pages from now on",
+                self.server
+            );
+        }
+        ListError::Unsupported
+    }
+
+    /// The events of a streaming list, up to the bookmark that ends the initial events.
+    async fn read_stream(
+        &self,
+        body: kube::client::Body,
+        listed: &Option<Arc<AtomicUsize>>,
+    ) -> Result<K8sSnapshot, RequestError> {
         let mut snap = K8sSnapshot::default();
         let mut events = EventLines::new(body, Some(STREAM_IDLE));
-        while let Some(ev) = events.next().await.map_err(ListError::Request)? {
+        while let Some(ev) = events.next().await? {
             match ev.kind.as_str() {
                 "ADDED" | "MODIFIED" => {
                     snap.add(ev.object.identity);
@@ -184,12 +209,12 @@ impl K8sTarget {
                         return Ok(snap);
                     }
                 }
-                _ => return Err(ListError::Request(status_of(ev.object))),
+                _ => return Err(status_of(ev.object)),
             }
         }
-        Err(ListError::Request(RequestError::Transport(
+        Err(RequestError::Transport(
             "the streaming list ended before its last bookmark".into(),
-        )))
+        ))
     }
 
     /// A list in pages (`query` without `continue`), each page parsed while it streams in;

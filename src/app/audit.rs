@@ -91,19 +91,26 @@ const AUDIT_SHOWN_PER_KIND: usize = 20;
 /// The audit as text: where it was read, the counts, each finding with its nodes, endpoints
 /// and what to do, and what could not be checked.
 /// What the decision logs at `paths` decided, as the audit reads it: each kvstore id that
-/// was remapped, reused or skipped, with the id it is served at and the labels decided for.
+/// was remapped, reused, skipped or created as a duplicate at its own id, with the id it is
+/// served at and the labels decided for.
 pub fn decisions_from_logs(
     paths: &[std::path::PathBuf],
 ) -> Result<std::collections::BTreeMap<u32, (Option<u32>, String)>> {
     let e = crate::app::flows::expectations_from_logs(paths)?;
-    Ok(e.mappings
+    let moved = e
+        .mappings
         .iter()
         .filter_map(|(id, to)| {
             let labels = e.mapped_labels.get(id)?;
             Some((id.parse().ok()?, (*to, labels.clone())))
         })
-        .filter(|(id, (to, _))| *to != Some(*id))
-        .collect())
+        .filter(|(id, (to, _))| *to != Some(*id));
+    // A duplicate created at its own id by decision: served where it is, on purpose.
+    let duplicates = e.duplicates_decided.iter().filter_map(|(id, labels)| {
+        let n: u32 = id.parse().ok()?;
+        Some((n, (Some(n), labels.clone())))
+    });
+    Ok(moved.chain(duplicates).collect())
 }
 
 pub fn summary(run: &AuditRun) -> String {
@@ -162,6 +169,12 @@ pub fn summary(run: &AuditRun) -> String {
                 d.finding.id,
                 d.finding.labels,
                 d.decision
+            ));
+        }
+        if r.decided.len() > AUDIT_SHOWN_PER_KIND {
+            out.push_str(&format!(
+                "explained: {} more (--output json lists every one)\n",
+                r.decided.len() - AUDIT_SHOWN_PER_KIND
             ));
         }
     }

@@ -61,9 +61,15 @@ pub struct Done {
     pub created: usize,
     pub already_there: usize,
     pub mapped: usize,
+    /// Skipped by a person's decision (or `--accept-proposals`).
     pub skipped: usize,
+    /// Skipped by the rules: invalid kvstore entries, never written.
+    pub invalid: usize,
     pub moot: usize,
     pub failed: usize,
+    /// The decisions in force at the end of the log, by kvstore id: what the conflicts
+    /// table says was decided, whatever a rescan after the commit shows.
+    pub decisions: std::collections::BTreeMap<String, crate::core::planner::resume::LoggedDecision>,
 }
 
 impl Done {
@@ -73,9 +79,13 @@ impl Done {
         // The last word on each identity: a rerun's `already-existed` does not undo a create.
         let mut last: BTreeMap<&str, Outcome> = BTreeMap::new();
         let mut moot = std::collections::BTreeSet::new();
+        let mut by_rule = std::collections::BTreeSet::new();
         for r in records.iter().filter(|r| r.kvstore.is_none()) {
             if r.action.as_deref() == Some("moot") {
                 moot.insert(r.id.as_str());
+            }
+            if r.kind == Kind::Invalid {
+                by_rule.insert(r.id.as_str());
             }
             match (r.outcome, last.get(r.id.as_str())) {
                 (Some(Outcome::AlreadyExisted), Some(Outcome::Created)) => {}
@@ -87,6 +97,9 @@ impl Done {
         }
         let mut d = Done {
             moot: moot.len(),
+            decisions: crate::core::planner::resume::replay(
+                records.iter().filter_map(|r| r.step()),
+            ),
             ..Done::default()
         };
         for (id, o) in last {
@@ -94,6 +107,7 @@ impl Done {
                 Outcome::Created => d.created += 1,
                 Outcome::AlreadyExisted | Outcome::AlreadyMigrated => d.already_there += 1,
                 Outcome::Mapped => d.mapped += 1,
+                Outcome::Skipped if by_rule.contains(id) => d.invalid += 1,
                 Outcome::Skipped if !moot.contains(id) => d.skipped += 1,
                 Outcome::Failed | Outcome::Conflict | Outcome::NotAttempted => d.failed += 1,
                 _ => {}
@@ -126,6 +140,10 @@ pub fn summary_markdown(
         ("already there with the same labels", done.already_there),
         ("mapped to an id that holds the labels", done.mapped),
         ("skipped by decision", done.skipped),
+        (
+            "invalid kvstore entries skipped by rule (never written)",
+            done.invalid,
+        ),
         ("closed as moot by sync (no node used them)", done.moot),
         ("failed or not attempted (last outcome)", done.failed),
     ] {
@@ -156,13 +174,22 @@ pub fn summary_markdown(
     out.push_str("\n## Conflicts and their decisions\n\n| id | kind | action | target | decided | labels |\n|---|---|---|---|---|---|\n");
     for i in items.iter().filter(|i| i.kind.is_conflict()) {
         let t = i.target_id.map_or("-".to_string(), |t| t.to_string());
+        // What the log records decided counts, though a rescan after the commit shows the
+        // item as it is now (a remap created at 5000 is a reuse of 5000 then).
+        let decided = match done.decisions.get(&i.id) {
+            Some(d) if !i.decided || d.action != i.action || d.target_id != i.target_id => {
+                let at = d.target_id.map_or(String::new(), |t| format!(" {t}"));
+                format!("yes ({}{at}, in the log)", d.action.as_str())
+            }
+            _ if i.decided => "yes".to_string(),
+            _ => "no".to_string(),
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {t} | {} | `{}` |",
+            "| {} | {} | {} | {t} | {decided} | `{}` |",
             i.id,
             i.kind,
             i.action.as_str(),
-            if i.decided { "yes" } else { "no" },
             i.labels
         );
     }
@@ -235,8 +262,17 @@ mod tests {
             line("303", ("create", "proposal"), Some(Outcome::Failed)),
             line("303", ("create", "proposal"), Some(Outcome::Created)),
             line("304", ("map", "operator"), Some(Outcome::Mapped)),
+            {
+                // An invalid entry, skipped by the rules: not the operator's skip.
+                let mut r = line("0305", ("skip", "rule"), Some(Outcome::Skipped));
+                r.kind = Kind::Invalid;
+                r
+            },
         ];
         let done = Done::of(&records);
+        let decisions =
+            crate::core::planner::resume::replay(records.iter().filter_map(|r| r.step()));
+        assert_eq!(decisions.keys().collect::<Vec<_>>(), ["301", "304"]);
         assert_eq!(
             done,
             Done {
@@ -244,8 +280,10 @@ mod tests {
                 already_there: 0,
                 mapped: 1,
                 skipped: 1,
+                invalid: 1,
                 moot: 1,
                 failed: 0,
+                decisions,
             }
         );
         // After the commit, a rescan finds them all migrated: nothing still to create, and
@@ -267,6 +305,39 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| skipped by decision | 1 |"), "{md}");
+        assert!(
+            md.contains("| invalid kvstore entries skipped by rule (never written) | 1 |"),
+            "{md}"
+        );
+        // A remap decided to 5000 and created: after the rescan it is a reuse of 5000, not
+        // decided on screen; the log says it was.
+        let mut edited = line("271", ("create", "operator"), Some(Outcome::Created));
+        edited.target_id = Some(5000);
+        let done = Done::of(&[edited]);
+        let item = PlanItem {
+            id: "271".into(),
+            labels: "k8s:app=a;".into(),
+            kind: Kind::Reuse,
+            action: crate::core::planner::Action::None,
+            target_id: Some(5000),
+            existing_labels: None,
+            labels_present_at: Some(5000),
+            nodes: 0,
+            reason: "".into(),
+            decided: false,
+        };
+        let md = summary_markdown(
+            "a",
+            "s",
+            IdRange::for_cluster(0).unwrap(),
+            Path::new("d"),
+            &[item],
+            &done,
+        );
+        assert!(
+            md.contains("| 271 | reuse | none | 5000 | yes (create 5000, in the log) |"),
+            "{md}"
+        );
         assert!(
             md.contains("| CiliumIdentity objects still to create | 0 |"),
             "{md}"

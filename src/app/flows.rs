@@ -129,6 +129,8 @@ pub struct ApplyRun {
     /// With `resume`: decisions replayed, and those dropped with why.
     pub resumed: usize,
     pub dropped: Vec<Dropped>,
+    /// With `resume`: ids the logs decide more than once, differently (the last stands).
+    pub redecided: Vec<String>,
     pub report: ApplyReport,
 }
 
@@ -143,8 +145,17 @@ pub fn resume_from_logs(
         .iter()
         .map(|p| read_log(p))
         .collect::<Result<Vec<_>>>()?;
-    let decisions = decisions_in_force(&logs.iter().collect::<Vec<_>>());
-    Ok(resume::resume(items, &decisions, k8s, range))
+    let refs: Vec<&LogContents> = logs.iter().collect();
+    let steps: Vec<resume::LogStep> = crate::io::decision_log::steps_in_time(&refs)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let redecided = resume::redecided(&steps);
+    let decisions = resume::replay(steps);
+    Ok(Resumed {
+        redecided,
+        ..resume::resume(items, &decisions, k8s, range)
+    })
 }
 
 /// The decisions in force at the end of `logs`, replayed in the order they were made.
@@ -262,7 +273,9 @@ pub async fn apply(
     // The operations carry all the writes need: the scan's items and Kubernetes map go now,
     // not after the last write (tens of MiB on a large cluster).
     let create_crd = !scan.k8s.crd_present;
-    let (resumed, dropped) = resumed.map_or((0, Vec::new()), |r| (r.resumed, r.dropped));
+    let (resumed, dropped, redecided) = resumed.map_or((0, Vec::new(), Vec::new()), |r| {
+        (r.resumed, r.dropped, r.redecided)
+    });
     drop(scan);
     executor::log_decisions(log, &ops)?;
     let report = executor::apply(
@@ -280,6 +293,7 @@ pub async fn apply(
         gone_from_kvstore,
         resumed,
         dropped,
+        redecided,
         report,
     })
 }
@@ -315,6 +329,7 @@ pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
         e.mappings.extend(more.mappings);
         e.mapped_labels.extend(more.mapped_labels);
         e.rolled_back.extend(more.rolled_back);
+        e.duplicates_decided.extend(more.duplicates_decided);
     }
     Ok(e)
 }

@@ -611,6 +611,13 @@ impl World {
 }
 
 async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
+    // `-o json` and `-o text` are formats, as kubectl users type them; anything else a file.
+    let format = output
+        .as_ref()
+        .and_then(|p| p.to_str())
+        .filter(|p| matches!(*p, "json" | "text"))
+        .map(str::to_string);
+    let output = output.filter(|_| format.is_none());
     // Checked before anything is read: a plan is never overwritten, and a minute of reading
     // should not end in that refusal.
     if let Some(path) = output.as_ref().filter(|p| p.exists()) {
@@ -629,6 +636,10 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
     )
     .await?;
     let plan = flows::plan_file(scan, &target, scope);
+    if format.as_deref() == Some("json") {
+        outln!("{}", serde_json::to_string_pretty(&plan)?)?;
+        return Ok(Exit::Ok);
+    }
     out!("{}", report::plan_summary(&plan))?;
     let undecided = plan
         .items
@@ -639,10 +650,20 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
         plan.save(path)?;
         outln!("plan written to {}", path.display())?;
     }
-    // What to do next, with this plan.
-    let file = output.map_or("plan.json".into(), |p| {
-        shell_quote(&p.display().to_string())
-    });
+    // What to do next, with this plan; with none written, writing one comes first.
+    let Some(file) = output.map(|p| shell_quote(&p.display().to_string())) else {
+        if undecided > 0 {
+            outln!(
+                "next: decide the {}: write the plan with `plan --output plan.json` and set \"decided\": true (or decide in the TUI), then `apply --plan plan.json --yes`; or `apply --yes --accept-proposals` to take every proposal",
+                count(undecided, "conflict")
+            )?;
+        } else {
+            outln!(
+                "next: `plan --output plan.json` writes it to review, then `apply --plan plan.json --yes`; or `apply --yes` plans and applies in one go"
+            )?;
+        }
+        return Ok(Exit::Ok);
+    };
     if undecided > 0 {
         outln!(
             "next: decide the {} (in the TUI, or \"decided\": true in the plan), then `apply --plan {file} --yes`; or `apply --yes --accept-proposals` to take every proposal",
@@ -681,7 +702,9 @@ async fn apply(
         )?;
     }
     for id in &run.gone_from_kvstore {
-        outln!("note: plan item {id} is no longer in the kvstore; left alone")?;
+        outln!(
+            "note: plan item {id} is not in the kvstore now (deleted since the plan, or never there: check the id); left alone"
+        )?;
     }
     if run.resumed > 0 || !run.dropped.is_empty() {
         outln!(
@@ -695,6 +718,13 @@ async fn apply(
             "note: the recorded decision on {} was dropped: {}",
             d.id,
             d.reason
+        )?;
+    }
+    if !run.redecided.is_empty() {
+        outln!(
+            "note: the logs decide {} more than once; the last decision on each stands: {}",
+            count(run.redecided.len(), "kvstore id"),
+            run.redecided.join(", ")
         )?;
     }
     // A rerun that found every identity where it belongs, and decided nothing, wrote

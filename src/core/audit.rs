@@ -140,7 +140,7 @@ impl AuditReport {
     }
 
     /// Moves the findings that recorded decisions explain out of the counts, as `verify`
-    /// reads the same logs. `decisions` maps a kvstore id to the id it is served at (`None`:
+    /// reads the same logs (a duplicate created at its own id by decision maps it to itself). `decisions` maps a kvstore id to the id it is served at (`None`:
     /// skipped) with the labels the decision was made for. A remap of kvstore id K (labels L)
     /// to T explains the split at K (Kubernetes kept its own labels there), the double of L
     /// (K in the kvstore, T in Kubernetes) and T in Kubernetes alone; a skip explains K's
@@ -170,6 +170,13 @@ impl AuditReport {
                     .iter()
                     .find(|(_, (to, l))| *to == Some(f.id) && l == &f.labels)
                     .map(|(k, _)| format!("remapped by decision: serves kvstore {k}")),
+                // A second object for these labels that a person chose to create at the
+                // kvstore's own id, so kvstore-mode and CRD-mode nodes agree on it.
+                FindingKind::Duplicate if f.side == Some(Side::Kubernetes) => [Some(f.id), f.other_id]
+                    .into_iter()
+                    .flatten()
+                    .find(|k| decisions.get(k).is_some_and(|(to, l)| *to == Some(*k) && l == &f.labels))
+                    .map(|k| format!("created by decision: the duplicate at its own id {k}, which kvstore-mode nodes use")),
                 _ => None,
             }
         };

@@ -41,6 +41,10 @@ pub struct Expectations {
     pub mapped_labels: BTreeMap<String, String>,
     /// kvstore ids whose object a rollback deleted.
     pub rolled_back: BTreeSet<String>,
+    /// Duplicates a person decided to create at their own id (create anyway, or
+    /// `--accept-proposals`), with their labels: a second object for those labels on
+    /// purpose, which the audit shows as decided rather than as a finding.
+    pub duplicates_decided: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

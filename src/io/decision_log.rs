@@ -484,6 +484,10 @@ fn expect(e: &mut Expectations, r: &Record) {
             e.mappings.insert(r.id.clone(), r.target_id);
             e.mapped_labels.insert(r.id.clone(), r.labels.clone());
             e.rolled_back.remove(&r.id);
+            let own = r.target_id.is_some_and(|t| t.to_string() == r.id);
+            if r.kind == Kind::Duplicate && own && r.step().is_some() {
+                e.duplicates_decided.insert(r.id.clone(), r.labels.clone());
+            }
         }
         Some(Outcome::Skipped) => {
             e.mappings.insert(r.id.clone(), None);

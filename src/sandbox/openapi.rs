@@ -1,9 +1,10 @@
-//! The OpenAPI v3 documents kubectl reads before it sends an object (`kubectl create -f`,
-//! `apply`): the root listing each group version, and cilium.io/v2's with the
+//! The OpenAPI documents kubectl reads before it sends an object (`kubectl create -f`,
+//! `apply`): v3's root listing each group version, and cilium.io/v2's with the
 //! CiliumIdentity schema and operations. They say the server validates fields itself
 //! (`fieldValidation` on writes), so kubectl sends `fieldValidation=Strict` and leaves the
 //! checking to the sandbox, as it does against a real 1.27+ server. Only what is served is
-//! described: list, watch, get, create, patch, delete.
+//! described: list, watch, get, create, patch, delete. And a v2 document without
+//! definitions, which kubectl reads to validate a `v1 List`.
 
 use serde_json::{Value, json};
 
@@ -36,6 +37,30 @@ pub(super) fn document(path: &str, crd_established: bool) -> Option<Value> {
         return Some(group_version());
     }
     None
+}
+
+/// Where kubectl reads the OpenAPI v2 document: it validates a `v1 List` (`kubectl create -f`
+/// of several objects in one file) against v2, not v3.
+pub(super) const V2: &str = "/openapi/v2";
+
+/// The media type the v2 document is served as. kubectl asks for
+/// `...spec.v2@v1.0+protobuf`, but an `@` does not parse as a media type in Go: the API
+/// server answers with a dot, as here.
+pub(super) const V2_MEDIA_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// The v2 document, as the protobuf kubectl reads (gnostic's `openapi_v2.Document`):
+/// `swagger: "2.0"` and its `info`, and no definitions. kubectl validates only the kinds a
+/// document defines, so it leaves a List's items to the server's field validation, as the v3
+/// document makes it leave a lone CiliumIdentity.
+pub(super) fn v2_document() -> Vec<u8> {
+    // Each field: its number and wire type 2 (length-delimited), its length, its bytes.
+    fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![(number << 3) | 2, bytes.len() as u8];
+        out.extend_from_slice(bytes);
+        out
+    }
+    let info = [field(1, b"cilium-idmig sandbox"), field(2, b"v2")].concat();
+    [field(1, b"2.0"), field(2, &info)].concat()
 }
 
 fn schema_name() -> String {

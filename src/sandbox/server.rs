@@ -233,6 +233,11 @@ fn route(
         (Method::GET, _) if discovery_doc.is_some() => {
             json_response(StatusCode::OK, &discovery_doc.unwrap_or_default())
         }
+        (Method::GET, openapi::V2) => full(
+            StatusCode::OK,
+            openapi::v2_document(),
+            openapi::V2_MEDIA_TYPE,
+        ),
         (Method::GET, p) if p.starts_with(openapi::ROOT) => {
             match openapi::document(p, shared.store().crd_established()) {
                 Some(doc) => json_response(StatusCode::OK, &doc),

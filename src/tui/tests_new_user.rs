@@ -316,3 +316,30 @@ fn at_80x24_every_key_of_the_help_can_be_scrolled_to() {
     update(&mut m, key('x'));
     assert!(m.modal.is_none());
 }
+
+#[test]
+fn at_80x24_the_sync_screens_waiting_line_is_shown_whole() {
+    let mut m = syncing();
+    let status = SyncStatus {
+        watching: true,
+        pending: 19,
+        splits: 2,
+        failures: 3,
+        reservations: 4,
+        kvstore_nodes: 5,
+        identities: 2053,
+        ..Default::default()
+    };
+    update(&mut m, Msg::Engine(Event::Sync(SyncEvent::Status(status))));
+    update(&mut m, key('5'));
+    let screen = small(&mut m);
+    // The waiting line wraps at 80 columns; its every part is on screen.
+    for part in [
+        "19 pending decisions",
+        "2 splits",
+        "3 failed writes",
+        "4 reserved in the kvstore",
+    ] {
+        assert!(screen.contains(part), "{part}:\n{screen}");
+    }
+}

@@ -131,6 +131,38 @@ async fn a_skip_that_writes_nothing_is_recorded_and_every_command_reads_its_log(
         objects,
         "the skips resumed: nothing created"
     );
+    // A hand-made resume file that decides 1703 twice: the last stands, and it is said.
+    let twice = w.path("twice.jsonl");
+    std::fs::write(
+        &twice,
+        file_line("1703", D, "create", Some(1703)) + &file_line("1703", D, "skip", None),
+    )
+    .unwrap();
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--resume",
+            &skip,
+            "--resume",
+            &twice,
+            "--decision-log",
+            &w.path("t.jsonl"),
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains(
+            "the logs decide 1 kvstore id more than once; the last decision on each stands: 1703"
+        ),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        w.sb.objects(),
+        objects,
+        "the last decision, the skip, stands"
+    );
     let mut s = Sync::start_with_log(
         &w,
         "sync.jsonl",

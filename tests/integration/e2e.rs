@@ -761,3 +761,32 @@ async fn a_rehearsal_plays_the_clusters_own_dumps() {
         assert_eq!(r.stderr.trim().lines().count(), 1, "{}", r.stderr);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plan_o_json_prints_the_plan_and_a_plan_not_written_says_how_to_write_one() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_every_kind(&w.etcd, &w.sb).await;
+    // kubectl's habit: `-o json` is the plan as JSON on stdout, no file named json.
+    let r = w.cli(&["plan", "-o", "json"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let v: Value = serde_json::from_str(&r.stdout).expect("the plan as JSON");
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["items"].as_array().unwrap().len(), 9);
+    assert!(!w.dir.path().join("json").exists());
+    // Without a file, the next step writes one first (there is no plan.json to apply yet).
+    let r = w.cli(&["plan"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains(
+            "next: decide the 2 conflicts: write the plan with `plan --output plan.json`"
+        ),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout
+            .contains("next: `apply --plan plan.json --yes` writes it"),
+        "{}",
+        r.stdout
+    );
+}

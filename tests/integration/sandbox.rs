@@ -579,6 +579,19 @@ async fn kubectl_gets_describes_selects_and_deletes() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(!r.stderr.contains("unknown field"), "{}", r.stderr);
     assert!(sb.objects()["302"].get("extra").is_none());
+    // Several objects in one file (a `v1 List`), validated as kubectl validates a List:
+    // created, with no --validate=false.
+    let list = dir.path().join("list.json");
+    let items = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "cilium.io/v2", "kind": "CiliumIdentity",
+         "metadata": {"name": "310"}, "security-labels": {"k8s:app": "l1"}},
+        {"apiVersion": "cilium.io/v2", "kind": "CiliumIdentity",
+         "metadata": {"name": "311"}, "security-labels": {"k8s:app": "l2"}},
+    ]});
+    std::fs::write(&list, items.to_string()).unwrap();
+    let r = kubectl(&kc, &["create", "-f", &list.display().to_string()]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(sb.objects().contains_key("310") && sb.objects().contains_key("311"));
     // Labels, annotations and patches, as a real server takes them; a patch that changes
     // the security labels bumps the generation, one that breaks the schema is refused.
     for args in [

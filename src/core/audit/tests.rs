@@ -420,3 +420,38 @@ fn findings_a_recorded_decision_explains_are_shown_apart_and_not_counted() {
     );
     assert!(!r.clean());
 }
+
+#[test]
+fn a_duplicate_created_at_its_own_id_by_decision_is_shown_as_decided() {
+    // kvstore 1010 holds A; Kubernetes held A at 900 and the operator chose to create A at
+    // 1010 too (create anyway): two objects for A in Kubernetes, on purpose.
+    let a = "k8s:app=a;";
+    let masters = [("1010", a)];
+    let objects = [obj(900, a), obj(1010, a)];
+    let mut r = run(&masters, &[], &objects, None);
+    assert!(
+        r.findings.iter().any(|f| f.kind == FindingKind::Duplicate),
+        "{:?}",
+        r.findings
+    );
+    // A decision for other labels, or mapped elsewhere, explains nothing.
+    let mut other = r.clone();
+    other.explain_by_decisions(&BTreeMap::from([(
+        1010,
+        (Some(1010), "k8s:app=b;".to_string()),
+    )]));
+    assert!(other.decided.is_empty());
+    r.explain_by_decisions(&BTreeMap::from([(1010, (Some(1010), a.to_string()))]));
+    assert!(
+        r.findings.iter().all(|f| f.kind != FindingKind::Duplicate),
+        "{:?}",
+        r.findings
+    );
+    assert!(
+        r.decided.iter().any(|d| d
+            .decision
+            .contains("created by decision: the duplicate at its own id 1010")),
+        "{:?}",
+        r.decided
+    );
+}

@@ -198,6 +198,27 @@ pub struct Resumed {
     pub items: Vec<PlanItem>,
     pub resumed: usize,
     pub dropped: Vec<Dropped>,
+    /// Kvstore ids the logs decide more than once, differently: the last decision stands,
+    /// and the operator is told which (a hand-made resume file naming an id twice).
+    pub redecided: Vec<String>,
+}
+
+/// The ids that `steps` decide more than once with different decisions (the same decision
+/// logged again before a write, on a retry, with its outcome, is one).
+pub fn redecided(steps: &[LogStep]) -> Vec<String> {
+    let mut last: BTreeMap<&str, (&LoggedDecision, usize)> = BTreeMap::new();
+    for step in steps {
+        if let LogStep::Decide(d) = step {
+            let e = last.entry(d.id.as_str()).or_insert((d, 0));
+            if e.1 == 0 || e.0 != d {
+                *e = (d, e.1 + 1);
+            }
+        }
+    }
+    last.into_iter()
+        .filter(|(_, (_, n))| *n > 1)
+        .map(|(id, _)| id.to_string())
+        .collect()
 }
 
 /// Applies `decisions` to the fresh plan `live`, matching by kvstore id and label key, and
@@ -220,7 +241,10 @@ pub fn resume(
     let mut resumed: HashSet<usize> = HashSet::new();
     for (id, d) in decisions {
         let Some(&i) = index.get(id.as_str()) else {
-            dropped.push(drop(id, "no longer in the kvstore"));
+            dropped.push(drop(
+                id,
+                "not in the kvstore now (deleted since the decision, or never there: check the id)",
+            ));
             continue;
         };
         let item = &mut items[i];
@@ -285,6 +309,7 @@ pub fn resume(
         items,
         resumed: resumed.len(),
         dropped,
+        redecided: Vec::new(),
     }
 }
 
@@ -435,6 +460,17 @@ mod tests {
     }
 
     #[test]
+    fn an_id_decided_twice_differently_is_named_and_one_logged_again_is_not() {
+        let steps = [
+            create_step("1", 400),
+            create_step("1", 400),
+            create_step("2", 500),
+            create_step("2", 501),
+        ];
+        assert_eq!(redecided(&steps), ["2"]);
+    }
+
+    #[test]
     fn undecided_clears_whatever_came_before_and_a_later_decision_stands() {
         let d = |t: u32| create_step("1", t);
         let clear = LogStep::Undecided { id: "1".into() };
@@ -550,7 +586,7 @@ mod tests {
         );
         assert!(why[1].0 == "302" && why[1].1.contains("labels"), "{why:?}");
         assert!(
-            why[2].0 == "399" && why[2].1.contains("no longer"),
+            why[2].0 == "399" && why[2].1.contains("not in the kvstore now"),
             "{why:?}"
         );
         // Two resumed decisions claiming one id: both are refused, both keep the proposal.

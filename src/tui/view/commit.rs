@@ -95,17 +95,26 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
         Constraint::Min(3),
     ])
     .areas(area);
-    let ratio = if c.total == 0 {
+    let (verb, n) = written(c);
+    // The bar measures the writes, as the line under it counts them: a paused commit with
+    // most writes not attempted is not shown full.
+    let (done, of, unit) = if c.writes > 0 {
+        (n, c.writes, "writes")
+    } else {
+        (c.done, c.total, "items")
+    };
+    let ratio = if of == 0 {
         0.0
     } else {
-        (c.done as f64 / c.total as f64).min(1.0)
+        (done as f64 / of as f64).min(1.0)
     };
-    let label = format!("{} / {} items", c.done, c.total);
+    let label = format!("{done} / {of} {unit}");
+    let what = if c.rollback { "Rollback" } else { "Commit" };
     let gauge = Gauge::default()
         .block(
             Block::default()
                 .borders(Borders::ALL)
-                .title(format!(" Commit: {} ", c.phase_title())),
+                .title(format!(" {what}: {} ", c.phase_title())),
         )
         .gauge_style(t.fg(Color::Green))
         .ratio(ratio)
@@ -122,11 +131,6 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
         format!("{:.0}s", (c.total - c.done) as f64 / rate)
     } else {
         "-".into()
-    };
-    let (verb, n) = if c.rollback {
-        ("deleted", c.deleted)
-    } else {
-        ("created", c.created)
     };
     let mut lines = vec![
         Line::raw(format!(
@@ -222,4 +226,21 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
         Paragraph::new(rows).block(Block::default().borders(Borders::ALL).title(title)),
         failures,
     );
+}
+
+/// What the commit (or rollback) wrote so far: from the final report once there is one (the
+/// last progress update can trail it), else from the progress.
+fn written(c: &crate::tui::model::CommitState) -> (&'static str, usize) {
+    match (&c.report, c.rollback) {
+        (Some(r), true) => (
+            "deleted",
+            r.count(Outcome::Deleted) + r.count(Outcome::AlreadyGone),
+        ),
+        (Some(r), false) => (
+            "created",
+            r.count(Outcome::Created) + r.count(Outcome::AlreadyExisted),
+        ),
+        (None, true) => ("deleted", c.deleted),
+        (None, false) => ("created", c.created),
+    }
 }

@@ -13,7 +13,6 @@ use crate::tui::model::Model;
 pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let s = &model.sync;
-    let [head, list] = Layout::vertical([Constraint::Length(8), Constraint::Min(3)]).areas(area);
     let bold = Style::default().add_modifier(Modifier::BOLD);
     let ms =
         |d: Option<std::time::Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
@@ -91,11 +90,12 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             ),
             if st.pending > 0 { t.bad() } else { t.good() },
         );
+        lines.push(Line::from(vec![Span::styled("waiting  ", bold), pending]));
+        // The rest on a line of its own: at 80 columns one line would break mid-count.
         lines.push(Line::from(vec![
-            Span::styled("waiting  ", bold),
-            pending,
+            Span::raw("         "),
             Span::raw(format!(
-                " · {} · {}{}{}",
+                "{} · {}{}{}",
                 crate::core::words::count(st.splits, "split"),
                 crate::core::words::count(st.failures, "failed write"),
                 if st.reservations > 0 {
@@ -111,6 +111,21 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             )),
         ]));
     }
+    // As tall as its lines once wrapped (at 80 columns the waiting line takes two rows), so
+    // none is cut; at least 8 rows, at most half the screen.
+    let inner = usize::from(area.width.saturating_sub(2)).max(1);
+    let rows: usize = lines
+        .iter()
+        .map(|l| {
+            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+            super::wrap::words(&text, inner).len().max(1)
+        })
+        .sum();
+    let height = u16::try_from(rows + 2)
+        .unwrap_or(u16::MAX)
+        .clamp(8, (area.height / 2).max(8));
+    let [head, list] =
+        Layout::vertical([Constraint::Length(height), Constraint::Min(3)]).areas(area);
     frame.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })

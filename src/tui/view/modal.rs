@@ -322,10 +322,10 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
                     let undecided = model.undecided().min(*count);
                     match count - undecided {
                         0 => format!(
-                            "the {undecided} undecided conflicts take their proposed resolution."
+                            "the {undecided} undecided conflicts (the header's count) take their proposed resolution."
                         ),
                         rest => format!(
-                            "{count} conflicts take their proposed resolution: the {undecided} undecided (remaps, duplicates) and {rest} the plan already resolves (reuses)."
+                            "{count} conflicts take their proposed resolution: the header's {undecided} undecided (remaps, duplicates) and {rest} the plan already resolves (reuses)."
                         ),
                     }
                 }),

@@ -1148,3 +1148,82 @@ async fn a_streaming_list_the_server_refuses_falls_back_to_pages_once() {
     let (r, _) = cli(dir.path(), &cp.kubeconfig, &etcd, &["verify"], 60).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 }
+
+/// An overlay of `deploy/` in a new temp folder: `resources` the base, plus `extra` lines.
+fn overlay_of_deploy(extra: &str) -> tempfile::TempDir {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let dir = tempfile::tempdir().unwrap();
+    // Relative, as kustomize wants: up from the temp folder to the root, then down.
+    let depth = dir.path().components().count() - 1;
+    let back: std::path::PathBuf = std::iter::repeat_n("..", depth).collect();
+    let base = back.join(deploy.strip_prefix("/").unwrap());
+    let text = format!(
+        "resources: [{}]\n{}",
+        base.display(),
+        extra.replace("BASE", &base.display().to_string())
+    );
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
+    dir
+}
+
+/// The workload on today's Kubernetes: `deploy/` applies (server-side, dry run) in a
+/// namespace that enforces Pod Security `restricted` with no warning, and the flowcontrol
+/// component's FlowSchema and PriorityLevelConfiguration (flowcontrol v1) are accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_workload_applies_on_1_36_under_restricted_pod_security_with_its_flow_schema() {
+    let Some(cp) = ControlPlane::start_with(
+        "real::the_workload_applies_on_1_36_under_restricted_pod_security_with_its_flow_schema",
+        &[("KUBE_VERSION", "1.36")],
+    ) else {
+        return;
+    };
+    let apply = |dir: &Path| {
+        let out = cp.kubectl_as(
+            &cp.kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "-k",
+                dir.to_str().unwrap(),
+            ],
+            None,
+        );
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    cp.kubectl(&["create", "namespace", "idmig-restricted"]);
+    cp.kubectl(&[
+        "label",
+        "namespace",
+        "idmig-restricted",
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    ]);
+    let restricted = overlay_of_deploy("namespace: idmig-restricted\n");
+    let (ok, stdout, stderr) = apply(restricted.path());
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("job.batch/cilium-idmig-sync serverside-applied"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.to_lowercase().contains("warning"),
+        "no warning: {stderr}"
+    );
+    let with_flows = overlay_of_deploy("components: [BASE/components/flowcontrol]\n");
+    let (ok, stdout, stderr) = apply(with_flows.path());
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("flowschema.flowcontrol.apiserver.k8s.io/cilium-idmig serverside-applied")
+            && stdout.contains("prioritylevelconfiguration.flowcontrol.apiserver.k8s.io/cilium-idmig serverside-applied"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.to_lowercase().contains("warning"),
+        "no warning: {stderr}"
+    );
+}

@@ -76,6 +76,12 @@ pub fn apply_summary(r: &ApplyReport) -> String {
         r.retries,
         r.elapsed_ms
     );
+    if r.throttled > 0 {
+        out.push_str(&format!(
+            "the API server pushed back {} times (429, API Priority and Fairness): each waited out as it asked, none a failure\n",
+            r.throttled
+        ));
+    }
     if r.crd_created {
         out.push_str("created CRD ciliumidentities.cilium.io\n");
     }

@@ -97,6 +97,7 @@ struct Ctx<'a> {
     progress: Option<&'a watch::Sender<Progress>>,
     stop: StopFlag,
     retries: AtomicU64,
+    throttled: AtomicU64,
     stop_reason: std::sync::Mutex<Option<String>>,
 }
 
@@ -152,6 +153,7 @@ pub async fn apply(
         progress: watchers.progress,
         stop,
         retries: AtomicU64::new(0),
+        throttled: AtomicU64::new(0),
         stop_reason: std::sync::Mutex::new(None),
     };
     let mut report = ApplyReport::default();
@@ -218,6 +220,7 @@ pub async fn apply(
         return Err(e);
     }
     report.retries = ctx.retries.load(Ordering::SeqCst);
+    report.throttled = ctx.throttled.load(Ordering::SeqCst);
     report.stopped = ctx
         .stop_reason
         .lock()
@@ -307,9 +310,19 @@ async fn delete_with_retries(
     expected: &ObjectRef,
     result: &mut OpResult,
 ) {
+    let mut throttled = 0;
     loop {
+        if throttled > 0 && ctx.stop.is_stopped() {
+            result.outcome = Outcome::NotAttempted;
+            return;
+        }
         result.attempts += 1;
         match attempt(ctx, ctx.target.delete_identity(target_id, expected)).await {
+            Err(e) if e.is_throttled() => {
+                result.attempts -= 1;
+                throttled += 1;
+                wait_out_throttling(ctx, op, throttled, &e).await;
+            }
             Ok(()) => {
                 result.outcome = Outcome::Deleted;
                 return;
@@ -363,15 +376,21 @@ async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mu
         Ok(l) => to_security_labels(&l),
         Err(e) => return fail(result, format!("labels do not parse: {e}")),
     };
+    let mut throttled = 0;
     loop {
         // Checked again before each retry: a gate that closed meanwhile (a lease no longer
         // valid) stops the write before it is sent again.
-        if result.attempts > 0 && ctx.stop.is_stopped() {
+        if (result.attempts > 0 || throttled > 0) && ctx.stop.is_stopped() {
             result.outcome = Outcome::NotAttempted;
             return;
         }
         result.attempts += 1;
         match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
+            Err(e) if e.is_throttled() => {
+                result.attempts -= 1;
+                throttled += 1;
+                wait_out_throttling(ctx, op, throttled, &e).await;
+            }
             Ok(created) => {
                 result.outcome = Outcome::Created;
                 result.uid = Some(created.uid).filter(|u| !u.is_empty());
@@ -438,6 +457,31 @@ async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpR
             }
             Err(e) => return fail(result, format!("reading existing {target_id}: {e}")),
         }
+    }
+}
+
+/// A 429 is the API server pushing back (API Priority and Fairness), not the identity
+/// failing: waited out as the server asks (its Retry-After, else a doubling wait), for as
+/// long as the push-back lasts, never counted as an attempt; counted apart for the progress
+/// line, the summary and the log. A stop ends the wait within a tenth of a second.
+async fn wait_out_throttling(ctx: &Ctx<'_>, op: &Op, times: u32, e: &RequestError) {
+    ctx.throttled.fetch_add(1, Ordering::SeqCst);
+    ctx.update(|p| p.throttled += 1);
+    // Without a hint, waits double to a second: API Priority and Fairness itself asks for
+    // one second, and a longer silence only idles a queue the server has freed.
+    let policy = crate::io::retry::Policy {
+        first: Duration::from_millis(100),
+        cap: Duration::from_secs(1).min(ctx.opts.max_backoff),
+    };
+    let wait = match e.retry_after() {
+        Some(asked) => asked.min(ctx.opts.max_backoff),
+        None => policy.wait(times, None, &op.id),
+    };
+    tracing::debug!(id = %op.id, times, ?wait, "throttled by the API server");
+    let until = tokio::time::Instant::now() + wait;
+    while tokio::time::Instant::now() < until && !ctx.stop.is_stopped() {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        tokio::time::sleep(left.min(Duration::from_millis(100))).await;
     }
 }
 

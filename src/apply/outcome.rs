@@ -71,6 +71,8 @@ pub struct Progress {
     pub deleted: usize,
     pub failed: usize,
     pub retries: u64,
+    /// Times the API server pushed back (429): waited out, never a failure.
+    pub throttled: u64,
 }
 
 /// Owned events for whoever watches an apply (the headless printer or the TUI).
@@ -101,6 +103,9 @@ pub enum ApplyEvent {
 pub struct ApplyReport {
     pub results: Vec<OpResult>,
     pub retries: u64,
+    /// Times the API server pushed back (429, API Priority and Fairness): each waited out
+    /// as the server asked, never counted as an attempt or a failure.
+    pub throttled: u64,
     pub stopped: Option<String>,
     pub crd_created: bool,
     pub elapsed_ms: u128,

@@ -204,14 +204,27 @@ pub fn progress_line(p: &Progress, elapsed: Duration) -> String {
         String::new()
     };
     format!(
-        "  {} of {} items done · {} created · {} failed · {} retries · {rate:.0}/s{eta}",
-        p.done, p.total, p.created, p.failed, p.retries
+        "  {} of {} items done · {} created · {} failed · {} retries{} · {rate:.0}/s{eta}",
+        p.done,
+        p.total,
+        p.created,
+        p.failed,
+        p.retries,
+        throttled_text(p.throttled)
     )
 }
 
 /// The service hands errors out shared; the run is over, so this is the only holder left.
 fn unshare(error: Arc<Error>) -> Error {
     Arc::try_unwrap(error).unwrap_or_else(|shared| Error::Refused(shared.to_string()))
+}
+
+/// How often the API server pushed back, when it did: ` · 12 throttled (429, waited out)`.
+pub(crate) fn throttled_text(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        n => format!(" · {n} throttled (429, waited out)"),
+    }
 }
 
 #[cfg(test)]
@@ -228,11 +241,18 @@ mod tests {
             deleted: 0,
             failed: 2,
             retries: 3,
+            throttled: 0,
         };
         let line = progress_line(&p, Duration::from_secs(5));
         assert_eq!(
             line,
             "  50 of 100 items done · 48 created · 2 failed · 3 retries · 10/s · ETA 5s"
+        );
+        // The server's push-back, when there was some, is said apart from the retries.
+        let line = progress_line(&Progress { throttled: 12, ..p }, Duration::from_secs(5));
+        assert!(
+            line.contains("3 retries · 12 throttled (429, waited out)"),
+            "{line}"
         );
     }
 }

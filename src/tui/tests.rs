@@ -375,6 +375,7 @@ fn progress_signal_and_stale_commit_results() {
             deleted: 0,
             failed: 1,
             retries: 3,
+            throttled: 0,
         }),
     );
     update(

@@ -417,19 +417,13 @@ async fn faults_mid_apply_are_retried_to_the_same_final_state() {
         ])
         .await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    let json_end = r.stdout.rfind("\n}").unwrap() + 2;
-    let report: Value = serde_json::from_str(&r.stdout[..json_end]).unwrap();
+    let report = json_report(&r.stdout);
     assert!(
         report["retries"].as_u64().unwrap() > 10,
         "retries are counted: {}",
         report["retries"]
     );
-    let failed = report["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|x| x["outcome"] == "failed")
-        .count();
+    let failed = with_outcome(&report, &["failed"]);
     assert_eq!(failed, 0);
     w.sb.set_faults(FaultConfig::default());
     assert_eq!(
@@ -789,4 +783,104 @@ async fn plan_o_json_prints_the_plan_and_a_plan_not_written_says_how_to_write_on
         "{}",
         r.stdout
     );
+}
+
+/// Throttling is not failure: in a storm of 429s on the writes (eight in ten, more than the
+/// attempts a create has), every identity is still created, the push-back is counted apart
+/// and said; and a storm that asks for long waits still stops on SIGINT within a second.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_429_storm_slows_an_apply_without_failing_it_and_a_stop_still_ends_it() {
+    let w = World::new(SandboxConfig {
+        seed: 5,
+        ..Default::default()
+    })
+    .await;
+    load_dataset(&w, 60, 3).await;
+    w.sb.set_faults(FaultConfig {
+        p_429: 0.8,
+        retry_after_secs: 0,
+        writes_only: true,
+        ..Default::default()
+    });
+    let r = w
+        .cli(&[
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &w.path("l"),
+            "--max-attempts",
+            "3",
+            "--json",
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let report = json_report(&r.stdout);
+    assert!(
+        report["throttled"].as_u64().unwrap() > 60,
+        "{}",
+        report["throttled"]
+    );
+    let unfinished = with_outcome(&report, &["failed", "not-attempted"]);
+    assert_eq!(unfinished, 0, "a 429 is no failure");
+    // A storm that asks for 30 s waits: SIGINT ends the apply within a second or two.
+    let w = World::new(SandboxConfig::default()).await;
+    load_dataset(&w, 20, 4).await;
+    w.sb.set_faults(FaultConfig {
+        p_429: 1.0,
+        retry_after_secs: 30,
+        writes_only: true,
+        ..Default::default()
+    });
+    let mut child = tokio::process::Command::new(crate::harness::bin())
+        .current_dir(w.dir.path())
+        .args([
+            "apply",
+            "--yes",
+            "--accept-proposals",
+            "--decision-log",
+            &w.path("s"),
+        ])
+        .args([
+            "--etcd-endpoints",
+            &w.etcd.endpoint,
+            "--kubeconfig",
+            &w.path("kubeconfig"),
+        ])
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = child.id().unwrap() as i32;
+    let sent = std::time::Instant::now();
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("stopped within 10 s")
+        .unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(status.code(), Some(1), "writes left not made: exit 1");
+}
+
+/// The report `apply --json` prints before its closing lines.
+fn json_report(stdout: &str) -> Value {
+    let json_end = stdout.rfind("\n}").unwrap() + 2;
+    serde_json::from_str(&stdout[..json_end]).unwrap()
+}
+
+/// How many of a report's results have one of `outcomes`.
+fn with_outcome(report: &Value, outcomes: &[&str]) -> usize {
+    report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| outcomes.iter().any(|o| x["outcome"] == *o))
+        .count()
 }

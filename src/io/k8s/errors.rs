@@ -35,6 +35,12 @@ impl RequestError {
         }
     }
 
+    /// The server pushed back (429 Too Many Requests: API Priority and Fairness, or
+    /// `--max-requests-inflight`): a wait, not a failure.
+    pub fn is_throttled(&self) -> bool {
+        matches!(self, RequestError::Status { code: 429, .. })
+    }
+
     /// The connection was refused: nothing listens at the server's address.
     pub fn is_refused(&self) -> bool {
         matches!(self, RequestError::Transport(m)

@@ -24,6 +24,8 @@ pub struct CommitState {
     pub done: usize,
     pub created: usize,
     pub retries: u64,
+    /// Times the API server pushed back (429), each waited out.
+    pub throttled: u64,
     pub failures: Vec<(String, String)>,
     pub elapsed: Duration,
     pub crd_note: Option<String>,

@@ -65,6 +65,7 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
             if matches!(c.phase, CommitPhase::Running | CommitPhase::Stopping) {
                 (c.total, c.writes, c.done, c.created, c.deleted, c.retries) =
                     (p.total, p.writes, p.done, p.created, p.deleted, p.retries);
+                c.throttled = p.throttled;
             }
             vec![]
         }

@@ -134,10 +134,14 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
     };
     let mut lines = vec![
         Line::raw(format!(
-            "{verb} {n} of {} writes · {} failed · {} retries",
+            "{verb} {n} of {} writes · {} failed · {} retries{}",
             c.writes,
             c.failures.len(),
-            c.retries
+            c.retries,
+            match c.throttled {
+                0 => String::new(),
+                t => format!(" · {t} throttled (429, waited out)"),
+            }
         )),
         Line::raw(format!(
             "elapsed {secs:.1}s · {rate:.0} items/s · ETA {eta}"

@@ -59,6 +59,10 @@ fn main() -> ExitCode {
         CliCommand::Demo(args) => !args.headless,
         _ => false,
     };
+    if !interactive {
+        // As kubectl does: each distinct warning of the API server once, on stderr.
+        cilium_idmig::io::k8s::print_warnings_on_stderr();
+    }
     let _guard = match command.logging().map(|log| init_logging(log, interactive)) {
         None => None,
         Some(Ok(g)) => g,

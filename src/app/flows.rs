@@ -206,6 +206,7 @@ pub async fn apply(
     stop: StopFlag,
 ) -> Result<ApplyRun> {
     refuse_plan_elsewhere(req, target, scope)?;
+    let heard_from = target.notes().mark();
     let range = scope.range;
     // Node counts inform the operator, not the writes: apply skips that pass.
     let mut scan = read_both(kv, target, range, ScanOptions::default()).await?;
@@ -278,7 +279,7 @@ pub async fn apply(
     });
     drop(scan);
     executor::log_decisions(log, &ops)?;
-    let report = executor::apply(
+    let mut report = executor::apply(
         target,
         ops,
         create_crd,
@@ -288,6 +289,7 @@ pub async fn apply(
         stop,
     )
     .await?;
+    note_server(target, heard_from, log, &mut report);
     Ok(ApplyRun {
         not_in_plan,
         gone_from_kvstore,
@@ -296,6 +298,24 @@ pub async fn apply(
         redecided,
         report,
     })
+}
+
+/// What the API server said since `heard_from` (its 429s on the reads too, not only the
+/// writes', and its warnings): into the report and the decision log's record of the run.
+pub fn note_server(
+    target: &K8sTarget,
+    heard_from: crate::io::k8s::Mark,
+    log: &DecisionLog,
+    report: &mut crate::apply::outcome::ApplyReport,
+) {
+    let said = target.notes().since(heard_from);
+    report.throttled = report.throttled.max(said.throttled);
+    report.server_warnings.clone_from(&said.warnings);
+    if let Err(e) = log.note_server(&said) {
+        // Every decision and outcome is in the log already; this line only says how the
+        // server met the run.
+        tracing::warn!(error = %e, "cannot record what the API server said in the decision log");
+    }
 }
 
 /// Verifies the migration against what the decision logs expect (empty: every identity at

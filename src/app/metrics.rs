@@ -62,6 +62,11 @@ pub struct Metrics {
     last_event_age: GaugeVec,
     /// `cilium_idmig_cutover_waiting{reason}`: 1 for what cutover waits for now.
     cutover_waiting: IntGaugeVec,
+    /// What the API server said beside its answers (`hear`): its 429s and distinct
+    /// warnings, brought up to date at each scrape.
+    server: std::sync::OnceLock<Arc<crate::io::k8s::ServerNotes>>,
+    throttled: IntCounter,
+    warnings: IntGauge,
 }
 
 /// Which watch.
@@ -158,9 +163,18 @@ impl Metrics {
                 "1 for what cutover waits for now (nodes, grace, decisions, writes, lease, verify, checking); all 0 once reached",
                 "reason",
             )?,
+            server: std::sync::OnceLock::new(),
+            throttled: counter(
+                "cilium_idmig_apiserver_throttled_total",
+                "Answers of the API server that were 429 (API Priority and Fairness pushing back): each waited out, none a failure",
+            )?,
+            warnings: gauge(
+                "cilium_idmig_apiserver_warnings",
+                "Distinct Warning headers the API server sent (each shown once, on stderr or the TUI's status line, and in the decision log)",
+            )?,
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
             Box::new(m.kvstore_nodes.clone()),
             Box::new(m.mirrored.clone()),
             Box::new(m.pending.clone()),
@@ -174,11 +188,27 @@ impl Metrics {
             Box::new(m.watch_up.clone()),
             Box::new(m.cutover_waiting.clone()),
             Box::new(m.last_event_age.clone()),
+            Box::new(m.throttled.clone()),
+            Box::new(m.warnings.clone()),
         ];
         for c in collectors {
             m.registry.register(c).map_err(err)?;
         }
         Ok(m)
+    }
+
+    /// Publishes what this client hears from the API server beside its answers.
+    pub fn hear(&self, notes: Arc<crate::io::k8s::ServerNotes>) {
+        let _ = self.server.set(notes);
+    }
+
+    /// Brings the API server's counts up to date (at each scrape).
+    fn refresh_server(&self) {
+        if let Some(notes) = self.server.get() {
+            let more = notes.throttled().saturating_sub(self.throttled.get());
+            self.throttled.inc_by(more);
+            self.warnings.set(notes.warnings().len() as i64);
+        }
     }
 
     /// The watch on `source` heard from its server now.
@@ -249,6 +279,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn text(&self) -> String {
         self.refresh_watches();
+        self.refresh_server();
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8_lossy(&out).into_owned()
@@ -360,5 +391,40 @@ mod tests {
         m.turned();
         assert!(m.alive());
         assert!(!m.healthy(), "alive is not ready: no watch is up");
+    }
+
+    #[test]
+    fn what_the_api_server_said_is_scraped_as_it_grows() {
+        let m = Metrics::new().unwrap();
+        let notes = Arc::new(crate::io::k8s::ServerNotes::default());
+        m.hear(notes.clone());
+        let value = |text: &str, name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .map(|v| v.trim().to_string())
+        };
+        assert_eq!(
+            value(&m.text(), "cilium_idmig_apiserver_throttled_total").as_deref(),
+            Some("0")
+        );
+        let mut warned = http::HeaderMap::new();
+        warned.insert("warning", r#"299 - "v2 is deprecated""#.parse().unwrap());
+        notes.observe(StatusCode::TOO_MANY_REQUESTS, &warned);
+        notes.observe(StatusCode::TOO_MANY_REQUESTS, &warned);
+        let text = m.text();
+        assert_eq!(
+            value(&text, "cilium_idmig_apiserver_throttled_total").as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            value(&text, "cilium_idmig_apiserver_warnings").as_deref(),
+            Some("1")
+        );
+        notes.observe(StatusCode::TOO_MANY_REQUESTS, &http::HeaderMap::new());
+        assert_eq!(
+            value(&m.text(), "cilium_idmig_apiserver_throttled_total").as_deref(),
+            Some("3"),
+            "a counter that follows the notes, never counting one twice"
+        );
     }
 }

@@ -76,12 +76,7 @@ pub fn apply_summary(r: &ApplyReport) -> String {
         r.retries,
         r.elapsed_ms
     );
-    if r.throttled > 0 {
-        out.push_str(&format!(
-            "the API server pushed back {} times (429, API Priority and Fairness): each waited out as it asked, none a failure\n",
-            r.throttled
-        ));
-    }
+    out.push_str(&pushed_back(r.throttled));
     if r.crd_created {
         out.push_str("created CRD ciliumidentities.cilium.io\n");
     }
@@ -191,6 +186,16 @@ pub fn verify_summary(r: &VerifyReport) -> String {
         r.invalid_ignored
     );
     out
+}
+
+/// How often the API server pushed back, as a line of a summary (empty when it never did).
+pub fn pushed_back(throttled: u64) -> String {
+    match throttled {
+        0 => String::new(),
+        n => format!(
+            "the API server pushed back {n} times (429, API Priority and Fairness): each waited out as it asked, none a failure\n"
+        ),
+    }
 }
 
 #[cfg(test)]

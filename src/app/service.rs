@@ -216,6 +216,11 @@ pub enum ServiceEvent {
     SyncEnded {
         end: super::sync::SyncEnd,
     },
+    /// The API server sent a `Warning` header with a text not heard before in this process
+    /// (headless, it is on stderr already; the TUI shows it on its status line).
+    ServerWarning {
+        text: String,
+    },
     /// A task failed; the error is shared so events stay cheap to clone.
     Failed {
         generation: u64,
@@ -264,6 +269,7 @@ async fn run(
     if let Err(e) = cfg.log.begin_session(cfg.session()) {
         let _ = tx.send(ServiceEvent::failed(0, Task::DecisionLog, e)).await;
     }
+    let warnings = tokio::spawn(relay_warnings(cfg.target.notes().clone(), tx.clone()));
     let mut service = Service {
         resume: cfg.resume.clone(),
         cfg,
@@ -278,6 +284,25 @@ async fn run(
     }
     if let Some(t) = service.drift_task {
         t.abort();
+    }
+    warnings.abort();
+}
+
+/// Hands each new warning of the API server to the front end as it is heard.
+async fn relay_warnings(notes: Arc<crate::io::k8s::ServerNotes>, tx: mpsc::Sender<ServiceEvent>) {
+    let mut heard = notes.subscribe();
+    let mut told = 0;
+    loop {
+        let texts = notes.warnings();
+        for text in texts.into_iter().skip(told) {
+            told += 1;
+            if tx.send(ServiceEvent::ServerWarning { text }).await.is_err() {
+                return;
+            }
+        }
+        if heard.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -754,6 +779,7 @@ async fn rollback(
     stop: StopFlag,
 ) {
     let run = async {
+        let heard_from = cfg.target.notes().mark();
         let ops = super::rollback::plan(&cfg.target, &spec).await?;
         crate::apply::executor::log_decisions(&cfg.log, &ops)?;
         let (apply_tx, forward) = forward_apply_events(&tx);
@@ -773,7 +799,9 @@ async fn rollback(
         .await;
         drop(apply_tx);
         let _ = forward.await;
-        report
+        let mut report = report?;
+        super::flows::note_server(&cfg.target, heard_from, &cfg.log, &mut report);
+        Ok::<_, Error>(report)
     };
     let ev = match run.await {
         Ok(report) => ServiceEvent::Committed {

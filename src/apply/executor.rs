@@ -97,11 +97,18 @@ struct Ctx<'a> {
     progress: Option<&'a watch::Sender<Progress>>,
     stop: StopFlag,
     retries: AtomicU64,
-    throttled: AtomicU64,
+    /// Where this apply starts in what the server said: its 429s are counted from here.
+    heard_from: crate::io::k8s::Mark,
     stop_reason: std::sync::Mutex<Option<String>>,
 }
 
 impl Ctx<'_> {
+    /// The server's 429s since this apply started, on any of its requests (a write, the
+    /// re-read after a 409), each waited out.
+    fn throttled(&self) -> u64 {
+        self.target.notes().since(self.heard_from).throttled
+    }
+
     fn update(&self, f: impl FnOnce(&mut Progress)) {
         if let Some(p) = self.progress {
             p.send_modify(f);
@@ -153,7 +160,7 @@ pub async fn apply(
         progress: watchers.progress,
         stop,
         retries: AtomicU64::new(0),
-        throttled: AtomicU64::new(0),
+        heard_from: target.notes().mark(),
         stop_reason: std::sync::Mutex::new(None),
     };
     let mut report = ApplyReport::default();
@@ -191,6 +198,7 @@ pub async fn apply(
             }
             ctx_ref.update(|p| {
                 p.done += 1;
+                p.throttled = ctx_ref.throttled();
                 match result.outcome {
                     Outcome::Created | Outcome::AlreadyExisted => p.created += 1,
                     Outcome::Deleted | Outcome::AlreadyGone => p.deleted += 1,
@@ -220,7 +228,7 @@ pub async fn apply(
         return Err(e);
     }
     report.retries = ctx.retries.load(Ordering::SeqCst);
-    report.throttled = ctx.throttled.load(Ordering::SeqCst);
+    report.throttled = ctx.throttled();
     report.stopped = ctx
         .stop_reason
         .lock()
@@ -465,8 +473,7 @@ async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpR
 /// long as the push-back lasts, never counted as an attempt; counted apart for the progress
 /// line, the summary and the log. A stop ends the wait within a tenth of a second.
 async fn wait_out_throttling(ctx: &Ctx<'_>, op: &Op, times: u32, e: &RequestError) {
-    ctx.throttled.fetch_add(1, Ordering::SeqCst);
-    ctx.update(|p| p.throttled += 1);
+    ctx.update(|p| p.throttled = ctx.throttled());
     // Without a hint, waits double to a second: API Priority and Fairness itself asks for
     // one second, and a longer silence only idles a queue the server has freed.
     let policy = crate::io::retry::Policy {

@@ -106,6 +106,9 @@ pub struct ApplyReport {
     /// Times the API server pushed back (429, API Priority and Fairness): each waited out
     /// as the server asked, never counted as an attempt or a failure.
     pub throttled: u64,
+    /// The API server's `Warning` headers first heard in this run, each text once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub server_warnings: Vec<String>,
     pub stopped: Option<String>,
     pub crd_created: bool,
     pub elapsed_ms: u128,

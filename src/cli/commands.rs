@@ -290,6 +290,9 @@ async fn verify(
     )
     .await?;
     print_verify(&report, output == super::args::Output::Json)?;
+    if output != super::args::Output::Json {
+        out!("{}", report::pushed_back(target.notes().throttled()))?;
+    }
     Ok(if report.passed() {
         Exit::Ok
     } else {
@@ -641,6 +644,7 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
         return Ok(Exit::Ok);
     }
     out!("{}", report::plan_summary(&plan))?;
+    out!("{}", report::pushed_back(target.notes().throttled()))?;
     let undecided = plan
         .items
         .iter()

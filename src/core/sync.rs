@@ -93,6 +93,9 @@ pub struct SyncStatus {
     pub standby: Option<String>,
     /// What cutover waits for now (`None`: reached, or sync not yet following).
     pub cutover_wait: Option<CutoverWait>,
+    /// Answers of the API server that were 429, since sync started (the binary's IO fills
+    /// it in: the machine never sees a request).
+    pub throttled: u64,
 }
 
 /// What cutover waits for: one reason at a time, the first that holds, so an operator
@@ -211,6 +214,9 @@ impl std::fmt::Display for SyncStatus {
         }
         if self.reservations > 0 {
             write!(f, " · {} reserved in the kvstore", self.reservations)?;
+        }
+        if self.throttled > 0 {
+            write!(f, " · {} throttled (429, waited out)", self.throttled)?;
         }
         if let Some(holder) = &self.standby {
             write!(f, " · standby: {holder} holds the lease")?;

@@ -17,6 +17,7 @@ use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
 use crate::core::range::MaxConnectedClusters;
 use crate::core::verify::Expectations;
 use crate::error::{Error, Result};
+use crate::io::k8s::ServerSaid;
 
 /// One line of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +171,17 @@ pub struct SessionLine {
     pub session: Session,
 }
 
+/// What the API server said over part of a run (how often it pushed back, its warnings):
+/// the run's record of how the server met it, for an auditor reading why a run was slow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerLine {
+    pub ts: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    pub server_said: ServerSaid,
+}
+
 /// An open, append-only decision log. Appends are whole lines written with one `write` on
 /// an `O_APPEND` file, so concurrent writers never interleave inside a line.
 pub struct DecisionLog {
@@ -284,6 +296,20 @@ impl DecisionLog {
         Ok(())
     }
 
+    /// Records what the API server said over a span of this run (nothing when it said
+    /// nothing: no 429, no warning).
+    pub fn note_server(&self, said: &ServerSaid) -> Result<()> {
+        if said.is_empty() {
+            return Ok(());
+        }
+        self.append_line(&ServerLine {
+            ts: now(),
+            operator: self.operator.clone(),
+            run: Some(run_id().to_string()),
+            server_said: said.clone(),
+        })
+    }
+
     /// Appends the session line that opens a run.
     pub fn begin_session(&self, session: Session) -> Result<()> {
         self.append_line(&SessionLine {
@@ -350,6 +376,8 @@ pub struct LogContents {
     pub records: Vec<Record>,
     /// The session lines, in order.
     pub sessions: Vec<SessionLine>,
+    /// What the API server said over the runs (429s, warnings), in order.
+    pub server_said: Vec<ServerLine>,
     /// A last line without its newline that does not parse: a write cut short by a crash.
     pub torn_tail: bool,
     /// Complete lines that do not parse, with their line numbers.
@@ -560,8 +588,11 @@ fn fold_from(
             Ok(rec) => on_record(rec),
             Err(e) => match serde_json::from_str::<SessionLine>(text.trim_end()) {
                 Ok(s) => out.sessions.push(s),
-                Err(_) if !complete => out.torn_tail = true,
-                Err(_) => out.bad_lines.push((n, e.to_string())),
+                Err(_) => match serde_json::from_str::<ServerLine>(text.trim_end()) {
+                    Ok(s) => out.server_said.push(s),
+                    Err(_) if !complete => out.torn_tail = true,
+                    Err(_) => out.bad_lines.push((n, e.to_string())),
+                },
             },
         }
     }
@@ -612,6 +643,28 @@ mod tests {
             outcome,
             ..Record::new(id, "k8s:a=b;", Kind::Create, "create".into(), target)
         }
+    }
+
+    #[test]
+    fn what_the_server_said_is_a_line_of_its_own_and_nothing_is_written_for_silence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let log = DecisionLog::open(&path).unwrap();
+        log.note_server(&ServerSaid::default()).unwrap();
+        log.append(rec("300", Some(Outcome::Created), Some(300)))
+            .unwrap();
+        let said = ServerSaid {
+            throttled: 7,
+            warnings: vec!["v2 is deprecated".into()],
+        };
+        log.note_server(&said).unwrap();
+        drop(log);
+        let c = read(&path).unwrap();
+        assert!(c.bad_lines.is_empty(), "{:?}", c.bad_lines);
+        assert_eq!(c.records.len(), 1);
+        assert_eq!(c.server_said.len(), 1);
+        assert_eq!(c.server_said[0].server_said, said);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 2);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Fault injection for the sandbox API server: latency, spikes, 500s, 429 with Retry-After,
-//! dropped connections, answers lost after the request was carried out, and a queue of exact faults for deterministic tests.
+//! dropped connections, answers lost after the request was carried out, a queue of exact
+//! faults for deterministic tests, and a `Warning` header on every answer.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -37,6 +38,10 @@ pub struct FaultConfig {
     pub writes_only: bool,
     /// Exact faults for the next requests, taken before any probabilistic one.
     pub queue: VecDeque<Fault>,
+    /// A `Warning` header on every answer about identities, as a real server sends one for a
+    /// CRD version marked deprecated (its `deprecationWarning`): not a fault, but how the
+    /// server meets the client.
+    pub warning: Option<String>,
 }
 
 /// The seeded generator fault runs are replayed by.

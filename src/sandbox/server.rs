@@ -113,7 +113,26 @@ async fn handle(
     if lose_response {
         return Err(DropConnection);
     }
-    Ok(res)
+    Ok(with_warning(&shared, is_identity, res))
+}
+
+/// An answer about identities with the configured `Warning` header, quoted as Kubernetes
+/// quotes it (`299 - "text"`).
+fn with_warning(shared: &Shared, is_identity: bool, mut res: Response<Body>) -> Response<Body> {
+    let warning = shared
+        .faults
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+        .warning
+        .clone();
+    if let Some(text) = warning.filter(|_| is_identity) {
+        let quoted = text.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = http::HeaderValue::from_str(&format!("299 - \"{quoted}\"")) {
+            res.headers_mut().append("warning", v);
+        }
+    }
+    res
 }
 
 /// Counts the request by method and resource, for tests that assert what was sent.

@@ -1568,3 +1568,20 @@ fn accept_all_counts_as_the_header_does() {
         );
     }
 }
+
+#[test]
+fn a_warning_of_the_api_server_is_on_the_status_line() {
+    let mut m = scanned_model();
+    let cmds = update(
+        &mut m,
+        Msg::Engine(Event::ServerWarning {
+            text: "cilium.io/v2 CiliumIdentity is deprecated".into(),
+        }),
+    );
+    assert!(cmds.is_empty());
+    let screen = render_at(&m, 120, 35);
+    assert!(
+        screen.contains("Warning (from the API server): cilium.io/v2 CiliumIdentity is deprecated"),
+        "{screen}"
+    );
+}

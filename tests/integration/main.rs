@@ -23,5 +23,6 @@ mod service;
 #[path = "../support/mod.rs"]
 mod support;
 mod sync;
+mod throttling;
 mod tui;
 mod writer;

@@ -1227,3 +1227,67 @@ async fn the_workload_applies_on_1_36_under_restricted_pod_security_with_its_flo
         "no warning: {stderr}"
     );
 }
+
+/// The server's `Warning` headers, as a real server sends them for a CRD version marked
+/// deprecated: shown once per distinct text on stderr (as kubectl shows them), in apply's
+/// JSON report and in the decision log's record of the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deprecated_crd_version_is_warned_of_once_and_recorded() {
+    let Some(cp) = ControlPlane::start("real::a_deprecated_crd_version_is_warned_of") else {
+        return;
+    };
+    let text = "cilium.io/v2 CiliumIdentity is deprecated in this test";
+    let patch = format!(
+        r#"[{{"op":"add","path":"/spec/versions/0/deprecated","value":true}},{{"op":"add","path":"/spec/versions/0/deprecationWarning","value":"{text}"}}]"#
+    );
+    cp.kubectl(&[
+        "patch",
+        "crd",
+        "ciliumidentities.cilium.io",
+        "--type=json",
+        "-p",
+        &patch,
+    ]);
+    let etcd = Etcd::start().await;
+    for (id, labels) in [(300, A), (301, B), (302, C)] {
+        etcd.put(&format!("{P}/id/{id}"), labels.as_bytes()).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (d, kc) = (dir.path(), cp.kubeconfig.as_path());
+    let log = d.join("apply.jsonl").display().to_string();
+    // The CRD's change reaches the API server's handlers a moment after the patch.
+    let shown = format!("Warning: {text}");
+    let mut r = None;
+    for _ in 0..20 {
+        let (plan, _) = cli(d, kc, &etcd, &["plan"], 120).await;
+        assert_eq!(plan.code, 0, "{}{}", plan.stdout, plan.stderr);
+        if plan.stderr.contains(&shown) {
+            r = Some(plan);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let plan = r.unwrap_or_else(|| panic!("plan never showed {shown:?}"));
+    assert_eq!(plan.stderr.matches(&shown).count(), 1, "{}", plan.stderr);
+    let (r, _) = cli(
+        d,
+        kc,
+        &etcd,
+        &["apply", "--yes", "--decision-log", &log, "--json"],
+        120,
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.stderr.matches(&shown).count(), 1, "{}", r.stderr);
+    assert_eq!(cp.identities().len(), 3);
+    let json = &r.stdout[..r.stdout.rfind("\n}").unwrap() + 2];
+    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(report["server_warnings"], serde_json::json!([text]));
+    let recorded = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        recorded
+            .lines()
+            .any(|l| l.contains("server_said") && l.contains(text)),
+        "{recorded}"
+    );
+}

@@ -70,7 +70,8 @@ impl shell::Io for AppIo<'_> {
             Event::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
             Event::Invalid { id, reason } => SyncEvent::Invalid { id, reason },
             Event::Moot { id, labels } => SyncEvent::Moot { id, labels },
-            Event::Status(status) => {
+            Event::Status(mut status) => {
+                status.throttled = self.cfg.target.notes().throttled();
                 return_freed_memory();
                 self.metrics
                     .cutover_waiting(status.cutover_wait.as_ref().map(|w| w.reason()));

@@ -123,6 +123,8 @@ pub async fn run(
         }
         _ => None,
     };
+    let heard_from = cfg.target.notes().mark();
+    metrics.hear(cfg.target.notes().clone());
     let lease = take_lease(&cfg, &opts, &events).await?;
     let settings = settings(&cfg, &opts);
     let mut shell = Shell::new(settings, decisions, opts.release_reservations);
@@ -140,6 +142,7 @@ pub async fn run(
         shell,
         reservations: None,
         releasing: None,
+        heard_from,
     };
     sync.rounds().await
 }
@@ -230,6 +233,9 @@ struct Sync {
     reservations: Option<ReservationTask>,
     /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
     releasing: Option<tokio::task::JoinHandle<()>>,
+    /// What the API server had said when sync started: its 429s and warnings since go into
+    /// the decision log's record of the run.
+    heard_from: crate::io::k8s::Mark,
 }
 
 /// Why a round could not start.
@@ -332,6 +338,10 @@ impl Sync {
             let _ = releasing.await;
         }
         self.lease.release().await;
+        let said = self.cfg.target.notes().since(self.heard_from);
+        if let Err(e) = self.cfg.log.note_server(&said) {
+            tracing::warn!(error = %e, "cannot record what the API server said in the decision log");
+        }
         match error {
             Some(e) => Err(e),
             None => Ok(SyncEnd::default()),

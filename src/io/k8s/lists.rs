@@ -94,7 +94,7 @@ impl K8sTarget {
         if !crd_present {
             return Ok(K8sSnapshot::default());
         }
-        let mut attempt = 0;
+        let (mut attempt, mut throttled) = (0, 0);
         loop {
             attempt += 1;
             if let Some(n) = &listed {
@@ -119,6 +119,15 @@ impl K8sTarget {
                 Ok(mut snap) => {
                     snap.crd_present = true;
                     return Ok(snap);
+                }
+                // The server pushed back: a wait as it asks, not a failed try (it counts
+                // them in its notes).
+                Err(ListError::Request(e)) if e.is_throttled() => {
+                    attempt -= 1;
+                    throttled += 1;
+                    let wait = Policy::READ.wait(throttled.min(8), e.retry_after(), "list");
+                    tracing::debug!(throttled, ?wait, "list throttled (429): waiting");
+                    tokio::time::sleep(wait).await;
                 }
                 Err(ListError::Request(e))
                     if self.worth_retrying(&e) && attempt < READ_ATTEMPTS =>
@@ -225,7 +234,7 @@ impl K8sTarget {
         listed: &Option<Arc<AtomicUsize>>,
     ) -> Result<K8sSnapshot, ListError> {
         let mut snap = K8sSnapshot::default();
-        let mut restarts = 0;
+        let (mut restarts, mut throttled) = (0, 0);
         let mut cont: Option<String> = None;
         loop {
             let path = match &cont {
@@ -245,8 +254,21 @@ impl K8sTarget {
                     cont = None;
                     continue;
                 }
+                // Pushed back on a page: the same page again after the wait the server
+                // asks for, so a storm of 429s never starts a 100 MB list over.
+                Err(e) if e.is_throttled() => {
+                    throttled += 1;
+                    tokio::time::sleep(Policy::READ.wait(
+                        throttled.min(8),
+                        e.retry_after(),
+                        "page",
+                    ))
+                    .await;
+                    continue;
+                }
                 Err(e) => return Err(ListError::Request(e)),
             };
+            throttled = 0;
             let counter = listed.clone();
             let (page, meta) = parse_streamed(body, move |reader| {
                 let mut page = K8sSnapshot::default();

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicU8;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use super::notes::ServerNotes;
 use crate::error::{Error, Result};
 
 /// Whether the server serves streaming lists (`K8sTarget::watch_list`): not known yet, yes, no.
@@ -48,6 +49,9 @@ pub struct K8sTarget {
     token_file: Option<PathBuf>,
     token_seen: Arc<std::sync::Mutex<Option<String>>>,
     renewed: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// What the server said beside its answers (429s, `Warning` headers), on every client
+    /// this target makes.
+    notes: Arc<ServerNotes>,
 }
 
 /// How long after a token was renewed a 401 is still worth another try: requests sent with
@@ -138,7 +142,8 @@ impl K8sTarget {
         // Retries are the engine's, counted and reported, honouring Retry-After; a second,
         // hidden retry layer would double them.
         config.default_retry = false;
-        let client = kube::Client::try_from(config.clone()).map_err(|e| {
+        let notes = Arc::new(ServerNotes::default());
+        let client = client_of(&config, &notes).map_err(|e| {
             let cause: crate::error::BoxError = e.into();
             Error::Kube {
                 server: server.clone(),
@@ -165,7 +170,14 @@ impl K8sTarget {
             )),
             token_file,
             renewed: Arc::default(),
+            notes,
         })
+    }
+
+    /// What the server said beside its answers so far: how often it pushed back, and its
+    /// warnings.
+    pub fn notes(&self) -> &Arc<ServerNotes> {
+        &self.notes
     }
 
     /// kube's client (auth, TLS, transport) for kube's typed `Api` (`io::lease`).
@@ -188,7 +200,7 @@ impl K8sTarget {
             }
             *last = Some(now);
         }
-        match kube::Client::try_from((*self.config).clone()) {
+        match client_of(&self.config, &self.notes) {
             Ok(fresh) => {
                 tracing::debug!(server = %self.server, "a request stalled: new connections from now on");
                 *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -231,7 +243,7 @@ impl K8sTarget {
         if seen.as_deref() == Some(now.as_str()) {
             return;
         }
-        match kube::Client::try_from((*self.config).clone()) {
+        match client_of(&self.config, &self.notes) {
             Ok(fresh) => {
                 tracing::info!(file = %path.display(), "a 401: the token file holds a new token; using it");
                 *self.client.write().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -275,6 +287,25 @@ impl K8sTarget {
     pub(super) fn kube_err(&self, what: &str, e: impl Into<crate::error::BoxError>) -> Error {
         Error::kube(self.server.clone(), what, e)
     }
+}
+
+/// kube's client for `config`, with a layer that hears what the server says beside each
+/// answer (`ServerNotes`): every request passes it, the typed `Api`'s and the raw lists and
+/// watches alike.
+fn client_of(
+    config: &kube::Config,
+    notes: &Arc<ServerNotes>,
+) -> std::result::Result<kube::Client, kube::Error> {
+    let notes = notes.clone();
+    let hear = tower::util::MapResponseLayer::new(
+        move |res: http::Response<Box<kube::client::DynBody>>| {
+            notes.observe(res.status(), res.headers());
+            res
+        },
+    );
+    Ok(kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&hear)
+        .build())
 }
 
 fn current_context(opts: &K8sOptions) -> Option<String> {

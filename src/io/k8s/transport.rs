@@ -156,7 +156,7 @@ impl K8sTarget {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = kube::Result<T>>,
     {
-        let mut attempt = 0u32;
+        let (mut attempt, mut throttled) = (0u32, 0u32);
         loop {
             attempt += 1;
             let result = kube_call(READ_TIMEOUT, call()).await;
@@ -166,6 +166,14 @@ impl K8sTarget {
             }
             match result {
                 Ok(v) => return Ok(v),
+                // Pushed back: waited out as the server asks, never a failed try.
+                Err(e) if e.is_throttled() => {
+                    attempt -= 1;
+                    throttled += 1;
+                    let wait = Policy::READ.wait(throttled.min(8), e.retry_after(), what);
+                    tracing::debug!(what, throttled, ?wait, "read throttled (429): waiting");
+                    tokio::time::sleep(wait).await;
+                }
                 Err(e) if self.worth_retrying(&e) && attempt < READ_ATTEMPTS => {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), what);
                     tracing::debug!(what, attempt, error = %e, "retrying read");

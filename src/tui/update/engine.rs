@@ -38,6 +38,11 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             on_apply(&mut model.commit, ev);
             vec![]
         }
+        ServiceEvent::ServerWarning { text } => {
+            // As kubectl shows it; the decision log keeps it with the run's record.
+            model.status = format!("Warning (from the API server): {text}");
+            vec![]
+        }
         ServiceEvent::Committed {
             generation,
             run,

@@ -12,6 +12,7 @@ pub mod planner;
 pub mod range;
 pub mod retry;
 pub mod rng;
+pub mod server_said;
 pub mod sync;
 pub mod verify;
 pub mod words;

@@ -15,9 +15,9 @@ use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
 use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
 use crate::core::range::MaxConnectedClusters;
+use crate::core::server_said::ServerSaid;
 use crate::core::verify::Expectations;
 use crate::error::{Error, Result};
-use crate::io::k8s::ServerSaid;
 
 /// One line of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

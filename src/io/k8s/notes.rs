@@ -6,8 +6,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+pub use crate::core::server_said::ServerSaid;
 use http::{HeaderMap, StatusCode};
-use serde::{Deserialize, Serialize};
 
 /// Whether a new warning is printed on stderr as it comes (`Warning: TEXT`, as kubectl
 /// prints it): set by a headless command; the TUI owns the terminal and shows it instead.
@@ -26,24 +26,6 @@ pub struct ServerNotes {
     warnings: Mutex<Vec<String>>,
     /// The number of distinct warnings, for those who show them as they come.
     seen: tokio::sync::watch::Sender<usize>,
-}
-
-/// What the server said over a span of a run: for the progress line, the summary and the
-/// decision log's record of the run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerSaid {
-    /// Answers that were 429 (each waited out, never a failure).
-    #[serde(default)]
-    pub throttled: u64,
-    /// Distinct `Warning` texts first heard in the span.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-}
-
-impl ServerSaid {
-    pub fn is_empty(&self) -> bool {
-        self.throttled == 0 && self.warnings.is_empty()
-    }
 }
 
 /// Where a span starts: what had been heard by then.

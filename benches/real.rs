@@ -15,6 +15,10 @@
 //!   memory every 30 s and the slope after warm-up. `IDMIG_REAL_SOAK_ONLY=1` skips the
 //!   migrator, the ceiling, plan, rerun and verify (the apply and sync's start stay).
 //!
+//! `IDMIG_REAL_HOLD=1` keeps the migrated cluster up after `verify`, its connection flags
+//! on stderr, for profiling by hand. `KUBE_VERSION=1.36` runs it all on kube-apiserver 1.36
+//! over etcd 3.6.
+//!
 //! `cargo bench --bench real` (with `KUBEBUILDER_ASSETS` and `CONTROL_PLANE` set as for
 //! the tests; without them it says so and ends). Prints a Markdown report.
 
@@ -25,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use cilium_idmig::sandbox::generator::{self, GenConfig, Generated};
 
+#[path = "real/limit.rs"]
+mod limit;
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
 mod support;
@@ -70,11 +76,12 @@ fn timed(dir: &Path, program: &Path, args: &[&str]) -> Timed {
     }
 }
 
-/// Clean kvstore identities (every one a plain create), each used by one node.
-fn clean(n: usize, seed: u64) -> Generated {
+/// Clean kvstore identities (every one a plain create), each used by every one of `nodes`
+/// nodes (a `value/` key per node).
+fn clean(n: usize, seed: u64, nodes: u32) -> Generated {
     generator::generate(&GenConfig {
         identities: n,
-        nodes: 1,
+        nodes,
         seed,
         every_node: true,
         migrated: 0.0,
@@ -185,7 +192,7 @@ async fn main() {
         Err(why) => eprintln!("Cilium 1.6.11's migrator skipped: {why}"),
         Ok(migrator) => {
             let etcd = Etcd::start().await;
-            let data = clean(small, 11);
+            let data = clean(small, 11, 1);
             load_etcd(&mut etcd.client().await.expect("etcd"), PREFIX, &data).await;
             let etcd_config = d.join("etcd.yaml");
             std::fs::write(
@@ -244,7 +251,8 @@ async fn main() {
 
     // The large cluster.
     let etcd = Etcd::start().await;
-    let data = clean(size, 12);
+    // As a cluster of 8 nodes leaves it: a `value/` key per node for every identity.
+    let data = clean(size, 12, 8);
     let t = Instant::now();
     load_etcd(&mut etcd.client().await.expect("etcd"), PREFIX, &data).await;
     eprintln!(
@@ -291,12 +299,74 @@ async fn main() {
     println!("{}", row("cilium-idmig `apply`", size, &t));
     assert_eq!(t.code, 0, "{}", t.output);
     if !soak_only {
+        let limit = limit::measure(&cp, &etcd.endpoint, PREFIX).await;
+        let of_limit = |t: &Timed| t.took.as_secs_f64() / limit.reads().as_secs_f64();
+        let t = run(&["plan"]);
+        println!(
+            "{} {:.2}x the reads' limit |",
+            row("`plan` of the migrated cluster", size, &t),
+            of_limit(&t)
+        );
         let t = run(&["plan", "--output", "plan.json"]);
-        println!("{}", row("`plan` of the migrated cluster", size, &t));
+        println!("{}", row("`plan --output` (its file too)", size, &t));
         let t = run(&apply);
-        println!("{}", row("`apply` again (nothing to do)", size, &t));
+        println!(
+            "{} {:.2}x the reads' limit |",
+            row("`apply` again (nothing to do)", size, &t),
+            of_limit(&t)
+        );
         let t = run(&["verify", "--decision-log", "large.jsonl"]);
         println!("{}", row("`verify`", size, &t));
+        println!();
+        println!(
+            "the reads' limit on {} ({:.0} MB of identities as JSON):",
+            cp.version(),
+            limit.bytes as f64 / 1e6
+        );
+        println!();
+        println!("| read | best of 3 |");
+        println!("|---|---|");
+        println!(
+            "{}",
+            limit::row(
+                "the server's list, consistent, pages of 500",
+                Some(limit.paged)
+            )
+        );
+        println!(
+            "{}",
+            limit::row(
+                "the server's list from its watch cache (`resourceVersion=0`)",
+                Some(limit.cached)
+            )
+        );
+        println!(
+            "{}",
+            limit::row(
+                "the server's streaming list (`sendInitialEvents`)",
+                limit.streamed
+            )
+        );
+        println!(
+            "{}",
+            limit::row(
+                "etcd's own client: `etcdctl get --prefix` of the kvstore",
+                Some(limit.etcd)
+            )
+        );
+        println!(
+            "{}",
+            limit::row(
+                "the reads' limit: the slower of the fastest list and etcd's read",
+                Some(limit.reads())
+            )
+        );
+        println!();
+        if std::env::var("IDMIG_REAL_HOLD").is_ok() {
+            // For profiling by hand: the migrated cluster stays up until the bench is killed.
+            eprintln!("holding: {}", conn.join(" "));
+            std::future::pending::<()>().await;
+        }
     }
 
     // Sync following it, then 50 new identities a second for a minute.

@@ -327,6 +327,7 @@ impl Sync {
     /// `--release-reservations`, while holding the Lease), a release in flight waited for,
     /// the Lease given back; `error` returned if there is one.
     async fn end(mut self, error: Option<Error>) -> Result<SyncEnd> {
+        let ended = self.shell.end_now();
         let release = error.is_none() && self.shell.release_on_stop(self.lease.holding());
         if let Some(task) = self.reservations.take() {
             let kept = task.finish(shell::FINISH_WAIT).await;
@@ -344,7 +345,7 @@ impl Sync {
         }
         match error {
             Some(e) => Err(e),
-            None => Ok(SyncEnd::default()),
+            None => Ok(ended),
         }
     }
 

@@ -325,6 +325,24 @@ impl Shell {
         self.carried = Some(self.machine.take_state());
     }
 
+    /// What sync ends with when a stop comes outside a round's turns (while both sides are
+    /// read, or after a fresh snapshot): what it knew last, with the writes it still owes
+    /// counted, never an empty end that reads as nothing owed.
+    pub fn end_now(&mut self) -> SyncEnd {
+        let mut state = match self.carried.take() {
+            Some(carried) => carried,
+            None => self.machine.take_state(),
+        };
+        state.refresh_lag_percentiles();
+        let end = SyncEnd {
+            cutover: false,
+            status: state.status().clone(),
+            unwritten: state.unwritten_now(),
+        };
+        self.carried = Some(state);
+        end
+    }
+
     fn carry_out(
         &mut self,
         outs: Vec<Output>,

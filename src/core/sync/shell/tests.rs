@@ -552,6 +552,33 @@ fn what_a_round_knew_is_carried_to_the_next_only_when_it_ends() {
 }
 
 #[test]
+fn a_stop_between_rounds_ends_with_what_sync_knew_and_the_writes_it_still_owes() {
+    let t0 = Instant::now();
+    let (mut shell, mut io, ops) = first_batch_of_two(t0);
+    let failed = Input::BatchDone {
+        ops,
+        outcome: BatchOutcome::Failed("the API server is down".into()),
+    };
+    shell.take(Turn::Input(failed), t0, true, &mut io);
+    let compacted = Input::Kv(KvWatchEvent::Compacted {
+        compact_revision: 50,
+    });
+    assert_eq!(
+        shell.take(Turn::Input(compacted), t0, true, &mut io),
+        Some(RoundEnd::Resnapshot)
+    );
+    shell.end_round();
+    // The stop comes while both sides are read again.
+    let end = shell.end_now();
+    assert!(!end.cutover);
+    assert_eq!(end.unwritten, 2, "both creates failed and are still owed");
+    assert_eq!(end.status.identities, 2);
+    // And the next round still carries them.
+    shell.start_round(read(&[("300", A), ("301", B)], &[], t0), t0, true, &mut io);
+    assert_eq!(shell.end_now().unwritten, 2);
+}
+
+#[test]
 fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
     let t0 = Instant::now();
     let settings = settings(true, false);

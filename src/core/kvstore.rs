@@ -154,10 +154,14 @@ impl NodeCounts {
             return;
         }
         self.add(label_key, 1);
-        *self
-            .by_node
-            .entry(String::from_utf8_lossy(node).into_owned())
-            .or_default() += 1;
+        // A node is named by most keys of a read: its name is allocated once, not per key.
+        let name = String::from_utf8_lossy(node);
+        match self.by_node.get_mut(name.as_ref()) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_node.insert(name.into_owned(), 1);
+            }
+        }
     }
 
     /// One `value/` key gone (its lease lapsed, or the agent released the identity).

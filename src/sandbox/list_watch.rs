@@ -70,6 +70,28 @@ fn decode_continue(token: &str) -> Option<(u64, String)> {
     Some((rv.parse().ok()?, last.to_string()))
 }
 
+/// How 1.19, which knows no streaming list, refuses one: it reads the request as a watch
+/// with `resourceVersionMatch` and no `resourceVersion`, twice forbidden.
+fn refused_as_1_19() -> Response<Body> {
+    let forbidden = [
+        "Forbidden: resourceVersionMatch is forbidden for watch",
+        "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+    ];
+    let causes: Vec<Value> = forbidden
+        .iter()
+        .map(|m| json!({"reason": "FieldValueForbidden", "message": m, "field": "resourceVersionMatch"}))
+        .collect();
+    status(
+        422,
+        "Invalid",
+        &format!(
+            "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: {}, resourceVersionMatch: {}]",
+            forbidden[0], forbidden[1]
+        ),
+        Some(json!({"kind": "ListOptions", "causes": causes})),
+    )
+}
+
 /// Objects per streamed chunk of a cache list or of a streaming list's initial events.
 const CHUNK: usize = 500;
 
@@ -239,6 +261,11 @@ impl WatchRequest {
         let sel = selector(params)?;
         let initial_events = param(params, "sendInitialEvents") == Some("true");
         if initial_events {
+            if !shared.config.reads.watch_list
+                && shared.config.release == super::state::Release::V1_19
+            {
+                return Err(Box::new(refused_as_1_19()));
+            }
             if !shared.config.reads.watch_list {
                 return Err(Box::new(status(
                     422,

@@ -23,7 +23,7 @@ mod writes;
 pub use faults::{Fault, FaultConfig, Rng};
 pub use selector::Selector;
 use state::Shared;
-pub use state::{ReadModel, SandboxConfig};
+pub use state::{ReadModel, Release, SandboxConfig};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;

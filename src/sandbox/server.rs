@@ -241,10 +241,13 @@ fn route(
         None
     };
     match (method, path) {
-        (Method::GET, "/version") => json_response(
-            StatusCode::OK,
-            &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-sandbox", "platform": "linux/amd64"}),
-        ),
+        (Method::GET, "/version") => {
+            let (minor, git) = shared.config.release.version();
+            json_response(
+                StatusCode::OK,
+                &json!({"major": "1", "minor": minor, "gitVersion": git, "platform": "linux/amd64"}),
+            )
+        }
         (Method::GET, "/healthz") | (Method::GET, "/readyz") => {
             full(StatusCode::OK, b"ok".to_vec(), "text/plain")
         }

@@ -8,6 +8,45 @@ use std::time::Duration;
 use super::faults::{FaultConfig, Rng};
 use super::store::Store;
 
+/// Which Kubernetes release the sandbox answers as, where the releases this tool is tested
+/// on differ for it: the version it reports, and whether a streaming list is served or how
+/// it is refused. Costs of reads are `ReadModel`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Release {
+    /// Kubernetes 1.19 (2020): no streaming lists.
+    V1_19,
+    /// Kubernetes 1.36 (today's): streaming lists served.
+    #[default]
+    V1_36,
+}
+
+impl Release {
+    /// The release a real server reports (`v1.19.0`, `v1.36.2`), if it is one of these.
+    pub fn of_version(git_version: &str) -> Option<Release> {
+        let v = git_version.trim_start_matches('v');
+        if v.starts_with("1.19.") {
+            Some(Release::V1_19)
+        } else if v.starts_with("1.36.") {
+            Some(Release::V1_36)
+        } else {
+            None
+        }
+    }
+
+    /// `(minor, gitVersion)` as `/version` says them.
+    pub fn version(self) -> (&'static str, &'static str) {
+        match self {
+            Release::V1_19 => ("19", "v1.19.0-sandbox"),
+            Release::V1_36 => ("36", "v1.36.2-sandbox"),
+        }
+    }
+
+    /// Whether the release serves a streaming list (`sendInitialEvents=true`).
+    pub fn serves_streaming_lists(self) -> bool {
+        self == Release::V1_36
+    }
+}
+
 /// How the sandbox starts.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -22,6 +61,8 @@ pub struct SandboxConfig {
     pub seed: u64,
     /// Port on 127.0.0.1; 0 picks a free one.
     pub port: u16,
+    /// The release it answers as (`/version`, how a streaming list is refused).
+    pub release: Release,
     /// What lists and watches cost, and which kinds the server supports.
     pub reads: ReadModel,
 }
@@ -63,7 +104,25 @@ impl Default for SandboxConfig {
             denied: Vec::new(),
             seed: 1,
             port: 0,
-            reads: ReadModel::default(),
+            release: Release::default(),
+            reads: ReadModel {
+                watch_list: Release::default().serves_streaming_lists(),
+                ..ReadModel::default()
+            },
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The default sandbox, answering as `release` does.
+    pub fn answering_as(release: Release) -> Self {
+        SandboxConfig {
+            release,
+            reads: ReadModel {
+                watch_list: release.serves_streaming_lists(),
+                ..ReadModel::default()
+            },
+            ..SandboxConfig::default()
         }
     }
 }

@@ -653,6 +653,37 @@ fn parity_script(kubectl: &dyn Fn(&[&str], Option<&str>) -> std::process::Output
             o.status.code().unwrap_or(-1)
         ));
     }
+    // Where the releases differ: the version, and a streaming list (1.36 serves one; 1.19
+    // refuses it).
+    let version = json(kubectl(&["version", "-o", "json"], None));
+    out.push(format!(
+        "server minor: {}",
+        version["serverVersion"]["minor"].as_str().unwrap_or("?")
+    ));
+    let o = kubectl(
+        &[
+            "get",
+            "--raw",
+            "/apis/cilium.io/v2/ciliumidentities?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2",
+        ],
+        None,
+    );
+    let streamed = if o.status.success() {
+        let events: Vec<serde_json::Value> = o
+            .stdout
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
+        let added = events.iter().filter(|e| e["type"] == "ADDED").count();
+        let ended = events.iter().any(|e| {
+            e["type"] == "BOOKMARK"
+                && e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true"
+        });
+        format!("{added} added, initial events ended {ended}")
+    } else {
+        says(o)
+    };
+    out.push(format!("streaming list: {streamed}"));
     let o = kubectl(&["delete", "ciliumidentity", "302"], None);
     out.push(format!("delete 302: {}", says(o)));
     let o = kubectl(&["delete", "ciliumidentity", "302"], None);
@@ -665,9 +696,14 @@ async fn the_sandbox_answers_the_parity_script_as_the_real_server_does() {
     let Some(cp) = ControlPlane::start("real::parity") else {
         return;
     };
-    let sb = cilium_idmig::sandbox::Sandbox::start(cilium_idmig::sandbox::SandboxConfig::default())
-        .await
-        .unwrap();
+    // The sandbox answers as the release the real server is, where the two differ.
+    let release = cilium_idmig::sandbox::Release::of_version(&cp.version())
+        .unwrap_or_else(|| panic!("a release the sandbox does not model: {}", cp.version()));
+    let sb = cilium_idmig::sandbox::Sandbox::start(
+        cilium_idmig::sandbox::SandboxConfig::answering_as(release),
+    )
+    .await
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sb_kc = dir.path().join("kubeconfig");
     sb.write_kubeconfig(&sb_kc).unwrap();

@@ -118,6 +118,12 @@ impl K8sTarget {
             match result {
                 Ok(mut snap) => {
                     snap.crd_present = true;
+                    tracing::info!(
+                        identities = snap.identities.len(),
+                        ?mode,
+                        streamed = self.watch_list.load(Ordering::Relaxed) == WATCH_LIST_YES,
+                        "listed ciliumidentities"
+                    );
                     return Ok(snap);
                 }
                 // The server pushed back: a wait as it asks, not a failed try (it counts

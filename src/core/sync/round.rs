@@ -1,0 +1,388 @@
+//! A round of sync: the plan (kept up to date where a change stays local), the writes it
+//! selects, what it publishes (conflicts, malformed entries, refusals, once each), and what a
+//! batch's outcomes change.
+
+use super::*;
+
+impl SyncState {
+    /// One round: the plan (kept up to date, or made in full when a change was not local,
+    /// and always with decisions to replay), the creates it makes and what it reports; the
+    /// counts published.
+    pub fn round(
+        &mut self,
+        decisions: &mut Decisions,
+        range: crate::core::range::IdRange,
+        accept_proposals: bool,
+        now: Instant,
+    ) -> (Vec<Op>, Vec<SyncReport>) {
+        let (cache, rebuilt) = match self.cache.take() {
+            Some(c) if c.range() == range => (c, false),
+            _ => {
+                let items = self.plan(&BTreeMap::new(), range);
+                (
+                    PlanCache::build(items, &self.masters, &self.k8s, range),
+                    true,
+                )
+            }
+        };
+        let mut resumed_now = false;
+        let mut refusals = Vec::new();
+        if decisions.is_empty() {
+            self.overlay = None;
+        } else if rebuilt || self.overlay.is_none() {
+            resumed_now = true;
+            // The decisions resumed onto the whole plan: in full now, kept until a change
+            // names what they touch.
+            let live: Vec<PlanItem> = cache.items().cloned().collect();
+            let resumed = resume::resume(&live, decisions.in_force(), &self.k8s, range);
+            refusals = self.refusals(&live, resumed.dropped, decisions);
+            self.overlay = Some(Overlay::of(&live, resumed.items, decisions.in_force()));
+        }
+        let overlay = self.overlay.take();
+        let items = || {
+            cache.items().map(|i| {
+                overlay
+                    .as_ref()
+                    .and_then(|o| o.items.get(&i.id))
+                    .unwrap_or(i)
+            })
+        };
+        let mut out = self.select_writes(items(), accept_proposals, now, decisions);
+        // The refusals before the conflicts they send back to waiting.
+        refusals.append(&mut out.1);
+        out.1 = refusals;
+        if rebuilt || resumed_now {
+            self.publish(items());
+        } else {
+            // A local change makes no skip and no reuse: only the counts move.
+            self.status.identities = cache.len();
+            self.status.kvstore_nodes = self.counts.nodes().count();
+        }
+        self.overlay = overlay;
+        self.cache = Some(cache);
+        out
+    }
+
+    /// The decisions resume dropped, as reports: each once (until decided again), and only
+    /// for an identity the plan still holds (a decision on one the kvstore no longer holds,
+    /// from an older log, has nothing left to carry out).
+    fn refusals(
+        &mut self,
+        live: &[PlanItem],
+        dropped: Vec<resume::Dropped>,
+        decisions: &mut Decisions,
+    ) -> Vec<SyncReport> {
+        let mut out = Vec::new();
+        if dropped.is_empty() {
+            return out;
+        }
+        let kinds: HashMap<&str, Kind> = live.iter().map(|i| (i.id.as_str(), i.kind)).collect();
+        for d in dropped {
+            let (Some(decision), Some(&kind)) = (decisions.get(&d.id), kinds.get(d.id.as_str()))
+            else {
+                continue;
+            };
+            let reason = format!("{}; it waits for a decision again", d.reason);
+            if let Some(r) = refuse(decisions, decision.clone(), kind, reason) {
+                // Waiting again: its conflict is said again, with the fresh proposal.
+                self.reported.remove(&d.id);
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// The plan as the last round saw it: kept up to date, with the decisions resumed onto it.
+    pub fn planned_items(&self) -> Vec<PlanItem> {
+        let Some(cache) = &self.cache else {
+            return Vec::new();
+        };
+        cache
+            .items()
+            .map(|i| {
+                self.overlay
+                    .as_ref()
+                    .and_then(|o| o.items.get(&i.id))
+                    .unwrap_or(i)
+                    .clone()
+            })
+            .collect()
+    }
+
+    /// The creates this round makes: plain creates and decided (or accepted) remaps and
+    /// duplicates whose target is free, not in flight and not failing; conflicts and invalid
+    /// entries are reported once each.
+    pub fn select_writes<'a>(
+        &mut self,
+        items: impl Iterator<Item = &'a PlanItem>,
+        accept_proposals: bool,
+        now: Instant,
+        decisions: &mut Decisions,
+    ) -> (Vec<Op>, Vec<SyncReport>) {
+        expire(&mut self.failed, now);
+        expire(&mut self.settling, now);
+        self.waiting.clear();
+        let mut claimed_labels: HashSet<String> = self.in_flight.values().cloned().collect();
+        let mut ops = Vec::new();
+        let mut reports = Vec::new();
+        let mut pending = 0;
+        for item in items {
+            if item.kind == Kind::Invalid {
+                if self.reported.insert(item.id.clone()) {
+                    reports.push(SyncReport::Invalid {
+                        id: item.id.clone(),
+                        labels: item.labels.clone(),
+                        reason: item.reason.to_string(),
+                    });
+                }
+                continue;
+            }
+            if self.reservation_alone(item) {
+                // Sync's own master key (the object it reserved went, by the operator's GC):
+                // nothing to create, nothing to decide; a decision on it is refused, once.
+                if item.decided && item.action == Action::Create {
+                    let why = "the kvstore holds this id only as this sync's own reservation (the object it reserved was deleted since): nothing to create";
+                    reports.extend(refuse_once(
+                        decisions,
+                        item,
+                        item.target_id,
+                        why.to_string(),
+                    ));
+                }
+                continue;
+            }
+            let waiting = item.kind.needs_decision() && !item.decided && !accept_proposals;
+            if waiting && self.moot.contains(&item.id) {
+                continue;
+            }
+            if waiting && item.action == Action::Create {
+                pending += 1;
+                // Its lag would count the operator's time: measured apart.
+                self.waited_for_decision.insert(item.id.clone());
+                self.waiting
+                    .push((item.id.clone(), item.labels.clone(), item.kind));
+                if self.reported.insert(item.id.clone()) {
+                    reports.push(SyncReport::Conflict {
+                        id: item.id.clone(),
+                        kind: item.kind,
+                        reason: item.reason.to_string(),
+                    });
+                }
+                continue;
+            }
+            let (Action::Create, Some(t)) = (item.action, item.target_id) else {
+                continue;
+            };
+            // One object per label set: not while a create of the same labels (for another
+            // kvstore id that the kvstore's GC removed since) is still in flight, nor twice
+            // in one round.
+            if self.k8s.contains_key(&t)
+                || self.in_flight.contains_key(&t)
+                || self.failed.contains_key(&t)
+                || self.settling.contains_key(&t)
+                || claimed_labels.contains(item.labels.as_str())
+            {
+                continue;
+            }
+            if self.deleted_after_create.get(&t) == Some(&item.labels)
+                && !self.make_again(item, t, decisions, &mut reports)
+            {
+                continue;
+            }
+            ops.push(create_op(item, t));
+            claimed_labels.insert(item.labels.clone());
+        }
+        self.status.pending = pending;
+        for op in &ops {
+            if let Some(t) = op.target_id {
+                self.in_flight.insert(t, op.label_key.clone());
+            }
+        }
+        (ops, reports)
+    }
+
+    /// An object this sync made at `t` for `item`'s labels, deleted since: whether it is made
+    /// again now (counted), or held back by the make-again-once rule (counted once, and a
+    /// decision on it refused once).
+    fn make_again(
+        &mut self,
+        item: &PlanItem,
+        t: u32,
+        decisions: &mut Decisions,
+        reports: &mut Vec<SyncReport>,
+    ) -> bool {
+        if !self.may_make_again(t, item.labels.as_bytes()) {
+            if self.reported.insert(format!("deleted:{t}")) {
+                self.status.deleted_not_recreated += 1;
+            }
+            if item.decided {
+                let why = format!(
+                    "its object at {t}, made by this sync, was deleted since and no kvstore-mode node uses these labels; made again if one does"
+                );
+                reports.extend(refuse_once(decisions, item, Some(t), why));
+            }
+            return false;
+        }
+        self.recreated.insert(t);
+        self.status.recreated += 1;
+        true
+    }
+
+    /// What the latest plan says beyond the writes: skips, reuses, counts.
+    pub fn publish<'a>(&mut self, items: impl Iterator<Item = &'a PlanItem> + Clone) {
+        self.skipped = items
+            .clone()
+            .filter(|i| i.decided && i.action == Action::Skip)
+            .count();
+        // Kvstore ids the plan serves at another id that already holds their labels: mapped
+        // there, or a create there made already (by a CRD-mode agent, another sync, or this
+        // one before a crash cut its outcome line off).
+        let k8s = &self.k8s;
+        self.reused = items
+            .clone()
+            .filter_map(|i| i.target_id.map(|t| (i, t)))
+            .filter(|(i, t)| {
+                i.action == Action::None
+                    || (i.action == Action::Create
+                        && k8s.get(t).is_some_and(|l| l.as_str() == i.labels))
+            })
+            .filter(|(i, t)| !same_id(&i.id, *t))
+            .map(|(i, t)| (i.id.clone(), t))
+            .collect();
+        self.status.identities = items.count();
+        self.status.kvstore_nodes = self.counts.nodes().count();
+    }
+
+    /// Folds a batch's outcomes in. `batch_failed`: the batch as a whole failed (e.g. its
+    /// log lines could not be written), so nothing of it was written; `halted`: why the
+    /// executor stopped it. Everything not written is tried again after `RETRY_AFTER`.
+    pub fn take_results(&mut self, ops: Vec<Op>, outcome: BatchOutcome, now: Instant) -> Taken {
+        let labels: HashMap<u32, (String, String)> = ops
+            .into_iter()
+            .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))
+            .collect();
+        for t in labels.keys() {
+            self.in_flight.remove(t);
+        }
+        let mut taken = Taken::default();
+        let results = match outcome {
+            BatchOutcome::Failed(why) => {
+                // No write without its log line: nothing of this batch was written.
+                for (t, (id, _)) in &labels {
+                    self.failed.insert(*t, now + RETRY_AFTER);
+                    self.unwritten.insert(*t, id.clone());
+                }
+                self.status.failures += labels.len() as u64;
+                taken.failures = labels.len() as u64;
+                taken.trouble = Some(format!(
+                    "{} writes not made: {why}; trying again in {} s",
+                    labels.len(),
+                    RETRY_AFTER.as_secs()
+                ));
+                return taken;
+            }
+            BatchOutcome::Done { results, halted } => {
+                taken.trouble =
+                    halted.map(|why| format!("{why}; trying again in {} s", RETRY_AFTER.as_secs()));
+                results
+            }
+        };
+        for (t, outcome) in results {
+            let Some((id, label_key)) = labels.get(&t) else {
+                continue;
+            };
+            match outcome {
+                Outcome::Created | Outcome::AlreadyExisted => {
+                    self.unwritten.remove(&t);
+                    self.set_object(t, label_key.clone());
+                    // A remap target a kvstore-mode agent took meanwhile is split now: found
+                    // at once, not when the watch shows sync its own object.
+                    self.check_split(t, now);
+                    if outcome == Outcome::Created {
+                        self.created.insert(t);
+                        self.status.mirrored += 1;
+                        taken.mirrored += 1;
+                    }
+                    let waited = self.waited_for_decision.remove(id.as_str());
+                    if let Some(seen) = self.first_seen.remove(id.as_bytes()) {
+                        let lag = now.duration_since(seen);
+                        if waited {
+                            // From arrival to write, most of it a person deciding: not lag.
+                            self.status.decision_wait_last = Some(lag);
+                        } else {
+                            self.record_lag(lag);
+                            taken.lags.push(lag);
+                        }
+                    }
+                }
+                Outcome::Failed | Outcome::Conflict => {
+                    self.status.failures += 1;
+                    taken.failures += 1;
+                    // Try again later; a conflict resolves itself once the watch shows the
+                    // object.
+                    self.failed.insert(t, now + RETRY_AFTER);
+                    self.unwritten.insert(t, id.clone());
+                }
+                // Not attempted (the batch was halted): tried again with the failed ones.
+                Outcome::NotAttempted => {
+                    self.failed.insert(t, now + RETRY_AFTER);
+                    self.unwritten.insert(t, id.clone());
+                }
+                _ => {}
+            }
+        }
+        taken
+    }
+}
+
+/// The create of `item` at `t`, and who decided it.
+fn create_op(item: &PlanItem, t: u32) -> Op {
+    Op {
+        id: item.id.clone(),
+        label_key: item.labels.clone(),
+        kind: item.kind,
+        op: OpKind::Create,
+        target_id: Some(t),
+        decided_by: if item.decided {
+            DecidedBy::Operator
+        } else if item.kind.needs_decision() {
+            DecidedBy::AcceptProposals
+        } else {
+            DecidedBy::Proposal
+        },
+        expect: None,
+        reason: None,
+    }
+}
+
+/// A decided item that the rules hold back (`why`): said once per decision, as a refusal,
+/// so the decision does not end in silence. It stays in force (carried out if what holds it
+/// back goes).
+fn refuse_once(
+    decisions: &mut Decisions,
+    item: &PlanItem,
+    target_id: Option<u32>,
+    why: String,
+) -> Option<SyncReport> {
+    let decision = LoggedDecision {
+        id: item.id.clone(),
+        labels: item.labels.clone(),
+        action: item.action,
+        target_id,
+    };
+    refuse(decisions, decision, item.kind, why)
+}
+
+/// A refusal of `decision`, once: `None` when this very decision was refused already.
+fn refuse(
+    decisions: &mut Decisions,
+    decision: LoggedDecision,
+    kind: Kind,
+    reason: String,
+) -> Option<SyncReport> {
+    decisions.refuse(&decision).then_some(SyncReport::Refused {
+        decision,
+        kind,
+        reason,
+    })
+}

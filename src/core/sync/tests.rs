@@ -1,0 +1,1413 @@
+//! Tests of `core::sync`: what a round writes and reports, split allocations, decisions,
+//! outcomes and the carry-over, unit by unit and as property tests over random interleavings.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::core::range::IdRange;
+
+/// Label sets the simulated agents allocate; the last is malformed (never written).
+const LABELS: [&str; 6] = [
+    "k8s:app=a;",
+    "k8s:app=b;",
+    "k8s:app=c;",
+    "k8s:app=d;",
+    "k8s:app=e;",
+    "not a label key",
+];
+
+#[derive(Debug, Clone)]
+enum Event {
+    /// A kvstore-mode agent writes `id/<n>`.
+    KvPut(u32, usize),
+    /// The kvstore's GC removes `id/<n>`.
+    KvDelete(u32),
+    /// A CRD-mode agent creates an object (if the name is free).
+    AgentCreate(u32, usize),
+    /// The cluster's GC deletes an object.
+    ObjectDelete(u32),
+    /// Sync's settle tick: plan and select the writes.
+    Round,
+    /// The writes in flight complete (or fail).
+    Complete { fail: bool },
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    // 250..262 straddles the range's start (256): some ids are out of range.
+    let id = 250u32..262;
+    prop_oneof![
+        3 => (id.clone(), 0..LABELS.len()).prop_map(|(i, l)| Event::KvPut(i, l)),
+        1 => id.clone().prop_map(Event::KvDelete),
+        2 => (id.clone(), 0..LABELS.len() - 1).prop_map(|(i, l)| Event::AgentCreate(i, l)),
+        1 => id.prop_map(Event::ObjectDelete),
+        3 => Just(Event::Round),
+        2 => any::<bool>().prop_map(|fail| Event::Complete { fail }),
+    ]
+}
+
+/// The world around sync, and what sync did in it.
+#[derive(Default)]
+struct World {
+    k8s: BTreeMap<u32, LabelKey>,
+    in_flight: Vec<Op>,
+    /// The objects sync created that still exist.
+    created: BTreeMap<u32, LabelKey>,
+    /// What the kvstore holds at each id.
+    kv: BTreeMap<u32, String>,
+    /// Ids split after the last event, and how many times each became split.
+    split_now: BTreeSet<u32>,
+    occurrences: BTreeMap<u32, usize>,
+    splits_found: Vec<u32>,
+}
+
+impl World {
+    /// Counts the splits that began with the last event: an id both sides hold, the
+    /// kvstore's labels well-formed and other than Kubernetes'.
+    fn count_splits(&mut self) {
+        let now: BTreeSet<u32> = self
+            .k8s
+            .iter()
+            .filter(|(id, l)| {
+                self.kv.get(id).is_some_and(|kv| {
+                    valid_label_key(kv.as_bytes()).is_ok_and(|kv| kv != l.as_str())
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in now.difference(&self.split_now) {
+            *self.occurrences.entry(*id).or_default() += 1;
+        }
+        self.split_now = now;
+    }
+}
+
+/// `id/<id>` written with `labels`, as the kvstore's watch tells it.
+fn put(id: &str, labels: &str) -> KvChange {
+    KvChange::Master {
+        id: id.as_bytes().to_vec(),
+        value: Some(labels.as_bytes().to_vec()),
+        created: true,
+    }
+}
+
+fn run(events: Vec<Event>, accept_proposals: bool) -> Result<(), TestCaseError> {
+    run_with(events, accept_proposals, &BTreeMap::new())
+}
+
+fn run_with(
+    events: Vec<Event>,
+    accept_proposals: bool,
+    in_force: &BTreeMap<String, LoggedDecision>,
+) -> Result<(), TestCaseError> {
+    let mut decisions = Decisions::new(in_force.clone());
+    let mut sync = SyncState::default();
+    let mut w = World::default();
+    let mut now = Instant::now();
+    for ev in events {
+        now += Duration::from_millis(100);
+        match ev {
+            Event::KvPut(id, l) => {
+                w.kv.insert(id, LABELS[l].to_string());
+                let change = KvChange::Master {
+                    id: id.to_string().into_bytes(),
+                    value: Some(LABELS[l].as_bytes().to_vec()),
+                    created: true,
+                };
+                sync.apply_kv_change(change, now);
+            }
+            Event::KvDelete(id) => {
+                w.kv.remove(&id);
+                let change = KvChange::Master {
+                    id: id.to_string().into_bytes(),
+                    value: None,
+                    created: false,
+                };
+                sync.apply_kv_change(change, now);
+            }
+            Event::AgentCreate(id, l) => {
+                if let std::collections::btree_map::Entry::Vacant(free) = w.k8s.entry(id) {
+                    free.insert(LABELS[l].to_string());
+                    sync.k8s_upsert(id, LABELS[l].to_string(), String::new(), now);
+                }
+            }
+            Event::ObjectDelete(id) => {
+                w.created.remove(&id);
+                if w.k8s.remove(&id).is_some() {
+                    sync.k8s_delete(id, String::new(), now);
+                }
+            }
+            Event::Round => round(
+                &mut sync,
+                &mut w,
+                &mut decisions,
+                in_force,
+                accept_proposals,
+                now,
+            )?,
+            Event::Complete { fail } => complete(&mut sync, &mut w, fail, now),
+        }
+        w.splits_found
+            .extend(sync.splits_to_report.drain(..).map(|(id, _)| id));
+        w.count_splits();
+        prop_assert_eq!(
+            sync.status.splits,
+            w.split_now.len(),
+            "the count of splits now is not the splits there are"
+        );
+    }
+    check_end(&w, &sync, accept_proposals || !decisions.is_empty())
+}
+
+/// A round: its writes are checked against the world, then go in flight. The plan kept
+/// up to date change by change, with the decisions kept resumed onto it, is the plan
+/// made in full with them resumed (node counts aside: the cache does not keep them).
+fn round(
+    sync: &mut SyncState,
+    w: &mut World,
+    decisions: &mut Decisions,
+    in_force: &BTreeMap<String, LoggedDecision>,
+    accept_proposals: bool,
+    now: Instant,
+) -> Result<(), TestCaseError> {
+    let range = IdRange::for_cluster(0).unwrap();
+    let (ops, _) = sync.round(decisions, range, accept_proposals, now);
+    let full = sync.plan(in_force, range);
+    let cached: Vec<PlanItem> = sync.planned_items();
+    let strip = |items: &[PlanItem]| -> Vec<PlanItem> {
+        items
+            .iter()
+            .cloned()
+            .map(|mut i| {
+                i.nodes = 0;
+                i
+            })
+            .collect()
+    };
+    prop_assert_eq!(strip(&cached), strip(&full));
+    for op in &ops {
+        let t = op.target_id.unwrap();
+        prop_assert!(range.contains(t), "a write outside the range: {op:?}");
+        prop_assert!(
+            valid_label_key(op.label_key.as_bytes()).is_ok(),
+            "a malformed write: {op:?}"
+        );
+        prop_assert!(parse_id(op.id.as_bytes()).is_ok(), "a malformed id: {op:?}");
+        let elsewhere = w.k8s.iter().any(|(id, l)| *l == op.label_key && *id != t)
+            || w.in_flight.iter().any(|o| o.label_key == op.label_key);
+        // A duplicate the operator decided to create is the one allowed.
+        let decided = op.decided_by == DecidedBy::Operator;
+        prop_assert!(
+            accept_proposals || decided || !elsewhere,
+            "a second object for {}: {op:?}, world {:?}",
+            op.label_key,
+            w.k8s
+        );
+    }
+    w.in_flight.extend(ops);
+    Ok(())
+}
+
+/// The batch in flight completes (or fails as a whole), as the API server answers it.
+fn complete(sync: &mut SyncState, w: &mut World, fail: bool, now: Instant) {
+    let ops = std::mem::take(&mut w.in_flight);
+    let mut results = Vec::new();
+    for op in &ops {
+        let t = op.target_id.unwrap();
+        let outcome = match w.k8s.get(&t) {
+            _ if fail => Outcome::Failed,
+            Some(l) if *l == op.label_key => Outcome::AlreadyExisted,
+            Some(_) => Outcome::Conflict,
+            None => {
+                w.k8s.insert(t, op.label_key.clone());
+                w.created.insert(t, op.label_key.clone());
+                Outcome::Created
+            }
+        };
+        results.push((t, outcome));
+    }
+    let outcome = BatchOutcome::Done {
+        results,
+        halted: None,
+    };
+    sync.take_results(ops, outcome, now);
+    // Sync's own creates reach it again through its watch.
+    for (id, l) in &w.k8s {
+        sync.k8s_upsert(*id, l.clone(), String::new(), now);
+    }
+}
+
+/// At the end: every split found once, and at most one object per label set created
+/// unless proposals were accepted or decisions taken (`decided`).
+fn check_end(w: &World, sync: &SyncState, decided: bool) -> Result<(), TestCaseError> {
+    // Every occurrence of a split found exactly once: none missed, none twice.
+    let mut found: BTreeMap<u32, usize> = BTreeMap::new();
+    for id in &w.splits_found {
+        *found.entry(*id).or_default() += 1;
+    }
+    prop_assert_eq!(
+        &found,
+        &w.occurrences,
+        "splits found vs splits that occurred"
+    );
+    prop_assert_eq!(sync.status.splits_found as usize, w.splits_found.len());
+    // Of the objects sync created, at most one per label set exists (one deleted since
+    // may have been followed by another, for a kvstore id still in use); an operator's
+    // decision to create may make a second on purpose.
+    if !decided {
+        let mut per_labels: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for (id, labels) in &w.created {
+            per_labels.entry(labels.as_str()).or_default().push(*id);
+        }
+        for (labels, ids) in per_labels {
+            prop_assert!(ids.len() <= 1, "{labels} exists at {ids:?}");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// For any interleaving of kvstore and Kubernetes changes and write outcomes, sync
+    /// never creates two objects for one label set, never writes a malformed entry or
+    /// an id outside the range, and reports every split exactly once.
+    #[test]
+    fn any_interleaving_keeps_the_invariants(events in proptest::collection::vec(event(), 1..80)) {
+        run(events, false)?;
+    }
+
+    /// With decisions present (skips, a create at a chosen id), the plan stays incremental
+    /// and equal to the plan made in full with the decisions resumed, after any change.
+    #[test]
+    fn decisions_keep_the_plan_incremental_and_exact(events in proptest::collection::vec(event(), 1..80)) {
+        let mut decisions = BTreeMap::new();
+        let decide = |id: u32, l: usize, action, target| LoggedDecision {
+            id: id.to_string(),
+            labels: LABELS[l].to_string(),
+            action,
+            target_id: target,
+        };
+        decisions.insert("256".into(), decide(256, 0, Action::Skip, None));
+        decisions.insert("257".into(), decide(257, 1, Action::Create, Some(261)));
+        decisions.insert("258".into(), decide(258, 2, Action::Create, Some(258)));
+        run_with(events, false, &decisions)?;
+    }
+
+    /// With every proposal accepted (duplicates are then created on purpose), writes stay
+    /// well-formed and in range, and splits are still reported exactly once.
+    #[test]
+    fn accepting_proposals_keeps_writes_well_formed(events in proptest::collection::vec(event(), 1..80)) {
+        run(events, true)?;
+    }
+}
+
+#[test]
+fn a_mapping_to_a_proposal_never_written_is_moot_once_no_node_uses_it() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    let node = |present| KvChange::Slave {
+        label_key: b"k8s:app=r;".to_vec(),
+        node: b"node-1".to_vec(),
+        present,
+    };
+    // Two kvstore agents allocated `r` at 300 and 301, and CRD-mode agents hold both ids
+    // for other labels: 300 gets a remap proposal, 301 is mapped to where it would go.
+    sync.apply_kv_change(put("300", "k8s:app=r;"), t0);
+    sync.apply_kv_change(put("301", "k8s:app=r;"), t0);
+    sync.apply_kv_change(node(true), t0);
+    sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
+    sync.k8s_upsert(301, "k8s:app=y;".into(), String::new(), t0);
+    sync.round(&mut Decisions::default(), range, false, t0);
+    let target = sync.reused.get("301").copied().expect("301 mapped");
+    assert!(!sync.k8s.contains_key(&target));
+    // While node-1 uses `r`, nothing is moot.
+    assert!(sync.moot_now().is_empty());
+    sync.round(&mut Decisions::default(), range, false, t0);
+    // node-1 moves: the proposal and the mapping to it are both moot.
+    sync.apply_kv_change(node(false), t0);
+    let moot: Vec<(String, Kind)> = sync
+        .moot_now()
+        .into_iter()
+        .map(|(id, _, kind)| (id, kind))
+        .collect();
+    assert_eq!(
+        moot,
+        [("300".into(), Kind::Remap), ("301".into(), Kind::Reuse)]
+    );
+}
+
+#[test]
+fn an_id_the_kvstore_frees_and_gives_to_other_labels_is_no_longer_moot() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    let gone = KvChange::Master {
+        id: b"300".to_vec(),
+        value: None,
+        created: false,
+    };
+    let node = |labels: &str, present| KvChange::Slave {
+        label_key: labels.as_bytes().to_vec(),
+        node: b"node-1".to_vec(),
+        present,
+    };
+    // 300 `r` is a remap no node uses any more: closed as moot.
+    sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
+    sync.apply_kv_change(put("300", "k8s:app=r;"), t0);
+    sync.round(&mut Decisions::default(), range, false, t0);
+    let moot: Vec<String> = sync.moot_now().into_iter().map(|(id, ..)| id).collect();
+    assert_eq!(moot, ["300"]);
+    sync.moot.insert("300".into());
+    sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(sync.status.pending, 0, "closed");
+    // The kvstore's GC frees 300 and an agent takes it for `s`, which node-1 uses and
+    // Kubernetes still holds for `x`: a new conflict, pending and reported.
+    for change in [gone, put("300", "k8s:app=s;"), node("k8s:app=s;", true)] {
+        sync.apply_kv_change(change, t0);
+    }
+    assert!(!sync.moot.contains("300"));
+    let (_, reports) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(sync.status.pending, 1, "{reports:?}");
+    // The same without the delete between (a compaction hid it): labels changed in place.
+    sync.moot.insert("300".into());
+    sync.apply_kv_change(put("300", "k8s:app=t;"), t0);
+    assert!(!sync.moot.contains("300"));
+    // Unchanged labels keep the closure.
+    sync.moot.insert("300".into());
+    sync.apply_kv_change(put("300", "k8s:app=t;"), t0);
+    assert!(sync.moot.contains("300"));
+}
+
+#[test]
+fn cutover_always_says_what_it_waits_for() {
+    let grace = Duration::from_secs(120);
+    let mut st = SyncStatus {
+        kvstore_nodes: 2,
+        ..Default::default()
+    };
+    let none = (0, true, false);
+    let wait = |st: &SyncStatus, since: Option<u64>, w, last| {
+        cutover_wait(st, since.map(Duration::from_secs), grace, w, last)
+    };
+    assert_eq!(wait(&st, None, none, None), Some(CutoverWait::Nodes(2)));
+    st.kvstore_nodes = 0;
+    assert_eq!(
+        wait(&st, Some(20), none, None),
+        Some(CutoverWait::Grace {
+            left: Duration::from_secs(100)
+        })
+    );
+    assert!(
+        wait(&st, Some(20), none, None)
+            .unwrap()
+            .to_string()
+            .contains("100s")
+    );
+    assert_eq!(
+        wait(&st, Some(120), (0, false, false), None),
+        Some(CutoverWait::Lease)
+    );
+    st.pending = 3;
+    assert_eq!(
+        wait(&st, Some(120), none, None),
+        Some(CutoverWait::Decisions(3))
+    );
+    st.pending = 0;
+    assert_eq!(
+        wait(&st, Some(120), (4, true, false), None),
+        Some(CutoverWait::Writes(4))
+    );
+    assert_eq!(
+        wait(&st, Some(120), (0, true, true), None),
+        Some(CutoverWait::Checking)
+    );
+    // Nothing left but a check: none yet, or the last one's problems.
+    assert_eq!(wait(&st, Some(120), none, None), None);
+    let failed = CutoverWait::Verify {
+        problems: 2,
+        first: "2203 different".into(),
+    };
+    assert_eq!(
+        wait(&st, Some(120), none, Some(&failed)),
+        Some(failed.clone())
+    );
+    assert_eq!(failed.reason(), "verify");
+    assert!(CutoverWait::REASONS.contains(&failed.reason()));
+}
+
+#[test]
+fn syncs_own_reservation_is_never_a_reason_to_create() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    // Sync reserved 4000 for an object a CRD-mode agent made; the operator's GC deleted
+    // the object since, and with it the `value/` key: the master key is left.
+    sync.apply_kv_change(
+        KvChange::Master {
+            id: b"4000".to_vec(),
+            value: Some(b"k8s:app=b;".to_vec()),
+            created: true,
+        },
+        t0,
+    );
+    sync.own_masters.insert(4000);
+    let (ops, reports) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert!(ops.is_empty(), "{ops:?}");
+    assert!(reports.is_empty());
+    assert_eq!(sync.reservations_alone().collect::<Vec<_>>(), [4000]);
+    // A kvstore-mode agent that uses the id makes it a kvstore identity like any other.
+    sync.apply_kv_change(
+        KvChange::Slave {
+            label_key: b"k8s:app=b;".to_vec(),
+            node: b"node-1".to_vec(),
+            present: true,
+        },
+        t0,
+    );
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(4000)]
+    );
+    assert_eq!(sync.reservations_alone().count(), 0);
+}
+
+#[test]
+fn a_decision_wait_is_not_lag() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    // 300 needs a decision (Kubernetes holds its id for other labels); 301 does not.
+    sync.k8s_upsert(300, "k8s:app=z;".into(), String::new(), t0);
+    for (id, l) in [("300", "k8s:app=a;"), ("301", "k8s:app=b;")] {
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: id.as_bytes().to_vec(),
+                value: Some(l.as_bytes().to_vec()),
+                created: true,
+            },
+            t0,
+        );
+    }
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(ops.len(), 1);
+    let t1 = t0 + Duration::from_millis(50);
+    let done = |ops: &[Op]| BatchOutcome::Done {
+        results: ops
+            .iter()
+            .map(|o| (o.target_id.unwrap(), Outcome::Created))
+            .collect(),
+        halted: None,
+    };
+    sync.take_results(ops.clone(), done(&ops), t1);
+    // The operator decides 35 s later: accepted as proposed.
+    let t2 = t0 + Duration::from_secs(35);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, true, t2);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    sync.take_results(ops.clone(), done(&ops), t2);
+    sync.refresh_lag_percentiles();
+    assert_eq!(sync.status.lag_p99, Some(Duration::from_millis(50)));
+    assert_eq!(
+        sync.status.decision_wait_last,
+        Some(Duration::from_secs(35))
+    );
+}
+
+#[test]
+fn a_fresh_snapshot_keeps_what_was_reported_made_and_counted() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let mut old = SyncState::default();
+    old.apply_kv_change(put("300", "k8s:app=a;"), t0);
+    old.apply_kv_change(put("301", "k8s:app=b;"), t0);
+    old.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
+    let (ops, reports) = old.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(ops.len(), 1);
+    assert_eq!(reports.len(), 1, "301's remap waits: {reports:?}");
+    let done = BatchOutcome::Done {
+        results: vec![(300, Outcome::Created)],
+        halted: None,
+    };
+    old.take_results(ops, done, t0);
+    old.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
+    old.splits_to_report.clear();
+    assert_eq!((old.status.mirrored, old.status.splits_found), (1, 1));
+
+    // The same world read again, plus a split that began in the gap (302).
+    let mut fresh = SyncState::default();
+    for (id, l) in [
+        ("300", "k8s:app=a;"),
+        ("301", "k8s:app=b;"),
+        ("302", "k8s:app=c;"),
+    ] {
+        fresh
+            .masters
+            .insert(id.as_bytes().to_vec(), l.as_bytes().to_vec());
+    }
+    fresh.k8s = old.k8s.clone();
+    fresh.k8s.insert(302, "k8s:app=y;".into());
+    (fresh.status.identities, fresh.status.kvstore_nodes) = (3, 4);
+    old.status.identities = 2;
+    fresh.carry_over(old, t0);
+    assert_eq!(fresh.status.mirrored, 1, "the count goes on");
+    assert_eq!(
+        (fresh.status.identities, fresh.status.kvstore_nodes),
+        (3, 4),
+        "the world's sizes are the fresh read's"
+    );
+    assert!(fresh.created.contains(&300), "what sync made is remembered");
+    assert_eq!(
+        fresh
+            .splits_to_report
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>(),
+        [302],
+        "only the new split is found"
+    );
+    assert_eq!((fresh.status.splits, fresh.status.splits_found), (2, 2));
+    let (ops, reports) = fresh.round(&mut Decisions::default(), range, false, t0);
+    assert!(ops.is_empty(), "{ops:?}");
+    // 301 was reported before; 302's remap is new.
+    let ids: Vec<String> = reports
+        .iter()
+        .map(|r| match r {
+            SyncReport::Conflict { id, .. } | SyncReport::Invalid { id, .. } => id.clone(),
+            SyncReport::Refused { decision, .. } => decision.id.clone(),
+        })
+        .collect();
+    assert_eq!(ids, ["302"]);
+}
+
+#[test]
+fn a_split_that_ends_and_comes_back_is_found_again() {
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    let put = |labels: &str| KvChange::Master {
+        id: b"300".to_vec(),
+        value: Some(labels.as_bytes().to_vec()),
+        created: true,
+    };
+    let gone = KvChange::Master {
+        id: b"300".to_vec(),
+        value: None,
+        created: false,
+    };
+    sync.apply_kv_change(put("k8s:app=a;"), t0);
+    sync.k8s_upsert(300, "k8s:app=b;".into(), String::new(), t0);
+    assert_eq!((sync.status.splits, sync.status.splits_found), (1, 1));
+    // The kvstore's GC ends it; an agent allocating the id again starts a new one.
+    sync.apply_kv_change(gone.clone(), t0);
+    assert_eq!((sync.status.splits, sync.status.splits_found), (0, 1));
+    assert_eq!(sync.status.removed_from_kvstore, 1);
+    // A delete of what is gone already counts nothing.
+    sync.apply_kv_change(gone.clone(), t0);
+    assert_eq!(sync.status.removed_from_kvstore, 1);
+    sync.apply_kv_change(put("k8s:app=c;"), t0);
+    assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
+    // The object deleted ends it too; a new one with other labels is a third.
+    sync.k8s_delete(300, String::new(), t0);
+    assert_eq!(sync.status.splits, 0);
+    sync.k8s_upsert(300, "k8s:app=d;".into(), String::new(), t0);
+    assert_eq!((sync.status.splits, sync.status.splits_found), (1, 3));
+    let found: Vec<u32> = sync.splits_to_report.iter().map(|(id, _)| *id).collect();
+    assert_eq!(found, [300, 300, 300]);
+}
+
+#[test]
+fn a_decided_create_already_made_by_someone_else_counts_as_served_there() {
+    // 300 = A is a remap (Kubernetes holds 300 for B), decided to 5000; A is at 5000 now,
+    // created by no outcome this sync logged (another sync, or one cut off by a crash).
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    sync.apply_kv_change(
+        KvChange::Master {
+            id: b"300".to_vec(),
+            value: Some(b"k8s:app=a;".to_vec()),
+            created: true,
+        },
+        t0,
+    );
+    sync.k8s.insert(300, "k8s:app=b;".into());
+    sync.k8s.insert(5000, "k8s:app=a;".into());
+    let decisions: BTreeMap<String, LoggedDecision> = [(
+        "300".to_string(),
+        LoggedDecision {
+            id: "300".into(),
+            labels: "k8s:app=a;".into(),
+            action: Action::Create,
+            target_id: Some(5000),
+        },
+    )]
+    .into();
+    let (ops, _) = sync.round(&mut Decisions::new(decisions), range, false, t0);
+    assert!(ops.is_empty(), "nothing to write: {ops:?}");
+    assert_eq!(sync.reused.get("300"), Some(&5000));
+}
+
+#[test]
+fn a_failed_batch_is_retried_after_its_wait_and_counted() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    let put = KvChange::Master {
+        id: b"300".to_vec(),
+        value: Some(b"k8s:app=a;".to_vec()),
+        created: true,
+    };
+    sync.apply_kv_change(put, t0);
+    let items = sync.plan(&BTreeMap::new(), range);
+    let (ops, _) = sync.select_writes(items.iter(), false, t0, &mut Decisions::default());
+    assert_eq!(ops.len(), 1);
+    let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
+    assert_eq!((taken.failures, sync.status.failures), (1, 1));
+    assert!(taken.trouble.unwrap().contains("log full"));
+    assert_eq!(sync.unwritten_now(), 1);
+    // Not before its wait is over; then again.
+    let (ops, _) = sync.select_writes(
+        items.iter(),
+        false,
+        t0 + Duration::from_secs(1),
+        &mut Decisions::default(),
+    );
+    assert!(ops.is_empty());
+    let (ops, _) = sync.select_writes(
+        items.iter(),
+        false,
+        t0 + RETRY_AFTER,
+        &mut Decisions::default(),
+    );
+    assert_eq!(ops.len(), 1);
+    let done = BatchOutcome::Done {
+        results: vec![(300, Outcome::Created)],
+        halted: None,
+    };
+    let taken = sync.take_results(ops, done, t0 + RETRY_AFTER);
+    assert_eq!(taken.mirrored, 1);
+    assert_eq!(taken.lags, vec![RETRY_AFTER]);
+    assert_eq!(sync.unwritten_now(), 0);
+}
+
+#[test]
+fn local_changes_keep_the_plan_and_others_drop_it() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    let put = |id: u32, labels: &str| KvChange::Master {
+        id: id.to_string().into_bytes(),
+        value: Some(labels.as_bytes().to_vec()),
+        created: true,
+    };
+    sync.apply_kv_change(put(300, "k8s:app=a;"), t0);
+    sync.round(&mut Decisions::default(), range, false, t0);
+    // New labels at a new id, and the object sync creates for them: kept up to date.
+    sync.apply_kv_change(put(301, "k8s:app=b;"), t0);
+    sync.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
+    assert!(sync.cache.is_some(), "local changes keep the plan");
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(301)]
+    );
+    // Labels another identity holds: the next round plans in full.
+    sync.apply_kv_change(put(302, "k8s:app=b;"), t0);
+    assert!(sync.cache.is_none(), "a duplicate is not local");
+    sync.round(&mut Decisions::default(), range, false, t0);
+    // An agent's object at a kvstore id with other labels: a split, not local either.
+    sync.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
+    assert!(sync.cache.is_none());
+}
+
+#[test]
+fn a_key_event_is_a_change_only_where_it_changes_what_sync_follows() {
+    let p = "cilium/state/identities/v1/";
+    let master = |value: Option<&[u8]>, created| {
+        kv_change(p, b"cilium/state/identities/v1/id/300", value, created)
+    };
+    let at_300 = |value: Option<&[u8]>, created| {
+        Some(KvChange::Master {
+            id: b"300".to_vec(),
+            value: value.map(<[u8]>::to_vec),
+            created,
+        })
+    };
+    assert_eq!(
+        master(Some(b"k8s:app=a;"), true),
+        at_300(Some(b"k8s:app=a;"), true)
+    );
+    // A rewrite of a master key is a change (its labels may differ), not a creation.
+    assert_eq!(
+        master(Some(b"k8s:app=b;"), false),
+        at_300(Some(b"k8s:app=b;"), false)
+    );
+    // A delete never counts as a creation, whatever the event's flag says.
+    assert_eq!(master(None, true), at_300(None, false));
+    let slave = |value: Option<&[u8]>, created| {
+        kv_change(
+            p,
+            b"cilium/state/identities/v1/value/k8s:app=a;/10.0.0.1",
+            value,
+            created,
+        )
+    };
+    let used = |present| {
+        Some(KvChange::Slave {
+            label_key: b"k8s:app=a;".to_vec(),
+            node: b"10.0.0.1".to_vec(),
+            present,
+        })
+    };
+    assert_eq!(slave(Some(b"300"), true), used(true));
+    assert_eq!(slave(None, false), used(false));
+    assert_eq!(slave(None, true), used(false));
+    // A node rewriting its own `value/` key (a lease renewal, a periodic sync) changes
+    // nobody's use.
+    assert_eq!(slave(Some(b"300"), false), None);
+    assert_eq!(
+        kv_change(p, b"cilium/state/identities/v1/locks/x", None, false),
+        None
+    );
+    assert_eq!(kv_change(p, b"elsewhere/id/300", Some(b"x"), true), None);
+}
+
+#[test]
+fn the_status_line_says_each_part_only_when_it_holds() {
+    let mut st = SyncStatus {
+        kvstore_nodes: 2,
+        identities: 10,
+        mirrored: 7,
+        pending: 1,
+        splits: 3,
+        failures: 4,
+        lag_last: Some(Duration::from_millis(12)),
+        lag_p50: Some(Duration::from_millis(10)),
+        lag_p99: None,
+        watching: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        st.to_string(),
+        "sync: 2 kvstore-mode nodes · 10 identities · 7 mirrored · 1 pending · 3 split · 4 failed · lag last 12ms p50 10ms p99 -"
+    );
+    st.watching = false;
+    st.decision_wait_last = Some(Duration::from_millis(1500));
+    st.cutover_wait = Some(CutoverWait::Nodes(2));
+    st.reservations = 1;
+    st.standby = Some("sync-b".into());
+    assert_eq!(
+        st.to_string(),
+        "sync: 2 kvstore-mode nodes · 10 identities · 7 mirrored · 1 pending · 3 split · 4 failed · lag last 12ms p50 10ms p99 - · catching up · decision wait last 1500ms (not lag) · cutover waits for 2 kvstore-mode nodes to move · 1 reserved in the kvstore · standby: sync-b holds the lease"
+    );
+}
+
+#[test]
+fn the_overlay_is_touched_by_what_its_decisions_name_and_nothing_else() {
+    let item = |id: &str, labels: &str, target| PlanItem {
+        id: id.into(),
+        labels: labels.into(),
+        kind: Kind::Remap,
+        action: Action::Create,
+        target_id: target,
+        existing_labels: None,
+        labels_present_at: None,
+        nodes: 1,
+        reason: "".into(),
+        decided: false,
+    };
+    let live = [item("300", "k8s:app=a;", Some(300))];
+    let mut resumed = live.to_vec();
+    resumed[0].target_id = Some(700);
+    resumed[0].decided = true;
+    let decisions = BTreeMap::from([(
+        "300".to_string(),
+        LoggedDecision {
+            id: "300".into(),
+            labels: "k8s:app=a;".into(),
+            action: Action::Create,
+            target_id: Some(700),
+        },
+    )]);
+    let o = Overlay::of(&live, resumed, &decisions);
+    assert!(o.touched(Some(300), None), "the kvstore id");
+    assert!(o.touched(Some(700), None), "the decided target");
+    assert!(o.touched(None, Some(b"k8s:app=a;")), "the labels");
+    assert!(
+        o.touched(Some(301), Some(b"k8s:app=a;")),
+        "the labels, any id"
+    );
+    assert!(!o.touched(Some(301), Some(b"k8s:app=b;")));
+    assert!(!o.touched(Some(301), None));
+    assert!(!o.touched(None, Some(b"k8s:app=b;")));
+    assert!(!o.touched(None, None));
+    assert!(!o.touched(None, Some(b"\xff")));
+}
+
+#[test]
+fn a_state_from_a_snapshot_holds_its_identities_uses_and_revision() {
+    let mut counts = NodeCounts::default();
+    counts.add_key(b"k8s:app=a;", b"node-1");
+    let snap = KvSnapshot {
+        source: crate::core::kvstore::SourceInfo {
+            revision: 42,
+            ..Default::default()
+        },
+        masters: vec![MasterEntry::new("300", "k8s:app=a;")],
+        node_counts: counts.clone(),
+    };
+    let sync = SyncState::from_snapshot(snap);
+    assert_eq!(
+        sync.masters,
+        BTreeMap::from([(b"300".to_vec(), b"k8s:app=a;".to_vec())])
+    );
+    assert_eq!(sync.counts, counts);
+    assert_eq!(sync.kv_revision, 42);
+    // The screens have not seen these counts yet.
+    assert!(sync.counts_changed);
+}
+
+#[test]
+fn unwritten_counts_a_failed_create_only_while_it_is_missing_and_wanted() {
+    let mut sync = SyncState::default();
+    for id in ["300", "301", "302"] {
+        sync.unwritten.insert(id.parse().unwrap(), id.into());
+    }
+    sync.masters.insert(b"300".to_vec(), b"k8s:app=a;".to_vec());
+    sync.masters.insert(b"301".to_vec(), b"k8s:app=b;".to_vec());
+    // 301's object was made since; 302's identity left the kvstore.
+    sync.k8s.insert(301, "k8s:app=b;".into());
+    assert_eq!(sync.unwritten_now(), 1);
+}
+
+#[test]
+fn a_mapping_whose_target_holds_its_labels_is_never_moot() {
+    let mut sync = SyncState::default();
+    sync.masters.insert(b"301".to_vec(), b"k8s:app=r;".to_vec());
+    sync.reused.insert("301".into(), 300);
+    // No node uses `r`, but the object at 300 serves it: nothing left to close.
+    sync.k8s.insert(300, "k8s:app=r;".into());
+    assert!(sync.moot_now().is_empty());
+    // Held for other labels, the mapping is moot.
+    sync.k8s.insert(300, "k8s:app=x;".into());
+    let moot: Vec<(String, Kind)> = sync
+        .moot_now()
+        .into_iter()
+        .map(|(id, _, kind)| (id, kind))
+        .collect();
+    assert_eq!(moot, [("301".into(), Kind::Reuse)]);
+}
+
+#[test]
+fn each_conflict_waiting_for_a_decision_counts_as_pending() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let mut sync = following(&[300, 301, 302], t0);
+    // Kubernetes holds 300 and 301 for other labels: two remaps wait.
+    sync.k8s_upsert(300, "k8s:app=x;".into(), "1".into(), t0);
+    sync.k8s_upsert(301, "k8s:app=y;".into(), "2".into(), t0);
+    let (ops, reports) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(ops.len(), 1, "302 is a plain create");
+    assert_eq!(reports.len(), 2);
+    assert_eq!(sync.status.pending, 2);
+}
+
+#[test]
+fn lag_percentiles_cover_the_last_ten_thousand_creates() {
+    let mut sync = SyncState::default();
+    for ms in 0..10_001 {
+        sync.record_lag(Duration::from_millis(ms));
+    }
+    assert_eq!(sync.lags.len(), 10_000);
+    assert_eq!(sync.lags.front(), Some(&Duration::from_millis(1)));
+    assert_eq!(sync.status.lag_last, Some(Duration::from_millis(10_000)));
+}
+
+#[test]
+fn a_relist_ends_the_splits_of_objects_gone_meanwhile_and_finds_new_ones() {
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    for (id, labels) in [("300", "k8s:app=a;"), ("301", "k8s:app=b;")] {
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: id.as_bytes().to_vec(),
+                value: Some(labels.as_bytes().to_vec()),
+                created: true,
+            },
+            t0,
+        );
+    }
+    sync.k8s_upsert(300, "k8s:app=x;".into(), "1".into(), t0);
+    assert_eq!(sync.status.splits, 1);
+    // While the watch was gone, 300's object was deleted and an agent took 301.
+    sync.k8s_relisted(
+        BTreeMap::from([(301, "k8s:app=y;".to_string())]),
+        "9".into(),
+        t0,
+    );
+    assert_eq!(sync.splits, HashSet::from([301]));
+    assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
+    assert_eq!(sync.k8s_version, "9");
+}
+
+#[test]
+fn a_kept_plan_is_kept_only_for_the_range_it_was_made_for() {
+    let mut sync = SyncState::default();
+    let t0 = Instant::now();
+    sync.apply_kv_change(
+        KvChange::Master {
+            id: b"300".to_vec(),
+            value: Some(b"k8s:app=a;".to_vec()),
+            created: true,
+        },
+        t0,
+    );
+    let narrow = IdRange { min: 256, max: 299 };
+    let (ops, reports) = sync.round(&mut Decisions::default(), narrow, false, t0);
+    assert!(ops.is_empty());
+    assert!(matches!(&reports[..], [SyncReport::Invalid { id, .. }] if id == "300"));
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        IdRange::for_cluster(0).unwrap(),
+        false,
+        t0,
+    );
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(300)]
+    );
+}
+
+/// A state following `ids`, each a plain identity with its own labels, used by one node.
+/// node-1 stops using `k8s:app=a<id>;` (as `following` set it up), then its object goes.
+fn unused_and_deleted(sync: &mut SyncState, id: u32, t0: Instant) {
+    let slave = KvChange::Slave {
+        label_key: format!("k8s:app=a{id};").into_bytes(),
+        node: b"node-1".to_vec(),
+        present: false,
+    };
+    sync.apply_kv_change(slave, t0);
+    sync.k8s_delete(id, String::new(), t0);
+}
+
+fn following(ids: &[u32], t0: Instant) -> SyncState {
+    let mut sync = SyncState::default();
+    for id in ids {
+        let labels = format!("k8s:app=a{id};");
+        sync.apply_kv_change(
+            KvChange::Master {
+                id: id.to_string().into_bytes(),
+                value: Some(labels.clone().into_bytes()),
+                created: true,
+            },
+            t0,
+        );
+        sync.apply_kv_change(
+            KvChange::Slave {
+                label_key: labels.into_bytes(),
+                node: b"node-1".to_vec(),
+                present: true,
+            },
+            t0,
+        );
+    }
+    sync
+}
+
+#[test]
+fn each_outcome_of_a_halted_batch_is_folded_in_on_its_own() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let mut sync = following(&[300, 301, 302, 303, 304], t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(ops.len(), 5);
+    let results = vec![
+        (300, Outcome::Created),
+        (301, Outcome::AlreadyExisted),
+        (302, Outcome::Failed),
+        (303, Outcome::Conflict),
+        (304, Outcome::NotAttempted),
+    ];
+    let halted = Some("stopped by the operator".to_string());
+    let taken = sync.take_results(ops, BatchOutcome::Done { results, halted }, t0);
+    assert_eq!((taken.mirrored, taken.failures), (1, 2));
+    assert_eq!((sync.status.mirrored, sync.status.failures), (1, 2));
+    assert!(
+        taken
+            .trouble
+            .unwrap()
+            .starts_with("stopped by the operator")
+    );
+    // Made or found made: served, and never made again.
+    assert_eq!(sync.k8s.keys().copied().collect::<Vec<_>>(), [300, 301]);
+    assert_eq!(sync.created, HashSet::from([300]));
+    assert_eq!(sync.unwritten_now(), 3);
+    // The others wait, then are tried again, all three.
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + Duration::from_secs(1),
+    );
+    assert!(ops.is_empty(), "{ops:?}");
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0 + RETRY_AFTER);
+    let mut targets: Vec<u32> = ops.iter().filter_map(|o| o.target_id).collect();
+    targets.sort();
+    assert_eq!(targets, [302, 303, 304]);
+}
+
+#[test]
+fn other_labels_at_an_id_whose_object_sync_made_and_someone_deleted_are_a_new_object() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    // The kvstore's 400 (a400) is held in Kubernetes by other labels: remapped, as
+    // accepted, to 256, the lowest id free on both sides.
+    let mut sync = following(&[400], t0);
+    sync.k8s_upsert(400, "k8s:app=other;".into(), "1".into(), t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, true, t0);
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(256)]
+    );
+    let done = |ops: Vec<Op>| BatchOutcome::Done {
+        results: ops
+            .iter()
+            .filter_map(|o| o.target_id.map(|t| (t, Outcome::Created)))
+            .collect(),
+        halted: None,
+    };
+    sync.take_results(ops.clone(), done(ops), t0);
+    // The cluster's GC deletes 256; the kvstore's takes 400; 401 (b) comes, also held
+    // by other labels in Kubernetes.
+    sync.k8s_delete(256, "2".into(), t0);
+    for change in [
+        KvChange::Slave {
+            label_key: b"k8s:app=a400;".to_vec(),
+            node: b"node-1".to_vec(),
+            present: false,
+        },
+        KvChange::Master {
+            id: b"400".to_vec(),
+            value: None,
+            created: false,
+        },
+        KvChange::Master {
+            id: b"401".to_vec(),
+            value: Some(b"k8s:app=b;".to_vec()),
+            created: true,
+        },
+    ] {
+        sync.apply_kv_change(change, t0);
+    }
+    sync.k8s_upsert(401, "k8s:app=y;".into(), "3".into(), t0);
+    // b's remap to the freed 256 is a new object: made, not held back as "made again".
+    let t1 = t0 + RECREATE_SETTLE;
+    let (ops, reports) = sync.round(&mut Decisions::default(), range, true, t1);
+    assert_eq!(
+        ops.iter()
+            .map(|o| (o.id.as_str(), o.target_id))
+            .collect::<Vec<_>>(),
+        [("401", Some(256))],
+        "{reports:?}"
+    );
+    assert_eq!(sync.status.deleted_not_recreated, 0);
+}
+
+#[test]
+fn what_the_shell_and_the_simulation_read_is_the_state_itself() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let masters = BTreeMap::from([
+        (b"300".to_vec(), b"k8s:app=a;".to_vec()),
+        (b"301".to_vec(), b"k8s:app=b;".to_vec()),
+    ]);
+    // 5000 holds b's labels: its identity 301 is a duplicate, waiting for a decision.
+    let k8s = BTreeMap::from([(5000, "k8s:app=b;".to_string())]);
+    let mut sync = SyncState::from_kvstore(masters.clone(), NodeCounts::default(), 42)
+        .with_kubernetes(k8s.clone(), "17".into());
+    assert_eq!(sync.masters(), &masters);
+    assert_eq!(sync.k8s(), &k8s);
+    assert_eq!(sync.kv_revision(), 42);
+    assert_eq!(sync.k8s_version(), "17");
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(sync.status(), &sync.status);
+    assert_eq!(sync.status().identities, 2);
+    assert_eq!(sync.waiting(), sync.waiting.as_slice());
+    assert_eq!(
+        sync.waiting()
+            .iter()
+            .map(|w| w.0.as_str())
+            .collect::<Vec<_>>(),
+        ["301"],
+        "{ops:?}"
+    );
+    sync.reused.insert("302".into(), 5001);
+    assert_eq!(sync.reused(), &BTreeMap::from([("302".to_string(), 5001)]));
+    sync.moot.insert("301".into());
+    assert!(sync.is_moot("301") && !sync.is_moot("300"));
+}
+
+#[test]
+fn a_decided_create_of_an_object_sync_made_and_the_gc_deleted_is_refused_once() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let mut sync = following(&[300], t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    let results = vec![(300, Outcome::Created)];
+    let outcome = BatchOutcome::Done {
+        results,
+        halted: None,
+    };
+    sync.take_results(ops, outcome, t0);
+    // No node uses it any more, and the GC deletes it; the operator decides to create it.
+    unused_and_deleted(&mut sync, 300, t0);
+    let mut decided = Decisions::new(BTreeMap::from([(
+        "300".to_string(),
+        LoggedDecision {
+            id: "300".into(),
+            labels: "k8s:app=a300;".into(),
+            action: Action::Create,
+            target_id: Some(300),
+        },
+    )]));
+    let t1 = t0 + RECREATE_SETTLE;
+    let refused = |reports: &[SyncReport]| {
+        reports
+            .iter()
+            .filter(|r| matches!(r, SyncReport::Refused { reason, .. } if reason.contains("deleted since")))
+            .count()
+    };
+    let (ops, reports) = sync.round(&mut decided, range, false, t1);
+    assert!(ops.is_empty(), "{ops:?}");
+    assert_eq!(refused(&reports), 1, "{reports:?}");
+    // Said once, however many rounds pass.
+    sync.overlay = None;
+    let (_, reports) = sync.round(&mut decided, range, false, t1);
+    assert_eq!(refused(&reports), 0, "{reports:?}");
+}
+
+#[test]
+fn an_object_sync_made_and_someone_deleted_is_made_again_once_and_only_while_used() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let mut sync = following(&[300], t0);
+    let made = |sync: &mut SyncState, ops| {
+        let results = vec![(300, Outcome::Created)];
+        sync.take_results(
+            ops,
+            BatchOutcome::Done {
+                results,
+                halted: None,
+            },
+            t0,
+        );
+    };
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    made(&mut sync, ops);
+    // Deleted while node-1 uses it: made again, once, after the wait.
+    sync.k8s_delete(300, String::new(), t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert!(ops.is_empty(), "made again before the wait: {ops:?}");
+    let t1 = t0 + RECREATE_SETTLE;
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t1);
+    assert_eq!(ops.len(), 1);
+    assert_eq!(sync.status.recreated, 1);
+    made(&mut sync, ops);
+    // Deleted again: not a third time, counted once however many rounds pass.
+    sync.k8s_delete(300, String::new(), t1);
+    for _ in 0..3 {
+        let (ops, _) = sync.round(
+            &mut Decisions::default(),
+            range,
+            false,
+            t1 + RECREATE_SETTLE,
+        );
+        assert!(ops.is_empty());
+    }
+    assert_eq!(
+        (sync.status.recreated, sync.status.deleted_not_recreated),
+        (1, 1)
+    );
+
+    // One that no node uses any more is not made again at all.
+    let mut sync = following(&[300], t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    made(&mut sync, ops);
+    unused_and_deleted(&mut sync, 300, t0);
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + RECREATE_SETTLE,
+    );
+    assert!(ops.is_empty());
+    assert_eq!(
+        (sync.status.recreated, sync.status.deleted_not_recreated),
+        (0, 1)
+    );
+
+    // Unused when its delete arrives, it still waits: a node's key that the trailing
+    // view shows next (just before the kvstore's deletes) must not make it again.
+    let mut sync = following(&[300], t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    made(&mut sync, ops);
+    let node_key = |present| KvChange::Slave {
+        label_key: b"k8s:app=a300;".to_vec(),
+        node: b"node-1".to_vec(),
+        present,
+    };
+    sync.apply_kv_change(node_key(false), t0);
+    sync.k8s_delete(300, String::new(), t0);
+    sync.apply_kv_change(node_key(true), t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert!(ops.is_empty(), "made again before the wait: {ops:?}");
+    sync.apply_kv_change(node_key(false), t0 + Duration::from_millis(500));
+    sync.apply_kv_change(
+        KvChange::Master {
+            id: b"300".to_vec(),
+            value: None,
+            created: false,
+        },
+        t0 + Duration::from_millis(500),
+    );
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + RECREATE_SETTLE,
+    );
+    assert!(ops.is_empty(), "{ops:?}");
+}
+
+#[test]
+fn an_object_deleted_while_the_kvstore_holds_its_identity_waits_before_it_is_made_again() {
+    let range = IdRange::for_cluster(0).unwrap();
+    let t0 = Instant::now();
+    let gone = KvChange::Master {
+        id: b"300".to_vec(),
+        value: None,
+        created: false,
+    };
+    // An identity migrated earlier (its object made by apply, not this sync).
+    let mut sync = following(&[300, 301], t0);
+    sync.k8s_upsert(300, "k8s:app=a300;".into(), "1".into(), t0);
+    sync.k8s_upsert(301, "k8s:app=a301;".into(), "2".into(), t0);
+    assert!(
+        sync.round(&mut Decisions::default(), range, false, t0)
+            .0
+            .is_empty()
+    );
+    // The cluster's GC took both objects; sync saw that before the kvstore's GC took
+    // 300's identity, a moment earlier.
+    sync.k8s_delete(300, "3".into(), t0);
+    sync.k8s_delete(301, "4".into(), t0);
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
+    assert!(ops.is_empty(), "{ops:?}");
+    sync.apply_kv_change(gone.clone(), t0 + Duration::from_millis(500));
+    assert!(!sync.settling.contains_key(&300));
+    // 301's identity stays in the kvstore: made again once the wait is over.
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + Duration::from_secs(1),
+    );
+    assert!(ops.is_empty(), "{ops:?}");
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + RECREATE_SETTLE,
+    );
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(301)]
+    );
+    assert!(sync.settling.is_empty());
+    // A relist that finds an object gone meanwhile waits the same.
+    let mut sync = following(&[302], t0);
+    sync.k8s_upsert(302, "k8s:app=a302;".into(), "1".into(), t0);
+    sync.k8s_relisted(BTreeMap::new(), "9".into(), t0);
+    assert!(
+        sync.round(&mut Decisions::default(), range, false, t0)
+            .0
+            .is_empty()
+    );
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + RECREATE_SETTLE,
+    );
+    assert_eq!(ops.len(), 1);
+    // So does one whose object sync never saw (made and deleted while the watch was
+    // gone): not made if the kvstore's delete arrives meanwhile, else made after the wait.
+    let mut sync = following(&[300, 303], t0);
+    sync.k8s_relisted(BTreeMap::new(), "9".into(), t0);
+    assert_eq!(
+        sync.settling.keys().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from([300, 303])
+    );
+    assert!(
+        sync.round(&mut Decisions::default(), range, false, t0)
+            .0
+            .is_empty()
+    );
+    sync.apply_kv_change(gone, t0 + Duration::from_millis(500));
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
+        false,
+        t0 + RECREATE_SETTLE,
+    );
+    assert_eq!(
+        ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
+        [Some(303)]
+    );
+}
+
+#[test]
+fn reused_names_the_ids_served_at_another_id_that_holds_their_labels() {
+    let item = |id: &str, labels: &str, action, target| PlanItem {
+        id: id.into(),
+        labels: labels.into(),
+        kind: Kind::Remap,
+        action,
+        target_id: Some(target),
+        existing_labels: None,
+        labels_present_at: None,
+        nodes: 1,
+        reason: "".into(),
+        decided: true,
+    };
+    let mut sync = SyncState::default();
+    sync.k8s.insert(5000, "k8s:app=a;".into());
+    sync.k8s.insert(5001, "k8s:app=other;".into());
+    let items = [
+        // Mapped to where its labels are.
+        item("300", "k8s:app=m;", Action::None, 6000),
+        // A create made already, by someone: served there.
+        item("301", "k8s:app=a;", Action::Create, 5000),
+        // A create whose target holds other labels, or nothing yet: not served.
+        item("302", "k8s:app=b;", Action::Create, 5001),
+        item("303", "k8s:app=c;", Action::Create, 6001),
+        // Served at its own id: not "another" id.
+        item("5000", "k8s:app=a;", Action::None, 5000),
+        // Skipped by the operator; a skip proposed and not decided is not counted.
+        item("304", "k8s:app=d;", Action::Skip, 6002),
+        PlanItem {
+            decided: false,
+            ..item("305", "k8s:app=e;", Action::Skip, 6003)
+        },
+    ];
+    sync.publish(items.iter());
+    assert_eq!(sync.skipped, 1);
+    assert_eq!(
+        sync.reused,
+        BTreeMap::from([("300".to_string(), 6000), ("301".to_string(), 5000)])
+    );
+    assert_eq!(sync.status.identities, 7);
+}

@@ -1,0 +1,414 @@
+//! The simulated world as the shell's IO (`SimIo`): the log, the writes, the checks, the
+//! split reports and the reservation writer carried out against the world with its faults,
+//! and every write checked against the world's truth as the shell makes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::shadow::Shadow;
+use crate::core::kvstore::{RESERVATION_NODE, parse_id};
+use crate::core::labels::valid_label_key;
+use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
+use crate::core::range::IdRange;
+use crate::core::rng::Rng;
+use crate::core::sync::machine::{K8sChange, SplitFound};
+use crate::core::sync::reserve::Request;
+use crate::core::sync::shell::{self, Event, Line};
+use crate::sim::log::{LogLine, decisions_in_force};
+use crate::sim::report::{Failure, Trace};
+use crate::sim::reserver::{SimKv, SimReservations};
+use crate::sim::world::World;
+
+/// How far sync's view of the kvstore may trail its view of Kubernetes and it still never
+/// makes again an object whose identity both GCs took (the kvstore's first). Stated here,
+/// not read from the core, so the invariant holds the core to it.
+pub const KV_VIEW_LAG_RIDDEN_OUT: Duration = Duration::from_secs(2);
+
+/// Cluster 0's range, which the machine plans in.
+pub const RANGE: IdRange = IdRange {
+    min: 256,
+    max: 65535,
+};
+
+/// Faults the shell meets while carrying commands out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// The log cannot be written (disk full).
+    pub disk_full: bool,
+    /// The API server fails every create of a batch (500s past the retry budget).
+    pub server_down: bool,
+    /// Now and then a batch fails on its own (a rollout in progress, not its quiet end).
+    pub flaky: bool,
+}
+
+/// The simulated world as the shell's IO, for one call: each call carried out against the
+/// world (with its faults) and checked; the first invariant broken is kept in `failure`.
+pub struct SimIo<'a> {
+    pub(super) idx: usize,
+    pub(super) world: &'a mut World,
+    pub(super) log: &'a mut Vec<LogLine>,
+    pub(super) rng: &'a mut Rng,
+    pub(super) faults: Faults,
+    pub(super) trace: &'a mut Trace,
+    pub(super) reserving: bool,
+    pub(super) kv_pos: i64,
+    pub(super) k8s_pos: u64,
+    pub(super) batch: &'a mut Option<Vec<Op>>,
+    pub(super) batch_unlogged: &'a mut bool,
+    pub(super) verify: &'a mut Option<(BTreeMap<String, u32>, BTreeSet<String>)>,
+    pub(super) reserver: &'a mut Option<SimReservations>,
+    pub(super) shadow: &'a Shadow,
+    pub(super) occurrences: &'a BTreeMap<u32, u32>,
+    pub(super) reports: &'a mut BTreeMap<u32, u32>,
+    pub(super) must_report: &'a mut BTreeSet<u32>,
+    pub(super) cutover: &'a mut Option<Duration>,
+    pub(super) failure: Option<Failure>,
+}
+
+impl SimIo<'_> {
+    fn fail(&mut self, r: Result<(), Failure>) {
+        if let Err(f) = r {
+            self.failure.get_or_insert(f);
+        }
+    }
+
+    fn line(&mut self, text: String) {
+        self.trace.line(self.world.now, text);
+    }
+
+    /// A batch handed over: checked, traced, its decisions logged before anything is made
+    /// (a full disk fails it whole).
+    fn start_batch(&mut self, mut ops: Vec<Op>) -> Result<(), Failure> {
+        let i = self.idx;
+        if self.batch.is_some() {
+            return Err(Failure::new(
+                "one batch of writes at a time",
+                format!("i{i} wrote {} more while its batch was out", ops.len()),
+            ));
+        }
+        ops.sort_by_key(|o| o.target_id);
+        self.check_write(&ops)?;
+        for op in &ops {
+            let text = format!(
+                "i{i} write {} -> {:?} {} ({:?})",
+                op.id, op.target_id, op.label_key, op.kind
+            );
+            self.line(text);
+        }
+        *self.batch_unlogged = self.faults.disk_full;
+        if !self.faults.disk_full {
+            for op in &ops {
+                if let Some(target) = op.target_id {
+                    self.log.push(LogLine::Write {
+                        id: op.id.clone(),
+                        target,
+                    });
+                }
+            }
+        }
+        *self.batch = Some(ops);
+        Ok(())
+    }
+
+    /// Splits reported: each at most once per occurrence the shadow saw begin.
+    fn splits_reported(&mut self, found: Vec<SplitFound>) -> Result<(), Failure> {
+        let i = self.idx;
+        for f in found {
+            let reports = self.reports.entry(f.id).or_default();
+            *reports += 1;
+            let began = self.occurrences.get(&f.id).copied().unwrap_or(0);
+            if *reports > began {
+                return Err(Failure::new(
+                    "every split reported exactly once per occurrence",
+                    format!(
+                        "i{i} reported the split at {} {} times; it began {began} times",
+                        f.id, reports
+                    ),
+                ));
+            }
+            self.line(format!("i{i} split {}", f.id));
+            self.must_report.remove(&f.id);
+        }
+        Ok(())
+    }
+
+    /// Cutover: the writer finishes what it was sent, then releases (only while the gate is
+    /// open), checked.
+    fn released(&mut self) -> Result<(), Failure> {
+        let i = self.idx;
+        let may_write = self.world.lease_valid(i);
+        let Some(res) = self.reserver.as_mut() else {
+            return Ok(());
+        };
+        let mut w = SimKv {
+            world: &mut *self.world,
+            log: &mut *self.log,
+            may_write,
+            disk_full: self.faults.disk_full,
+            flaky: self.faults.flaky,
+            rng: &mut *self.rng,
+            idx: i,
+            violation: None,
+            done: Vec::new(),
+        };
+        res.work(&mut w)?;
+        self.trace
+            .line(w.world.now, format!("i{i} releases its reservations"));
+        res.release(i, &mut w)
+    }
+
+    /// The invariants of a batch, as the shell hands it over, held against the view the
+    /// instance was told (the shadow), not the machine's own.
+    fn check_write(&self, ops: &[Op]) -> Result<(), Failure> {
+        let world = &*self.world;
+        let i = self.idx;
+        world.check_sole_writer(i, &format!("i{i} wrote {} ops", ops.len()))?;
+        let view = &self.shadow.k8s;
+        for op in ops {
+            if op.op != OpKind::Create {
+                return Err(Failure::new(
+                    "never updates or deletes a CiliumIdentity",
+                    format!("i{i}: {:?} of {}", op.op, op.id),
+                ));
+            }
+            let Some(target) = op.target_id else {
+                return Err(Failure::new("every create has a target", format!("{op:?}")));
+            };
+            if !RANGE.contains(target) || valid_label_key(op.label_key.as_bytes()).is_err() {
+                return Err(Failure::new(
+                    "never a malformed entry or an id outside the range",
+                    format!("i{i}: {} at {target}: {}", op.id, op.label_key),
+                ));
+            }
+            // The kvstore's GC took the identity before the cluster's took its object: made
+            // again at its own id, the object would outlive its identity (and later be a
+            // split sync made itself). Only a view of the kvstore trailing by more than sync
+            // is meant to ride out may make it, or a view of Kubernetes that never reached
+            // the object (to sync, a first create). A remap of the labels, allocated again
+            // elsewhere, to the freed id is a new mapping, not this.
+            if let Some((labels, made_at)) = world.both_gcs_took.get(&target)
+                && *labels == op.label_key
+                && parse_id(op.id.as_bytes()) == Ok(target)
+                && self.k8s_pos >= *made_at
+                && self.kv_view_lag() < KV_VIEW_LAG_RIDDEN_OUT
+            {
+                return Err(Failure::new(
+                    "never makes again an object whose identity both GCs took",
+                    format!(
+                        "i{i}: {} at {target} ({:?}, {:?}), its view of the kvstore {:?} behind",
+                        op.label_key,
+                        op.kind,
+                        op.decided_by,
+                        self.kv_view_lag()
+                    ),
+                ));
+            }
+            let elsewhere = view
+                .iter()
+                .find(|(id, l)| **id != target && l.as_str() == op.label_key.as_str());
+            let decided = matches!(
+                op.decided_by,
+                DecidedBy::Operator | DecidedBy::AcceptProposals
+            );
+            if let Some((at, _)) = elsewhere
+                && !(op.kind == Kind::Duplicate && decided)
+            {
+                return Err(Failure::new(
+                    "never a second object for a label set except a decided duplicate",
+                    format!(
+                        "i{i}: {} at {target} ({:?}, {:?}) while {} holds {}",
+                        op.id, op.kind, op.decided_by, at, op.label_key
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How far this instance's view of the kvstore trails the world: from the first change
+    /// not yet given to it until now (zero when it has them all).
+    fn kv_view_lag(&self) -> Duration {
+        let world = &*self.world;
+        world
+            .kv_log
+            .iter()
+            .position(|(rev, _)| *rev > self.kv_pos)
+            .and_then(|at| world.kv_log_at.get(at))
+            .map_or(Duration::ZERO, |t| world.now.saturating_sub(*t))
+    }
+
+    /// The kvstore identities this instance has seen that are not carried over, as the world
+    /// and its log have it (not the machine's own sets): each well-formed identity in range
+    /// is served (an object holds its labels, at its id or another), skipped by a decision
+    /// in force, closed as moot, or was served and its object deleted since by a GC (the
+    /// cluster's call, not sync's to undo); sync's own reservations are none.
+    fn unserved(&self) -> Vec<String> {
+        let decided = decisions_in_force(self.log);
+        let moot: BTreeSet<&str> = self
+            .log
+            .iter()
+            .filter_map(|l| match l {
+                LogLine::Moot { id } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let w = &*self.world;
+        let held: BTreeSet<&str> = w.objects.values().map(|(l, _)| l.as_str()).collect();
+        let ever_held: BTreeSet<&str> = w
+            .k8s_log
+            .iter()
+            .filter_map(|(_, c)| match c {
+                K8sChange::Upsert { labels, .. } => Some(labels.as_str()),
+                _ => None,
+            })
+            .collect();
+        w.masters
+            .iter()
+            .filter(|(id, labels)| {
+                let Ok(n) = parse_id(id.as_bytes()) else {
+                    return false;
+                };
+                let seen = w.master_revs.get(*id).is_some_and(|r| *r <= self.kv_pos);
+                let well_formed = RANGE.contains(n) && valid_label_key(labels.as_bytes()).is_ok();
+                let skipped = decided.get(*id).is_some_and(|d| {
+                    d.action == crate::core::planner::Action::Skip && d.labels == **labels
+                });
+                seen && well_formed
+                    && !w.sync_masters.contains_key(*id)
+                    && !held.contains(labels.as_str())
+                    && !ever_held.contains(labels.as_str())
+                    && !skipped
+                    && !moot.contains(id.as_str())
+            })
+            .map(|(id, labels)| format!("{id} ({labels}) not carried over"))
+            .collect()
+    }
+
+    /// Cutover: this instance holds the Lease, and no kvstore-mode node it has seen is left.
+    fn check_cutover(&self) -> Result<(), Failure> {
+        let world = &*self.world;
+        let i = self.idx;
+        world.check_sole_writer(i, &format!("i{i} announced cutover"))?;
+        // Sync's own reservations are no node's use.
+        if let Some(((labels, node), (_, rev))) = world
+            .values
+            .iter()
+            .find(|((_, node), (_, rev))| *rev <= self.kv_pos && node != RESERVATION_NODE)
+        {
+            return Err(Failure::new(
+                "cutover never before the rollout is over",
+                format!(
+                    "i{i}: node {node} still uses {labels} (since revision {rev}, seen up to {})",
+                    self.kv_pos
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl shell::Io for SimIo<'_> {
+    fn log(&mut self, lines: Vec<Line>) -> usize {
+        let mut written = 0;
+        for line in lines {
+            // A full disk, or (now and then) a write that fails midway through the lines.
+            if self.faults.disk_full || (written > 0 && self.rng.chance(0.05)) {
+                break;
+            }
+            self.log.push(match line {
+                // Logged as skipped, as `app::sync` does.
+                Line::Invalid { id, labels, .. } => LogLine::Outcome {
+                    id,
+                    labels,
+                    target: None,
+                },
+                Line::Moot { id, .. } => LogLine::Moot { id },
+                Line::Refused { decision, .. } => LogLine::Refused { id: decision.id },
+            });
+            written += 1;
+        }
+        written
+    }
+
+    fn say(&mut self, event: Event) {
+        let i = self.idx;
+        match event {
+            Event::Moot { id, .. } => {
+                if !self
+                    .log
+                    .iter()
+                    .any(|l| matches!(l, LogLine::Moot { id: m } if *m == id))
+                {
+                    self.fail(Err(Failure::new(
+                        "no act without its log line first",
+                        format!("i{i} closed {id} as moot without its line"),
+                    )));
+                }
+                // Closed as waiting for a decision: not while one it was given is in force.
+                let decided = self.log.iter().rev().find_map(|l| match l {
+                    LogLine::Decision(d) if d.id == id => Some(true),
+                    LogLine::Undo { id: u } | LogLine::Refused { id: u } if *u == id => Some(false),
+                    _ => None,
+                });
+                if decided == Some(true) {
+                    self.fail(Err(Failure::new(
+                        "a decided identity is never closed as waiting for a decision",
+                        format!("i{i} closed {id} as moot with a decision on it in force"),
+                    )));
+                }
+                self.line(format!("i{i} moot {id}"));
+            }
+            Event::Cutover(report) => {
+                let checked = self.check_cutover();
+                self.fail(checked);
+                if let Some(unserved) = self.unserved().first() {
+                    self.fail(Err(Failure::new(
+                        "cutover only once every kvstore identity is carried over",
+                        format!("i{i} announced cutover with {unserved}"),
+                    )));
+                }
+                self.line(format!("i{i} cutover {report}"));
+                // The latest: a node that comes back starts the rollout's end again.
+                *self.cutover = Some(self.world.now);
+            }
+            Event::Conflict { id, kind, .. } => self.line(format!("i{i} conflict {id} {kind:?}")),
+            Event::Invalid { id, .. } => self.line(format!("i{i} invalid {id}")),
+            Event::Trouble(t) => self.line(format!("i{i} trouble {t}")),
+            Event::Note(n) => self.line(format!("i{i} note {n}")),
+            Event::Following | Event::Status(_) | Event::NodeCounts(_) | Event::Taken(_) => {}
+        }
+    }
+
+    fn write(&mut self, ops: Vec<Op>) {
+        let started = self.start_batch(ops);
+        self.fail(started);
+    }
+
+    fn verify(&mut self, reused: BTreeMap<String, u32>, nowhere: BTreeSet<String>) {
+        *self.verify = Some((reused, nowhere));
+    }
+
+    fn report_splits(&mut self, found: Vec<SplitFound>) {
+        let reported = self.splits_reported(found);
+        self.fail(reported);
+    }
+
+    fn reserve(&mut self, requests: Vec<Request>) {
+        if !self.reserving {
+            let i = self.idx;
+            self.fail(Err(Failure::new(
+                "no etcd write without --reserve-in-kvstore",
+                format!("i{i} asked for {requests:?}"),
+            )));
+            return;
+        }
+        if let Some(res) = self.reserver.as_mut() {
+            res.send(requests);
+        }
+    }
+
+    fn release(&mut self) {
+        let released = self.released();
+        self.fail(released);
+    }
+}

@@ -1,0 +1,179 @@
+//! The TUI as a command: the terminal session, and the command the operator runs next.
+
+use super::*;
+
+/// `tui` (and no command): the interactive migrator on the cluster.
+pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
+    let TuiArgs {
+        conn,
+        tuning,
+        decision_log,
+        resume,
+        rollback,
+        reserve_in_kvstore,
+        ..
+    } = args;
+    let world = World::of(&conn).await?;
+    let finish = Finish::Apply {
+        bin_name: bin_name.to_string(),
+    };
+    let session = Session {
+        resume,
+        rollback,
+        reserve_in_kvstore,
+    };
+    interactive(world, decision_log, tuning.options(), session, finish).await
+}
+
+/// What the TUI session does besides a fresh migration.
+#[derive(Default)]
+pub(super) struct Session {
+    pub(super) resume: Vec<PathBuf>,
+    pub(super) rollback: Vec<PathBuf>,
+    /// A sync started in the TUI reserves in the kvstore (the demo's `--reserve-in-kvstore`).
+    pub(super) reserve_in_kvstore: bool,
+}
+
+pub(super) async fn interactive(
+    world: World,
+    log_path: Option<PathBuf>,
+    apply: ApplyOptions,
+    session: Session,
+    finish: Finish,
+) -> anyhow::Result<Exit> {
+    // A rollback's lines go to the newest of its logs unless another is named.
+    let log_path = log_path
+        .or_else(|| session.rollback.last().cloned())
+        .unwrap_or_else(decision_log::default_path);
+    let log = open_log(&log_path)?;
+    let kept = log.clone();
+    let range = world.scope.range;
+    let command = if session.rollback.is_empty() {
+        "tui"
+    } else {
+        "rollback"
+    };
+    let handle = world.service(
+        command,
+        log,
+        apply,
+        session.resume,
+        session.reserve_in_kvstore,
+    );
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let end = cilium_idmig::tui::run(range, no_color, session.rollback, handle).await?;
+    // Exit 1 when the last commit or rollback left writes failed or not made (stopped with
+    // Ctrl-C, say), as `tui --help` and a headless apply say.
+    let unfinished = end.commit.is_some_and(|s| s.unfinished());
+    // What stays on the terminal: what the last commit did, and how to finish it.
+    if let Some(s) = end.commit {
+        outln!("{s}")?;
+        if s.unfinished() && s.rollback.is_none() {
+            how_to_go_on(
+                &finish,
+                "to finish",
+                |bin| finishing_command(bin, &log_path, std::env::args().skip(1)),
+                "the demo's kvstore and API server end with it; run the demo again to try once more",
+            )?;
+        }
+    }
+    // Where the rollout stands, and how to go on when sync stopped before cutover.
+    if let Some(r) = end.rollout {
+        outln!("{r}")?;
+        if !r.cutover {
+            how_to_go_on(
+                &finish,
+                "to go on",
+                |bin| going_on_command(bin, &log_path, std::env::args().skip(1)),
+                "the demo's cluster ends with it; run the demo again to play the rollout once more",
+            )?;
+        }
+    }
+    if kept.discard_if_unused() {
+        outln!("decision log: none kept (nothing was decided or written)")?;
+    } else {
+        outln!("decision log: {}", log_path.display())?;
+    }
+    Ok(if unfinished { Exit::Failed } else { Exit::Ok })
+}
+
+/// The line after the TUI that says how to carry on: `command` with this run's flags, or,
+/// for the demo, `demo` (its world ended with it).
+pub(super) fn how_to_go_on(
+    finish: &Finish,
+    lead: &str,
+    command: impl Fn(&str) -> String,
+    demo: &str,
+) -> anyhow::Result<()> {
+    match finish {
+        Finish::Apply { bin_name } => outln!("{lead}: {}", command(bin_name))?,
+        Finish::Demo => outln!("{lead}: {demo}")?,
+    }
+    Ok(())
+}
+
+/// `apply --yes --resume LOG` with this run's flags: the same cluster, the decisions made
+/// in the TUI, and their outcomes appended to the same log.
+pub(super) fn finishing_command(
+    bin_name: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    after_the_tui(
+        bin_name,
+        "apply --yes --resume {log} --decision-log {log}",
+        log,
+        args,
+    )
+}
+
+/// `sync --decision-log LOG --until-cutover` with this run's flags: the sync the TUI ran,
+/// resumed from its log (what it made, reported and decided), headless.
+pub(super) fn going_on_command(
+    bin_name: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    after_the_tui(
+        bin_name,
+        "sync --decision-log {log} --until-cutover",
+        log,
+        args,
+    )
+}
+
+/// `what` (its `{log}` the TUI's decision log) followed by the TUI's own flags.
+pub(super) fn after_the_tui(
+    bin_name: &str,
+    what: &str,
+    log: &std::path::Path,
+    args: impl Iterator<Item = String>,
+) -> String {
+    let log = shell_quote(&log.display().to_string());
+    with_flags(format!("{bin_name} {}", what.replace("{log}", &log)), args)
+}
+
+/// `cmd` followed by the TUI's own flags, but for its name and its decision log.
+pub(super) fn with_flags(cmd: String, args: impl Iterator<Item = String>) -> String {
+    let mut kept = Vec::new();
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        if a == "tui" {
+            continue;
+        }
+        if a == "--decision-log" {
+            args.next();
+            continue;
+        }
+        if a.starts_with("--decision-log=") {
+            continue;
+        }
+        kept.push(shell_quote(&a));
+    }
+    let mut cmd = cmd;
+    for a in kept {
+        cmd.push(' ');
+        cmd.push_str(&a);
+    }
+    cmd
+}

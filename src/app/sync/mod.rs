@@ -16,6 +16,7 @@
 mod event;
 mod fatal;
 mod io;
+mod outbox;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -130,7 +131,9 @@ pub async fn run(
     let mut shell = Shell::new(settings, decisions, opts.release_reservations);
     // Who holds the Lease now, known before the first round (said when the keeper says it).
     shell.know_holder(holder_of(lease.writer.borrow().clone()));
+    let outbox = outbox::Outbox::new(events.clone());
     let sync = Sync {
+        outbox,
         writer: lease.writer.clone(),
         lease,
         cfg,
@@ -233,6 +236,8 @@ struct Sync {
     reservations: Option<ReservationTask>,
     /// Releasing the reservations at cutover (a task); a sync that ends waits for it.
     releasing: Option<tokio::task::JoinHandle<()>>,
+    /// What sync says, on its way to the front end: the loop never waits on it.
+    outbox: outbox::Outbox,
     /// What the API server had said when sync started: its 429s and warnings since go into
     /// the decision log's record of the run.
     heard_from: crate::io::k8s::Mark,
@@ -297,7 +302,7 @@ impl Sync {
                 Ok(r) => r,
                 Err(Retry::Fatal(e)) => return self.end(Some(e)).await,
                 Err(Retry::After(trouble)) => {
-                    let _ = self.events.send(SyncEvent::Trouble(trouble)).await;
+                    self.outbox.say(SyncEvent::Trouble(trouble));
                     backoff.wait().await;
                     continue;
                 }
@@ -312,7 +317,7 @@ impl Sync {
                 Ended::Shell(RoundEnd::Resnapshot) => {}
                 Ended::WatchLost(what) => {
                     let trouble = format!("{what}; reading both sides again");
-                    let _ = self.events.send(SyncEvent::Trouble(trouble)).await;
+                    self.outbox.say(SyncEvent::Trouble(trouble));
                     backoff.wait().await;
                 }
                 Ended::Shell(RoundEnd::Done(end)) => {
@@ -339,6 +344,8 @@ impl Sync {
             let _ = releasing.await;
         }
         self.lease.release().await;
+        // The last of what sync said reaches a front end that is still reading.
+        self.outbox.drain(Duration::from_secs(2)).await;
         let said = self.cfg.target.notes().since(self.heard_from);
         if let Err(e) = self.cfg.log.note_server(&said) {
             tracing::warn!(error = %e, "cannot record what the API server said in the decision log");
@@ -393,7 +400,7 @@ impl Sync {
         self.with_io(&answers, &mut said, |shell, io| {
             shell.start_round(state, Instant::now(), gate, io)
         });
-        self.say(said).await;
+        self.say(said);
         let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
         let (fatal_tx, fatal_rx) = mpsc::channel(2);
@@ -476,11 +483,12 @@ impl Sync {
         out
     }
 
-    /// Sends what the shell said, in order.
-    async fn say(&self, said: Vec<SyncEvent>) {
+    /// Hands what the shell said to the front end, in order, without waiting on it.
+    fn say(&mut self, said: Vec<SyncEvent>) {
         for ev in said {
-            let _ = self.events.send(ev).await;
+            self.outbox.say(ev);
         }
+        self.outbox.flush();
     }
 
     /// Follows both sides until the round ends: each event goes to the shell.
@@ -531,7 +539,7 @@ impl Sync {
         let end = self.with_io(answers, &mut said, |shell, io| {
             shell.take(turn, Instant::now(), gate, io)
         });
-        self.say(said).await;
+        self.say(said);
         end
     }
 

@@ -159,7 +159,12 @@ pub fn follow<E: From<Said> + Send + 'static>(
             if decided.is_closed() || events.is_closed() {
                 return;
             }
-            let now = match bytes_of(&path) {
+            // Read on a thread for blocking work: a mounted volume may be slow to answer.
+            let reading = path.clone();
+            let read_now = tokio::task::spawn_blocking(move || bytes_of(&reading))
+                .await
+                .unwrap_or_else(|e| Err(Error::file(&path, format!("reading it stopped: {e}"))));
+            let now = match read_now {
                 Ok(Some(now)) if now != bytes => now,
                 // Unchanged; or gone after it was there: keep what was decided (a deleted
                 // ConfigMap is not an undo of everything in it).

@@ -52,14 +52,23 @@ pub struct AppIo<'a> {
 
 impl shell::Io for AppIo<'_> {
     fn log(&mut self, lines: Vec<Line>) -> usize {
-        let mut written = 0;
-        for line in lines {
-            if self.cfg.log.append(record(line)).is_err() {
-                break;
+        let append = || {
+            let mut written = 0;
+            for line in lines {
+                if self.cfg.log.append(record(line)).is_err() {
+                    break;
+                }
+                written += 1;
             }
-            written += 1;
+            written
+        };
+        // The shell acts only on what the log took, so the appends are made here and now;
+        // a slow disk then holds this worker only, while the watches, the writes and the
+        // Lease go on on the others.
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(append),
+            _ => append(),
         }
-        written
     }
 
     fn say(&mut self, event: Event) {
@@ -269,7 +278,11 @@ async fn cutover_verified(
         .chain(std::iter::once(cfg.log.path().to_path_buf()))
         .collect();
     let failed = |first: String| CutoverWait::Verify { problems: 1, first };
-    let logged = flows::expectations_from_logs(&logs)
+    // A whole-log read (130,000 lines at 65,280 identities): on a thread for blocking work,
+    // never on one that runs sync's loop.
+    let logged = tokio::task::spawn_blocking(move || flows::expectations_from_logs(&logs))
+        .await
+        .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
     let expect = crate::core::sync::machine::cutover_expectations(logged, reused, nowhere);
     let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)

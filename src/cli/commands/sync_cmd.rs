@@ -56,7 +56,7 @@ pub(super) async fn sync(
     apply: ApplyOptions,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::metrics::{self, Metrics};
-    use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
+    use cilium_idmig::app::sync as sync_engine;
     use cilium_idmig::apply::executor::StopFlag;
     let log_path = log_path.unwrap_or_else(decision_log::default_path);
     let log = open_log(&log_path)?;
@@ -94,60 +94,11 @@ pub(super) async fn sync(
         None,
     ));
     let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
-    let mut shown = String::new();
-    let mut shown_at = std::time::Instant::now();
-    // Until both sides are read, a status has nothing to count: "0 identities, no node
-    // left" would be wrong.
-    let mut following = false;
-    // The malformed entries of the first read are said once, as a count (`plan` lists
-    // each); those that arrive later, one by one.
-    let mut invalid_at_start: Vec<(String, String)> = Vec::new();
+    let mut shown = Shown::default();
     loop {
         tokio::select! {
             ev = rx.recv() => match ev {
-                Some(SyncEvent::Status(s)) => {
-                    let line = status_line(following, &s);
-                    if line != shown || shown_at.elapsed() > std::time::Duration::from_secs(30) {
-                        let _ = outln!("{line}");
-                        shown = line;
-                        shown_at = std::time::Instant::now();
-                    }
-                }
-                Some(SyncEvent::Conflict { id, kind, reason }) => {
-                    let _ = outln!("conflict: {id} is a {kind} and waits for a decision: {reason}");
-                }
-                Some(SyncEvent::Split(split)) => {
-                    for line in split.lines() {
-                        let _ = outln!("{line}");
-                    }
-                },
-                Some(SyncEvent::Invalid { id, reason }) if !following => {
-                    invalid_at_start.push((id, reason));
-                },
-                Some(SyncEvent::Invalid { id, reason }) => { let _ = outln!("invalid: {id}: {reason}"); },
-                Some(SyncEvent::Following) => {
-                    following = true;
-                    if let Some((id, reason)) = invalid_at_start.first() {
-                        let n = invalid_at_start.len();
-                        let _ = outln!(
-                            "invalid: {n} malformed {} in the kvstore, never written (the first: {id}: {reason}); `plan` lists each",
-                            if n == 1 { "entry" } else { "entries" }
-                        );
-                        invalid_at_start.clear();
-                    }
-                    let _ = outln!("sync started: following both sides");
-                },
-                Some(SyncEvent::Trouble(t)) => eprintln!("retrying: {t}"),
-                Some(SyncEvent::Note(n)) => { let _ = outln!("{n}"); },
-                Some(SyncEvent::Moot { id, labels }) => { let _ = outln!("{}", sync_engine::moot_text(&id, &labels)); },
-                Some(SyncEvent::Cutover(report)) => {
-                    let _ = outln!("{report}");
-                    let _ = outln!(
-                        "next: `verify --decision-log` with every log of the migration, keep the logs with the change record, then retire the kvstore"
-                    );
-                },
-                // Node counts are for the screens; the status line carries the node total.
-                Some(SyncEvent::NodeCounts(_)) => {},
+                Some(ev) => shown.show(ev),
                 None => break,
             },
             sig = signals.recv() => {
@@ -160,6 +111,94 @@ pub(super) async fn sync(
     if let Some(task) = server {
         task.abort();
     }
+    print_end(&end, &log_path)
+}
+
+/// What the headless sync has shown: the last status line and when, whether both sides are
+/// read, and the malformed entries of the first read (said once, as a count).
+#[derive(Default)]
+struct Shown {
+    status: String,
+    status_at: Option<std::time::Instant>,
+    /// Until both sides are read, a status has nothing to count: "0 identities, no node
+    /// left" would be wrong.
+    following: bool,
+    /// The malformed entries of the first read are said once, as a count (`plan` lists
+    /// each); those that arrive later, one by one.
+    invalid_at_start: Vec<(String, String)>,
+}
+
+impl Shown {
+    /// Prints one event of sync: a status line when it changed (or every 30 s), a line per
+    /// conflict, split allocation, malformed entry or note, troubles on stderr.
+    fn show(&mut self, ev: cilium_idmig::app::sync::SyncEvent) {
+        use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
+        match ev {
+            SyncEvent::Status(s) => {
+                let line = status_line(self.following, &s);
+                let stale = self
+                    .status_at
+                    .is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(30));
+                if line != self.status || stale {
+                    let _ = outln!("{line}");
+                    self.status = line;
+                    self.status_at = Some(std::time::Instant::now());
+                }
+            }
+            SyncEvent::Conflict { id, kind, reason } => {
+                let _ = outln!("conflict: {id} is a {kind} and waits for a decision: {reason}");
+            }
+            SyncEvent::Split(split) => {
+                for line in split.lines() {
+                    let _ = outln!("{line}");
+                }
+            }
+            SyncEvent::Invalid { id, reason } if !self.following => {
+                self.invalid_at_start.push((id, reason));
+            }
+            SyncEvent::Invalid { id, reason } => {
+                let _ = outln!("invalid: {id}: {reason}");
+            }
+            SyncEvent::Following => self.following(),
+            SyncEvent::Trouble(t) => eprintln!("retrying: {t}"),
+            SyncEvent::Note(n) => {
+                let _ = outln!("{n}");
+            }
+            SyncEvent::Moot { id, labels } => {
+                let _ = outln!("{}", sync_engine::moot_text(&id, &labels));
+            }
+            SyncEvent::Cutover(report) => {
+                let _ = outln!("{report}");
+                let _ = outln!(
+                    "next: `verify --decision-log` with every log of the migration, keep the logs with the change record, then retire the kvstore"
+                );
+            }
+            // Node counts are for the screens; the status line carries the node total.
+            SyncEvent::NodeCounts(_) => {}
+        }
+    }
+
+    /// Both sides are read: the first read's malformed entries as one count, then following.
+    fn following(&mut self) {
+        self.following = true;
+        if let Some((id, reason)) = self.invalid_at_start.first() {
+            let n = self.invalid_at_start.len();
+            let _ = outln!(
+                "invalid: {n} malformed {} in the kvstore, never written (the first: {id}: {reason}); `plan` lists each",
+                if n == 1 { "entry" } else { "entries" }
+            );
+            self.invalid_at_start.clear();
+        }
+        let _ = outln!("sync started: following both sides");
+    }
+}
+
+/// How sync ended, said: its last status, what is left before cutover, the writes it still
+/// owes, and the exit (a stop with nothing failing is a success).
+fn print_end(
+    end: &cilium_idmig::app::sync::SyncEnd,
+    log_path: &std::path::Path,
+) -> anyhow::Result<Exit> {
     outln!("{}", end.status)?;
     // Said on every stop before cutover, with --until-cutover or without: what is left.
     if !end.cutover {

@@ -17,16 +17,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
         }
         ServiceEvent::Scanned { generation, scan } => scanned(model, generation, *scan),
         ServiceEvent::NodeCounts { generation, counts } => {
-            if generation != model.scan.generation {
-                return vec![];
-            }
-            model.scan.counting = false;
-            // Sync's counts, from its watch, are newer than any scan's read; the scan
-            // already showed them (`scanned`).
-            if model.sync.node_counts.is_none() {
-                set_node_counts(&mut model.cluster.items, &counts);
-                model.rebuild_view();
-            }
+            on_node_counts(model, generation, &counts);
             vec![]
         }
         ServiceEvent::Failed {
@@ -90,20 +81,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             operator,
             when,
         } => {
-            if model.modal.is_none() {
-                model.modal = Some(Modal::ResumeOffer {
-                    path,
-                    decisions,
-                    operator,
-                    when,
-                });
-            } else {
-                model.status = format!(
-                    "{} holds {decisions} decisions never committed: restart with --resume {} to resume them",
-                    path.display(),
-                    path.display()
-                );
-            }
+            on_resume_offer(model, path, decisions, operator, when);
             vec![]
         }
         ServiceEvent::NodesUsing { id, nodes: names } => {
@@ -125,31 +103,11 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
         }
         ServiceEvent::Sync(ev) => on_sync(model, ev),
         ServiceEvent::SyncEnded { end } => {
-            model.sync.running = false;
-            model.sync.following = false;
-            model.sync.stopping = false;
-            // No longer followed: the next scan's counts are the newest again.
-            model.sync.node_counts = None;
-            model.sync.push(format!("sync ended: {}", end.status));
-            if model.quit_after_commit {
-                model.quit = true;
-            }
+            on_sync_ended(model, &end);
             vec![]
         }
         ServiceEvent::RollbackPlanned { generation, ops } => {
-            let Some(rb) = &mut model.rollback else {
-                return vec![];
-            };
-            if generation != rb.generation {
-                return vec![];
-            }
-            let s = crate::app::rollback::summarize(&ops);
-            model.status = format!(
-                "rollback plan: {} to delete, {} already gone, {} kept",
-                s.delete, s.gone, s.keep
-            );
-            rb.ops = Some(ops);
-            rb.offset = 0;
+            on_rollback_planned(model, generation, ops);
             vec![]
         }
         ServiceEvent::Exported { paths } => {
@@ -158,6 +116,73 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             vec![]
         }
     }
+}
+
+/// A scan's node counts, unless sync's (from its watch, newer than any scan's read) are
+/// shown already.
+fn on_node_counts(model: &mut Model, generation: u64, counts: &crate::core::kvstore::NodeCounts) {
+    if generation != model.scan.generation {
+        return;
+    }
+    model.scan.counting = false;
+    if model.sync.node_counts.is_none() {
+        set_node_counts(&mut model.cluster.items, counts);
+        model.rebuild_view();
+    }
+}
+
+/// An earlier session's decisions never committed: offered at once, or named on the status
+/// line when a popup is open.
+fn on_resume_offer(
+    model: &mut Model,
+    path: std::path::PathBuf,
+    decisions: usize,
+    operator: String,
+    when: String,
+) {
+    if model.modal.is_none() {
+        model.modal = Some(Modal::ResumeOffer {
+            path,
+            decisions,
+            operator,
+            when,
+        });
+    } else {
+        model.status = format!(
+            "{} holds {decisions} decisions never committed: restart with --resume {} to resume them",
+            path.display(),
+            path.display()
+        );
+    }
+}
+
+fn on_sync_ended(model: &mut Model, end: &crate::app::sync::SyncEnd) {
+    model.sync.running = false;
+    model.sync.following = false;
+    model.sync.stopping = false;
+    // No longer followed: the next scan's counts are the newest again.
+    model.sync.node_counts = None;
+    model.sync.push(format!("sync ended: {}", end.status));
+    if model.quit_after_commit {
+        model.quit = true;
+    }
+}
+
+/// A rollback's plan, for the rollback it answers (a stale one is dropped).
+fn on_rollback_planned(model: &mut Model, generation: u64, ops: Vec<crate::core::planner::Op>) {
+    let Some(rb) = &mut model.rollback else {
+        return;
+    };
+    if generation != rb.generation {
+        return;
+    }
+    let s = crate::app::rollback::summarize(&ops);
+    model.status = format!(
+        "rollback plan: {} to delete, {} already gone, {} kept",
+        s.delete, s.gone, s.keep
+    );
+    rb.ops = Some(ops);
+    rb.offset = 0;
 }
 
 /// Folds what a running sync reports into the Sync screen; a conflict found live joins the

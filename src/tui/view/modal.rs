@@ -250,36 +250,62 @@ fn wrapped_height(lines: &[Line]) -> u16 {
         + 2
 }
 
+/// The keys of this screen; longer than the terminal, a line says which show and ↓/↑ scroll.
+fn help<'a>(model: &Model, area: Rect) -> (&'static str, Vec<Line<'a>>, u16) {
+    let t = Theme::of(model);
+    let mut lines: Vec<Line> = bindings_for(model.screen)
+        .map(|b| Line::raw(format!("{:>8}  {}", b.label, b.help)))
+        .collect();
+    // Longer than the terminal (the Identities screen's keys at 80x24): a line says
+    // which keys show, and ↓/↑ scroll them.
+    let rows = usize::from(area.height.saturating_sub(2));
+    if lines.len() > rows {
+        let shown = rows.saturating_sub(1).max(1);
+        let first = usize::from(model.help_scroll).min(lines.len() - shown);
+        let total = lines.len();
+        lines = lines.into_iter().skip(first).take(shown).collect();
+        lines.insert(
+            0,
+            Line::styled(
+                format!(
+                    "keys {}-{} of {total}: ↓/↑ scroll, any other key closes",
+                    first + 1,
+                    first + shown
+                ),
+                t.dim(),
+            ),
+        );
+    }
+    let h = lines.len() as u16 + 2;
+    (" Keys (any key closes) ", lines, h)
+}
+
+/// Accept all: the header's undecided, and the rest (reuses the plan resolves itself), the
+/// same counts as everywhere else.
+fn confirm_accept_all<'a>(model: &Model, count: usize) -> (&'static str, Vec<Line<'a>>, u16) {
+    let undecided = model.undecided().min(count);
+    let what = match count - undecided {
+        0 => format!(
+            "the {undecided} undecided conflicts (the header's count) take their proposed resolution."
+        ),
+        rest => format!(
+            "{count} conflicts take their proposed resolution: the header's {undecided} undecided (remaps, duplicates) and {rest} the plan already resolves (reuses)."
+        ),
+    };
+    (
+        " Accept all remaining proposals? ",
+        vec![
+            Line::raw(what),
+            Line::raw("y or Enter: accept · any other key: cancel"),
+        ],
+        4,
+    )
+}
+
 pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let (title, lines, h): (&str, Vec<Line>, u16) = match modal {
-        Modal::Help => {
-            let mut lines: Vec<Line> = bindings_for(model.screen)
-                .map(|b| Line::raw(format!("{:>8}  {}", b.label, b.help)))
-                .collect();
-            // Longer than the terminal (the Identities screen's keys at 80x24): a line says
-            // which keys show, and ↓/↑ scroll them.
-            let rows = usize::from(area.height.saturating_sub(2));
-            if lines.len() > rows {
-                let shown = rows.saturating_sub(1).max(1);
-                let first = usize::from(model.help_scroll).min(lines.len() - shown);
-                let total = lines.len();
-                lines = lines.into_iter().skip(first).take(shown).collect();
-                lines.insert(
-                    0,
-                    Line::styled(
-                        format!(
-                            "keys {}-{} of {total}: ↓/↑ scroll, any other key closes",
-                            first + 1,
-                            first + shown
-                        ),
-                        t.dim(),
-                    ),
-                );
-            }
-            let h = lines.len() as u16 + 2;
-            (" Keys (any key closes) ", lines, h)
-        }
+        Modal::Help => help(model, area),
         Modal::Search { input } => (
             " Search labels and ids (Enter keeps, Esc clears) ",
             vec![Line::raw(format!("/{}", with_cursor(input)))],
@@ -313,26 +339,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             ],
             5,
         ),
-        Modal::ConfirmAcceptAll { count } => (
-            " Accept all remaining proposals? ",
-            vec![
-                Line::raw({
-                    // The header's undecided, and the rest (reuses the plan resolves itself):
-                    // the same counts as everywhere else.
-                    let undecided = model.undecided().min(*count);
-                    match count - undecided {
-                        0 => format!(
-                            "the {undecided} undecided conflicts (the header's count) take their proposed resolution."
-                        ),
-                        rest => format!(
-                            "{count} conflicts take their proposed resolution: the header's {undecided} undecided (remaps, duplicates) and {rest} the plan already resolves (reuses)."
-                        ),
-                    }
-                }),
-                Line::raw("y or Enter: accept · any other key: cancel"),
-            ],
-            4,
-        ),
+        Modal::ConfirmAcceptAll { count } => confirm_accept_all(model, *count),
         Modal::ConfirmCommit { typed } => confirm_commit(model, typed),
         Modal::ConfirmSync { typed } => confirm_sync(model, typed),
         Modal::ConfirmRollback { typed } => confirm_rollback(model, typed),

@@ -308,14 +308,26 @@ pub fn note_server(
     log: &DecisionLog,
     report: &mut crate::apply::outcome::ApplyReport,
 ) {
+    // The span began before the executor's, so it holds every 429 the executor counted.
+    let said = record_server(target, heard_from, log);
+    report.throttled = said.throttled;
+    report.server_warnings = said.warnings;
+}
+
+/// What the API server said since `heard_from`, recorded in the decision log (apply,
+/// rollback and sync each end a run with it).
+pub fn record_server(
+    target: &K8sTarget,
+    heard_from: crate::io::k8s::Mark,
+    log: &DecisionLog,
+) -> crate::io::k8s::ServerSaid {
     let said = target.notes().since(heard_from);
-    report.throttled = report.throttled.max(said.throttled);
-    report.server_warnings.clone_from(&said.warnings);
     if let Err(e) = log.note_server(&said) {
         // Every decision and outcome is in the log already; this line only says how the
         // server met the run.
         tracing::warn!(error = %e, "cannot record what the API server said in the decision log");
     }
+    said
 }
 
 /// Verifies the migration against what the decision logs expect (empty: every identity at

@@ -261,18 +261,17 @@ impl WatchRequest {
         let sel = selector(params)?;
         let initial_events = param(params, "sendInitialEvents") == Some("true");
         if initial_events {
-            if !shared.config.reads.watch_list
-                && shared.config.release == super::state::Release::V1_19
-            {
-                return Err(Box::new(refused_as_1_19()));
-            }
             if !shared.config.reads.watch_list {
-                return Err(Box::new(status(
-                    422,
-                    "Invalid",
-                    "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-                    None,
-                )));
+                // Refused as the release refuses it: 1.19 knows no streaming list at all.
+                return Err(Box::new(match shared.config.release {
+                    super::state::Release::V1_19 => refused_as_1_19(),
+                    super::state::Release::V1_36 => status(
+                        422,
+                        "Invalid",
+                        "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                        None,
+                    ),
+                }));
             }
             if param(params, "resourceVersionMatch") != Some("NotOlderThan") {
                 return Err(Box::new(status(

@@ -910,13 +910,9 @@ async fn a_split_names_the_nodes_whose_keys_arrive_after_the_master_key() {
 /// one event that nobody reads, sync still mirrors every identity and reaches cutover.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_front_end_that_reads_nothing_never_holds_sync_up() {
-    use cilium_idmig::app::config::ServiceConfig;
     use cilium_idmig::app::metrics::Metrics;
     use cilium_idmig::app::sync::{self, SyncOptions};
-    use cilium_idmig::apply::executor::{ApplyOptions, StopFlag};
-    use cilium_idmig::core::range::ClusterScope;
-    use cilium_idmig::io::decision_log::DecisionLog;
-    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::apply::executor::StopFlag;
     use cilium_idmig::sandbox::demo::{self, DemoConfig};
 
     let world = demo::world(DemoConfig {
@@ -928,16 +924,7 @@ async fn a_front_end_that_reads_nothing_never_holds_sync_up() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Arc::new(ServiceConfig {
-        kv: world.kv_source(),
-        target: K8sTarget::from_url(&world.sandbox.url()).unwrap(),
-        scope: ClusterScope::new(0, Default::default()).unwrap(),
-        log: Arc::new(DecisionLog::open(&dir.path().join("sync.jsonl")).unwrap()),
-        apply: ApplyOptions::default(),
-        command: "sync",
-        resume: Vec::new(),
-        sync_reserve_in_kvstore: false,
-    });
+    let cfg = crate::support::sync_config(&world, (&dir.path().join("sync.jsonl"), "sync"), false);
     // Every node has moved to CRD mode: no `value/` key is left, so cutover can be reached.
     let prefix = format!("{}/value/", cilium_idmig::core::kvstore::DEFAULT_PREFIX);
     for (key, _) in world.kv.range(prefix.as_bytes()).0 {

@@ -381,6 +381,29 @@ pub struct PlayedRollout {
     pub took: Duration,
 }
 
+/// What sync in-process runs on: the demo world's kvstore and sandbox, cluster 0's range,
+/// its decision log at `log` (its session line naming `command`), reserving in the kvstore
+/// with `reserve`.
+pub fn sync_config(
+    world: &cilium_idmig::sandbox::demo::DemoWorld,
+    (log, command): (&std::path::Path, &'static str),
+    reserve: bool,
+) -> std::sync::Arc<cilium_idmig::app::config::ServiceConfig> {
+    use cilium_idmig::io::decision_log::DecisionLog;
+    use cilium_idmig::io::k8s::K8sTarget;
+    use std::sync::Arc;
+    Arc::new(cilium_idmig::app::config::ServiceConfig {
+        kv: world.kv_source(),
+        target: K8sTarget::from_url(&world.sandbox.url()).expect("target"),
+        scope: cilium_idmig::core::range::ClusterScope::new(0, Default::default()).expect("scope"),
+        log: Arc::new(DecisionLog::open(log).expect("log")),
+        apply: cilium_idmig::apply::executor::ApplyOptions::default(),
+        command,
+        resume: Vec::new(),
+        sync_reserve_in_kvstore: reserve,
+    })
+}
+
 /// Plays the demo's rollout (`identities` generated, `nodes` kvstore-mode nodes moving to CRD
 /// mode at `speed`) with sync following it in-process (every proposal accepted, until
 /// cutover), with or without `--reserve-in-kvstore`.
@@ -393,13 +416,9 @@ pub async fn play_rollout(
 ) -> PlayedRollout {
     use std::sync::Arc;
 
-    use cilium_idmig::app::config::ServiceConfig;
     use cilium_idmig::app::metrics::Metrics;
     use cilium_idmig::app::sync::{self, SyncEvent, SyncOptions};
-    use cilium_idmig::apply::executor::{ApplyOptions, StopFlag};
-    use cilium_idmig::core::range::ClusterScope;
-    use cilium_idmig::io::decision_log::DecisionLog;
-    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::apply::executor::StopFlag;
     use cilium_idmig::sandbox::demo::{self, DemoConfig};
     use cilium_idmig::sandbox::rollout::{self, RolloutConfig};
 
@@ -412,16 +431,7 @@ pub async fn play_rollout(
     .await
     .expect("demo world");
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = Arc::new(ServiceConfig {
-        kv: world.kv_source(),
-        target: K8sTarget::from_url(&world.sandbox.url()).expect("target"),
-        scope: ClusterScope::new(0, Default::default()).expect("scope"),
-        log: Arc::new(DecisionLog::open(&dir.path().join("sync.jsonl")).expect("log")),
-        apply: ApplyOptions::default(),
-        command: "rollout",
-        resume: Vec::new(),
-        sync_reserve_in_kvstore: reserve,
-    });
+    let cfg = sync_config(&world, (&dir.path().join("sync.jsonl"), "rollout"), reserve);
     // Ids Kubernetes holds and the kvstore does not when sync starts: with reservations,
     // no kvstore-mode agent may ever hand one out for other labels.
     let kv_ids: std::collections::BTreeSet<u32> = world

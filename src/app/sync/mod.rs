@@ -346,10 +346,7 @@ impl Sync {
         self.lease.release().await;
         // The last of what sync said reaches a front end that is still reading.
         self.outbox.drain(Duration::from_secs(2)).await;
-        let said = self.cfg.target.notes().since(self.heard_from);
-        if let Err(e) = self.cfg.log.note_server(&said) {
-            tracing::warn!(error = %e, "cannot record what the API server said in the decision log");
-        }
+        flows::record_server(&self.cfg.target, self.heard_from, &self.cfg.log);
         match error {
             Some(e) => Err(e),
             None => Ok(ended),
@@ -488,7 +485,6 @@ impl Sync {
         for ev in said {
             self.outbox.say(ev);
         }
-        self.outbox.flush();
     }
 
     /// Follows both sides until the round ends: each event goes to the shell.

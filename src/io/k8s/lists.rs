@@ -14,7 +14,9 @@ use http::Method;
 use super::errors::{RequestError, kube_call, status_of};
 use super::objects::CrdState;
 use super::target::{K8sTarget, WATCH_LIST_NO, WATCH_LIST_YES, urlencode};
-use super::transport::{EventLines, READ_ATTEMPTS, READ_TIMEOUT, STREAM_IDLE, parse_streamed};
+use super::transport::{
+    EventLines, READ_ATTEMPTS, READ_TIMEOUT, STREAM_IDLE, parse_streamed, wait_out_throttled,
+};
 use crate::core::identity::collection_path;
 use crate::core::labels::{LabelKey, canonical_key};
 use crate::error::Result;
@@ -131,9 +133,7 @@ impl K8sTarget {
                 Err(ListError::Request(e)) if e.is_throttled() => {
                     attempt -= 1;
                     throttled += 1;
-                    let wait = Policy::READ.wait(throttled.min(8), e.retry_after(), "list");
-                    tracing::debug!(throttled, ?wait, "list throttled (429): waiting");
-                    tokio::time::sleep(wait).await;
+                    wait_out_throttled(throttled, &e, "list").await;
                 }
                 Err(ListError::Request(e))
                     if self.worth_retrying(&e) && attempt < READ_ATTEMPTS =>
@@ -264,12 +264,7 @@ impl K8sTarget {
                 // asks for, so a storm of 429s never starts a 100 MB list over.
                 Err(e) if e.is_throttled() => {
                     throttled += 1;
-                    tokio::time::sleep(Policy::READ.wait(
-                        throttled.min(8),
-                        e.retry_after(),
-                        "page",
-                    ))
-                    .await;
+                    wait_out_throttled(throttled, &e, "page").await;
                     continue;
                 }
                 Err(e) => return Err(ListError::Request(e)),

@@ -73,6 +73,15 @@ impl EventLines {
     }
 }
 
+/// A read the server pushed back on (429), the `times`th time in a row: waited out as it
+/// asks (its Retry-After, else doubling waits), never counted as a failed try. Every read
+/// path waits here: typed reads, lists and each page of a list.
+pub(super) async fn wait_out_throttled(times: u32, e: &RequestError, what: &str) {
+    let wait = Policy::READ.wait(times.min(8), e.retry_after(), what);
+    tracing::debug!(what, times, ?wait, "read throttled (429): waiting");
+    tokio::time::sleep(wait).await;
+}
+
 /// Parses a streamed body on a blocking thread while the download continues here.
 pub(super) async fn parse_streamed<T: Send + 'static>(
     mut body: Body,
@@ -170,9 +179,7 @@ impl K8sTarget {
                 Err(e) if e.is_throttled() => {
                     attempt -= 1;
                     throttled += 1;
-                    let wait = Policy::READ.wait(throttled.min(8), e.retry_after(), what);
-                    tracing::debug!(what, throttled, ?wait, "read throttled (429): waiting");
-                    tokio::time::sleep(wait).await;
+                    wait_out_throttled(throttled, &e, what).await;
                 }
                 Err(e) if self.worth_retrying(&e) && attempt < READ_ATTEMPTS => {
                     let wait = Policy::READ.wait(attempt, e.retry_after(), what);

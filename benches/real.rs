@@ -361,6 +361,13 @@ async fn main() {
                 Some(limit.reads())
             )
         );
+        println!(
+            "{}",
+            limit::row(
+                "both reads at once (the cached list while `etcdctl` runs): the two servers alone",
+                Some(limit.together)
+            )
+        );
         println!();
         if std::env::var("IDMIG_REAL_HOLD").is_ok() {
             // For profiling by hand: the migrated cluster stays up until the bench is killed.

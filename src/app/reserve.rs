@@ -215,18 +215,35 @@ pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
 /// enough after an outage to find a lease that expired meanwhile.
 const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
 
+/// Batches the channel to the writer holds: the one in flight (the queue sends the next
+/// only once it is answered) and the last one at the release.
+const BATCHES_IN_FLIGHT: usize = 2;
+
+/// Answers the writer may have ready before the loop takes them (a batch's and a few
+/// keep-alives'); past that the writer waits, never the loop.
+const REPLIES_READY: usize = 16;
+
 /// Sync's reservations, written by a task of their own (see the module's comment).
 pub struct ReservationTask {
-    requests: mpsc::UnboundedSender<Request>,
-    replies: mpsc::UnboundedReceiver<Reply>,
+    requests: mpsc::Sender<Vec<Request>>,
+    replies: mpsc::Receiver<Reply>,
     task: JoinHandle<Reservations>,
+}
+
+/// What the loop hears from the writer.
+#[derive(Debug)]
+pub enum Heard {
+    Reply(Reply),
+    /// The writer's task ended on its own (it panicked): nothing more is reserved, and
+    /// sync ends with why rather than carry on unprotected.
+    Gone(String),
 }
 
 impl ReservationTask {
     /// Hands the reservations to a task of their own.
     pub fn spawn(mut r: Reservations) -> Self {
-        let (requests, mut rx) = mpsc::unbounded_channel::<Request>();
-        let (reply_tx, replies) = mpsc::unbounded_channel::<Reply>();
+        let (requests, mut rx) = mpsc::channel::<Vec<Request>>(BATCHES_IN_FLIGHT);
+        let (reply_tx, replies) = mpsc::channel::<Reply>(REPLIES_READY);
         let task = tokio::spawn(async move {
             let mut keep_alive = tokio::time::interval(KEEP_ALIVE_EVERY);
             // A long batch delays the next keep-alive; missed ones are not made up in a burst.
@@ -234,15 +251,16 @@ impl ReservationTask {
             keep_alive.tick().await;
             loop {
                 let reply = tokio::select! {
-                    req = rx.recv() => match req {
+                    batch = rx.recv() => match batch {
                         // The loop is gone (the sync ended): the reservations go back.
                         None => return r,
-                        Some(request) => r.writer.handle(request, &mut r.io).await,
+                        Some(batch) => Some(r.writer.handle(batch, &mut r.io).await),
                     },
                     _ = keep_alive.tick() => r.writer.tick(&mut r.io).await,
                 };
                 if let Some(reply) = reply {
-                    let _ = reply_tx.send(reply);
+                    // The loop takes replies as they come; gone, it asks for nothing more.
+                    let _ = reply_tx.send(reply).await;
                 }
             }
         });
@@ -253,16 +271,16 @@ impl ReservationTask {
         }
     }
 
-    /// Sends what the shell's queue asks for, in order.
-    pub fn send(&self, requests: Vec<Request>) {
-        for request in requests {
-            let _ = self.requests.send(request);
+    /// Sends the batch the shell's queue asks for, without waiting: the queue keeps one in
+    /// flight, so there is always room (a full channel would be a broken promise, said in
+    /// the log, not a wait).
+    pub fn send(&self, batch: Vec<Request>) {
+        if let Err(e) = self.requests.try_send(batch) {
+            tracing::error!(
+                error = %e,
+                "the reservation writer's channel refused a batch: it will be looked at again with the whole view"
+            );
         }
-    }
-
-    /// The task's next answer.
-    pub async fn next_reply(&mut self) -> Option<Reply> {
-        self.replies.recv().await
     }
 
     /// Stops taking requests and waits (up to `wait`) for the writes in flight; the
@@ -283,17 +301,79 @@ impl ReservationTask {
     }
 }
 
-/// The task's next answer; never, without reservations.
-pub async fn next_reply(task: &mut Option<ReservationTask>) -> Option<Reply> {
-    match task {
-        Some(t) => t.next_reply().await,
+/// The writer's next answer; never, without reservations. A writer whose task ended is
+/// taken away and heard as `Gone`, with why.
+pub async fn next_reply(task: &mut Option<ReservationTask>) -> Heard {
+    let Some(t) = task else {
+        return std::future::pending().await;
+    };
+    if let Some(reply) = t.replies.recv().await {
+        return Heard::Reply(reply);
+    }
+    match task.take() {
+        Some(t) => Heard::Gone(why_ended(t.task).await),
         None => std::future::pending().await,
     }
+}
+
+/// Why a task ended that was to run until asked to stop: its panic's message.
+async fn why_ended<T>(task: JoinHandle<T>) -> String {
+    let why = match task.await {
+        Ok(_) => "it ended unasked".to_string(),
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned());
+            format!(
+                "it panicked: {}",
+                text.unwrap_or_else(|| "no message".into())
+            )
+        }
+        Err(e) => e.to_string(),
+    };
+    format!(
+        "sync stops: the kvstore reservation writer stopped ({why}), so nothing more would be reserved. This is a bug: start sync again (it takes over what was reserved) and report it with the log"
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_writer_that_panicked_is_heard_as_gone_with_its_message() {
+        let task = tokio::spawn(async { panic!("ledger out of step") });
+        let why = why_ended::<()>(task).await;
+        assert!(
+            why.contains(
+                "the kvstore reservation writer stopped (it panicked: ledger out of step)"
+            ),
+            "{why}"
+        );
+        assert!(why.contains("start sync again"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn the_loop_hears_a_dead_writer_once_and_then_no_more() {
+        let (requests, _rx) = mpsc::channel(BATCHES_IN_FLIGHT);
+        let (reply_tx, replies) = mpsc::channel(REPLIES_READY);
+        let task: JoinHandle<Reservations> = tokio::spawn(async move {
+            let _replies = reply_tx;
+            panic!("ledger out of step")
+        });
+        let mut task = Some(ReservationTask {
+            requests,
+            replies,
+            task,
+        });
+        match next_reply(&mut task).await {
+            Heard::Gone(why) => assert!(why.contains("ledger out of step"), "{why}"),
+            Heard::Reply(r) => panic!("expected the writer gone, got {r:?}"),
+        }
+        assert!(task.is_none(), "taken away: the loop no longer waits on it");
+    }
 
     fn reservation(id: u32, labels: &str, action: &'static str, revision: Option<i64>) -> Record {
         record(WriteLine {

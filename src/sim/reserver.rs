@@ -23,7 +23,8 @@ use crate::core::sync::reserve::{Reply, Request};
 #[derive(Debug)]
 pub struct SimReservations {
     writer: Writer,
-    inbox: VecDeque<Request>,
+    /// The batches sent, each answered in turn.
+    inbox: VecDeque<Vec<Request>>,
     /// Released at cutover: nothing more is written.
     pub released: bool,
     /// What it did in etcd since the trace last took it.
@@ -197,22 +198,23 @@ impl SimReservations {
         }
     }
 
-    /// What the shell's queue asks for, into the writer's inbox.
+    /// A batch the shell's queue asks for, into the writer's inbox.
     pub fn send(&mut self, requests: Vec<Request>) {
-        self.inbox.extend(requests);
+        if !requests.is_empty() {
+            self.inbox.push_back(requests);
+        }
     }
 
     pub fn lease(&self) -> i64 {
         self.writer.lease()
     }
 
-    /// The writer's turn: every request in the inbox, as the binary's task takes them; the
+    /// The writer's turn: every batch in the inbox, as the binary's task takes them; the
     /// replies, in order.
     pub fn work(&mut self, kv: &mut SimKv<'_>) -> Result<Vec<Reply>, Failure> {
         let mut replies = Vec::new();
-        while let Some(request) = self.inbox.pop_front() {
-            let reply = at_once(self.writer.handle(request, kv)).ok_or_else(waited)?;
-            replies.extend(reply);
+        while let Some(batch) = self.inbox.pop_front() {
+            replies.push(at_once(self.writer.handle(batch, kv)).ok_or_else(waited)?);
         }
         self.done.append(&mut kv.done);
         kv.violation.take().map_or(Ok(replies), Err)

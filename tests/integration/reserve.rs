@@ -39,10 +39,12 @@ async fn reserve_view(
     queue.view_changed();
     queue.pump(state, cfg.scope.range, Instant::now());
     task.as_ref().unwrap().send(queue.take_requests());
-    let reply = tokio::time::timeout(Duration::from_secs(20), reserve::next_reply(task))
+    let heard = tokio::time::timeout(Duration::from_secs(20), reserve::next_reply(task))
         .await
-        .expect("the task answers")
-        .unwrap();
+        .expect("the task answers");
+    let reserve::Heard::Reply(reply) = heard else {
+        panic!("the writer is gone: {heard:?}");
+    };
     queue.on_reply(reply, Instant::now())
 }
 

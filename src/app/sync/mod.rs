@@ -592,7 +592,10 @@ impl Sync {
             }
             _ = settle.tick() => Turn::Settle { stopped: false },
             _ = status_tick.tick() => Turn::Status { watching: false },
-            Some(reply) = reserve::next_reply(&mut self.reservations) => Turn::Reply(reply),
+            heard = reserve::next_reply(&mut self.reservations) => match heard {
+                reserve::Heard::Reply(reply) => Turn::Reply(reply),
+                reserve::Heard::Gone(why) => return Err(Interrupt::Fatal(Error::Config(why))),
+            },
             Some(verdict) = round.verdict_rx.recv() => Turn::Input(Input::Verdict(verdict)),
         };
         Ok(turn)

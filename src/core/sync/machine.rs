@@ -432,6 +432,11 @@ impl Machine {
                     self.state.own_masters = own_masters;
                     self.dirty = true;
                 }
+                // A batch answered lets the next go: what waited goes now, not at the
+                // next settle.
+                if self.reserving() && self.holding() {
+                    out.push(Output::Reserve(Reserve::Pump));
+                }
             }
             Input::Stop => self.stopping = true,
         }
@@ -513,6 +518,9 @@ impl Machine {
                 state.k8s_delete(id, resource_version, now);
                 if reserve {
                     out.push(Output::Reserve(Reserve::Deleted { id }));
+                    if holding {
+                        out.push(Output::Reserve(Reserve::Pump));
+                    }
                 }
                 self.dirty = true;
             }

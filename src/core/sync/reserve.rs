@@ -87,7 +87,7 @@ pub fn earlier_to_adopt(
 /// What the loop asks of the writer that owns the reservations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// Reserve these, in order; a failed write ends the batch.
+    /// Reserve these, in order; a failed write ends them (the rest of a batch goes on).
     Reserve(Vec<(u32, LabelKey)>),
     /// The object at this id went from Kubernetes.
     Unreserve(u32),
@@ -126,7 +126,9 @@ pub enum Said {
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// The loop's side: what to ask for next. It never waits on etcd; its requests go out
-/// through `take_requests`.
+/// through `take_requests`, one batch at a time: a batch goes only once the last one is
+/// answered, so at most one is ever in flight (what arrives meanwhile, deletes and forgets
+/// too, waits here for the next), and the channel to the writer stays small and bounded.
 #[derive(Debug)]
 pub struct Queue {
     /// Objects that arrived since the last batch went.
@@ -140,7 +142,10 @@ pub struct Queue {
     held: usize,
     /// The master keys this sync wrote (as of the last reply that changed them).
     own_masters: BTreeSet<u32>,
-    outbox: Vec<Request>,
+    /// Deletes, forgets and adoptions, in the order they came, for the next batch.
+    pending: Vec<Request>,
+    /// The batch to send, taken by `take_requests`.
+    ready: Vec<Request>,
 }
 
 impl Default for Queue {
@@ -152,7 +157,8 @@ impl Default for Queue {
             busy: false,
             held: 0,
             own_masters: BTreeSet::new(),
-            outbox: Vec::new(),
+            pending: Vec::new(),
+            ready: Vec::new(),
         }
     }
 }
@@ -168,9 +174,15 @@ impl Queue {
         &self.own_masters
     }
 
-    /// What to send to the writer, in order.
+    /// The batch to send to the writer, its requests in order (empty: nothing to send).
     pub fn take_requests(&mut self) -> Vec<Request> {
-        std::mem::take(&mut self.outbox)
+        std::mem::take(&mut self.ready)
+    }
+
+    /// At the release: what is still pending goes now, answered or not (the writer takes it
+    /// before its release; its answer no longer matters).
+    pub fn flush(&mut self) {
+        self.ready.append(&mut self.pending);
     }
 
     /// An object arrived: reserve its id at the next batch if the kvstore does not hold it.
@@ -181,7 +193,7 @@ impl Queue {
     /// Takes over what an earlier sync reserved, before anything else is reserved.
     pub fn adopt(&mut self, earlier: Vec<Earlier>) {
         if !earlier.is_empty() {
-            self.outbox.push(Request::Adopt(earlier));
+            self.pending.push(Request::Adopt(earlier));
         }
     }
 
@@ -190,26 +202,27 @@ impl Queue {
         self.whole_view_due = true;
     }
 
-    /// An object went from Kubernetes: its `value/` key goes (after any batch already sent,
-    /// so a reservation and its removal keep their order).
+    /// An object went from Kubernetes: its `value/` key goes at the next batch (after any
+    /// batch already sent, so a reservation and its removal keep their order).
     pub fn deleted(&mut self, id: u32) {
         self.queued.remove(&id);
-        self.outbox.push(Request::Unreserve(id));
+        self.pending.push(Request::Unreserve(id));
     }
 
     /// The kvstore's master key at `id` went (Cilium's GC, after the last node using it
     /// moved): if Kubernetes still holds the object (`labels`), its id is free again in
     /// kvstore-mode agents' pools, so it is reserved again.
     pub fn master_gone(&mut self, id: u32, labels: Option<LabelKey>) {
-        self.outbox.push(Request::Forget(id));
+        self.pending.push(Request::Forget(id));
         if let Some(labels) = labels {
             self.want(id, labels);
         }
     }
 
     /// Asks for the next batch unless one is being written or a failure's wait is not
-    /// over: what was queued (and the whole view when due) whose id is in range and not held
-    /// by the kvstore as last seen.
+    /// over: the deletes, forgets and adoptions pending, then a reservation of what was
+    /// queued (and the whole view when due) whose id is in range and not held by the
+    /// kvstore as last seen.
     pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
         if self.busy || self.not_before.is_some_and(|t| now < t) {
             return;
@@ -232,12 +245,15 @@ impl Queue {
                     .map(|(id, l)| (*id, l.clone())),
             );
         }
-        let wanted: Vec<(u32, LabelKey)> = wanted.into_iter().collect();
-        if wanted.is_empty() {
+        let mut batch = std::mem::take(&mut self.pending);
+        if !wanted.is_empty() {
+            batch.push(Request::Reserve(wanted.into_iter().collect()));
+        }
+        if batch.is_empty() {
             return;
         }
         self.busy = true;
-        self.outbox.push(Request::Reserve(wanted));
+        self.ready = batch;
     }
 
     /// Folds in the writer's answer; what to tell the operator. After a failed write the

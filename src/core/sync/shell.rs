@@ -426,7 +426,7 @@ impl Shell {
             Reserve::Deleted { id } => q.deleted(id),
             Reserve::ViewChanged => q.view_changed(),
             Reserve::Pump => q.pump(m.state(), m.settings().range, now),
-            Reserve::Release => {}
+            Reserve::Release => q.flush(),
         }
         let requests = q.take_requests();
         if !requests.is_empty() {

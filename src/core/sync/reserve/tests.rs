@@ -87,14 +87,10 @@ fn a_failed_batch_looks_at_the_whole_view_again_and_trouble_waits_first() {
 }
 
 #[test]
-fn deletes_forgets_and_adoptions_go_out_in_order_and_a_deleted_id_is_not_reserved() {
+fn deletes_forgets_and_adoptions_go_out_in_order_in_the_next_batch_never_beside_one() {
     let t0 = Instant::now();
     let mut q = Queue::default();
     q.adopt(Vec::new());
-    assert!(
-        q.take_requests().is_empty(),
-        "nothing to adopt, nothing sent"
-    );
     q.want(302, A.into());
     q.deleted(302);
     q.master_gone(303, Some(B.into()));
@@ -106,6 +102,10 @@ fn deletes_forgets_and_adoptions_go_out_in_order_and_a_deleted_id_is_not_reserve
         keep: true,
     };
     q.adopt(vec![earlier.clone()]);
+    assert!(q.take_requests().is_empty(), "nothing goes before a pump");
+    let mut s = state();
+    s.k8s.clear();
+    q.pump(&s, range(), t0);
     assert_eq!(
         q.take_requests(),
         [
@@ -113,12 +113,23 @@ fn deletes_forgets_and_adoptions_go_out_in_order_and_a_deleted_id_is_not_reserve
             Request::Forget(303),
             Request::Forget(304),
             Request::Adopt(vec![earlier]),
-        ]
+            Request::Reserve(vec![(303, B.into())]),
+        ],
+        "in the order they came, a deleted id not reserved, nothing to adopt not sent"
     );
-    let mut s = state();
-    s.k8s.clear();
+    // A delete while that batch is written waits for its answer: one batch in flight.
+    q.deleted(303);
     q.pump(&s, range(), t0);
-    assert_eq!(q.take_requests(), [Request::Reserve(vec![(303, B.into())])]);
+    assert!(q.take_requests().is_empty());
+    q.on_reply(reply(true, false, None), t0);
+    q.pump(&s, range(), t0);
+    assert_eq!(q.take_requests(), [Request::Unreserve(303)]);
+    // At the release, what is pending goes at once, answered or not.
+    q.master_gone(306, None);
+    q.pump(&s, range(), t0);
+    assert!(q.take_requests().is_empty());
+    q.flush();
+    assert_eq!(q.take_requests(), [Request::Forget(306)]);
 }
 
 #[test]

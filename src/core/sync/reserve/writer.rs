@@ -132,30 +132,45 @@ impl Writer {
         self.ledger.masters_written()
     }
 
-    /// One request from the loop, carried out; the answer to send back, if any.
-    pub async fn handle(&mut self, request: Request, io: &mut impl KvWrites) -> Option<Reply> {
-        let mut failed = false;
-        let (batch, result) = match request {
+    /// One batch from the loop, each request carried out in order; the answer to send back
+    /// (always: it lets the next batch go). The first trouble met is what is said.
+    pub async fn handle(&mut self, batch: Vec<Request>, io: &mut impl KvWrites) -> Reply {
+        let (mut failed, mut result) = (false, Ok(None));
+        for request in batch {
+            let (stopped, r) = self.one(request, io).await;
+            failed |= stopped;
+            result = match (result, r) {
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                (Ok(note), Ok(later)) => Ok(note.or(later)),
+            };
+        }
+        self.reply(true, failed, result)
+    }
+
+    /// One request: whether it stopped at a failed write or a closed gate, and what to say.
+    async fn one(
+        &mut self,
+        request: Request,
+        io: &mut impl KvWrites,
+    ) -> (bool, Result<Option<String>, String>) {
+        match request {
             Request::Reserve(wanted) => {
-                let mut result = Ok(None);
                 for (id, labels) in wanted {
                     if !io.may_write() {
                         // The lease is not valid now: the view is looked at again once it is.
-                        failed = true;
-                        break;
+                        return (true, Ok(None));
                     }
                     if let Err(e) = self.reserve_one(id, &labels, io).await {
                         // Perhaps the lease is gone (etcd was out of reach longer than its
                         // TTL): found out now, not at the next keep-alive.
-                        result = match self.keep_alive(io).await {
+                        let result = match self.keep_alive(io).await {
                             Ok(Some(renewed)) => Ok(Some(renewed)),
                             _ => Err(e),
                         };
-                        failed = true;
-                        break;
+                        return (true, result);
                     }
                 }
-                (true, result)
+                (false, Ok(None))
             }
             Request::Unreserve(id) => (false, self.object_deleted(id, io).await.map(|()| None)),
             Request::Forget(id) => {
@@ -166,14 +181,14 @@ impl Writer {
                 (false, Ok(None))
             }
             Request::Adopt(earlier) => (false, self.adopt(earlier, io).await),
-        };
-        self.reply(batch, failed, result)
+        }
     }
 
     /// The keep-alive's turn; the answer to send back, if there is something to say.
     pub async fn tick(&mut self, io: &mut impl KvWrites) -> Option<Reply> {
         let result = self.keep_alive(io).await;
-        self.reply(false, false, result)
+        let reply = self.reply(false, false, result);
+        (reply.said.is_some() || reply.own_masters.is_some()).then_some(reply)
     }
 
     fn reply(
@@ -181,7 +196,7 @@ impl Writer {
         batch: bool,
         failed: bool,
         result: Result<Option<String>, String>,
-    ) -> Option<Reply> {
+    ) -> Reply {
         let said = match result {
             Ok(None) => None,
             Ok(Some(note)) => Some(Said::Note(note)),
@@ -190,16 +205,13 @@ impl Writer {
         let masters = self.ledger.own_masters();
         let own_masters = (masters != self.masters_sent).then(|| masters.clone());
         self.masters_sent = masters;
-        if !batch && said.is_none() && own_masters.is_none() {
-            return None;
-        }
-        Some(Reply {
+        Reply {
             held: self.ledger.count(),
             own_masters,
             batch,
             failed,
             said,
-        })
+        }
     }
 
     /// Keeps the lease alive. If it is gone (etcd was out of reach longer than its TTL), a

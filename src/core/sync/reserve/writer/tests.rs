@@ -129,7 +129,12 @@ impl KvWrites for Kv {
 
 fn reserve(w: &mut Writer, kv: &mut Kv, ids: &[(u32, &str)]) -> Option<Reply> {
     let wanted = ids.iter().map(|(id, l)| (*id, l.to_string())).collect();
-    at_once(w.handle(Request::Reserve(wanted), kv)).unwrap()
+    handle(w, kv, vec![Request::Reserve(wanted)])
+}
+
+/// One batch, answered.
+fn handle(w: &mut Writer, kv: &mut Kv, batch: Vec<Request>) -> Option<Reply> {
+    Some(at_once(w.handle(batch, kv)).unwrap())
 }
 
 fn note(reply: Option<Reply>) -> String {
@@ -241,12 +246,12 @@ fn adoption_puts_back_what_is_as_written_and_says_how_many_of_each() {
     let (mut kv, mut w) = Kv::with_lease();
     kv.masters.insert(300, (A.into(), 11));
     kv.masters.insert(301, (B.into(), 12));
-    let adopt = |e| Request::Adopt(e);
-    let r = at_once(w.handle(
-        adopt(vec![earlier(300, A, 11, true), earlier(301, B, 99, true)]),
+    let adopt = |e| vec![Request::Adopt(e)];
+    let r = handle(
+        &mut w,
         &mut kv,
-    ))
-    .unwrap();
+        adopt(vec![earlier(300, A, 11, true), earlier(301, B, 99, true)]),
+    );
     let said = note(r);
     assert!(
         said.contains("took over 1 reservations an earlier sync made and did not release (1 changed since and left alone)"),
@@ -255,10 +260,14 @@ fn adoption_puts_back_what_is_as_written_and_says_how_many_of_each() {
     assert_eq!(kv.values.get(A), Some(&w.lease()));
     // One as written alone is said too; one whose object is gone waits for the release.
     kv.masters.insert(302, (C.into(), 13));
-    let r = at_once(w.handle(adopt(vec![earlier(302, C, 13, true)]), &mut kv)).unwrap();
+    let r = handle(&mut w, &mut kv, adopt(vec![earlier(302, C, 13, true)]));
     assert!(note(r).contains("took over 1 reservations"));
     kv.masters.insert(303, ("k8s:app=d;".into(), 14));
-    let r = at_once(w.handle(adopt(vec![earlier(303, "k8s:app=d;", 14, false)]), &mut kv)).unwrap();
+    let r = handle(
+        &mut w,
+        &mut kv,
+        adopt(vec![earlier(303, "k8s:app=d;", 14, false)]),
+    );
     assert_eq!(r.and_then(|r| r.said), None);
     assert_eq!(w.masters_written(), 3);
 }
@@ -269,11 +278,14 @@ fn what_adoption_could_not_put_back_with_the_gate_shut_goes_back_at_a_keep_alive
     kv.masters.insert(300, (A.into(), 11));
     kv.masters.insert(301, (B.into(), 12));
     kv.gate_shut = true;
-    let r = at_once(w.handle(
-        Request::Adopt(vec![earlier(300, A, 11, true), earlier(301, B, 12, true)]),
+    let r = handle(
+        &mut w,
         &mut kv,
-    ))
-    .unwrap();
+        vec![Request::Adopt(vec![
+            earlier(300, A, 11, true),
+            earlier(301, B, 12, true),
+        ])],
+    );
     assert_eq!(r.and_then(|r| r.said), None);
     assert!(kv.values.is_empty());
     // Nothing goes back while the gate is shut.
@@ -292,8 +304,8 @@ fn a_deleted_object_takes_its_value_key_along_and_a_forgotten_id_is_reserved_aga
     let (mut kv, mut w) = Kv::with_lease();
     reserve(&mut w, &mut kv, &[(300, A)]);
     kv.written = 0;
-    let r = at_once(w.handle(Request::Unreserve(300), &mut kv)).unwrap();
-    assert_eq!(r, None);
+    let r = handle(&mut w, &mut kv, vec![Request::Unreserve(300)]).unwrap();
+    assert_eq!((r.batch, r.said, r.own_masters), (true, None, None));
     assert!(!kv.values.contains_key(A));
     assert_eq!((kv.written, kv.held, w.masters_written()), (1, 0, 1));
     let tail: Vec<_> = kv.actions().into_iter().skip(2).collect();
@@ -303,10 +315,36 @@ fn a_deleted_object_takes_its_value_key_along_and_a_forgotten_id_is_reserved_aga
     );
     // The kvstore's GC deleted the master key: forgotten, and reserved again when asked.
     kv.masters.remove(&300);
-    let r = at_once(w.handle(Request::Forget(300), &mut kv)).unwrap();
+    let r = handle(&mut w, &mut kv, vec![Request::Forget(300)]);
     assert_eq!(r.and_then(|r| r.own_masters), Some(BTreeSet::new()));
     reserve(&mut w, &mut kv, &[(300, A)]);
     assert_eq!(kv.masters.get(&300).map(|(_, r)| *r), Some(2));
+}
+
+#[test]
+fn a_batch_goes_on_past_a_failed_reservation_and_says_its_first_trouble() {
+    let (mut kv, mut w) = Kv::with_lease();
+    reserve(&mut w, &mut kv, &[(300, A)]);
+    kv.reserve_fails = true;
+    let r = handle(
+        &mut w,
+        &mut kv,
+        vec![
+            Request::Reserve(vec![(301, B.into())]),
+            Request::Unreserve(300),
+        ],
+    )
+    .unwrap();
+    assert_eq!((r.batch, r.failed, r.held), (true, true, 0));
+    assert!(
+        matches!(&r.said, Some(Said::Trouble(t)) if t.contains("deadline exceeded")),
+        "{:?}",
+        r.said
+    );
+    assert!(
+        !kv.values.contains_key(A),
+        "the delete after the failed write was still made"
+    );
 }
 
 #[test]

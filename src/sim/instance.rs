@@ -11,7 +11,7 @@ use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
 use crate::core::kvstore::{MasterEntry, parse_id};
-use crate::core::labels::LabelKey;
+use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
 use crate::core::planner::Op;
@@ -70,6 +70,8 @@ pub struct Instance {
     /// Its reservation writer (`--reserve-in-kvstore`), started before a round as the
     /// shell asks.
     pub reserver: Option<SimReservations>,
+    /// When it last said its reservations met trouble (the queue waits after it).
+    pub reserve_trouble: Option<Duration>,
 }
 
 /// The clock the machine sees: the simulation's time after a fixed start.
@@ -121,6 +123,7 @@ impl Instance {
             read_backoff: Backoff::new(Policy::FOLLOW),
             deferred: Vec::new(),
             reserver: None,
+            reserve_trouble: None,
         };
         // A start's outputs are reservation requests only: none can fail a check.
         let mut log = log.to_vec();
@@ -243,6 +246,37 @@ impl Instance {
                 resource_version: world.k8s_rv.to_string(),
             },
         }
+    }
+
+    /// Objects this instance was told of, still in Kubernetes as told, in range with a
+    /// valid label key, whose id the kvstore holds neither as it was told, nor in the
+    /// world's truth, nor in a change it has not been told yet: what a sync that reserves
+    /// owes a reservation.
+    pub fn unreserved(&self, world: &World) -> Vec<u32> {
+        let untold: BTreeSet<&[u8]> = world
+            .kv_log
+            .iter()
+            .rev()
+            .take_while(|(rev, _)| *rev > self.kv_pos)
+            .filter_map(|(_, c)| match c {
+                crate::core::sync::KvChange::Master { id, .. } => Some(id.as_slice()),
+                _ => None,
+            })
+            .collect();
+        self.shadow
+            .k8s
+            .iter()
+            .filter(|(id, labels)| {
+                let key = id.to_string();
+                RANGE.contains(**id)
+                    && valid_label_key(labels.as_bytes()).is_ok()
+                    && world.objects.get(id).is_some_and(|(l, _)| l == *labels)
+                    && !self.shadow.kv.contains_key(id)
+                    && !world.masters.contains_key(&key)
+                    && !untold.contains(key.as_bytes())
+            })
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Whether a fresh read is still to succeed.
@@ -462,6 +496,7 @@ impl Instance {
             reports: &mut self.reports,
             must_report: &mut self.must_report,
             cutover: &mut self.cutover,
+            reserve_trouble: &mut self.reserve_trouble,
             failure: None,
         };
         let out = f(&mut self.shell, &mut io);

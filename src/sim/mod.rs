@@ -21,6 +21,7 @@ pub mod instance;
 pub mod lease;
 pub mod log;
 pub mod report;
+pub mod reserved;
 pub mod reserver;
 pub mod world;
 
@@ -33,7 +34,7 @@ use crate::core::lease::Writer as Elected;
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
-use crate::core::sync::reserve::Reply;
+use crate::core::sync::reserve::{RETRY_AFTER_FAILURE, Reply};
 use crate::core::sync::shell::Turn;
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
 use reserver::SimKv;
@@ -52,6 +53,8 @@ pub struct SeedRun {
     /// how many a release let go (deleted, or kept for the node that uses it).
     pub reserved: usize,
     pub released: usize,
+    /// The seed ran `--reserve-in-kvstore`.
+    pub reserves: bool,
 }
 
 /// The cutover grace the simulated syncs run with.
@@ -73,6 +76,9 @@ struct Sim {
     /// Decisions made on a screen and not yet delivered to their instance (an operator
     /// reads a proposal, the world moves on, then the key is pressed).
     mail: Vec<(usize, Decision)>,
+    /// What each instance owes in reservations (`reserved`).
+    owed: Vec<reserved::Owed>,
+    mutant: Mutant,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -82,8 +88,21 @@ enum Decision {
     Undo(String),
 }
 
+/// A defect put in on purpose, to show that the checks catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    None,
+    /// The reservation writer never gets what the loop asks: a sync that never reserves.
+    NeverReserves,
+}
+
 /// Runs one seed: `steps` steps of chaos, then the end of the rollout.
 pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
+    run_mutant(seed, steps, Mutant::None)
+}
+
+/// Runs one seed with `mutant` in it.
+pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
     let mut rng = Rng::new(seed);
     let instances = 1 + usize::from(rng.chance(0.35));
     let nodes = 2 + rng.below(4) as usize;
@@ -121,6 +140,8 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         renewals_fail: vec![false; instances],
         quiet: false,
         mail: Vec::new(),
+        owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
+        mutant,
     };
     sim.trace.line(
         Duration::ZERO,
@@ -134,6 +155,7 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         for step in 0..steps {
             done = step + 1;
             sim.chaos().map_err(|f| Failure { step, ..f })?;
+            sim.excuses();
         }
         sim.finish().map_err(|f| Failure { step: done, ..f })
     })();
@@ -147,6 +169,7 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
         failure,
         digest: sim.trace.digest(),
         cutover: sim.instances.iter().filter_map(|i| i.cutover).min(),
+        reserves: sim.settings.reserve_in_kvstore,
         reserved: sim.world.sync_master_writes,
         released: sim
             .logs
@@ -169,6 +192,85 @@ impl Sim {
             &mut self.logs[i],
             (&self.clock, &mut self.rng, self.faults, &mut self.trace),
         )
+    }
+
+    /// A tick of the quiet end: everything the watches have delivered, each instance's
+    /// batch, check and reservations answered, a settle, and every fifth second the status.
+    fn quiet_tick(&mut self, ticks: &mut u64) -> Result<(), Failure> {
+        self.excuses();
+        for i in 0..self.instances.len() {
+            for _ in 0..64 {
+                let before = (self.instances[i].kv_pos, self.instances[i].k8s_pos);
+                self.deliver_kv(i)?;
+                self.deliver_k8s(i)?;
+                if (self.instances[i].kv_pos, self.instances[i].k8s_pos) == before {
+                    break;
+                }
+            }
+            self.batch_done(i)?;
+            self.verify_done(i)?;
+            self.reservations_done(i)?;
+        }
+        self.settle()?;
+        *ticks += 1;
+        if ticks.is_multiple_of(STATUS.as_millis() as u64 / SETTLE.as_millis() as u64) {
+            self.status()?;
+        }
+        Ok(())
+    }
+
+    /// Before the last nodes move, the rollout goes quiet with kvstore-mode nodes still
+    /// there: no fault, no chaos. Once the Lease has had time to settle and a failure's
+    /// wait is over, whoever holds it has reserved every object it has seen.
+    fn all_reserved(&mut self) -> Result<(), Failure> {
+        if !self.settings.reserve_in_kvstore {
+            return Ok(());
+        }
+        if !reserved::kvstore_in_use(&self.world) {
+            // Most rollouts are over by now: a node comes back to kvstore mode and uses it,
+            // so there is something to reserve for (after a cutover, anew).
+            self.world.nodes[0].mode = world::Mode::Kvstore;
+            let l = labels(self.rng.below(LABEL_SETS as u64) as usize);
+            self.world.kvstore_allocate(&mut self.rng, 0, &l);
+            self.trace.line(
+                self.world.now,
+                "node 0 returns to kvstore mode for the quiet end".into(),
+            );
+        }
+        let until = self.world.now + LEASE_DURATION * 2 + RETRY_AFTER_FAILURE;
+        let mut ticks = 0;
+        while self.world.now < until {
+            self.quiet_tick(&mut ticks)?;
+        }
+        for inst in &self.instances {
+            if reserved::excuse(inst, &self.world, self.faults).is_some() {
+                continue;
+            }
+            let left = inst.unreserved(&self.world);
+            if !left.is_empty() {
+                return Err(Failure::new(
+                    "every object is reserved in the kvstore within two of the writer's turns, unless sync says why not",
+                    format!(
+                        "i{}: after a quiet {} s with the Lease held, {left:?} still not reserved",
+                        inst.idx,
+                        (LEASE_DURATION * 2 + RETRY_AFTER_FAILURE).as_secs()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whatever excuses an instance from reserving, at any step, starts its count again.
+    fn excuses(&mut self) {
+        if !self.settings.reserve_in_kvstore {
+            return;
+        }
+        for (i, inst) in self.instances.iter().enumerate() {
+            if reserved::excuse(inst, &self.world, self.faults).is_some() {
+                self.owed[i].excused();
+            }
+        }
     }
 
     fn random_instance(&mut self) -> usize {
@@ -308,6 +410,7 @@ impl Sim {
         self.reads_due()?;
         for i in 0..self.instances.len() {
             self.feed(i, Turn::Settle { stopped: false })?;
+            self.owed[i].settled();
         }
         Ok(())
     }
@@ -404,11 +507,22 @@ impl Sim {
     /// The reservations writer's turn: what the loop sent, carried out; each answer goes
     /// back to the loop's queue and on to the machine.
     fn reservations_done(&mut self, i: usize) -> Result<(), Failure> {
+        if self.mutant == Mutant::NeverReserves
+            && let Some(res) = self.instances[i].reserver.as_mut()
+        {
+            res.lose_requests();
+        }
         let replies = self
             .with_writer(i, |res, w| res.work(w))
             .transpose()?
             .unwrap_or_default();
-        self.answer(i, replies)
+        self.answer(i, replies)?;
+        if !self.settings.reserve_in_kvstore {
+            return Ok(());
+        }
+        let excuse = reserved::excuse(&self.instances[i], &self.world, self.faults);
+        let unreserved = self.instances[i].unreserved(&self.world);
+        self.owed[i].turn(i, excuse, unreserved)
     }
 
     /// The keep-alive of instance `i`'s reservation lease (and what it left undone).
@@ -622,6 +736,7 @@ impl Sim {
     /// An instance dies (mid-write, perhaps with a torn last log line) and starts again from
     /// its log and a fresh read.
     fn crash(&mut self, i: usize) -> Result<(), Failure> {
+        self.owed[i].excused();
         let batch = self.instances[i].batch.take();
         let logged = self.instances[i].batch_logged();
         let mut note = String::new();
@@ -657,6 +772,7 @@ impl Sim {
     /// the binary's does (the batch out taken in, the reservation writer finishing what it
     /// was sent) and core's keeper gives the Lease up, so another takes over at once.
     fn stop_and_restart(&mut self, i: usize) -> Result<(), Failure> {
+        self.owed[i].excused();
         if !self.instances[i].alive {
             return Ok(());
         }
@@ -698,6 +814,7 @@ impl Sim {
         self.quiet = true;
         self.faults = Faults::default();
         self.renewals_fail.iter_mut().for_each(|f| *f = false);
+        self.all_reserved()?;
         for n in 0..self.world.nodes.len() {
             self.world.roll(n);
         }
@@ -710,25 +827,7 @@ impl Sim {
         let late = crate::core::sync::RETRY_AFTER;
         let (mut ticks, mut standing) = (0u64, None);
         while self.world.now < start + bound + late {
-            for i in 0..self.instances.len() {
-                // Everything the watches have, delivered.
-                for _ in 0..64 {
-                    let before = (self.instances[i].kv_pos, self.instances[i].k8s_pos);
-                    self.deliver_kv(i)?;
-                    self.deliver_k8s(i)?;
-                    if (self.instances[i].kv_pos, self.instances[i].k8s_pos) == before {
-                        break;
-                    }
-                }
-                self.batch_done(i)?;
-                self.verify_done(i)?;
-                self.reservations_done(i)?;
-            }
-            self.settle()?;
-            ticks += 1;
-            if ticks.is_multiple_of(STATUS.as_millis() as u64 / SETTLE.as_millis() as u64) {
-                self.status()?;
-            }
+            self.quiet_tick(&mut ticks)?;
             // A cutover that stands (one a node coming back undid is not it).
             let holder = self.world.lease_holder().filter(|&h| {
                 let inst = &self.instances[h];

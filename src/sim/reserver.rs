@@ -205,6 +205,11 @@ impl SimReservations {
         }
     }
 
+    /// What the loop asked is lost (`Mutant::NeverReserves`).
+    pub fn lose_requests(&mut self) {
+        self.inbox.clear();
+    }
+
     pub fn lease(&self) -> i64 {
         self.writer.lease()
     }

@@ -36,6 +36,30 @@ fn every_seed_keeps_every_invariant_and_reaches_cutover() {
 }
 
 #[test]
+fn a_sync_that_never_reserves_fails_the_simulation() {
+    let reserving: Vec<u64> = (0..40).filter(|s| run_seed(*s, 5000).reserves).collect();
+    assert!(reserving.len() >= 10, "{reserving:?}");
+    let failed: Vec<(u64, &str)> = reserving
+        .iter()
+        .filter_map(|s| {
+            let run = run_mutant(*s, 5000, Mutant::NeverReserves);
+            run.failure.map(|f| (*s, f.invariant))
+        })
+        .collect();
+    assert_eq!(
+        failed.len(),
+        reserving.len(),
+        "every seed that reserves fails: {failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .all(|(_, i)| i.starts_with("every object is reserved in the kvstore")),
+        "{failed:?}"
+    );
+}
+
+#[test]
 fn a_seed_replays_exactly_and_seeds_differ() {
     let a = run_seed(7, 800);
     let b = run_seed(7, 800);
@@ -50,6 +74,26 @@ fn a_seed_replays_exactly_and_seeds_differ() {
 /// since, so an older seed now plays another run; the unit test beside each fix holds the
 /// bug itself in a few lines.)
 const REGRESSIONS: &[(u64, usize, &str)] = &[
+    (
+        91,
+        5000,
+        "reservations: a master key of sync's own that Cilium's GC took before a compaction was missing from the fresh view, never forgotten, and its id never reserved again",
+    ),
+    (
+        1016,
+        5000,
+        "reservations: a remap target sync made was reserved only when the watch showed it, and an object arriving while the gate was shut a moment not at all",
+    ),
+    (
+        1905,
+        5000,
+        "reservations: an id found held by another before a compaction was never tried again once its key went unseen",
+    ),
+    (
+        442,
+        5000,
+        "reservations: an earlier sync's reservation whose object and master key were both gone was taken over and held, so its id was never reserved again",
+    ),
     (
         1385,
         5000,

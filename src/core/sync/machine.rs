@@ -13,6 +13,7 @@ use super::decided::Decisions;
 use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
 use crate::core::kvstore::{NodeCounts, parse_id};
 use crate::core::labels::LabelKey;
+use crate::core::outcome::Outcome;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::planner::{Kind, Op};
 use crate::core::range::IdRange;
@@ -127,6 +128,9 @@ pub enum Reserve {
     Deleted { id: u32 },
     /// A fresh view of Kubernetes: every id in it is looked at again.
     ViewChanged,
+    /// A fresh read of the kvstore: what was found held before is looked at again (a key
+    /// that went while the watch was not there, before a compaction, was never seen go).
+    FreshKvstore,
     /// Write what is due.
     Pump,
     /// Cutover: no kvstore-mode node is left to need them.
@@ -361,6 +365,23 @@ impl Machine {
         self.k8s_up = false;
         self.following = false;
         let mut out = Vec::new();
+        if self.reserving() {
+            // A master key of this sync's that the fresh view lacks went while no watch
+            // said so (Cilium's GC, before a compaction): the writer forgets it, so that
+            // its id is reserved again. Never a write by itself (see `Ledger::forget`).
+            let gone: Vec<u32> = self
+                .state
+                .own_masters
+                .iter()
+                .copied()
+                .filter(|id| !self.state.masters.contains_key(id.to_string().as_bytes()))
+                .collect();
+            for id in gone {
+                let k8s = self.state.k8s.get(&id).cloned();
+                out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
+            }
+            out.push(Output::Reserve(Reserve::FreshKvstore));
+        }
         if self.reserving() && self.holding() {
             // A fresh view: every id in it is looked at; the first batch goes before the
             // watches deliver anything. (What earlier syncs left is taken over by the shell
@@ -397,11 +418,25 @@ impl Machine {
             }
             Input::BatchDone { ops, outcome } => {
                 self.batch_running = false;
+                let made = if self.reserving() {
+                    made_objects(&ops, &outcome)
+                } else {
+                    Vec::new()
+                };
                 let taken = self.state.take_results(ops, outcome, now);
                 if let Some(t) = &taken.trouble {
                     out.push(Output::Trouble(t.clone()));
                 }
                 out.push(Output::Taken(taken));
+                // What sync made (a remap target the kvstore does not hold) is reserved
+                // at once, not when the watch shows it.
+                let pump = !made.is_empty() && self.holding();
+                for (id, labels) in made {
+                    out.push(Output::Reserve(Reserve::Want { id, labels }));
+                }
+                if pump {
+                    out.push(Output::Reserve(Reserve::Pump));
+                }
                 self.dirty = true;
             }
             Input::Settle => self.on_settle(now, &mut out),
@@ -465,12 +500,17 @@ impl Machine {
                 for c in changes {
                     self.state.apply_kv_change(c, now);
                 }
-                if self.reserving() && self.holding() && !gone.is_empty() {
+                // Told to the writer whether or not this sync writes now: its ledger must
+                // forget a reservation Cilium's GC took while the Lease was another's, or it
+                // would never reserve that id again once the Lease is back.
+                if self.reserving() && !gone.is_empty() {
                     for id in gone {
                         let k8s = self.state.k8s.get(&id).cloned();
                         out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
                     }
-                    out.push(Output::Reserve(Reserve::Pump));
+                    if self.holding() {
+                        out.push(Output::Reserve(Reserve::Pump));
+                    }
                 }
                 self.dirty = true;
             }
@@ -504,10 +544,14 @@ impl Machine {
             } => {
                 state.k8s_upsert(id, labels.clone(), resource_version, now);
                 // At once, not at the next plan: the window in which a kvstore-mode agent
-                // can hand the id out again is as short as the watch's lag.
-                if reserve && holding {
+                // can hand the id out again is as short as the watch's lag. Queued even
+                // while the gate is shut a moment (a renewal late): nothing looks at the
+                // whole view again when it opens.
+                if reserve {
                     out.push(Output::Reserve(Reserve::Want { id, labels }));
-                    out.push(Output::Reserve(Reserve::Pump));
+                    if holding {
+                        out.push(Output::Reserve(Reserve::Pump));
+                    }
                 }
                 self.dirty = true;
             }
@@ -825,6 +869,21 @@ impl Machine {
             }));
         }
     }
+}
+
+/// The objects a batch made or found made: their ids and label keys.
+fn made_objects(ops: &[Op], outcome: &BatchOutcome) -> Vec<(u32, LabelKey)> {
+    let BatchOutcome::Done { results, .. } = outcome else {
+        return Vec::new();
+    };
+    results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Created | Outcome::AlreadyExisted))
+        .filter_map(|(t, _)| {
+            let op = ops.iter().find(|op| op.target_id == Some(*t))?;
+            Some((*t, op.label_key.clone()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -96,6 +96,9 @@ pub enum Request {
     /// The kvstore's master key at this id went (Cilium's GC): whatever was known of it
     /// (reserved by sync, or found held) no longer holds.
     Forget(u32),
+    /// A fresh read of the kvstore: ids found held before are tried again when asked (one
+    /// that went before a compaction was never seen go).
+    LookAgain,
 }
 
 /// What the writer answers: after each batch, and whenever it has something to say.
@@ -195,6 +198,13 @@ impl Queue {
         if !earlier.is_empty() {
             self.pending.push(Request::Adopt(earlier));
         }
+    }
+
+    /// A fresh read of the kvstore: what the writer found held is looked at again, with
+    /// the whole view, at the next batch.
+    pub fn fresh_kvstore(&mut self) {
+        self.pending.push(Request::LookAgain);
+        self.whole_view_due = true;
     }
 
     /// The whole view is to be looked at again at the next batch.
@@ -339,6 +349,11 @@ impl Ledger {
             return Unreserve::Later;
         }
         Unreserve::Now(labels)
+    }
+
+    /// A fresh read of the kvstore: the ids found held are tried again when next asked.
+    pub fn look_again(&mut self) {
+        self.tried.clear();
     }
 
     /// The `value/` key of `id` could not be deleted (or the log line not written): at the

@@ -425,6 +425,7 @@ impl Shell {
             Reserve::Want { id, labels } => q.want(id, labels),
             Reserve::Deleted { id } => q.deleted(id),
             Reserve::ViewChanged => q.view_changed(),
+            Reserve::FreshKvstore => q.fresh_kvstore(),
             Reserve::Pump => q.pump(m.state(), m.settings().range, now),
             Reserve::Release => q.flush(),
         }

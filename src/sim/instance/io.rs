@@ -62,6 +62,8 @@ pub struct SimIo<'a> {
     pub(super) reports: &'a mut BTreeMap<u32, u32>,
     pub(super) must_report: &'a mut BTreeSet<u32>,
     pub(super) cutover: &'a mut Option<Duration>,
+    /// When the instance last said the reservations met trouble.
+    pub(super) reserve_trouble: &'a mut Option<Duration>,
     pub(super) failure: Option<Failure>,
 }
 
@@ -373,7 +375,12 @@ impl shell::Io for SimIo<'_> {
             }
             Event::Conflict { id, kind, .. } => self.line(format!("i{i} conflict {id} {kind:?}")),
             Event::Invalid { id, .. } => self.line(format!("i{i} invalid {id}")),
-            Event::Trouble(t) => self.line(format!("i{i} trouble {t}")),
+            Event::Trouble(t) => {
+                if t.starts_with("reserving in the kvstore") {
+                    *self.reserve_trouble = Some(self.world.now);
+                }
+                self.line(format!("i{i} trouble {t}"))
+            }
             Event::Note(n) => self.line(format!("i{i} note {n}")),
             Event::Following | Event::Status(_) | Event::NodeCounts(_) | Event::Taken(_) => {}
         }

@@ -504,6 +504,18 @@ fn reserving(t0: Instant) -> Machine {
     m
 }
 
+/// The kvstore's GC deletes the master key at 300.
+fn master_300_gone() -> Input {
+    Input::Kv(KvWatchEvent::Changes {
+        changes: vec![KvChange::Master {
+            id: b"300".to_vec(),
+            value: None,
+            created: false,
+        }],
+        revision: 5,
+    })
+}
+
 fn reserve_asks(out: &[Output]) -> Vec<Reserve> {
     out.iter()
         .filter_map(|o| match o {
@@ -520,14 +532,7 @@ fn a_master_key_gone_is_reserved_again_only_when_one_went() {
     m.step(taken_by_b(), t0, true);
     let slave_only = node(true);
     assert!(reserve_asks(&m.step(slave_only, t0, true)).is_empty());
-    let gone = Input::Kv(KvWatchEvent::Changes {
-        changes: vec![KvChange::Master {
-            id: b"300".to_vec(),
-            value: None,
-            created: false,
-        }],
-        revision: 5,
-    });
+    let gone = master_300_gone();
     assert_eq!(
         reserve_asks(&m.step(gone, t0, true)),
         [
@@ -537,6 +542,73 @@ fn a_master_key_gone_is_reserved_again_only_when_one_went() {
             },
             Reserve::Pump
         ]
+    );
+}
+
+#[test]
+fn a_master_key_of_syncs_own_gone_is_forgotten_even_by_a_standby_and_after_a_fresh_view() {
+    let t0 = Instant::now();
+    let mut m = reserving(t0);
+    let own = Input::Reservations {
+        held: 1,
+        own_masters: [300].into(),
+    };
+    m.step(own, t0, true);
+    // The Lease is another's: nothing is written, but the writer still forgets what the
+    // kvstore's GC took, or it would never reserve the id again once the Lease is back.
+    m.step(Input::Lease(LeaseHolder::Other("i1".into())), t0, false);
+    let gone = master_300_gone();
+    assert_eq!(
+        reserve_asks(&m.step(gone, t0, false)),
+        [Reserve::MasterGone { id: 300, k8s: None }],
+        "forgotten, and no pump while another writes"
+    );
+    // A fresh view (after a compaction) that lacks the key: no watch said it went.
+    let mut carried = m.take_state();
+    carried.own_masters = [300, 301].into();
+    let mut fresh = with_300(t0);
+    fresh.own_masters = carried.own_masters.clone();
+    let out = m.start_round(fresh, true);
+    assert_eq!(
+        reserve_asks(&out),
+        [
+            Reserve::MasterGone { id: 301, k8s: None },
+            Reserve::FreshKvstore
+        ],
+        "only the one the fresh view lacks (300 is there); what was found held looked at again"
+    );
+}
+
+#[test]
+fn what_sync_made_is_reserved_at_once_and_an_arrival_with_the_gate_shut_is_queued() {
+    let t0 = Instant::now();
+    let mut m = reserving(t0);
+    // Sync's own create: asked for as soon as its outcome is in, not when the watch shows
+    // it (the queue leaves out an id the kvstore holds, as 300 is here).
+    let ops = writes(&m.step(Input::Settle, t0, true));
+    assert_eq!(ops.len(), 1);
+    assert_eq!(
+        reserve_asks(&m.step(done(ops), t0, true)),
+        [
+            Reserve::Want {
+                id: 300,
+                labels: A.into()
+            },
+            Reserve::Pump
+        ]
+    );
+    // An object arriving while the gate is shut a moment: queued, pumped once it opens.
+    let c = Input::K8s(K8sChange::Upsert {
+        id: 4000,
+        labels: "k8s:app=c;".into(),
+        resource_version: "3".into(),
+    });
+    assert_eq!(
+        reserve_asks(&m.step(c, t0, false)),
+        [Reserve::Want {
+            id: 4000,
+            labels: "k8s:app=c;".into()
+        }]
     );
 }
 

@@ -181,6 +181,10 @@ impl Writer {
                 (false, Ok(None))
             }
             Request::Adopt(earlier) => (false, self.adopt(earlier, io).await),
+            Request::LookAgain => {
+                self.ledger.look_again();
+                (false, Ok(None))
+            }
         }
     }
 
@@ -400,10 +404,21 @@ impl Writer {
         io: &mut impl KvWrites,
     ) -> Result<Option<String>, String> {
         let (mut adopted, mut changed) = (0, 0);
+        // One whose object is gone is held only while its master key is still as written:
+        // one Cilium's GC took (or an agent wrote again) is not this sync's to release, and
+        // held, it would keep its id from being reserved again.
+        let mut still = Vec::with_capacity(earlier.len());
+        for e in earlier {
+            if !e.keep && io.master_revision(e.id).await != Some(e.revision) {
+                changed += 1;
+                continue;
+            }
+            still.push(e);
+        }
         // Each is held at once; those whose object is gone wait for the release, the others
         // go back on this sync's lease here (what a failure leaves is put back at the next
         // keep-alive).
-        self.ledger.adopt(earlier);
+        self.ledger.adopt(still);
         // Only while the gate is open, looked at before each write (the rest goes back at a
         // keep-alive once it is).
         while io.may_write()

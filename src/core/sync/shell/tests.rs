@@ -446,7 +446,10 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
     // The first batch goes before the watches deliver: 4000, which the kvstore does not hold.
     assert_eq!(
         io.requests,
-        vec![Request::Reserve(vec![(4000, B.to_string())])]
+        vec![
+            Request::LookAgain,
+            Request::Reserve(vec![(4000, B.to_string())])
+        ]
     );
     // The writer's answer reaches the machine.
     let reply = Reply {
@@ -522,7 +525,10 @@ fn cutover_releases_the_reservations_once_and_a_node_back_reserves_anew() {
     );
     assert_eq!(
         io.requests[before..],
-        [Request::Reserve(vec![(4000, B.to_string())])]
+        [
+            Request::LookAgain,
+            Request::Reserve(vec![(4000, B.to_string())])
+        ]
     );
 }
 
@@ -600,7 +606,10 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
         revision: 7,
         keep: true,
     }];
-    assert_eq!(io.requests, vec![Request::Adopt(adopted)]);
+    assert_eq!(
+        io.requests,
+        vec![Request::Adopt(adopted), Request::LookAgain]
+    );
     io.requests.clear();
     // An object arrives while that batch is written: reserved once it is answered, at once.
     let c = "k8s:app=c;";

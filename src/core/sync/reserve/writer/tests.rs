@@ -273,6 +273,36 @@ fn adoption_puts_back_what_is_as_written_and_says_how_many_of_each() {
 }
 
 #[test]
+fn an_earlier_reservation_whose_object_and_master_key_are_gone_is_not_taken_over() {
+    let (mut kv, mut w) = Kv::with_lease();
+    // 300's object went and Cilium's GC took its master key; 301's object went, its key
+    // is as written (waits for the release); 302's key was written again by an agent.
+    kv.masters.insert(301, (B.into(), 12));
+    kv.masters.insert(302, (C.into(), 40));
+    let r = handle(
+        &mut w,
+        &mut kv,
+        vec![Request::Adopt(vec![
+            earlier(300, A, 11, false),
+            earlier(301, B, 12, false),
+            earlier(302, C, 13, false),
+        ])],
+    )
+    .unwrap();
+    assert_eq!(r.own_masters, Some(BTreeSet::from([301])));
+    assert!(
+        matches!(&r.said, Some(Said::Note(n)) if n.contains("(2 changed since and left alone)")),
+        "{:?}",
+        r.said
+    );
+    // 300 is free to be reserved again.
+    assert!(
+        reserve(&mut w, &mut kv, &[(300, "k8s:app=e;")])
+            .is_some_and(|r| r.own_masters == Some(BTreeSet::from([300, 301])))
+    );
+}
+
+#[test]
 fn what_adoption_could_not_put_back_with_the_gate_shut_goes_back_at_a_keep_alive() {
     let (mut kv, mut w) = Kv::with_lease();
     kv.masters.insert(300, (A.into(), 11));

@@ -194,6 +194,28 @@ fn refuse_plan_elsewhere(req: &ApplySpec, target: &K8sTarget, scope: ClusterScop
     Ok(())
 }
 
+/// Every item reconcile refused, named however many (the operator fixes them all at once);
+/// under a resume, with why its recorded decision was dropped, which is the cause.
+fn refused_items(errs: &[planner::ReconcileError], resumed: Option<&Resumed>) -> Error {
+    let dropped: HashMap<&str, &str> = resumed
+        .iter()
+        .flat_map(|r| &r.dropped)
+        .map(|d| (d.id.as_str(), d.reason.as_str()))
+        .collect();
+    let all: Vec<String> = errs
+        .iter()
+        .map(|e| match dropped.get(e.id.as_str()) {
+            Some(why) => format!("  {e} (its recorded decision was dropped: {why})"),
+            None => format!("  {e}"),
+        })
+        .collect();
+    Error::Refused(format!(
+        "{} item(s) refused, nothing written:\n{}",
+        errs.len(),
+        all.join("\n")
+    ))
+}
+
 /// Re-reads both sides, re-validates every decision against them, logs the decisions, then
 /// writes. Nothing is written when any item is refused.
 pub async fn apply(
@@ -244,27 +266,7 @@ pub async fn apply(
         range,
         req.accept_proposals,
     )
-    .map_err(|errs| {
-        // Every refused item is named, however many: the operator fixes them all at once;
-        // under a resume, with why its recorded decision was dropped, which is the cause.
-        let dropped: HashMap<&str, &str> = resumed
-            .iter()
-            .flat_map(|r| &r.dropped)
-            .map(|d| (d.id.as_str(), d.reason.as_str()))
-            .collect();
-        let all: Vec<String> = errs
-            .iter()
-            .map(|e| match dropped.get(e.id.as_str()) {
-                Some(why) => format!("  {e} (its recorded decision was dropped: {why})"),
-                None => format!("  {e}"),
-            })
-            .collect();
-        Error::Refused(format!(
-            "{} item(s) refused, nothing written:\n{}",
-            errs.len(),
-            all.join("\n")
-        ))
-    })?;
+    .map_err(|errs| refused_items(&errs, resumed.as_ref()))?;
     let planner::Reconciled {
         ops,
         not_in_plan,

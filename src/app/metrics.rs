@@ -174,27 +174,32 @@ impl Metrics {
             )?,
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
-            Box::new(m.kvstore_nodes.clone()),
-            Box::new(m.mirrored.clone()),
-            Box::new(m.pending.clone()),
-            Box::new(m.splits.clone()),
-            Box::new(m.splits_found.clone()),
-            Box::new(m.lag.clone()),
-            Box::new(m.write_failures.clone()),
-            Box::new(m.kvstore_reservations.clone()),
-            Box::new(m.kvstore_writes.clone()),
-            Box::new(m.relists.clone()),
-            Box::new(m.watch_up.clone()),
-            Box::new(m.cutover_waiting.clone()),
-            Box::new(m.last_event_age.clone()),
-            Box::new(m.throttled.clone()),
-            Box::new(m.warnings.clone()),
-        ];
-        for c in collectors {
-            m.registry.register(c).map_err(err)?;
-        }
+        m.register_all().map_err(err)?;
         Ok(m)
+    }
+
+    /// Every metric into the registry `/metrics` serves.
+    fn register_all(&self) -> std::result::Result<(), prometheus::Error> {
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+            Box::new(self.kvstore_nodes.clone()),
+            Box::new(self.mirrored.clone()),
+            Box::new(self.pending.clone()),
+            Box::new(self.splits.clone()),
+            Box::new(self.splits_found.clone()),
+            Box::new(self.lag.clone()),
+            Box::new(self.write_failures.clone()),
+            Box::new(self.kvstore_reservations.clone()),
+            Box::new(self.kvstore_writes.clone()),
+            Box::new(self.relists.clone()),
+            Box::new(self.watch_up.clone()),
+            Box::new(self.cutover_waiting.clone()),
+            Box::new(self.last_event_age.clone()),
+            Box::new(self.throttled.clone()),
+            Box::new(self.warnings.clone()),
+        ];
+        collectors
+            .into_iter()
+            .try_for_each(|c| self.registry.register(c))
     }
 
     /// Publishes what this client hears from the API server beside its answers.

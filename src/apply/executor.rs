@@ -227,24 +227,32 @@ pub async fn apply(
     if let Some(e) = first_err {
         return Err(e);
     }
-    report.retries = ctx.retries.load(Ordering::SeqCst);
-    report.throttled = ctx.throttled();
-    report.stopped = ctx
-        .stop_reason
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    if report.stopped.is_none() && ctx.stop.is_stopped() {
-        report.stopped = Some("stopped by the operator".into());
-    }
-    report.elapsed_ms = started.elapsed().as_millis();
-    tracing::info!(
-        items = report.results.len(),
-        retries = report.retries,
-        elapsed_ms = report.elapsed_ms as u64,
-        "apply finished"
-    );
+    ctx.close(&mut report, started);
     Ok(report)
+}
+
+impl Ctx<'_> {
+    /// What the run as a whole comes to: its retries, the server's push-back, why it
+    /// stopped early (if it did) and how long it took.
+    fn close(&self, report: &mut ApplyReport, started: Instant) {
+        report.retries = self.retries.load(Ordering::SeqCst);
+        report.throttled = self.throttled();
+        report.stopped = self
+            .stop_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if report.stopped.is_none() && self.stop.is_stopped() {
+            report.stopped = Some("stopped by the operator".into());
+        }
+        report.elapsed_ms = started.elapsed().as_millis();
+        tracing::info!(
+            items = report.results.len(),
+            retries = report.retries,
+            elapsed_ms = report.elapsed_ms as u64,
+            "apply finished"
+        );
+    }
 }
 
 fn decision_name(op: &Op) -> &'static str {

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::http::{Body, json_response, status};
 use super::state::Shared;
+use super::store::Store;
 
 pub const PREFIX: &str = "/apis/coordination.k8s.io/v1/namespaces/";
 
@@ -78,67 +79,8 @@ pub(super) fn route(
             Some(l) => json_response(StatusCode::OK, l),
             None => not_found(&name),
         },
-        (&Method::POST, true) => {
-            let mut lease = match parse(body) {
-                Ok(l) => l,
-                Err(r) => return Some(*r),
-            };
-            let name = lease["metadata"]["name"].as_str().unwrap_or("").to_string();
-            if name.is_empty() {
-                return Some(status(
-                    422,
-                    "Invalid",
-                    "Lease.coordination.k8s.io \"\" is invalid: metadata.name: Required value: name or generateName is required",
-                    None,
-                ));
-            }
-            let key = (namespace.clone(), name.clone());
-            if store.leases.contains_key(&key) {
-                return Some(status(
-                    409,
-                    "AlreadyExists",
-                    &format!("leases.coordination.k8s.io \"{name}\" already exists"),
-                    Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
-                ));
-            }
-            lease["metadata"]["namespace"] = json!(namespace);
-            store.stamp(&mut lease);
-            store.leases.insert(key, lease.clone());
-            json_response(StatusCode::CREATED, &lease)
-        }
-        (&Method::PUT, false) => {
-            let mut lease = match parse(body) {
-                Ok(l) => l,
-                Err(r) => return Some(*r),
-            };
-            let Some(current) = store.leases.get(&key).cloned() else {
-                return Some(not_found(&name));
-            };
-            let sent = lease["metadata"]["resourceVersion"].as_str().unwrap_or("");
-            let now = current["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap_or("");
-            // An update carries the version it was read at; another writer in between
-            // makes it a conflict, never a lost update.
-            if !sent.is_empty() && sent != now {
-                return Some(status(
-                    409,
-                    "Conflict",
-                    &format!(
-                        "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-                    ),
-                    Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
-                ));
-            }
-            let meta = &current["metadata"];
-            for k in ["uid", "creationTimestamp", "namespace", "name"] {
-                lease["metadata"][k] = meta[k].clone();
-            }
-            let rv = store.bump_rv();
-            lease["metadata"]["resourceVersion"] = json!(rv.to_string());
-            store.leases.insert(key, lease.clone());
-            json_response(StatusCode::OK, &lease)
-        }
+        (&Method::POST, true) => create(&mut store, &namespace, body),
+        (&Method::PUT, false) => update(&mut store, key, &name, body),
         (&Method::DELETE, false) => match store.leases.remove(&key) {
             Some(_) => json_response(
                 StatusCode::OK,
@@ -153,6 +95,71 @@ pub(super) fn route(
             None,
         ),
     })
+}
+
+/// A Lease created: named, new in its namespace, stamped.
+fn create(store: &mut Store, namespace: &str, body: &[u8]) -> Response<Body> {
+    let mut lease = match parse(body) {
+        Ok(l) => l,
+        Err(r) => return *r,
+    };
+    let name = lease["metadata"]["name"].as_str().unwrap_or("").to_string();
+    if name.is_empty() {
+        return status(
+            422,
+            "Invalid",
+            "Lease.coordination.k8s.io \"\" is invalid: metadata.name: Required value: name or generateName is required",
+            None,
+        );
+    }
+    let key = (namespace.to_string(), name.clone());
+    if store.leases.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+            Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
+        );
+    }
+    lease["metadata"]["namespace"] = json!(namespace);
+    store.stamp(&mut lease);
+    store.leases.insert(key, lease.clone());
+    json_response(StatusCode::CREATED, &lease)
+}
+
+/// A Lease replaced, only at the version it was read at.
+fn update(store: &mut Store, key: (String, String), name: &str, body: &[u8]) -> Response<Body> {
+    let mut lease = match parse(body) {
+        Ok(l) => l,
+        Err(r) => return *r,
+    };
+    let Some(current) = store.leases.get(&key).cloned() else {
+        return not_found(name);
+    };
+    let sent = lease["metadata"]["resourceVersion"].as_str().unwrap_or("");
+    let now = current["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("");
+    // An update carries the version it was read at; another writer in between
+    // makes it a conflict, never a lost update.
+    if !sent.is_empty() && sent != now {
+        return status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+            Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
+        );
+    }
+    let meta = &current["metadata"];
+    for k in ["uid", "creationTimestamp", "namespace", "name"] {
+        lease["metadata"][k] = meta[k].clone();
+    }
+    let rv = store.bump_rv();
+    lease["metadata"]["resourceVersion"] = json!(rv.to_string());
+    store.leases.insert(key, lease.clone());
+    json_response(StatusCode::OK, &lease)
 }
 
 fn parse(body: &[u8]) -> Result<Value, Box<Response<Body>>> {

@@ -268,6 +268,51 @@ const SERVER_METADATA: [&str; 5] = [
     "resourceVersion",
 ];
 
+/// The patch in `body`, applied to `new` as its media type says; the server's answer when
+/// the patch is refused.
+fn apply_patch(new: &mut Value, media: &str, body: &[u8]) -> Result<(), Box<Response<Body>>> {
+    match media {
+        "application/merge-patch+json" => match serde_json::from_slice::<Value>(body) {
+            Ok(patch) => json_patch::merge(new, &patch),
+            // What kube-apiserver answers: a bare 500 with this message.
+            Err(_) => return Err(Box::new(status(500, "", "Invalid JSON Patch", None))),
+        },
+        "application/json-patch+json" => {
+            let patch: json_patch::Patch = match serde_json::from_slice(body) {
+                Ok(p) => p,
+                Err(e) => return Err(Box::new(status(400, "BadRequest", &e.to_string(), None))),
+            };
+            if json_patch::patch(new, &patch).is_err() {
+                return Err(Box::new(status(
+                    422,
+                    "Invalid",
+                    "the server rejected our request due to an error in our request",
+                    Some(json!({})),
+                )));
+            }
+        }
+        "application/apply-patch+yaml" => {
+            return Err(Box::new(status(
+                415,
+                "UnsupportedMediaType",
+                "server-side apply is not served by the sandbox: use a merge or JSON patch (kubectl label, annotate, patch --type=merge|json)",
+                None,
+            )));
+        }
+        _ => {
+            return Err(Box::new(status(
+                415,
+                "UnsupportedMediaType",
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: {PATCH_TYPES}"
+                ),
+                None,
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// PATCH, as kube-apiserver takes it for a custom resource: a merge patch (RFC 7386) or a
 /// JSON patch (RFC 6902); strategic merge is refused with 415 as for every CRD. The result
 /// is validated like a create; a `metadata.resourceVersion` in the patch is a precondition;
@@ -287,44 +332,8 @@ pub(super) fn patch_identity(
         return not_found(name);
     };
     let mut new = old.clone();
-    match media {
-        "application/merge-patch+json" => match serde_json::from_slice::<Value>(body) {
-            Ok(patch) => json_patch::merge(&mut new, &patch),
-            // What kube-apiserver answers: a bare 500 with this message.
-            Err(_) => return status(500, "", "Invalid JSON Patch", None),
-        },
-        "application/json-patch+json" => {
-            let patch: json_patch::Patch = match serde_json::from_slice(body) {
-                Ok(p) => p,
-                Err(e) => return status(400, "BadRequest", &e.to_string(), None),
-            };
-            if json_patch::patch(&mut new, &patch).is_err() {
-                return status(
-                    422,
-                    "Invalid",
-                    "the server rejected our request due to an error in our request",
-                    Some(json!({})),
-                );
-            }
-        }
-        "application/apply-patch+yaml" => {
-            return status(
-                415,
-                "UnsupportedMediaType",
-                "server-side apply is not served by the sandbox: use a merge or JSON patch (kubectl label, annotate, patch --type=merge|json)",
-                None,
-            );
-        }
-        _ => {
-            return status(
-                415,
-                "UnsupportedMediaType",
-                &format!(
-                    "the body of the request was in an unknown format - accepted media types include: {PATCH_TYPES}"
-                ),
-                None,
-            );
-        }
+    if let Err(refused) = apply_patch(&mut new, media, body) {
+        return *refused;
     }
     let warnings = match fields.prune(&mut new) {
         Ok(w) => w,

@@ -50,7 +50,7 @@ pub(super) async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         })
     };
     // The rollout plays once sync follows the kvstore (`y` after a commit, or --sync).
-    let (rollout_tx, mut rollout_rx) = tokio::sync::mpsc::channel(64);
+    let (rollout_tx, rollout_rx) = tokio::sync::mpsc::channel(64);
     let rollout = tokio::spawn(rollout::run(
         demo.kv.clone(),
         demo.sandbox.agent(),
@@ -69,28 +69,7 @@ pub(super) async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
         let log_path = decision_log.unwrap_or_else(decision_log::default_path);
         let exit = demo_headless(world()?, log_path.clone()).await?;
         if then_sync {
-            outln!("\nsync: following the rollout until cutover (every proposal accepted) ...")?;
-            // What the simulated cluster does, beside what sync reports.
-            tokio::spawn(async move {
-                while let Some(line) = rollout_rx.recv().await {
-                    let _ = outln!("{line}");
-                }
-            });
-            let opts = cilium_idmig::app::sync::SyncOptions {
-                accept_proposals: true,
-                until_cutover: true,
-                reserve_in_kvstore,
-                ..Default::default()
-            };
-            sync(
-                world()?,
-                Some(log_path),
-                Vec::new(),
-                opts,
-                None,
-                ApplyOptions::default(),
-            )
-            .await
+            follow_the_rollout(world()?, log_path, rollout_rx, reserve_in_kvstore).await
         } else {
             Ok(exit)
         }
@@ -104,6 +83,37 @@ pub(super) async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
     };
     rollout.abort();
     result
+}
+
+/// `demo --headless --sync`: sync follows the rollout to cutover, every proposal accepted,
+/// with what the simulated cluster does printed beside what sync reports.
+async fn follow_the_rollout(
+    world: World,
+    log_path: PathBuf,
+    mut rollout_rx: tokio::sync::mpsc::Receiver<String>,
+    reserve_in_kvstore: bool,
+) -> anyhow::Result<Exit> {
+    outln!("\nsync: following the rollout until cutover (every proposal accepted) ...")?;
+    tokio::spawn(async move {
+        while let Some(line) = rollout_rx.recv().await {
+            let _ = outln!("{line}");
+        }
+    });
+    let opts = cilium_idmig::app::sync::SyncOptions {
+        accept_proposals: true,
+        until_cutover: true,
+        reserve_in_kvstore,
+        ..Default::default()
+    };
+    sync(
+        world,
+        Some(log_path),
+        Vec::new(),
+        opts,
+        None,
+        ApplyOptions::default(),
+    )
+    .await
 }
 
 /// `sandbox`: the sandbox API server until Ctrl-C.

@@ -165,10 +165,26 @@ fn reconcile_indexed(
     }
     let labels_of = |k: usize| live[from[k]].labels.as_str();
 
+    cross_check(&out.ops, &labels_of, k8s, &mut errors);
+    if errors.is_empty() {
+        Ok((out, from))
+    } else {
+        errors.sort_by(|a, b| a.id.cmp(&b.id).then(a.reason.cmp(&b.reason)));
+        Err(errors)
+    }
+}
+
+/// What no single decision shows: no two creates may claim one id, and a mapping must land
+/// on labels that Kubernetes holds there or that this plan creates there.
+fn cross_check<'a>(
+    ops: &[Op],
+    labels_of: &dyn Fn(usize) -> &'a str,
+    k8s: &BTreeMap<u32, LabelKey>,
+    errors: &mut Vec<ReconcileError>,
+) {
     // No two creates may claim one id.
     let mut creates: HashMap<u32, Vec<usize>> = HashMap::new();
-    for (k, op) in out
-        .ops
+    for (k, op) in ops
         .iter()
         .enumerate()
         .filter(|(_, o)| o.op == OpKind::Create)
@@ -179,7 +195,7 @@ fn reconcile_indexed(
     }
     for (t, ks) in &creates {
         if ks.len() > 1 {
-            let ops: Vec<&Op> = ks.iter().map(|&k| &out.ops[k]).collect();
+            let ops: Vec<&Op> = ks.iter().map(|&k| &ops[k]).collect();
             let ids: Vec<&str> = ops.iter().map(|o| o.id.as_str()).collect();
             for op in ops {
                 errors.push(err(
@@ -193,12 +209,7 @@ fn reconcile_indexed(
         }
     }
     // A mapping must land on labels that exist in Kubernetes or that this plan creates.
-    for (k, op) in out
-        .ops
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| o.op == OpKind::Map)
-    {
+    for (k, op) in ops.iter().enumerate().filter(|(_, o)| o.op == OpKind::Map) {
         let Some(t) = op.target_id else { continue };
         let labels = labels_of(k);
         let served = k8s.get(&t).is_some_and(|l| l == labels)
@@ -211,12 +222,6 @@ fn reconcile_indexed(
                 &format!("maps to id {t}, but id {t} does not hold these labels in Kubernetes and the plan creates nothing with them there"),
             ));
         }
-    }
-    if errors.is_empty() {
-        Ok((out, from))
-    } else {
-        errors.sort_by(|a, b| a.id.cmp(&b.id).then(a.reason.cmp(&b.reason)));
-        Err(errors)
     }
 }
 

@@ -75,6 +75,86 @@ fn picture(name: &str, title: &str, m: &Model, stale: &mut Vec<String>) {
     }
 }
 
+/// Sync's pictures: started with y and a typed yes, then mid-rollout and at cutover.
+fn sync_pictures(
+    m: &mut Model,
+    after: &ScanResult,
+    counts: &crate::core::kvstore::NodeCounts,
+    identities: usize,
+    stale: &mut Vec<String>,
+) {
+    update(m, key('y'));
+    picture("sync-confirm", "Starting sync: typing yes", m, stale);
+    for c in "yes".chars() {
+        update(m, key(c));
+    }
+    update(m, code(KeyCode::Enter));
+    // Sync starts with a fresh scan, as the commit ends with one.
+    scanned(m, after, counts);
+    let sync = |m: &mut Model, e: SyncEvent| update(m, Msg::Engine(Event::Sync(e)));
+    sync(m, SyncEvent::Following);
+    // What the demo's rollout brings: a kvstore-mode agent and a CRD-mode agent that
+    // took one id for two label sets, and a new identity whose id Kubernetes holds.
+    sync(
+        m,
+        SyncEvent::Split(SplitAllocation {
+            id: 2043,
+            kvstore_labels: "k8s:app=cart;k8s:io.kubernetes.pod.namespace=shop;".into(),
+            k8s_labels: "k8s:app=search;k8s:io.kubernetes.pod.namespace=shop;".into(),
+            nodes: vec!["node-5".into(), "node-6".into()],
+        }),
+    );
+    sync(
+        m,
+        SyncEvent::Conflict {
+            id: "2051".into(),
+            kind: Kind::Remap,
+            reason: "id taken in Kubernetes by other labels".into(),
+        },
+    );
+    // A conflict found live is brought in by a rescan.
+    scanned(m, after, counts);
+    let mid = SyncStatus {
+        kvstore_nodes: 2,
+        identities: identities + 41,
+        mirrored: 41,
+        pending: 1,
+        splits: 1,
+        cutover_wait: Some(CutoverWait::Nodes(2)),
+        lag_last: Some(Duration::from_millis(70)),
+        lag_p50: Some(Duration::from_millis(55)),
+        lag_p99: Some(Duration::from_millis(130)),
+        watching: true,
+        ..Default::default()
+    };
+    sync(m, SyncEvent::Status(mid.clone()));
+    m.modal = None;
+    m.status.clear();
+    picture("sync-rollout", "Sync screen mid-rollout", m, stale);
+    let done = SyncStatus {
+        kvstore_nodes: 0,
+        pending: 0,
+        splits: 0,
+        mirrored: 78,
+        identities: identities + 78,
+        cutover_wait: None,
+        ..mid
+    };
+    sync(m, SyncEvent::Status(done));
+    sync(
+        m,
+        SyncEvent::Cutover(CutoverReport {
+            mirrored: 78,
+            mapped: 3,
+            skipped: 0,
+            moot: 1,
+        }),
+    );
+    m.modal = None;
+    m.status.clear();
+    picture("sync-cutover", "Sync screen at cutover", m, stale);
+}
+
 /// A scan as the service reports it, the kvstore named as the demo names it.
 fn scan_result(scan: crate::app::flows::Scan) -> ScanResult {
     let mut source = scan.kv.source.clone();
@@ -238,77 +318,7 @@ async fn generated_docs_pictures_of_every_screen_match_the_tui() {
         &mut stale,
     );
 
-    // Sync, started with y and a typed yes, mid-rollout and at cutover.
-    update(&mut m, key('y'));
-    shot("sync-confirm", "Starting sync: typing yes", &m, &mut stale);
-    for c in "yes".chars() {
-        update(&mut m, key(c));
-    }
-    update(&mut m, code(KeyCode::Enter));
-    // Sync starts with a fresh scan, as the commit ends with one.
-    scanned(&mut m, &after, &counts);
-    let sync = |m: &mut Model, e: SyncEvent| update(m, Msg::Engine(Event::Sync(e)));
-    sync(&mut m, SyncEvent::Following);
-    // What the demo's rollout brings: a kvstore-mode agent and a CRD-mode agent that
-    // took one id for two label sets, and a new identity whose id Kubernetes holds.
-    sync(
-        &mut m,
-        SyncEvent::Split(SplitAllocation {
-            id: 2043,
-            kvstore_labels: "k8s:app=cart;k8s:io.kubernetes.pod.namespace=shop;".into(),
-            k8s_labels: "k8s:app=search;k8s:io.kubernetes.pod.namespace=shop;".into(),
-            nodes: vec!["node-5".into(), "node-6".into()],
-        }),
-    );
-    sync(
-        &mut m,
-        SyncEvent::Conflict {
-            id: "2051".into(),
-            kind: Kind::Remap,
-            reason: "id taken in Kubernetes by other labels".into(),
-        },
-    );
-    // A conflict found live is brought in by a rescan.
-    scanned(&mut m, &after, &counts);
-    let mid = SyncStatus {
-        kvstore_nodes: 2,
-        identities: first.items.len() + 41,
-        mirrored: 41,
-        pending: 1,
-        splits: 1,
-        cutover_wait: Some(CutoverWait::Nodes(2)),
-        lag_last: Some(Duration::from_millis(70)),
-        lag_p50: Some(Duration::from_millis(55)),
-        lag_p99: Some(Duration::from_millis(130)),
-        watching: true,
-        ..Default::default()
-    };
-    sync(&mut m, SyncEvent::Status(mid.clone()));
-    m.modal = None;
-    m.status.clear();
-    shot("sync-rollout", "Sync screen mid-rollout", &m, &mut stale);
-    let done = SyncStatus {
-        kvstore_nodes: 0,
-        pending: 0,
-        splits: 0,
-        mirrored: 78,
-        identities: first.items.len() + 78,
-        cutover_wait: None,
-        ..mid
-    };
-    sync(&mut m, SyncEvent::Status(done));
-    sync(
-        &mut m,
-        SyncEvent::Cutover(CutoverReport {
-            mirrored: 78,
-            mapped: 3,
-            skipped: 0,
-            moot: 1,
-        }),
-    );
-    m.modal = None;
-    m.status.clear();
-    shot("sync-cutover", "Sync screen at cutover", &m, &mut stale);
+    sync_pictures(&mut m, &after, &counts, first.items.len(), &mut stale);
 
     update(&mut m, key('6'));
     let generation = m.audit.generation;

@@ -40,15 +40,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             verify,
         } => committed(model, generation, *run, verify),
         ServiceEvent::KvRead { generation, items } => {
-            // The first scan shows the kvstore side at once; a rescan keeps the table it has.
-            if generation == model.scan.generation && model.cluster.items.is_empty() {
-                model.scan.k8s_pending = true;
-                model.status = format!(
-                    "read {} kvstore identities; listing Kubernetes…",
-                    items.len()
-                );
-                model.set_items(items);
-            }
+            on_kv_read(model, generation, items);
             vec![]
         }
         ServiceEvent::Listing {
@@ -85,12 +77,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             vec![]
         }
         ServiceEvent::NodesUsing { id, nodes: names } => {
-            // Only for the identity whose details are open; a later one is dropped.
-            if let Some(crate::tui::model::Modal::Detail { index, nodes }) = &mut model.modal
-                && model.cluster.items.get(*index).is_some_and(|i| i.id == id)
-            {
-                *nodes = Some(names);
-            }
+            on_nodes_using(model, &id, names);
             vec![]
         }
         ServiceEvent::Audited { generation, run } => {
@@ -115,6 +102,28 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
             vec![]
         }
+    }
+}
+
+/// The kvstore's side of the first scan, shown at once; a rescan keeps the table it has.
+fn on_kv_read(model: &mut Model, generation: u64, items: Vec<crate::core::planner::PlanItem>) {
+    if generation == model.scan.generation && model.cluster.items.is_empty() {
+        model.scan.k8s_pending = true;
+        model.status = format!(
+            "read {} kvstore identities; listing Kubernetes…",
+            items.len()
+        );
+        model.set_items(items);
+    }
+}
+
+/// The nodes using an identity, for its details if they are still open; a later answer
+/// for another is dropped.
+fn on_nodes_using(model: &mut Model, id: &str, names: Option<Vec<String>>) {
+    if let Some(crate::tui::model::Modal::Detail { index, nodes }) = &mut model.modal
+        && model.cluster.items.get(*index).is_some_and(|i| i.id == id)
+    {
+        *nodes = Some(names);
     }
 }
 

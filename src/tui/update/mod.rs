@@ -158,36 +158,7 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         return vec![];
     };
     match action {
-        KeyAction::Quit => {
-            if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
-                return stop_or_quit(model);
-            }
-            if matches!(
-                model.commit.phase,
-                CommitPhase::Running | CommitPhase::Stopping
-            ) {
-                model.modal = Some(Modal::Message(
-                    "a commit is running: Ctrl-C stops it first".into(),
-                ));
-                return vec![];
-            }
-            if model.sync.running && !model.sync.cutover && !model.sync.stopping {
-                // Leaving stops sync before cutover: a typed word, as starting it took.
-                model.modal = Some(Modal::ConfirmLeave {
-                    typed: TextField::default(),
-                });
-                return vec![];
-            }
-            if model.review.uncommitted > 0 && !model.sync.running {
-                // Decided and not committed: in the log, not in the cluster. Ask first.
-                model.modal = Some(Modal::ConfirmQuit {
-                    uncommitted: model.review.uncommitted,
-                });
-                return vec![];
-            }
-            model.quit = true;
-            vec![]
-        }
+        KeyAction::Quit => on_quit(model, &key),
         KeyAction::Stop => stop_or_quit(model),
         KeyAction::Help => {
             model.help_scroll = 0;
@@ -252,6 +223,39 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
         | KeyAction::Rescan
         | KeyAction::Export => work_key(model, action),
     }
+}
+
+/// `q` (or Ctrl-C): quits, unless a commit runs (Ctrl-C stops it first), sync runs short
+/// of cutover (a typed word first) or decisions are not committed (asked first).
+fn on_quit(model: &mut Model, key: &KeyEvent) -> Vec<Command> {
+    if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
+        return stop_or_quit(model);
+    }
+    if matches!(
+        model.commit.phase,
+        CommitPhase::Running | CommitPhase::Stopping
+    ) {
+        model.modal = Some(Modal::Message(
+            "a commit is running: Ctrl-C stops it first".into(),
+        ));
+        return vec![];
+    }
+    if model.sync.running && !model.sync.cutover && !model.sync.stopping {
+        // Leaving stops sync before cutover: a typed word, as starting it took.
+        model.modal = Some(Modal::ConfirmLeave {
+            typed: TextField::default(),
+        });
+        return vec![];
+    }
+    if model.review.uncommitted > 0 && !model.sync.running {
+        // Decided and not committed: in the log, not in the cluster. Ask first.
+        model.modal = Some(Modal::ConfirmQuit {
+            uncommitted: model.review.uncommitted,
+        });
+        return vec![];
+    }
+    model.quit = true;
+    vec![]
 }
 
 /// The Identities table: filter, search, sort, open a row, one decision for the rows shown.

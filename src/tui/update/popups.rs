@@ -16,21 +16,7 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
         return stop_or_quit(model);
     }
     match modal {
-        Modal::Help => {
-            // ↓/↑ scroll a help longer than the terminal; any other key closes it.
-            let keys = crate::tui::keys::bindings_for(model.screen).count() as u16;
-            let by: i32 = match key.code {
-                KeyCode::Down | KeyCode::Char('j') => 1,
-                KeyCode::Up | KeyCode::Char('k') => -1,
-                KeyCode::PageDown => 10,
-                KeyCode::PageUp => -10,
-                _ => return vec![],
-            };
-            model.help_scroll =
-                (i32::from(model.help_scroll) + by).clamp(0, i32::from(keys)) as u16;
-            model.modal = Some(Modal::Help);
-            vec![]
-        }
+        Modal::Help => on_help_key(model, &key),
         Modal::Message(_) => vec![],
         Modal::ResumeOffer { path, .. } => on_resume_offer(model, path, &key),
         Modal::Detail { index, .. } => {
@@ -53,16 +39,10 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             KeyCode::Char('y') | KeyCode::Enter => accept_all(model, count),
             _ => vec![],
         },
-        Modal::ConfirmBulk { targets } => {
-            let decision = match key.code {
-                KeyCode::Char('a') => Decision::Accept,
-                KeyCode::Char('s') => Decision::Skip,
-                KeyCode::Char('u') => Decision::Reuse,
-                KeyCode::Char('c') => Decision::CreateAnyway,
-                _ => return vec![],
-            };
-            decide_bulk(model, &targets, decision)
-        }
+        Modal::ConfirmBulk { targets } => match bulk_decision(&key) {
+            Some(decision) => decide_bulk(model, &targets, decision),
+            None => vec![],
+        },
         Modal::ConfirmCommit { typed } => typed_word(
             model,
             (typed, "yes"),
@@ -112,6 +92,32 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
                 vec![]
             }
         },
+    }
+}
+
+/// ↓/↑ scroll a help longer than the terminal; any other key closes it.
+fn on_help_key(model: &mut Model, key: &KeyEvent) -> Vec<Command> {
+    let keys = crate::tui::keys::bindings_for(model.screen).count() as u16;
+    let by: i32 = match key.code {
+        KeyCode::Down | KeyCode::Char('j') => 1,
+        KeyCode::Up | KeyCode::Char('k') => -1,
+        KeyCode::PageDown => 10,
+        KeyCode::PageUp => -10,
+        _ => return vec![],
+    };
+    model.help_scroll = (i32::from(model.help_scroll) + by).clamp(0, i32::from(keys)) as u16;
+    model.modal = Some(Modal::Help);
+    vec![]
+}
+
+/// The decision a key takes for every selected identity at once, if it takes one.
+fn bulk_decision(key: &KeyEvent) -> Option<Decision> {
+    match key.code {
+        KeyCode::Char('a') => Some(Decision::Accept),
+        KeyCode::Char('s') => Some(Decision::Skip),
+        KeyCode::Char('u') => Some(Decision::Reuse),
+        KeyCode::Char('c') => Some(Decision::CreateAnyway),
+        _ => None,
     }
 }
 

@@ -170,6 +170,21 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
             t.bad(),
         ));
     }
+    lines.extend(outcome_lines(model, &t));
+    // Wrapped: at 80 columns the written and verified lines are longer than a row.
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(ratatui::widgets::Wrap { trim: true })
+            .block(Block::default().borders(Borders::ALL)),
+        stats,
+    );
+    failures_panel(model, &t, frame, failures);
+}
+
+/// What the commit came to: its report's counts, and verify's verdict once it is done.
+fn outcome_lines(model: &Model, t: &Theme) -> Vec<Line<'static>> {
+    let c = &model.commit;
+    let mut lines = Vec::new();
     if let (Some(r), true) = (&c.report, c.rollback) {
         lines.push(Line::raw(format!(
             "deleted {} · already gone {} · kept {} · not attempted {} · failed {}",
@@ -202,13 +217,12 @@ pub(super) fn progress(model: &Model, frame: &mut Frame, area: Rect) {
             None => lines.push(Line::raw("not verified (the commit was stopped)")),
         }
     }
-    // Wrapped: at 80 columns the written and verified lines are longer than a row.
-    frame.render_widget(
-        Paragraph::new(lines)
-            .wrap(ratatui::widgets::Wrap { trim: true })
-            .block(Block::default().borders(Borders::ALL)),
-        stats,
-    );
+    lines
+}
+
+/// The failures so far, the latest first, as many as fit.
+fn failures_panel(model: &Model, t: &Theme, frame: &mut Frame, failures: Rect) {
+    let c = &model.commit;
     let rows: Vec<Line> = c
         .failures
         .iter()

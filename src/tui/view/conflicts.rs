@@ -36,39 +36,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         return;
     };
     let item = &model.cluster.items[i];
-    let pos = all.iter().position(|&c| c == i).map_or(0, |p| p + 1);
-    let state = if item.kind.needs_decision() && !item.decided {
-        Span::styled("needs a decision", t.bad())
-    } else if item.decided {
-        Span::styled("decided", t.good())
-    } else {
-        Span::raw("proposal stands (no decision needed)")
-    };
-    let title = Line::from(vec![
-        Span::styled(
-            format!(" {} {} ", symbol(item.kind), item.kind.as_str()),
-            t.kind(item.kind),
-        ),
-        Span::raw(format!(
-            " conflict {pos} of {} · kvstore id {} · used by {} node(s) · ",
-            all.len(),
-            item.id,
-            if model.scan.counting {
-                "…".to_string()
-            } else {
-                item.nodes.to_string()
-            }
-        )),
-        state,
-        Span::styled(
-            if model.review.new_since_snapshot.contains(&item.id) {
-                " · new since the snapshot (found by sync)"
-            } else {
-                ""
-            },
-            t.bad(),
-        ),
-    ]);
+    let title = title_line(model, &t, i, &all);
     let why = why_lines(item);
     // Each pane as tall as its text wraps to, so nothing stops mid-sentence; the label panes
     // take what is left and scroll (PgUp/PgDn) when a label set is longer.
@@ -128,6 +96,45 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             .block(Block::default().borders(Borders::ALL).title(" Why ")),
         bottom,
     );
+}
+
+/// The conflict's heading: its kind, where it is among the conflicts, the kvstore id and
+/// its nodes, whether it waits for a decision, and whether sync found it after the snapshot.
+fn title_line(model: &Model, t: &Theme, i: usize, all: &[usize]) -> Line<'static> {
+    let item = &model.cluster.items[i];
+    let pos = all.iter().position(|&c| c == i).map_or(0, |p| p + 1);
+    let state = if item.kind.needs_decision() && !item.decided {
+        Span::styled("needs a decision", t.bad())
+    } else if item.decided {
+        Span::styled("decided", t.good())
+    } else {
+        Span::raw("proposal stands (no decision needed)")
+    };
+    Line::from(vec![
+        Span::styled(
+            format!(" {} {} ", symbol(item.kind), item.kind.as_str()),
+            t.kind(item.kind),
+        ),
+        Span::raw(format!(
+            " conflict {pos} of {} · kvstore id {} · used by {} node(s) · ",
+            all.len(),
+            item.id,
+            if model.scan.counting {
+                "…".to_string()
+            } else {
+                item.nodes.to_string()
+            }
+        )),
+        state,
+        Span::styled(
+            if model.review.new_since_snapshot.contains(&item.id) {
+                " · new since the snapshot (found by sync)"
+            } else {
+                ""
+            },
+            t.bad(),
+        ),
+    ])
 }
 
 /// The proposal and why: the resolution, where the labels already are, the reason.

@@ -36,48 +36,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let rows = model.table.view[start..end]
         .iter()
         .enumerate()
-        .map(|(n, &i)| {
-            let item = &model.cluster.items[i];
-            let target = match item.target_id {
-                Some(tid) if Some(tid) != item.numeric_id() => format!("→{tid}"),
-                Some(tid) => tid.to_string(),
-                None => "-".into(),
-            };
-            let decided = if item.kind.needs_decision() && !item.decided {
-                "?"
-            } else {
-                ""
-            };
-            let mut style = t.kind(item.kind);
-            if start + n == model.table.selected {
-                style = style.patch(t.selected());
-            }
-            // Until Kubernetes is read, only the kvstore's side of a row is known.
-            let pending =
-                model.scan.k8s_pending && item.kind != crate::core::planner::Kind::Invalid;
-            let (symbol_cell, kind_cell, target_cell) = if pending {
-                ("…".to_string(), "…".to_string(), "…".to_string())
-            } else {
-                (
-                    format!("{}{decided}", symbol(item.kind)),
-                    item.kind.as_str().to_string(),
-                    format!("{target} {}", item.action.as_str()),
-                )
-            };
-            Row::new(vec![
-                Cell::from(symbol_cell),
-                Cell::from(item.id.clone()),
-                Cell::from(kind_cell),
-                Cell::from(target_cell),
-                Cell::from(if model.scan.counting {
-                    "…".to_string()
-                } else {
-                    item.nodes.to_string()
-                }),
-                Cell::from(item.labels.clone()),
-            ])
-            .style(style)
-        });
+        .map(|(n, &i)| row(model, &t, i, start + n == model.table.selected));
     let title = format!(
         " Identities: {} of {} shown · filter {} · search {} · row {} ",
         model.table.view.len(),
@@ -113,4 +72,48 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             .title(Span::raw(title)),
     );
     frame.render_widget(table, area);
+}
+
+/// One identity's row: its symbol (with `?` while it waits for a decision), id, kind,
+/// target and action, nodes and labels, in its kind's colour.
+fn row(model: &Model, t: &Theme, i: usize, selected: bool) -> Row<'static> {
+    let item = &model.cluster.items[i];
+    let target = match item.target_id {
+        Some(tid) if Some(tid) != item.numeric_id() => format!("→{tid}"),
+        Some(tid) => tid.to_string(),
+        None => "-".into(),
+    };
+    let decided = if item.kind.needs_decision() && !item.decided {
+        "?"
+    } else {
+        ""
+    };
+    let mut style = t.kind(item.kind);
+    if selected {
+        style = style.patch(t.selected());
+    }
+    // Until Kubernetes is read, only the kvstore's side of a row is known.
+    let pending = model.scan.k8s_pending && item.kind != crate::core::planner::Kind::Invalid;
+    let (symbol_cell, kind_cell, target_cell) = if pending {
+        ("…".to_string(), "…".to_string(), "…".to_string())
+    } else {
+        (
+            format!("{}{decided}", symbol(item.kind)),
+            item.kind.as_str().to_string(),
+            format!("{target} {}", item.action.as_str()),
+        )
+    };
+    Row::new(vec![
+        Cell::from(symbol_cell),
+        Cell::from(item.id.clone()),
+        Cell::from(kind_cell),
+        Cell::from(target_cell),
+        Cell::from(if model.scan.counting {
+            "…".to_string()
+        } else {
+            item.nodes.to_string()
+        }),
+        Cell::from(item.labels.clone()),
+    ])
+    .style(style)
 }

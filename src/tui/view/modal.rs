@@ -311,22 +311,7 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             vec![Line::raw(format!("/{}", with_cursor(input)))],
             3,
         ),
-        Modal::EditTarget { input, error } => {
-            let mut lines = vec![
-                Line::raw(format!(
-                    "New target id in {}: {}",
-                    model.cluster.range,
-                    with_cursor(input)
-                )),
-                Line::raw(
-                    "Enter checks it: in range, free in Kubernetes and in the kvstore, not taken by another proposal.",
-                ),
-            ];
-            if let Some(e) = error {
-                lines.push(Line::styled(e.clone(), t.bad()));
-            }
-            (" Edit target id ", lines, 6)
-        }
+        Modal::EditTarget { input, error } => edit_target(model, &t, input, error.as_deref()),
         Modal::ConfirmQuit { uncommitted } => (
             " Quit with decisions not committed? ",
             vec![
@@ -403,4 +388,27 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             .block(Block::default().borders(Borders::ALL).title(title)),
         rect,
     );
+}
+
+/// The target id being typed, with what Enter checks and why the last one was refused.
+fn edit_target(
+    model: &Model,
+    t: &Theme,
+    input: &TextField,
+    error: Option<&str>,
+) -> (&'static str, Vec<Line<'static>>, u16) {
+    let mut lines = vec![
+        Line::raw(format!(
+            "New target id in {}: {}",
+            model.cluster.range,
+            with_cursor(input)
+        )),
+        Line::raw(
+            "Enter checks it: in range, free in Kubernetes and in the kvstore, not taken by another proposal.",
+        ),
+    ];
+    if let Some(e) = error {
+        lines.push(Line::styled(e.to_string(), t.bad()));
+    }
+    (" Edit target id ", lines, 6)
 }

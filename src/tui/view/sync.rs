@@ -14,8 +14,6 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
     let s = &model.sync;
     let bold = Style::default().add_modifier(Modifier::BOLD);
-    let ms =
-        |d: Option<std::time::Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
     let mut lines = vec![Line::from(vec![
         Span::styled("state    ", bold),
         if s.cutover {
@@ -40,7 +38,39 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             Span::raw("not running: y starts it (after a commit)")
         },
     ])];
-    // Counts only once both sides are read: "0 identities" while starting would be wrong.
+    lines.extend(count_lines(model, &t));
+    // As tall as its lines once wrapped (at 80 columns the waiting line takes two rows), so
+    // none is cut; at least 8 rows, at most half the screen.
+    let inner = usize::from(area.width.saturating_sub(2)).max(1);
+    let rows: usize = lines
+        .iter()
+        .map(|l| {
+            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
+            super::wrap::words(&text, inner).len().max(1)
+        })
+        .sum();
+    let height = u16::try_from(rows + 2)
+        .unwrap_or(u16::MAX)
+        .clamp(8, (area.height / 2).max(8));
+    let [head, list] =
+        Layout::vertical([Constraint::Length(height), Constraint::Min(3)]).areas(area);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(" Sync ")),
+        head,
+    );
+    reports(model, frame, list);
+}
+
+/// Where sync stands, counted: only once both sides are read ("0 identities" while
+/// starting would be wrong).
+fn count_lines(model: &Model, t: &Theme) -> Vec<Line<'static>> {
+    let s = &model.sync;
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let ms =
+        |d: Option<std::time::Duration>| d.map_or("-".into(), |d| format!("{} ms", d.as_millis()));
+    let mut lines = Vec::new();
     if let Some(st) = s.status.as_ref().filter(|_| s.following || !s.running) {
         if let Some(wait) = &st.cutover_wait {
             lines.push(Line::from(vec![
@@ -111,28 +141,12 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             )),
         ]));
     }
-    // As tall as its lines once wrapped (at 80 columns the waiting line takes two rows), so
-    // none is cut; at least 8 rows, at most half the screen.
-    let inner = usize::from(area.width.saturating_sub(2)).max(1);
-    let rows: usize = lines
-        .iter()
-        .map(|l| {
-            let text: String = l.spans.iter().map(|s| s.content.as_ref()).collect();
-            super::wrap::words(&text, inner).len().max(1)
-        })
-        .sum();
-    let height = u16::try_from(rows + 2)
-        .unwrap_or(u16::MAX)
-        .clamp(8, (area.height / 2).max(8));
-    let [head, list] =
-        Layout::vertical([Constraint::Length(height), Constraint::Min(3)]).areas(area);
-    frame.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: false })
-            .block(Block::default().borders(Borders::ALL).title(" Sync ")),
-        head,
-    );
-    // The newest reports that fit, counting the rows each takes once wrapped.
+    lines
+}
+
+/// The newest reports that fit, counting the rows each takes once wrapped.
+fn reports(model: &Model, frame: &mut Frame, list: Rect) {
+    let s = &model.sync;
     let room = usize::from(list.height.saturating_sub(2));
     let width = usize::from(list.width.saturating_sub(2)).max(1);
     let mut shown: Vec<Line> = Vec::new();

@@ -188,7 +188,7 @@ impl SyncState {
     }
 
     /// Master keys this sync wrote that no kvstore-mode node uses: reservations alone.
-    pub fn reservations_alone(&self) -> impl Iterator<Item = u32> + '_ {
+    fn reservations_alone(&self) -> impl Iterator<Item = u32> + '_ {
         self.own_masters.iter().copied().filter(|id| {
             self.masters
                 .get(id.to_string().as_bytes())
@@ -200,7 +200,7 @@ impl SyncState {
     /// without a write: conflicts waiting for a decision, and identities mapped to an id
     /// that does not hold their labels (a remap proposal for the same labels under another
     /// kvstore id, itself never written). Taken from `waiting`.
-    pub fn moot_now(&mut self) -> Vec<(String, LabelKey, Kind)> {
+    fn moot_now(&mut self) -> Vec<(String, LabelKey, Kind)> {
         let unused = |labels: &str| self.counts.get(labels.as_bytes()) == 0;
         let mut out: Vec<(String, LabelKey, Kind)> = std::mem::take(&mut self.waiting)
             .into_iter()
@@ -232,7 +232,7 @@ impl SyncState {
     }
 
     /// Failed creates still not made whose kvstore identity still exists.
-    pub fn unwritten_now(&self) -> usize {
+    fn unwritten_now(&self) -> usize {
         self.unwritten
             .iter()
             .filter(|(t, id)| !self.k8s.contains_key(t) && self.masters.contains_key(id.as_bytes()))
@@ -306,7 +306,7 @@ impl SyncState {
         &self.reused
     }
 
-    pub fn plan(
+    fn plan(
         &self,
         decisions: &BTreeMap<String, LoggedDecision>,
         scope_range: crate::core::range::IdRange,
@@ -325,7 +325,7 @@ impl SyncState {
     }
 
     /// Records one create's lag (from the identity appearing to its object created).
-    pub fn record_lag(&mut self, lag: Duration) {
+    fn record_lag(&mut self, lag: Duration) {
         self.status.lag_last = Some(lag);
         self.lags.push_back(lag);
         // The percentiles cover the last 10,000 creates: bounded memory over days.
@@ -336,7 +336,7 @@ impl SyncState {
 
     /// p50 and p99 of the recent lags, for a status: computed per status, not per create,
     /// so a steady load does not sort 10,000 durations twenty times a second.
-    pub fn refresh_lag_percentiles(&mut self) {
+    fn refresh_lag_percentiles(&mut self) {
         if self.lags.is_empty() {
             return;
         }

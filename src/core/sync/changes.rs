@@ -6,7 +6,7 @@ use super::*;
 
 impl SyncState {
     /// One kvstore change (`now`: when sync saw it, for the lag).
-    pub fn apply_kv_change(&mut self, change: KvChange, now: Instant) {
+    pub(super) fn apply_kv_change(&mut self, change: KvChange, now: Instant) {
         match change {
             KvChange::Master {
                 id, value: Some(v), ..
@@ -84,7 +84,7 @@ impl SyncState {
     }
 
     /// An object created or changed in Kubernetes.
-    pub fn k8s_upsert(
+    pub(super) fn k8s_upsert(
         &mut self,
         id: u32,
         labels: LabelKey,
@@ -116,7 +116,7 @@ impl SyncState {
     }
 
     /// An object deleted in Kubernetes.
-    pub fn k8s_delete(&mut self, id: u32, resource_version: String, now: Instant) {
+    pub(super) fn k8s_delete(&mut self, id: u32, resource_version: String, now: Instant) {
         self.k8s_version = resource_version;
         let old = self.k8s.get(&id).cloned();
         self.overlay_sees(Some(id), old.as_deref().map(str::as_bytes));
@@ -156,7 +156,7 @@ impl SyncState {
 
     /// A fresh list after a 410: it replaces what sync holds, and what arrived while the
     /// watch was gone is checked for splits as if watched.
-    pub fn k8s_relisted(
+    pub(super) fn k8s_relisted(
         &mut self,
         identities: BTreeMap<u32, LabelKey>,
         resource_version: String,
@@ -199,7 +199,7 @@ impl SyncState {
     /// reported (conflicts, invalid entries, splits, moot closures), made (objects created,
     /// deleted since, created again), failing, counted and measured. Splits that still hold
     /// are not found again; one that began in the gap is found now; a fresh plan follows.
-    pub fn carry_over(&mut self, old: SyncState, now: Instant) {
+    pub(super) fn carry_over(&mut self, old: SyncState, now: Instant) {
         let fresh = std::mem::take(&mut self.status);
         // The world's sizes are the fresh read's; the counters go on. (The count of splits
         // now is set below, from the splits that still hold.)
@@ -242,7 +242,7 @@ impl SyncState {
     }
 
     /// Whether `id` is split now: Kubernetes holds it for other labels than the kvstore.
-    pub fn is_split(&self, id: u32) -> bool {
+    pub(super) fn is_split(&self, id: u32) -> bool {
         let Some(k8s_labels) = self.k8s.get(&id) else {
             return false;
         };
@@ -258,7 +258,7 @@ impl SyncState {
     /// once per occurrence (a split that ends, by the kvstore's GC or the object's deletion,
     /// and comes back is found again); reported once the nodes that use the kvstore's
     /// labels can be named (an agent writes its `value/` key just after the master key).
-    pub fn check_split(&mut self, id: u32, now: Instant) {
+    pub(super) fn check_split(&mut self, id: u32, now: Instant) {
         if !self.is_split(id) {
             self.end_split_if_over(id);
             return;

@@ -8,7 +8,7 @@ impl SyncState {
     /// One round: the plan (kept up to date, or made in full when a change was not local,
     /// and always with decisions to replay), the creates it makes and what it reports; the
     /// counts published.
-    pub fn round(
+    pub(super) fn round(
         &mut self,
         decisions: &mut Decisions,
         range: crate::core::range::IdRange,
@@ -112,7 +112,7 @@ impl SyncState {
     /// The creates this round makes: plain creates and decided (or accepted) remaps and
     /// duplicates whose target is free, not in flight and not failing; conflicts and invalid
     /// entries are reported once each.
-    pub fn select_writes<'a>(
+    pub(super) fn select_writes<'a>(
         &mut self,
         items: impl Iterator<Item = &'a PlanItem>,
         accept_proposals: bool,
@@ -229,7 +229,7 @@ impl SyncState {
     }
 
     /// What the latest plan says beyond the writes: skips, reuses, counts.
-    pub fn publish<'a>(&mut self, items: impl Iterator<Item = &'a PlanItem> + Clone) {
+    pub(super) fn publish<'a>(&mut self, items: impl Iterator<Item = &'a PlanItem> + Clone) {
         self.skipped = items
             .clone()
             .filter(|i| i.decided && i.action == Action::Skip)
@@ -256,7 +256,12 @@ impl SyncState {
     /// Folds a batch's outcomes in. `batch_failed`: the batch as a whole failed (e.g. its
     /// log lines could not be written), so nothing of it was written; `halted`: why the
     /// executor stopped it. Everything not written is tried again after `RETRY_AFTER`.
-    pub fn take_results(&mut self, ops: Vec<Op>, outcome: BatchOutcome, now: Instant) -> Taken {
+    pub(super) fn take_results(
+        &mut self,
+        ops: Vec<Op>,
+        outcome: BatchOutcome,
+        now: Instant,
+    ) -> Taken {
         let labels: HashMap<u32, (String, String)> = ops
             .into_iter()
             .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))

@@ -89,10 +89,10 @@ impl Instance {
     pub fn start(
         idx: usize,
         settings: Settings,
-        log: &[LogLine],
+        log: &mut Vec<LogLine>,
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
-    ) -> Self {
+    ) -> Result<Self, Failure> {
         let shell = Shell::new(settings, decisions_in_force(log), false);
         let mut i = Instance {
             idx,
@@ -125,10 +125,9 @@ impl Instance {
             reserver: None,
             reserve_trouble: None,
         };
-        // A start's outputs are reservation requests only: none can fail a check.
-        let mut log = log.to_vec();
-        let _ = i.fresh_round(world, &mut log, (clock, rng, trace), true);
-        i
+        // Checked as every other call the shell makes: a start is no time to look away.
+        i.fresh_round(world, log, (clock, rng, trace), true)?;
+        Ok(i)
     }
 
     /// A fresh read of both sides, as `app::sync` reads them: Kubernetes first, then the

@@ -56,6 +56,8 @@ pub struct SeedRun {
     pub released: usize,
     /// The seed ran `--reserve-in-kvstore`.
     pub reserves: bool,
+    /// Reservation leases that lapsed (a crashed or cut-off writer's).
+    pub lapsed: usize,
 }
 
 /// The cutover grace the simulated syncs run with.
@@ -117,15 +119,32 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
     };
     let mut world = World::new(nodes);
     world.gates = vec![None; instances];
-    let logs = vec![Vec::new(); instances];
+    let mut logs = vec![Vec::new(); instances];
     let clock = Clock(Instant::now());
     let mut trace = Trace::default();
-    let started: Vec<Instance> = (0..instances)
+    let started: Result<Vec<Instance>, Failure> = (0..instances)
         .map(|i| {
             let ctx = (&clock, &mut rng, &mut trace);
-            Instance::start(i, settings.clone(), &logs[i], &mut world, ctx)
+            Instance::start(i, settings.clone(), &mut logs[i], &mut world, ctx)
         })
         .collect();
+    let started = match started {
+        Ok(started) => started,
+        Err(mut f) => {
+            f.trace = trace.last_lines();
+            return SeedRun {
+                seed,
+                steps: 0,
+                failure: Some(f),
+                digest: trace.digest(),
+                cutover: None,
+                reserved: world.sync_master_writes,
+                released: 0,
+                reserves: settings.reserve_in_kvstore,
+                lapsed: 0,
+            };
+        }
+    };
     let mut sim = Sim {
         instances: started,
         rng,
@@ -171,6 +190,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         digest: sim.trace.digest(),
         cutover: sim.instances.iter().filter_map(|i| i.cutover).min(),
         reserves: sim.settings.reserve_in_kvstore,
+        lapsed: sim.world.res_lapsed,
         reserved: sim.world.sync_master_writes,
         released: sim
             .logs
@@ -656,8 +676,7 @@ impl Sim {
         }
         self.trace
             .line(self.world.now, format!("i{i} crashes{note} and restarts"));
-        self.restart(i);
-        Ok(())
+        self.restart(i)
     }
 
     /// An instance stops cleanly (an upgrade, SIGTERM) and starts again: its sync ends as
@@ -677,23 +696,23 @@ impl Sim {
             self.world.now,
             format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
         );
-        self.restart(i);
-        Ok(())
+        self.restart(i)
     }
 
     /// Instance `i` starts again from its log and a fresh read.
-    fn restart(&mut self, i: usize) {
+    fn restart(&mut self, i: usize) -> Result<(), Failure> {
         // A process that ended writes nothing; the restarted one starts its keeper afresh.
         self.world.gates[i] = None;
         let ctx = (&self.clock, &mut self.rng, &mut self.trace);
         let restarted = Instance::start(
             i,
             self.settings.clone(),
-            &self.logs[i],
+            &mut self.logs[i],
             &mut self.world,
             ctx,
-        );
+        )?;
         self.instances[i] = restarted;
+        Ok(())
     }
 }
 

@@ -78,6 +78,8 @@ pub struct World {
     /// etcd leases holding sync's reservation `value/` keys: lease -> when it lapses.
     pub res_leases: BTreeMap<i64, Duration>,
     next_res_lease: i64,
+    /// Reservation leases that lapsed (not kept alive within their TTL).
+    pub res_lapsed: usize,
     /// The lease each reservation `value/` key (by labels) is on.
     pub res_value_lease: BTreeMap<String, i64>,
     /// `value/<labels>/<node>` -> (id, revision it was created at).
@@ -314,6 +316,7 @@ impl World {
             .filter(|(_, until)| **until <= now)
             .map(|(l, _)| *l)
             .collect();
+        self.res_lapsed += gone.len();
         for lease in gone {
             self.res_revoke(lease);
         }

@@ -721,12 +721,14 @@ fn troubleshooting_quotes_every_message_that_says_what_to_do() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        // The simulation, the sandbox and the test-only guide print nothing to an operator;
-        // the examples of the help are commands, not advice.
+        // The simulation, the sandbox and the test-only guide print nothing to an operator,
+        // nor do tests (`tests.rs` and the files of a `tests/` folder beside it); the
+        // examples of the help are commands, not advice.
         if ["src/sim/", "src/sandbox/", "src/guide/", "src/cli/args.rs"]
             .iter()
             .any(|p| rel.starts_with(p))
             || rel.ends_with("tests.rs")
+            || rel.contains("/tests/")
         {
             continue;
         }

@@ -272,13 +272,14 @@ impl ReservationTask {
     }
 
     /// Sends the batch the shell's queue asks for, without waiting: the queue keeps one in
-    /// flight, so there is always room (a full channel would be a broken promise, said in
-    /// the log, not a wait).
+    /// flight, so there is always room. A refusal is never waited on: a closed channel is
+    /// the writer gone, which `next_reply` hears and ends sync with; a full one would be a
+    /// broken promise of the queue's, logged as such.
     pub fn send(&self, batch: Vec<Request>) {
         if let Err(e) = self.requests.try_send(batch) {
             tracing::error!(
                 error = %e,
-                "the reservation writer's channel refused a batch: it will be looked at again with the whole view"
+                "the reservation writer's channel refused a batch (one batch in flight leaves room for it; if the writer is gone, sync ends saying so)"
             );
         }
     }

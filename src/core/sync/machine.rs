@@ -376,10 +376,7 @@ impl Machine {
                 .copied()
                 .filter(|id| !self.state.masters.contains_key(id.to_string().as_bytes()))
                 .collect();
-            for id in gone {
-                let k8s = self.state.k8s.get(&id).cloned();
-                out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
-            }
+            out.extend(gone.into_iter().map(|id| self.master_gone(id)));
             out.push(Output::Reserve(Reserve::FreshKvstore));
         }
         if self.reserving() && self.holding() {
@@ -504,10 +501,7 @@ impl Machine {
                 // forget a reservation Cilium's GC took while the Lease was another's, or it
                 // would never reserve that id again once the Lease is back.
                 if self.reserving() && !gone.is_empty() {
-                    for id in gone {
-                        let k8s = self.state.k8s.get(&id).cloned();
-                        out.push(Output::Reserve(Reserve::MasterGone { id, k8s }));
-                    }
+                    out.extend(gone.into_iter().map(|id| self.master_gone(id)));
                     if self.holding() {
                         out.push(Output::Reserve(Reserve::Pump));
                     }
@@ -672,6 +666,13 @@ impl Machine {
     /// Whether sync reserves in the kvstore now: with `--reserve-in-kvstore`, until cutover
     /// released the reservations (no kvstore-mode node is left to need them); again once a
     /// node comes back.
+    /// The writer told that the master key at `id` went, with what Kubernetes holds there
+    /// (reserved again if it holds something).
+    fn master_gone(&self, id: u32) -> Output {
+        let k8s = self.state.k8s.get(&id).cloned();
+        Output::Reserve(Reserve::MasterGone { id, k8s })
+    }
+
     pub fn reserving(&self) -> bool {
         self.settings.reserve_in_kvstore && !self.cutover_announced
     }

@@ -7,8 +7,11 @@
 //! - at `IDMIG_REAL_SIZE` (default 62,280: the rest of cluster 0's 65,280 ids come during
 //!   the sync phase): the server's own create ceiling (concurrent creates from a plain
 //!   client), `apply`, then on the migrated cluster `plan`, a rerun of `apply` and `verify`;
-//! - `sync` following that cluster: start-up until both watches follow, then lag p50/p99
-//!   while 50 new identities a second arrive for a minute, its peak RSS and CPU.
+//! - `sync` following that cluster: start-up until both watches follow; the CPU one change
+//!   costs it (200 new identities, one every 0.25 s); lag p50/p99 while 50 new identities a
+//!   second arrive for a minute (filling cluster 0's range), its peak RSS and CPU; then the
+//!   CPU one change costs at a full range (200 ids the kvstore's GC freed, handed out again
+//!   for new labels: each needs a remap and finds no id free).
 //!
 //! - with `IDMIG_REAL_SOAK_SECS=N` (7200 for the 2 hours), that sync then soaked for N s at
 //!   about 65,000 live identities, 20 allocated and 20 collected a second: its resident
@@ -31,6 +34,8 @@ use cilium_idmig::sandbox::generator::{self, GenConfig, Generated};
 
 #[path = "real/limit.rs"]
 mod limit;
+#[path = "real/per_change.rs"]
+mod per_change;
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
 mod support;
@@ -389,10 +394,24 @@ async fn main() {
         .expect("sync");
     let pid = child.id();
     let startup = wait_for(&out, "following both sides", 300);
-    let cpu_at_start = cpu_seconds(pid);
     let rss_at_start = peak_mib(pid);
     let mut client = etcd.client().await.expect("etcd");
     let first = 256 + size as u32;
+    // What one change costs while sync follows the migrated cluster: new identities, each
+    // mirrored at its own id.
+    let n = per_change::CHANGES;
+    let new_ms = per_change::run(
+        &mut client,
+        pid,
+        &out,
+        "new",
+        first..first + n,
+        |id| format!("k8s:app=one{id};k8s:io.kubernetes.pod.namespace=bench;"),
+        &format!("{n} mirrored"),
+    )
+    .await;
+    let first = first + n;
+    let cpu_at_start = cpu_seconds(pid);
     let fed = Instant::now();
     let mut written = 0u32;
     while fed.elapsed() < Duration::from_secs(60) && first + written <= 65_535 {
@@ -421,7 +440,7 @@ async fn main() {
     }
     let window = fed.elapsed();
     // Until every one is mirrored.
-    let mirrored = format!("{written} mirrored");
+    let mirrored = format!("{} mirrored", written + n);
     let drained = wait_for(&out, &mirrored, 120);
     let cpu = cpu_seconds(pid) - cpu_at_start;
     let rss = peak_mib(pid);
@@ -439,6 +458,35 @@ async fn main() {
         drained.as_secs_f64(),
         100.0 * cpu / (window + drained).as_secs_f64()
     );
+    // And once the range is full: the kvstore's GC takes some identities (their objects
+    // stay), and kvstore-mode agents hand their ids out again for new labels. Each new one
+    // finds its id held in Kubernetes by other labels and no id free for a remap.
+    let full = first + written > 65_535;
+    if full {
+        let ids = || 1_000..1_000 + n;
+        per_change::collect(&mut client, ids()).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let last = ids().last().unwrap_or(0);
+        let full_ms = per_change::run(
+            &mut client,
+            pid,
+            &out,
+            "full",
+            ids(),
+            |id| format!("k8s:app=again{id};k8s:io.kubernetes.pod.namespace=bench;"),
+            &format!("invalid: {last}: "),
+        )
+        .await;
+        println!(
+            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities; {full_ms:.2} ms for one that finds the range full (65,280 identities, no id free for its remap)",
+            size + n as usize,
+        );
+    } else {
+        println!(
+            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities (the range did not fill: no figure at a full range)",
+            size + n as usize,
+        );
+    }
     let soak_secs: u64 = std::env::var("IDMIG_REAL_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

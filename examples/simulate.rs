@@ -19,7 +19,9 @@ fn arg(args: &[String], name: &str, default: u64) -> Result<u64, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: simulate --seeds N [--first S] [--steps K]");
+        println!("usage: simulate --seeds N [--first S] [--steps K] [--each]");
+        println!("  --each  print each seed's trace digest (to compare two builds seed by seed)");
+        println!("  --trace print every line of every trace to stderr (with --seeds 1)");
         return ExitCode::SUCCESS;
     }
     let parsed = (|| {
@@ -39,6 +41,10 @@ fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let (mut total_steps, mut failures, mut digest) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
     let (mut reserved, mut released) = (0usize, 0usize);
+    let each = args.iter().any(|a| a == "--each");
+    if args.iter().any(|a| a == "--trace") {
+        cilium_idmig::sim::report::ECHO.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     for run in cilium_idmig::sim::run_seeds(first, seeds, steps as usize) {
         total_steps += run.steps as u64;
         reserved += run.reserved;
@@ -47,6 +53,9 @@ fn main() -> ExitCode {
         for b in run.digest.to_le_bytes() {
             digest ^= u64::from(b);
             digest = digest.wrapping_mul(0x100_0000_01b3);
+        }
+        if each {
+            println!("seed {}: {:016x}", run.seed, run.digest);
         }
         if let Some(f) = run.failure {
             failures += 1;

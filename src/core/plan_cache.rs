@@ -1,24 +1,26 @@
 //! Sync's plan, kept up to date change by change instead of re-planned whole at every
-//! settle tick (65 ms at 65,280 identities). A change is applied in place only when it
-//! cannot alter any other item: its labels are used by no other kvstore identity and no
-//! other Kubernetes object, its id by no other kvstore key, and it moves no remap target
-//! (a remap takes the lowest free id, so a new used id matters only if it is a current
-//! target, a freed one only if it lies below one). The changed item is then classified by
-//! the planner itself, on a world of one, so the rules stay in one place. Anything else
-//! drops the cache and the next tick plans in full. Node counts of cached items are not
-//! kept current (sync reads them from the counts, never from the plan). Pure.
+//! settle tick (65 ms at 65,280 identities). The planner's rules tie an identity to few
+//! others: those with the same labels (on either side) and the one object at its id; only
+//! remaps reach further, each taking the next id free on both sides in the order of the
+//! identities that need one. So the cache keeps those ties as indexes (the identities and
+//! objects of each label set, the free ids, the identities that need a remap and the id
+//! each got) and, for a change, classifies again only what it ties in: the label sets it
+//! touches, and the remaps whose id moved. Each item is made by the planner's own rules
+//! (`planner::item_of`), so the rules stay in one place and the result is the full plan's,
+//! item for item. Node counts of cached items are not kept current (sync reads them from
+//! the counts, never from the plan). Pure.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
 use crate::core::kvstore::{MasterEntry, NodeCounts, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
-use crate::core::planner::{self, Kind, PlanItem};
+use crate::core::planner::{self, Around, Kind, PlanItem};
 use crate::core::range::IdRange;
 
 /// What the planner reads besides the change: the kvstore's master keys, the objects, the
-/// node counts, as they are before the change.
+/// node counts, as they are after the change.
 pub type World<'a> = (
     &'a BTreeMap<Vec<u8>, Vec<u8>>,
     &'a BTreeMap<u32, LabelKey>,
@@ -26,9 +28,9 @@ pub type World<'a> = (
 );
 
 /// Where an item sits in the planner's order: numeric id, then invalid ids by their text.
-type ItemKey = (u32, bool, String);
+pub type ItemKey = (u32, bool, String);
 
-fn key_of(raw_id: &[u8]) -> ItemKey {
+pub fn key_of(raw_id: &[u8]) -> ItemKey {
     let text = String::from_utf8_lossy(raw_id).into_owned();
     match parse_id(raw_id) {
         Ok(n) => (n, false, text),
@@ -36,40 +38,46 @@ fn key_of(raw_id: &[u8]) -> ItemKey {
     }
 }
 
-/// A label key's hash. Counts by hash can only be too high (two keys sharing a hash), which
-/// sends a change to the full plan: never a wrong plan.
+/// A label key's hash: the indexes hold hashes, not 18 MiB of label keys again; every
+/// lookup compares the labels themselves, so two keys sharing a hash only cost a look more.
 fn h(labels: &[u8]) -> u64 {
     let mut s = DefaultHasher::new();
     labels.hash(&mut s);
     s.finish()
 }
 
-fn inc(m: &mut HashMap<u64, u32>, k: u64) {
-    *m.entry(k).or_default() += 1;
+/// Every `(hash, id)` of one hash, lowest id first.
+fn of_hash(set: &BTreeSet<(u64, u32)>, hash: u64) -> impl Iterator<Item = u32> + '_ {
+    set.range((hash, 0)..=(hash, u32::MAX)).map(|(_, id)| *id)
 }
 
-fn dec(m: &mut HashMap<u64, u32>, k: u64) {
-    if let Some(c) = m.get_mut(&k) {
-        *c = c.saturating_sub(1);
-        if *c == 0 {
-            m.remove(&k);
-        }
-    }
-}
-
-/// The plan, and what it takes to tell whether a change stays local.
+/// The plan, and the ties that say what a change moves.
 #[derive(Debug)]
 pub struct PlanCache {
     range: IdRange,
     items: BTreeMap<ItemKey, PlanItem>,
-    /// Ids proposed as remap targets, and remaps that found no free id.
-    remap_targets: BTreeSet<u32>,
-    no_free: usize,
-    /// How many kvstore keys hold each label key (valid ones), and how many objects.
-    kv_labels: HashMap<u64, u32>,
-    k8s_labels: HashMap<u64, u32>,
-    /// How many kvstore keys parse to each numeric id.
-    kv_ids: HashMap<u32, u32>,
+    /// Kvstore identities that may be written (valid id in range, valid labels), by the
+    /// hash of their labels. (A valid id has one spelling, so a map of keys holds it once.)
+    kv_labels: BTreeSet<(u64, u32)>,
+    /// Objects by the hash of their labels.
+    k8s_labels: BTreeSet<(u64, u32)>,
+    /// The ids in range neither side holds: the n-th remap takes the n-th.
+    free: FreeIds,
+    /// The first identity of each label set that needs a remap (its labels nowhere else to
+    /// go), in the planner's order, and the id it got (`None`: none was free).
+    remaps: BTreeMap<u32, Option<u32>>,
+    /// Items added, changed or removed since last taken.
+    changed: BTreeSet<ItemKey>,
+    /// Whether one change moved more than its own item, or an item that is no plain create
+    /// or copy: what the plan says beyond its writes (reuses, skips) may have moved.
+    beyond_local: bool,
+}
+
+/// What changed in the plan since last asked.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub items: BTreeSet<ItemKey>,
+    pub beyond_local: bool,
 }
 
 impl PlanCache {
@@ -82,41 +90,61 @@ impl PlanCache {
     ) -> Self {
         let mut c = PlanCache {
             range,
-            items: BTreeMap::new(),
-            remap_targets: BTreeSet::new(),
-            no_free: 0,
-            kv_labels: HashMap::new(),
-            k8s_labels: HashMap::new(),
-            kv_ids: HashMap::new(),
+            items: items
+                .into_iter()
+                .map(|i| (key_of(i.id.as_bytes()), i))
+                .collect(),
+            kv_labels: BTreeSet::new(),
+            k8s_labels: k8s.iter().map(|(id, l)| (h(l.as_bytes()), *id)).collect(),
+            free: FreeIds::of(
+                range,
+                k8s.keys()
+                    .copied()
+                    .chain(masters.keys().filter_map(|id| parse_id(id).ok())),
+            ),
+            remaps: BTreeMap::new(),
+            changed: BTreeSet::new(),
+            beyond_local: false,
         };
+        let mut hashes = BTreeSet::new();
         for (id, value) in masters {
-            if valid_label_key(value).is_ok() {
-                inc(&mut c.kv_labels, h(value));
-            }
-            if let Ok(n) = parse_id(id) {
-                *c.kv_ids.entry(n).or_default() += 1;
-            }
-        }
-        for labels in k8s.values() {
-            inc(&mut c.k8s_labels, h(labels.as_bytes()));
-        }
-        for item in items {
-            if item.kind == Kind::Remap
-                && let Some(t) = item.target_id
+            if let Ok(n) = parse_id(id)
+                && range.contains(n)
+                && valid_label_key(value).is_ok()
             {
-                c.remap_targets.insert(t);
+                c.kv_labels.insert((h(value), n));
+                hashes.insert(h(value));
             }
-            if item.kind == Kind::Invalid && item.reason.contains("no id in") {
-                c.no_free += 1;
-            }
-            c.items.insert(key_of(item.id.as_bytes()), item);
         }
+        for hash in hashes {
+            c.find_remaps(hash, masters, k8s);
+        }
+        c.assign();
         c
     }
 
     /// The items, in the planner's order.
     pub fn items(&self) -> impl Iterator<Item = &PlanItem> + Clone {
         self.items.values()
+    }
+
+    /// The item of one kvstore id, as the plan holds it.
+    pub fn item(&self, key: &ItemKey) -> Option<&PlanItem> {
+        self.items.get(key)
+    }
+
+    /// The kvstore identities that may be written with labels of `labels`' hash (a few more
+    /// only if two label keys share a hash).
+    pub fn with_labels(&self, labels: &[u8]) -> impl Iterator<Item = ItemKey> + '_ {
+        of_hash(&self.kv_labels, h(labels)).map(|n| (n, false, n.to_string()))
+    }
+
+    /// The identity whose remap got id `t`, if one did.
+    pub fn remap_to(&self, t: u32) -> Option<ItemKey> {
+        self.remaps
+            .iter()
+            .find(|(_, target)| **target == Some(t))
+            .map(|(n, _)| (*n, false, n.to_string()))
     }
 
     /// The range the plan was made for.
@@ -132,172 +160,318 @@ impl PlanCache {
         self.items.is_empty()
     }
 
-    /// `id/<key>` written with `value`, the world being as before the write; false: the
-    /// cache no longer holds (plan in full).
-    pub fn kv_put(&mut self, key: &[u8], value: &[u8], ctx: World<'_>) -> bool {
-        let (masters, k8s, counts) = ctx;
-        let range = self.range;
-        if masters.contains_key(key) {
-            return false; // a value changed under an existing key
+    /// What changed since last asked, and forgets it.
+    pub fn take_changed(&mut self) -> Changed {
+        Changed {
+            items: std::mem::take(&mut self.changed),
+            beyond_local: std::mem::take(&mut self.beyond_local),
         }
-        let n = parse_id(key).ok();
-        if let Some(n) = n {
-            if self.kv_ids.get(&n).copied().unwrap_or(0) > 0 || self.remap_targets.contains(&n) {
-                return false;
-            }
-            if k8s.contains_key(&n) {
-                return false;
-            }
-        }
-        let valid = valid_label_key(value).is_ok();
-        if valid {
-            let hv = h(value);
-            if self.kv_labels.contains_key(&hv) || self.k8s_labels.contains_key(&hv) {
-                return false;
-            }
-            inc(&mut self.kv_labels, hv);
-        }
-        if let Some(n) = n {
-            *self.kv_ids.entry(n).or_default() += 1;
-        }
-        let entry = [MasterEntry::new(key.to_vec(), value.to_vec())];
-        let item = planner::plan(&entry, counts, &BTreeMap::new(), range);
-        self.insert_local(item)
     }
 
-    /// `id/<key>` (holding `value`) deleted, the world being as before the delete.
-    pub fn kv_delete(&mut self, key: &[u8], value: &[u8], k8s: &BTreeMap<u32, LabelKey>) -> bool {
-        let k = key_of(key);
-        if !self.items.get(&k).is_some_and(is_local) {
-            return false;
+    /// `id/<key>` written or deleted (`old`: what it held before), the world being as after.
+    pub fn master_changed(&mut self, key: &[u8], old: Option<&[u8]>, world: World<'_>) {
+        let (masters, k8s, _) = world;
+        let new = masters.get(key).map(Vec::as_slice);
+        if old == new {
+            return;
         }
-        let n = parse_id(key).ok();
-        if let Some(n) = n
-            && (self.kv_ids.get(&n).copied().unwrap_or(0) != 1 || self.frees_below_a_target(n))
-        {
-            return false;
-        }
-        let valid = valid_label_key(value).is_ok();
-        if valid {
-            let hv = h(value);
-            let in_k8s = self.k8s_labels.get(&hv).copied().unwrap_or(0);
-            let own = n.is_some_and(|n| k8s.get(&n).is_some_and(|l| l.as_bytes() == value));
-            // Only this key holds the labels; an object with them only at its own id.
-            if self.kv_labels.get(&hv).copied().unwrap_or(0) != 1 || in_k8s > u32::from(own) {
-                return false;
+        let mut hashes = BTreeSet::new();
+        if let Ok(n) = parse_id(key) {
+            self.remaps.remove(&n);
+            for value in [old, new].into_iter().flatten() {
+                hashes.insert(h(value));
+                self.kv_labels.remove(&(h(value), n));
             }
-            dec(&mut self.kv_labels, hv);
+            if let Some(value) = new
+                && self.range.contains(n)
+                && valid_label_key(value).is_ok()
+            {
+                self.kv_labels.insert((h(value), n));
+            }
+            self.refresh_free(n, masters, k8s);
         }
-        if let Some(n) = n {
-            self.kv_ids.remove(&n);
-        }
-        self.items.remove(&k);
-        true
+        self.settle(hashes, Some(key_of(key)), world);
     }
 
-    /// Object `n` created or changed to `labels` (`old`: what it held), the world being as
-    /// before the change.
-    pub fn k8s_set(
+    /// Object `n` created, changed or deleted (`old`: what it held before), the world being
+    /// as after.
+    pub fn object_changed(&mut self, n: u32, old: Option<&LabelKey>, world: World<'_>) {
+        let (masters, k8s, _) = world;
+        let new = k8s.get(&n);
+        if old == new {
+            return; // sync's own create, seen again by its watch
+        }
+        let mut hashes = BTreeSet::new();
+        if let Some(old) = old {
+            self.k8s_labels.remove(&(h(old.as_bytes()), n));
+            hashes.insert(h(old.as_bytes()));
+        }
+        if let Some(new) = new {
+            self.k8s_labels.insert((h(new.as_bytes()), n));
+            hashes.insert(h(new.as_bytes()));
+        }
+        // The kvstore identity at `n` meets another object.
+        if let Some(value) = masters.get(n.to_string().as_bytes()) {
+            hashes.insert(h(value));
+        }
+        self.refresh_free(n, masters, k8s);
+        self.settle(hashes, None, world);
+    }
+
+    /// Whether `n` is free on both sides now, kept in `free`.
+    fn refresh_free(
         &mut self,
         n: u32,
-        labels: &LabelKey,
-        old: Option<&LabelKey>,
-        ctx: (&BTreeMap<Vec<u8>, Vec<u8>>, &NodeCounts),
-    ) -> bool {
-        let (masters, counts) = ctx;
-        if old == Some(labels) {
-            return true; // nothing changed (sync's own create, seen again by its watch)
+        masters: &BTreeMap<Vec<u8>, Vec<u8>>,
+        k8s: &BTreeMap<u32, LabelKey>,
+    ) {
+        if !self.range.contains(n) {
+            return;
         }
-        if old.is_some() || self.remap_targets.contains(&n) {
-            return false;
+        if k8s.contains_key(&n) || masters.contains_key(n.to_string().as_bytes()) {
+            self.free.take(n);
+        } else {
+            self.free.give(n);
         }
-        let hl = h(labels.as_bytes());
-        let own = masters.get(n.to_string().as_bytes());
-        let own_holds = own.is_some_and(|v| v == labels.as_bytes());
-        // No other kvstore identity with these labels may change (a create becoming a
-        // duplicate): only the one at this id, if any.
-        if self.kv_labels.get(&hl).copied().unwrap_or(0) > u32::from(own_holds) {
-            return false;
-        }
-        inc(&mut self.k8s_labels, hl);
-        if own.is_some()
-            && !self
-                .items
-                .get(&key_of(n.to_string().as_bytes()))
-                .is_some_and(is_local)
-        {
-            return false;
-        }
-        // The kvstore identity at this id, when it holds these labels, becomes already
-        // migrated; other labels make a remap or a reuse.
-        self.reclassify_own(n, own, own_holds, Some(labels), counts)
     }
 
-    /// Object `n` (holding `old`) deleted, the world being as before the delete.
-    pub fn k8s_remove(
-        &mut self,
-        n: u32,
-        old: &LabelKey,
-        ctx: (&BTreeMap<Vec<u8>, Vec<u8>>, &NodeCounts),
-    ) -> bool {
-        let (masters, counts) = ctx;
-        if self.frees_below_a_target(n) {
-            return false;
+    /// After a change: the remaps of the label sets it touched found again, the free ids
+    /// handed out again, and the items of every label set touched or whose remap moved made
+    /// again, with `key`'s own (a malformed entry belongs to no label set).
+    fn settle(&mut self, mut hashes: BTreeSet<u64>, key: Option<ItemKey>, world: World<'_>) {
+        let (masters, k8s, _) = world;
+        for &hash in &hashes {
+            self.find_remaps(hash, masters, k8s);
         }
-        let ho = h(old.as_bytes());
-        let own = masters.get(n.to_string().as_bytes());
-        let own_holds = own.is_some_and(|v| v == old.as_bytes());
-        if self.kv_labels.get(&ho).copied().unwrap_or(0) > u32::from(own_holds)
-            || self.k8s_labels.get(&ho).copied().unwrap_or(0) != 1
+        for moved in self.assign() {
+            if let Some(value) = masters.get(moved.to_string().as_bytes()) {
+                hashes.insert(h(value));
+            }
+        }
+        let before = self.changed.len();
+        let mut local = true;
+        for hash in hashes {
+            let ids: Vec<u32> = of_hash(&self.kv_labels, hash).collect();
+            for labels in label_sets(&ids, masters) {
+                let mut around = self.around(hash, labels, &ids, world);
+                for &n in &ids {
+                    let text = n.to_string();
+                    let Some(value) = masters.get(text.as_bytes()) else {
+                        continue;
+                    };
+                    if value.as_slice() == labels {
+                        let item = made(text.as_bytes(), value, world, self.range, &mut around);
+                        local &= self.put((n, false, text), Some(item));
+                    }
+                }
+            }
+        }
+        // The changed key itself, when no label set holds it: deleted, or never writable
+        // (a malformed entry, an id out of range), so classified alone.
+        if let Some(key) = key
+            && !self.in_a_label_set(&key, masters)
         {
-            return false;
+            let item = masters
+                .get(key.2.as_bytes())
+                .map(|value| made(key.2.as_bytes(), value, world, self.range, &mut Alone(k8s)));
+            local &= self.put(key, item);
         }
-        dec(&mut self.k8s_labels, ho);
-        self.reclassify_own(n, own, own_holds, None, counts)
+        if !local || self.changed.len() > before + 1 {
+            self.beyond_local = true;
+        }
     }
 
-    /// After a change of the object at `n` (now `object`): the kvstore identity at `n`,
-    /// if there is one, classified again. Local only when that identity is the one key
-    /// with id `n` and held the object's labels; with no kvstore identity at `n` (under any
-    /// spelling of the id), nothing in the plan changes.
-    fn reclassify_own(
+    /// Whether `key` is a kvstore identity that may be written: its item is made with its
+    /// label set's.
+    fn in_a_label_set(&self, key: &ItemKey, masters: &BTreeMap<Vec<u8>, Vec<u8>>) -> bool {
+        !key.1
+            && masters
+                .get(key.2.as_bytes())
+                .is_some_and(|v| self.kv_labels.contains(&(h(v), key.0)))
+    }
+
+    /// What the planner's rules ask of the world for one label set.
+    fn around<'w>(&self, hash: u64, labels: &[u8], ids: &[u32], world: World<'w>) -> LabelSet<'w> {
+        let (masters, k8s, _) = world;
+        let (lowest, anchor) = self.ties(hash, labels, ids, masters, k8s);
+        let rep = ids
+            .iter()
+            .find(|n| masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels));
+        LabelSet {
+            k8s,
+            lowest,
+            anchor,
+            remapped: None,
+            target: rep.and_then(|n| self.remaps.get(n).copied().flatten()),
+        }
+    }
+
+    /// For the label set `labels` (hash `hash`, its kvstore identities among `ids`): the
+    /// lowest id Kubernetes holds it at, and the lowest kvstore id of it free in Kubernetes.
+    fn ties(
+        &self,
+        hash: u64,
+        labels: &[u8],
+        ids: &[u32],
+        masters: &BTreeMap<Vec<u8>, Vec<u8>>,
+        k8s: &BTreeMap<u32, LabelKey>,
+    ) -> (Option<u32>, Option<u32>) {
+        let lowest = of_hash(&self.k8s_labels, hash)
+            .find(|n| k8s.get(n).is_some_and(|l| l.as_bytes() == labels));
+        let anchor = ids.iter().copied().find(|n| {
+            !k8s.contains_key(n)
+                && masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
+        });
+        (lowest, anchor)
+    }
+
+    /// The label sets of one hash that need a remap: their first identity, when Kubernetes
+    /// holds none of them and every one's id is taken there by other labels.
+    fn find_remaps(
         &mut self,
-        n: u32,
-        own: Option<&Vec<u8>>,
-        own_holds: bool,
-        object: Option<&LabelKey>,
-        counts: &NodeCounts,
-    ) -> bool {
-        let keys_at_n = self.kv_ids.get(&n).copied().unwrap_or(0);
-        let Some(value) = own else {
-            return keys_at_n == 0;
+        hash: u64,
+        masters: &BTreeMap<Vec<u8>, Vec<u8>>,
+        k8s: &BTreeMap<u32, LabelKey>,
+    ) {
+        let ids: Vec<u32> = of_hash(&self.kv_labels, hash).collect();
+        for &n in &ids {
+            self.remaps.remove(&n);
+        }
+        for labels in label_sets(&ids, masters) {
+            if let (None, None) = self.ties(hash, labels, &ids, masters, k8s)
+                && let Some(first) = ids.iter().copied().find(|n| {
+                    masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
+                })
+            {
+                self.remaps.insert(first, None);
+            }
+        }
+    }
+
+    /// The free ids handed to the remaps in order, as the planner does; the remaps whose id
+    /// moved.
+    fn assign(&mut self) -> Vec<u32> {
+        let mut free = self.free.iter();
+        let mut moved = Vec::new();
+        for (n, target) in self.remaps.iter_mut() {
+            let next = free.next();
+            if *target != next {
+                *target = next;
+                moved.push(*n);
+            }
+        }
+        moved
+    }
+
+    /// Puts `key`'s item in place (`None`: removed), noting it if it changed; whether it is
+    /// local (a plain create or copy, before and after).
+    fn put(&mut self, key: ItemKey, item: Option<PlanItem>) -> bool {
+        let old = self.items.get(&key);
+        let same = match (old, &item) {
+            (Some(old), Some(new)) => {
+                PlanItem {
+                    nodes: old.nodes,
+                    ..new.clone()
+                } == *old
+            }
+            (None, None) => true,
+            _ => false,
         };
-        if !own_holds || keys_at_n != 1 {
-            return false;
+        if same {
+            return true;
         }
-        let entry = [MasterEntry::new(n.to_string().into_bytes(), value.clone())];
-        let world: BTreeMap<u32, LabelKey> = object.map(|l| (n, l.clone())).into_iter().collect();
-        let item = planner::plan(&entry, counts, &world, self.range);
-        self.insert_local(item)
-    }
-
-    /// A freed id below a remap target (or with remaps waiting for a free id) would change
-    /// which ids the remaps get.
-    fn frees_below_a_target(&self, n: u32) -> bool {
-        self.no_free > 0 || self.remap_targets.range(n..).next().is_some()
-    }
-
-    /// Puts the one item a local change produced in place; false if it is not local after
-    /// all (the planner found a conflict).
-    fn insert_local(&mut self, item: Vec<PlanItem>) -> bool {
-        let Some(item) = item.into_iter().next() else {
-            return false;
+        let local = old.is_none_or(is_local) && item.as_ref().is_none_or(is_local);
+        match item {
+            Some(item) => self.items.insert(key.clone(), item),
+            None => self.items.remove(&key),
         };
-        if !is_local(&item) {
-            return false;
+        self.changed.insert(key);
+        local
+    }
+}
+
+/// The distinct label keys among `ids`' master keys (two share a hash only by chance).
+fn label_sets<'m>(ids: &[u32], masters: &'m BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<&'m [u8]> {
+    let mut sets: Vec<&[u8]> = Vec::new();
+    for n in ids {
+        if let Some(v) = masters.get(n.to_string().as_bytes())
+            && !sets.contains(&v.as_slice())
+        {
+            sets.push(v);
         }
-        self.items.insert(key_of(item.id.as_bytes()), item);
-        true
+    }
+    sets
+}
+
+/// One identity's item, by the planner's rules.
+fn made(
+    id: &[u8],
+    value: &[u8],
+    world: World<'_>,
+    range: IdRange,
+    around: &mut impl for<'a> Around<'a>,
+) -> PlanItem {
+    let entry = MasterEntry::new(id.to_vec(), value.to_vec());
+    let (_, _, counts) = world;
+    planner::item_of(&entry, counts, range, true, around)
+}
+
+/// What one label set's identities see of the world: the object at each id, where the
+/// labels are already, and the id their remap got.
+struct LabelSet<'w> {
+    k8s: &'w BTreeMap<u32, LabelKey>,
+    lowest: Option<u32>,
+    anchor: Option<u32>,
+    remapped: Option<u32>,
+    /// The id the label set's remap got; handed out once, as the planner takes one.
+    target: Option<u32>,
+}
+
+impl<'a> Around<'a> for LabelSet<'_> {
+    fn object_at(&self, id: u32) -> Option<&LabelKey> {
+        self.k8s.get(&id)
+    }
+
+    fn lowest_object(&mut self, _: &str) -> Option<u32> {
+        self.lowest
+    }
+
+    fn anchor(&self, _: &str) -> Option<u32> {
+        self.anchor
+    }
+
+    fn remapped(&self, _: &str) -> Option<u32> {
+        self.remapped
+    }
+
+    fn remap(&mut self, _: &'a str) -> Option<u32> {
+        self.remapped = self.target.take();
+        self.remapped
+    }
+}
+
+/// A malformed entry's world: it is never classified against anything.
+struct Alone<'w>(&'w BTreeMap<u32, LabelKey>);
+
+impl<'a> Around<'a> for Alone<'_> {
+    fn object_at(&self, id: u32) -> Option<&LabelKey> {
+        self.0.get(&id)
+    }
+
+    fn lowest_object(&mut self, _: &str) -> Option<u32> {
+        None
+    }
+
+    fn anchor(&self, _: &str) -> Option<u32> {
+        None
+    }
+
+    fn remapped(&self, _: &str) -> Option<u32> {
+        None
+    }
+
+    fn remap(&mut self, _: &'a str) -> Option<u32> {
+        None
     }
 }
 
@@ -314,3 +488,77 @@ fn is_local(item: &PlanItem) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// The ids in range neither side holds, as runs of consecutive ids (start to end, both in):
+/// a cluster holds tens of thousands of ids in few runs, and a small world few in one.
+#[derive(Debug, Default)]
+struct FreeIds(BTreeMap<u32, u32>);
+
+impl FreeIds {
+    /// `range` without the ids of `used` (in any order).
+    fn of(range: IdRange, used: impl Iterator<Item = u32>) -> Self {
+        let used: BTreeSet<u32> = used.filter(|n| range.contains(*n)).collect();
+        let mut runs = BTreeMap::new();
+        // In u64: a used id at the end of u32 would leave nothing after it.
+        let mut start = u64::from(range.min);
+        for n in used {
+            if u64::from(n) > start {
+                runs.insert(start as u32, n - 1);
+            }
+            start = u64::from(n) + 1;
+        }
+        if start <= u64::from(range.max) {
+            runs.insert(start as u32, range.max);
+        }
+        FreeIds(runs)
+    }
+
+    fn contains(&self, n: u32) -> bool {
+        self.0
+            .range(..=n)
+            .next_back()
+            .is_some_and(|(_, end)| n <= *end)
+    }
+
+    /// `n` is held now.
+    fn take(&mut self, n: u32) {
+        let Some((&start, &end)) = self.0.range(..=n).next_back() else {
+            return;
+        };
+        if n > end {
+            return;
+        }
+        self.0.remove(&start);
+        if start < n {
+            self.0.insert(start, n - 1);
+        }
+        if n < end {
+            self.0.insert(n + 1, end);
+        }
+    }
+
+    /// `n` is free now.
+    fn give(&mut self, n: u32) {
+        if self.contains(n) {
+            return;
+        }
+        let mut start = n;
+        let mut end = n;
+        if let Some((&s, &e)) = self.0.range(..n).next_back()
+            && e.checked_add(1) == Some(n)
+        {
+            start = s;
+        }
+        if let Some(next) = n.checked_add(1)
+            && let Some(e) = self.0.remove(&next)
+        {
+            end = e;
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Every free id, lowest first.
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().flat_map(|(&s, &e)| s..=e)
+    }
+}

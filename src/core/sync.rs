@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::core::kvstore::{KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::outcome::Outcome;
-use crate::core::plan_cache::PlanCache;
+use crate::core::plan_cache::{ItemKey, PlanCache, key_of};
 use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 use decided::Decisions;
@@ -22,6 +22,8 @@ pub mod failure;
 pub mod machine;
 pub mod reserve;
 mod round;
+#[cfg(test)]
+pub(crate) use round::switches as round_switches;
 pub mod shell;
 mod status;
 
@@ -114,11 +116,19 @@ pub struct SyncState {
     splits_to_report: Vec<(u32, Instant)>,
     /// Conflicts closed as moot (no node uses their labels any more).
     moot: BTreeSet<String>,
-    /// From the latest round: the conflicts waiting for a decision (id, labels, kind), and
-    /// how many identities the operator skipped. Kept instead of the whole plan, which at
-    /// 65,280 identities is tens of MiB.
-    waiting: Vec<(String, LabelKey, Kind)>,
+    /// The conflicts waiting for a decision (id, labels, kind), in the plan's order, kept up
+    /// to date round by round; and how many identities the operator skipped. Kept instead
+    /// of the whole plan, which at 65,280 identities is tens of MiB.
+    waiting: BTreeMap<ItemKey, (String, LabelKey, Kind)>,
+    /// `waiting` was handed to the moot check since the last round: not again until a
+    /// round has looked.
+    waiting_taken: bool,
     skipped: usize,
+    /// The items the next round looks at besides those its plan changed: what changed
+    /// around them (their node counts, a wait over, a write's outcome, a moot closure).
+    look_at: BTreeSet<ItemKey>,
+    /// The next round looks at every item (something changed that many items read).
+    look_at_all: bool,
     /// Since when no kvstore-mode node has been seen.
     no_nodes_since: Option<Instant>,
     lags: VecDeque<Duration>,
@@ -202,9 +212,13 @@ impl SyncState {
     /// kvstore id, itself never written). Taken from `waiting`.
     fn moot_now(&mut self) -> Vec<(String, LabelKey, Kind)> {
         let unused = |labels: &str| self.counts.get(labels.as_bytes()) == 0;
-        let mut out: Vec<(String, LabelKey, Kind)> = std::mem::take(&mut self.waiting)
-            .into_iter()
+        let taken = std::mem::replace(&mut self.waiting_taken, true);
+        let mut out: Vec<(String, LabelKey, Kind)> = self
+            .waiting
+            .values()
+            .filter(|_| !taken)
             .filter(|(id, labels, _)| !self.moot.contains(id) && unused(labels))
+            .cloned()
             .collect();
         for (id, target) in &self.reused {
             let Some(labels) = self.masters.get(id.as_bytes()) else {
@@ -286,9 +300,58 @@ impl SyncState {
         &self.k8s_version
     }
 
-    /// What waits for a decision now (id, labels, kind).
-    pub fn waiting(&self) -> &[(String, LabelKey, Kind)] {
-        &self.waiting
+    /// What waits for a decision now (id, labels, kind), as the last round saw it (nothing
+    /// once the moot check took it, until the next round).
+    pub fn waiting(&self) -> Vec<(String, LabelKey, Kind)> {
+        if self.waiting_taken {
+            return Vec::new();
+        }
+        self.waiting.values().cloned().collect()
+    }
+
+    /// `id` closed as moot (logged so): the next round no longer waits for its decision.
+    fn close_moot(&mut self, id: &str) {
+        self.look_at(id.as_bytes());
+        self.moot.insert(id.to_string());
+    }
+
+    /// The next round looks at the item of kvstore id `id` again.
+    fn look_at(&mut self, id: &[u8]) {
+        self.look_at.insert(key_of(id));
+    }
+
+    /// The next round looks at the items with `labels` again (their counts moved, a create
+    /// of them ended).
+    fn look_at_labels(&mut self, labels: &[u8]) {
+        if let Some(c) = &self.cache {
+            self.look_at.extend(c.with_labels(labels));
+        }
+    }
+
+    /// The next round looks at every item that would create at `t` (a wait on `t` ended, a
+    /// create there did): the identity at `t`, the remap that got `t` (which may have moved
+    /// since the wait began), a decision for `t`.
+    fn look_at_target(&mut self, t: u32) {
+        self.look_at.insert(key_of(t.to_string().as_bytes()));
+        if let Some(c) = &self.cache {
+            self.look_at.extend(c.remap_to(t));
+        }
+        if let Some(o) = &self.overlay {
+            let decided = o.items.values().filter(|i| i.target_id == Some(t));
+            self.look_at
+                .extend(decided.map(|i| key_of(i.id.as_bytes())));
+        }
+    }
+
+    /// The waits over by `now` (a failed write's, a deleted object's) dropped, their items
+    /// looked at again; whether any was.
+    fn expire_waits(&mut self, now: Instant) -> bool {
+        let mut over = expire(&mut self.failed, now);
+        over.extend(expire(&mut self.settling, now));
+        for &t in &over {
+            self.look_at_target(t);
+        }
+        !over.is_empty()
     }
 
     /// What sync tells about itself (the status line, the metrics).
@@ -348,11 +411,17 @@ impl SyncState {
     }
 }
 
-/// Drops the waits over by `now` (a failed write's, a deleted object's); whether any was.
-fn expire(waits: &mut HashMap<u32, Instant>, now: Instant) -> bool {
-    let before = waits.len();
-    waits.retain(|_, until| *until > now);
-    waits.len() < before
+/// Drops the waits over by `now` (a failed write's, a deleted object's); the ids whose was.
+fn expire(waits: &mut HashMap<u32, Instant>, now: Instant) -> Vec<u32> {
+    let mut over = Vec::new();
+    waits.retain(|t, until| {
+        let keep = *until > now;
+        if !keep {
+            over.push(*t);
+        }
+        keep
+    });
+    over
 }
 
 /// Whether the kvstore id text is exactly `t` in decimal (without allocating: this runs for

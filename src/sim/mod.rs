@@ -604,7 +604,7 @@ impl Sim {
     /// A decision on a conflict instance `i` has waiting, as its plan proposes it now.
     fn decision(&mut self, i: usize) -> Option<LoggedDecision> {
         let state = self.instances[i].shell.machine().state();
-        let (id, labels, _) = self.rng.pick(state.waiting()).cloned()?;
+        let (id, labels, _) = self.rng.pick(&state.waiting()).cloned()?;
         let item = state.planned_items().into_iter().find(|it| it.id == id)?;
         let (action, target_id) = if self.rng.chance(0.7) {
             (item.action, item.target_id)

@@ -12,12 +12,18 @@ pub struct Trace {
     pub lines: u64,
 }
 
+/// Every line also printed to stderr as it happens (`simulate --trace`, for one seed).
+pub static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Lines kept for a failure's report.
 const TRACE_KEPT: usize = 60;
 
 impl Trace {
     pub fn line(&mut self, t: Duration, s: String) {
         let line = format!("{:>9.1}s {s}", t.as_secs_f64());
+        if ECHO.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("{line}");
+        }
         // FNV-1a: the same digest in every process and on every platform.
         if self.lines == 0 {
             self.digest = 0xcbf2_9ce4_8422_2325;

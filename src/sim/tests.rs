@@ -64,6 +64,32 @@ fn a_sync_that_never_reserves_fails_the_simulation() {
 }
 
 #[test]
+fn a_round_that_looks_at_what_changed_does_what_one_that_looks_at_every_item_does() {
+    use crate::core::sync::round_switches::EVERY_ITEM;
+    let digests = || -> Vec<u64> { run_seeds(0, SEEDS, STEPS).map(|r| r.digest).collect() };
+    let what_changed = digests();
+    EVERY_ITEM.with(|s| s.set(true));
+    let every_item = digests();
+    EVERY_ITEM.with(|s| s.set(false));
+    let differ: Vec<usize> = (0..what_changed.len())
+        .filter(|i| what_changed[*i] != every_item[*i])
+        .collect();
+    assert!(differ.is_empty(), "seeds whose runs differ: {differ:?}");
+}
+
+#[test]
+fn the_plan_kept_up_to_date_is_the_full_plan_at_every_round() {
+    use crate::core::sync::round_switches::CHECK_PLAN;
+    CHECK_PLAN.with(|s| s.set(true));
+    // A kept plan that differs from the full plan panics in the round that finds it.
+    let failures = run_seeds(0, 100, STEPS)
+        .filter(|r| r.failure.is_some())
+        .count();
+    CHECK_PLAN.with(|s| s.set(false));
+    assert_eq!(failures, 0);
+}
+
+#[test]
 fn a_seed_replays_exactly_and_seeds_differ() {
     let a = run_seed(7, 800);
     let b = run_seed(7, 800);

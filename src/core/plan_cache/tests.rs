@@ -1,5 +1,7 @@
-//! When a change stays local (the cache answers) and when it does not (a full plan): the
-//! cache must say local for the common changes, or sync replans 65,280 identities for each.
+//! The kept plan is the full plan, item for item, after any run of changes (checked against
+//! the planner over random worlds); and the common changes move their own item alone.
+
+use proptest::prelude::*;
 
 use super::*;
 
@@ -7,156 +9,254 @@ const A: &str = "k8s:app=a;";
 const B: &str = "k8s:app=b;";
 const C: &str = "k8s:app=c;";
 
-fn range() -> IdRange {
-    IdRange::for_cluster(0).unwrap()
-}
-
 type Masters = BTreeMap<Vec<u8>, Vec<u8>>;
+type Objects = BTreeMap<u32, LabelKey>;
 
-/// The kvstore holds `masters`, Kubernetes `k8s`; the cache of their full plan.
-fn world(
-    masters: &[(&str, &str)],
-    k8s: &[(u32, &str)],
-) -> (Masters, BTreeMap<u32, LabelKey>, PlanCache) {
-    world_in(range(), masters, k8s)
+/// Both sides, and the cache kept up to date with them.
+struct Both {
+    masters: Masters,
+    k8s: Objects,
+    counts: NodeCounts,
+    cache: PlanCache,
 }
 
-/// `world`, planned in `range`.
-fn world_in(
-    range: IdRange,
-    masters: &[(&str, &str)],
-    k8s: &[(u32, &str)],
-) -> (Masters, BTreeMap<u32, LabelKey>, PlanCache) {
-    let m: Masters = masters
-        .iter()
-        .map(|(id, l)| (id.as_bytes().to_vec(), l.as_bytes().to_vec()))
-        .collect();
-    let k: BTreeMap<u32, LabelKey> = k8s.iter().map(|(id, l)| (*id, (*l).into())).collect();
-    let entries: Vec<MasterEntry> = m
+impl Both {
+    fn new(range: IdRange, masters: &[(&str, &str)], k8s: &[(u32, &str)]) -> Self {
+        let masters: Masters = masters
+            .iter()
+            .map(|(id, l)| (id.as_bytes().to_vec(), l.as_bytes().to_vec()))
+            .collect();
+        let k8s: Objects = k8s.iter().map(|(id, l)| (*id, (*l).into())).collect();
+        let counts = NodeCounts::default();
+        let cache = PlanCache::build(full(&masters, &k8s, range), &masters, &k8s, range);
+        Both {
+            masters,
+            k8s,
+            counts,
+            cache,
+        }
+    }
+
+    fn put(&mut self, id: &str, labels: &str) -> Changed {
+        let old = self
+            .masters
+            .insert(id.as_bytes().to_vec(), labels.as_bytes().to_vec());
+        let world = (&self.masters, &self.k8s, &self.counts);
+        self.cache
+            .master_changed(id.as_bytes(), old.as_deref(), world);
+        self.cache.take_changed()
+    }
+
+    fn delete(&mut self, id: &str) -> Changed {
+        let old = self.masters.remove(id.as_bytes());
+        let world = (&self.masters, &self.k8s, &self.counts);
+        self.cache
+            .master_changed(id.as_bytes(), old.as_deref(), world);
+        self.cache.take_changed()
+    }
+
+    fn object(&mut self, n: u32, labels: Option<&str>) -> Changed {
+        let old = match labels {
+            Some(l) => self.k8s.insert(n, l.into()),
+            None => self.k8s.remove(&n),
+        };
+        let world = (&self.masters, &self.k8s, &self.counts);
+        self.cache.object_changed(n, old.as_ref(), world);
+        self.cache.take_changed()
+    }
+
+    /// The cache agrees with a full plan of both sides as they are now.
+    fn check(&self) {
+        let kept: Vec<PlanItem> = self.cache.items().cloned().collect();
+        assert_eq!(kept, full(&self.masters, &self.k8s, self.cache.range()));
+    }
+
+    fn target_of(&self, id: &str) -> Option<u32> {
+        self.cache
+            .items()
+            .find(|i| i.id == id)
+            .and_then(|i| i.target_id)
+    }
+}
+
+fn full(masters: &Masters, k8s: &Objects, range: IdRange) -> Vec<PlanItem> {
+    let entries: Vec<MasterEntry> = masters
         .iter()
         .map(|(id, v)| MasterEntry::new(id.clone(), v.clone()))
         .collect();
-    let items = planner::plan(&entries, &NodeCounts::default(), &k, range);
-    let cache = PlanCache::build(items, &m, &k, range);
-    (m, k, cache)
+    planner::plan(&entries, &NodeCounts::default(), k8s, range)
+}
+
+fn cluster0() -> IdRange {
+    IdRange::for_cluster(0).unwrap()
+}
+
+fn keys(ids: &[&str]) -> BTreeSet<ItemKey> {
+    ids.iter().map(|id| key_of(id.as_bytes())).collect()
 }
 
 #[test]
-fn a_new_identity_and_its_removal_stay_local() {
-    let (m, k, mut c) = world(&[("300", A)], &[]);
-    assert_eq!((c.len(), c.is_empty()), (1, false));
-    let counts = NodeCounts::default();
-    assert!(c.kv_put(b"301", B.as_bytes(), (&m, &k, &counts)));
-    assert_eq!(c.len(), 2);
-    let mut m2 = m.clone();
-    m2.insert(b"301".to_vec(), B.as_bytes().to_vec());
-    assert!(c.kv_delete(b"301", B.as_bytes(), &k));
-    assert!(c.kv_delete(b"300", A.as_bytes(), &k));
-    assert!(c.is_empty());
+fn a_new_identity_and_its_removal_move_their_own_item_alone() {
+    let mut w = Both::new(cluster0(), &[("300", A)], &[]);
+    assert_eq!(
+        w.put("301", B),
+        Changed {
+            items: keys(&["301"]),
+            beyond_local: false
+        }
+    );
+    assert_eq!(w.cache.len(), 2);
+    assert_eq!(w.delete("301").items, keys(&["301"]));
+    // Its object made: already migrated, still local.
+    let c = w.object(300, Some(A));
+    assert_eq!((c.items, c.beyond_local), (keys(&["300"]), false));
+    w.check();
+    // An object at an id the kvstore does not hold, for labels it does not hold: nothing.
+    assert_eq!(w.object(400, Some(C)), Changed::default());
+    w.check();
 }
 
 #[test]
-fn a_put_that_touches_other_items_is_planned_in_full() {
-    let (m, k, mut c) = world(&[("300", A)], &[(302, C)]);
-    let counts = NodeCounts::default();
-    // An existing key changed, labels another key holds, labels an object holds, an id an
-    // object holds.
-    assert!(!c.kv_put(b"300", B.as_bytes(), (&m, &k, &counts)));
-    assert!(!c.kv_put(b"301", A.as_bytes(), (&m, &k, &counts)));
-    assert!(!c.kv_put(b"301", C.as_bytes(), (&m, &k, &counts)));
-    assert!(!c.kv_put(b"302", B.as_bytes(), (&m, &k, &counts)));
+fn labels_held_elsewhere_move_every_identity_of_them() {
+    let mut w = Both::new(cluster0(), &[("300", A)], &[]);
+    // A second kvstore identity with A: both are duplicates of each other's label set.
+    let c = w.put("301", A);
+    assert_eq!(c.items, keys(&["301"]));
+    assert!(c.beyond_local);
+    w.check();
+    // An object with A at 500: both become duplicates of it.
+    let c = w.object(500, Some(A));
+    assert_eq!(c.items, keys(&["300", "301"]));
+    w.check();
 }
 
 #[test]
-fn a_delete_is_local_only_when_its_labels_and_id_are_its_alone() {
-    // Already migrated at its own id: local.
-    let (_, k, mut c) = world(&[("300", A)], &[(300, A)]);
-    assert!(c.kv_delete(b"300", A.as_bytes(), &k));
-    // Its labels also in Kubernetes elsewhere: the other id's item may change.
-    let (_, k, mut c) = world(&[("300", A)], &[(301, A)]);
-    assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
-    // A remap (its id taken in Kubernetes by other labels) is no local item.
-    let (_, k, mut c) = world(&[("300", A)], &[(300, "k8s:app=x;")]);
-    assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
-    // Its labels under another key too: a duplicate that changes.
-    let (_, k, mut c) = world(&[("300", A), ("301", A)], &[]);
-    assert!(!c.kv_delete(b"301", A.as_bytes(), &k));
-}
-
-#[test]
-fn a_freed_id_below_a_remap_target_or_with_remaps_waiting_is_planned_in_full() {
+fn a_freed_id_below_a_remap_target_moves_the_target() {
     // 300 is taken in Kubernetes by other labels: a remap to the lowest id free on both
     // sides, 257 (the kvstore holds 256).
     let x = "k8s:app=x;";
-    let (_, k, mut c) = world(&[("256", B), ("300", A), ("305", C)], &[(300, x)]);
-    let remap = |c: &PlanCache| {
-        c.items()
-            .find(|i| i.kind == Kind::Remap)
-            .and_then(|i| i.target_id)
-    };
-    assert_eq!(remap(&c), Some(257));
-    // Freeing 305 (above the target) changes no target; freeing 256 (below) would.
-    assert!(c.kv_delete(b"305", C.as_bytes(), &k));
-    assert!(!c.kv_delete(b"256", B.as_bytes(), &k));
-}
-
-fn k8s_none() -> BTreeMap<u32, LabelKey> {
-    BTreeMap::new()
-}
-
-#[test]
-fn a_remap_waiting_for_a_free_id_makes_every_freed_id_a_full_plan() {
-    // A range of two ids, both held by the kvstore; Kubernetes holds 300 for other labels:
-    // the remap of 300 finds no free id.
-    let tiny = IdRange { min: 300, max: 301 };
-    let (_, k, mut c) = world_in(tiny, &[("300", A), ("301", B)], &[(300, C)]);
-    assert!(
-        c.items()
-            .any(|i| i.kind == Kind::Invalid && i.reason.contains("no id in")),
-        "{:?}",
-        c.items().collect::<Vec<_>>()
+    let mut w = Both::new(
+        cluster0(),
+        &[("256", B), ("300", A), ("305", C)],
+        &[(300, x)],
     );
-    // Freeing 301 would give it one.
-    assert!(!c.kv_delete(b"301", B.as_bytes(), &k));
+    assert_eq!(w.target_of("300"), Some(257));
+    // Freeing 305 (above the target) moves nothing else; freeing 256 (below) moves it.
+    assert_eq!(w.delete("305").items, keys(&["305"]));
+    let c = w.delete("256");
+    assert_eq!(c.items, keys(&["256", "300"]));
+    assert_eq!(w.target_of("300"), Some(256));
+    w.check();
 }
 
 #[test]
-fn a_malformed_entry_is_no_remap_waiting_for_an_id() {
-    // Only a remap that found no free id makes freed ids a full plan; a malformed entry
-    // beside a local item does not.
-    let (_, k, mut c) = world(&[("300", A), ("301", "no labels here")], &[]);
-    assert!(c.items().any(|i| i.kind == Kind::Invalid));
-    assert!(c.kv_delete(b"300", A.as_bytes(), &k));
-    // The malformed entry itself is its own item: its removal is local too.
-    assert!(c.kv_delete(b"301", b"no labels here", &k));
-    assert!(c.is_empty());
+fn a_remap_with_no_free_id_gets_one_when_an_id_is_freed() {
+    // A range of two ids, both held by the kvstore; Kubernetes holds 300 for other labels:
+    // the remap of 300 finds no free id, until 301 goes.
+    let tiny = IdRange { min: 300, max: 301 };
+    let mut w = Both::new(tiny, &[("300", A), ("301", B)], &[(300, C)]);
+    assert!(
+        w.cache
+            .items()
+            .any(|i| i.kind == Kind::Invalid && i.reason.contains("no id in"))
+    );
+    w.delete("301");
+    assert_eq!(w.target_of("300"), Some(301));
+    w.check();
 }
 
 #[test]
-fn an_identity_whose_labels_kubernetes_holds_twice_is_planned_in_full_when_it_goes() {
-    // Already migrated at its own id, and Kubernetes holds the labels at 302 too.
-    let (_, k, mut c) = world(&[("300", A)], &[(300, A), (302, A)]);
-    assert!(c.items().all(|i| i.kind == Kind::AlreadyMigrated));
-    assert!(!c.kv_delete(b"300", A.as_bytes(), &k));
+fn a_full_range_costs_a_new_conflict_its_own_item() {
+    // Every id of a small range held in Kubernetes; the kvstore's new identities each find
+    // their id taken by other labels and no id free: each is its own change.
+    let range = IdRange { min: 300, max: 399 };
+    let objects: Vec<(u32, String)> = (300..400).map(|n| (n, format!("k8s:o={n};"))).collect();
+    let objects: Vec<(u32, &str)> = objects.iter().map(|(n, l)| (*n, l.as_str())).collect();
+    let mut w = Both::new(range, &[], &objects);
+    for n in 300..320 {
+        let c = w.put(&n.to_string(), &format!("k8s:new={n};"));
+        assert_eq!(c.items, keys(&[&n.to_string()]));
+    }
+    w.check();
 }
 
 #[test]
-fn objects_created_and_deleted_stay_local_where_nothing_else_changes() {
-    let (m, _, mut c) = world(&[("300", A)], &[]);
-    let counts = NodeCounts::default();
-    // The object for the kvstore identity at its own id: it becomes already migrated.
-    assert!(c.k8s_set(300, &A.into(), None, (&m, &counts)));
-    assert!(c.items().all(|i| i.kind == Kind::AlreadyMigrated));
-    // Seen again unchanged: nothing to do.
-    assert!(c.k8s_set(300, &A.into(), Some(&A.into()), (&m, &counts)));
-    // Changed labels: planned in full.
-    assert!(!c.k8s_set(300, &B.into(), Some(&A.into()), (&m, &counts)));
-    // An object at an id the kvstore does not hold, for labels it does not hold: local.
-    assert!(c.k8s_set(400, &C.into(), None, (&m, &counts)));
-    assert!(!c.kv_put(b"402", C.as_bytes(), (&m, &k8s_none(), &counts)));
-    assert!(c.k8s_remove(400, &C.into(), (&m, &counts)));
-    // Gone again: its labels are free for a new kvstore identity, a local change.
-    assert!(c.kv_put(b"402", C.as_bytes(), (&m, &k8s_none(), &counts)));
-    // An object with labels a kvstore identity elsewhere holds: that identity's item changes.
-    assert!(!c.k8s_set(401, &A.into(), None, (&m, &counts)));
+fn malformed_entries_are_their_own_items() {
+    let mut w = Both::new(cluster0(), &[("300", A)], &[]);
+    assert_eq!(w.put("301", "no labels here").items, keys(&["301"]));
+    assert_eq!(w.put("x1", A).items, keys(&["x1"]));
+    assert_eq!(w.put("70000", A).items, keys(&["70000"]));
+    w.check();
+    assert_eq!(w.delete("301").items, keys(&["301"]));
+    w.check();
+}
+
+/// One change to either side, over a small world where everything collides.
+#[derive(Debug, Clone)]
+enum Step {
+    Put(u32, u8),
+    Delete(u32),
+    Object(u32, Option<u8>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    // Ids 298..=306 in a range of 300..=305: out of range at both ends; five label sets.
+    prop_oneof![
+        (298u32..307, 0u8..5).prop_map(|(n, l)| Step::Put(n, l)),
+        (298u32..307).prop_map(Step::Delete),
+        (298u32..307, proptest::option::of(0u8..5)).prop_map(|(n, l)| Step::Object(n, l)),
+    ]
+}
+
+fn labels(l: u8) -> String {
+    if l == 4 {
+        "not a label key".to_string()
+    } else {
+        format!("k8s:app={l};")
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn the_kept_plan_is_the_full_plan_after_any_changes(
+        steps in proptest::collection::vec(step(), 1..40),
+    ) {
+        let mut w = Both::new(IdRange { min: 300, max: 305 }, &[], &[]);
+        for s in steps {
+            match s {
+                Step::Put(n, l) => { w.put(&n.to_string(), &labels(l)); }
+                Step::Delete(n) => { w.delete(&n.to_string()); }
+                Step::Object(n, l) => { w.object(n, l.map(labels).as_deref()); }
+            }
+            let kept: Vec<PlanItem> = w.cache.items().cloned().collect();
+            prop_assert_eq!(kept, full(&w.masters, &w.k8s, w.cache.range()));
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn free_ids_are_the_range_without_the_used_ones(
+        used in proptest::collection::btree_set(295u32..312, 0..12),
+        steps in proptest::collection::vec((any::<bool>(), 295u32..312), 0..30),
+    ) {
+        let range = IdRange { min: 300, max: 310 };
+        let mut free = FreeIds::of(range, used.iter().copied());
+        let mut model: BTreeSet<u32> = (300..=310).filter(|n| !used.contains(n)).collect();
+        for (give, n) in steps {
+            if !range.contains(n) {
+                continue;
+            }
+            if give {
+                free.give(n);
+                model.insert(n);
+            } else {
+                free.take(n);
+                model.remove(&n);
+            }
+            prop_assert_eq!(free.iter().collect::<BTreeSet<u32>>(), model.clone());
+        }
+    }
 }

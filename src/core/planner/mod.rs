@@ -13,7 +13,7 @@ pub use reconcile::{
     Op, OpKind, ReconcileError, Reconciled, check_create_target, reconcile, reconcile_taking,
     validate_new_target,
 };
-pub use rules::{plan, plan_taking, repropose_taken_targets};
+pub use rules::{Around, item_of, plan, plan_taking, repropose_taken_targets};
 
 #[cfg(test)]
 mod tests;

@@ -137,25 +137,55 @@ fn classify(
     let mut items = Vec::with_capacity(parsed.len());
     let from: Vec<usize> = parsed.iter().map(|p| p.index as usize).collect();
     for p in &parsed {
-        let mut item = PlanItem {
-            id: p.raw_id().into_owned(),
-            labels: String::new(),
-            kind: Kind::Invalid,
-            action: Action::Skip,
-            target_id: None,
-            existing_labels: None,
-            labels_present_at: None,
-            nodes: node_counts.nodes_of(&p.entry.value),
-            reason: Cow::Borrowed(""),
-            decided: false,
-        };
-        match writable(p, range, &mut claimed) {
-            Ok((id, labels)) => rules.classify(id, labels, &mut item),
+        let mut item = blank_item(p, node_counts);
+        match writable(p, range, &mut |id| claimed.insert(id)) {
+            Ok((id, labels)) => classify_one(id, labels, &mut item, range, &mut rules),
             Err(reason) => item.reason = reason,
         }
         items.push(item);
     }
     (items, from)
+}
+
+/// An item for `p` before its classification: invalid, with its node count.
+fn blank_item(p: &Parsed<'_>, node_counts: &impl NodesOf) -> PlanItem {
+    PlanItem {
+        id: p.raw_id().into_owned(),
+        labels: String::new(),
+        kind: Kind::Invalid,
+        action: Action::Skip,
+        target_id: None,
+        existing_labels: None,
+        labels_present_at: None,
+        nodes: node_counts.nodes_of(&p.entry.value),
+        reason: Cow::Borrowed(""),
+        decided: false,
+    }
+}
+
+/// The item of one kvstore identity, classified against what is `around` it: the plan kept
+/// up to date (`core::plan_cache`) makes each item it changes with this, so the rules stay
+/// in one place. `first_at_id`: no entry before it in the planner's order claims its id.
+pub fn item_of<'a>(
+    entry: &'a MasterEntry,
+    node_counts: &impl NodesOf,
+    range: IdRange,
+    first_at_id: bool,
+    around: &mut impl Around<'a>,
+) -> PlanItem {
+    let p = Parsed {
+        entry,
+        index: 0,
+        id: parse_id(&entry.id).ok(),
+        labels: valid_label_key(&entry.value).ok(),
+    };
+    let mut item = blank_item(&p, node_counts);
+    match writable(&p, range, &mut |_| first_at_id) {
+        Ok((id, labels)) => classify_one(id, labels, &mut item, range, around),
+        Err(reason) => item.reason = reason,
+    }
+    item.labels = String::from_utf8_lossy(&entry.value).into_owned();
+    item
 }
 
 /// Every entry parsed, in numeric order of id, then by the id's text, so invalid ids sort
@@ -184,7 +214,7 @@ fn parse_sorted(masters: &[MasterEntry]) -> Vec<Parsed<'_>> {
 fn writable<'a>(
     p: &Parsed<'a>,
     range: IdRange,
-    claimed: &mut BTreeSet<u32>,
+    claim: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(u32, &'a str), Cow<'static, str>> {
     let (id, labels) = match (p.id, p.labels) {
         (Some(id), Some(labels)) => (id, labels),
@@ -205,7 +235,7 @@ fn writable<'a>(
             "id {id} is outside the allocation range {range} (reserved or another cluster's); never written"
         )));
     }
-    if !claimed.insert(id) {
+    if !claim(id) {
         return Err(Cow::Owned(format!(
             "id {id} appears twice in the kvstore; the first entry is used"
         )));
@@ -259,56 +289,6 @@ impl<'a> Rules<'a> {
         }
     }
 
-    /// Classifies a valid identity in range against what Kubernetes holds at its id.
-    fn classify(&mut self, id: u32, labels: &'a str, item: &mut PlanItem) {
-        match self.k8s.get(&id) {
-            Some(existing) if existing.as_str() == labels => {
-                item.kind = Kind::AlreadyMigrated;
-                item.action = Action::None;
-                item.target_id = Some(id);
-                item.reason =
-                    Cow::Borrowed("a CiliumIdentity with these labels already exists at this id");
-            }
-            Some(existing) => {
-                item.existing_labels = Some(existing.clone());
-                self.taken_by_other_labels(id, labels, item);
-            }
-            None => self.free_in_kubernetes(id, labels, item),
-        }
-    }
-
-    /// Kubernetes holds `id` for other labels: map to where these labels already are, or
-    /// remap them to the lowest id free on both sides.
-    fn taken_by_other_labels(&mut self, id: u32, labels: &'a str, item: &mut PlanItem) {
-        let elsewhere = self
-            .k8s_by_labels
-            .lowest(labels)
-            .or_else(|| self.kv_anchor.get(labels).copied())
-            .or_else(|| self.remapped.get(labels).copied());
-        if let Some(x) = elsewhere {
-            item.kind = Kind::Reuse;
-            item.action = Action::None;
-            item.target_id = Some(x);
-            item.labels_present_at = Some(x);
-            item.reason = Cow::Owned(format!(
-                "id {id} is taken in Kubernetes by other labels, and these labels are already at id {x}: map to {x}, create nothing. {TRANSITION_RISK}"
-            ));
-            return;
-        }
-        let range = self.range;
-        let Some(new_id) = self.take_free_id() else {
-            item.reason = Cow::Owned(format!(
-                "id {id} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
-            ));
-            return;
-        };
-        self.remapped.insert(labels, new_id);
-        item.kind = Kind::Remap;
-        item.action = Action::Create;
-        item.target_id = Some(new_id);
-        item.reason = remap_reason(id, new_id);
-    }
-
     /// The lowest id free on both sides, taken; `None` when the range is full.
     fn take_free_id(&mut self) -> Option<u32> {
         while self.used.contains(&self.next_free) && self.next_free < self.range.max {
@@ -320,34 +300,135 @@ impl<'a> Rules<'a> {
         self.used.insert(self.next_free);
         Some(self.next_free)
     }
+}
 
-    /// Kubernetes does not hold `id`: create it there, a duplicate if these labels are
-    /// already at another id (in Kubernetes, or under another kvstore id).
-    fn free_in_kubernetes(&mut self, id: u32, labels: &str, item: &mut PlanItem) {
-        let other = self
-            .k8s_by_labels
-            .lowest(labels)
-            .map(|x| (x, "in Kubernetes"))
-            .or_else(|| {
-                self.kv_anchor
-                    .get(labels)
-                    .copied()
-                    .filter(|x| *x != id)
-                    .map(|x| (x, "under another kvstore id"))
-            });
-        item.action = Action::Create;
-        item.target_id = Some(id);
-        if let Some((x, where_)) = other {
-            item.kind = Kind::Duplicate;
-            item.labels_present_at = Some(x);
-            item.reason = Cow::Owned(format!(
-                "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}. {DUPLICATE_FATE} Confirm to create anyway, or skip"
-            ));
-        } else {
-            item.kind = Kind::Create;
+/// What classifying one identity asks of every other: the object at an id, where a label
+/// set already is (in Kubernetes, at a kvstore id of its own, remapped), and a free id.
+pub trait Around<'a> {
+    /// The labels Kubernetes holds at `id`.
+    fn object_at(&self, id: u32) -> Option<&LabelKey>;
+    /// The lowest id Kubernetes holds `labels` at.
+    fn lowest_object(&mut self, labels: &str) -> Option<u32>;
+    /// The lowest kvstore id created at its own id (writable, free in Kubernetes) with `labels`.
+    fn anchor(&self, labels: &str) -> Option<u32>;
+    /// Where an earlier identity with `labels` was remapped to.
+    fn remapped(&self, labels: &str) -> Option<u32>;
+    /// The lowest id free on both sides, taken for `labels`; `None` when the range is full.
+    fn remap(&mut self, labels: &'a str) -> Option<u32>;
+}
+
+impl<'a> Around<'a> for Rules<'a> {
+    fn object_at(&self, id: u32) -> Option<&LabelKey> {
+        self.k8s.get(&id)
+    }
+
+    fn lowest_object(&mut self, labels: &str) -> Option<u32> {
+        self.k8s_by_labels.lowest(labels)
+    }
+
+    fn anchor(&self, labels: &str) -> Option<u32> {
+        self.kv_anchor.get(labels).copied()
+    }
+
+    fn remapped(&self, labels: &str) -> Option<u32> {
+        self.remapped.get(labels).copied()
+    }
+
+    fn remap(&mut self, labels: &'a str) -> Option<u32> {
+        let new_id = self.take_free_id()?;
+        self.remapped.insert(labels, new_id);
+        Some(new_id)
+    }
+}
+
+/// Classifies a valid identity in range against what Kubernetes holds at its id.
+fn classify_one<'a>(
+    id: u32,
+    labels: &'a str,
+    item: &mut PlanItem,
+    range: IdRange,
+    around: &mut impl Around<'a>,
+) {
+    match around.object_at(id) {
+        Some(existing) if existing.as_str() == labels => {
+            item.kind = Kind::AlreadyMigrated;
+            item.action = Action::None;
+            item.target_id = Some(id);
             item.reason =
-                Cow::Borrowed("id free and labels new to Kubernetes: create with the same id");
+                Cow::Borrowed("a CiliumIdentity with these labels already exists at this id");
         }
+        Some(existing) => {
+            item.existing_labels = Some(existing.clone());
+            taken_by_other_labels(id, labels, item, range, around);
+        }
+        None => free_in_kubernetes(id, labels, item, around),
+    }
+}
+
+/// Kubernetes holds `id` for other labels: map to where these labels already are, or
+/// remap them to the lowest id free on both sides.
+fn taken_by_other_labels<'a>(
+    id: u32,
+    labels: &'a str,
+    item: &mut PlanItem,
+    range: IdRange,
+    around: &mut impl Around<'a>,
+) {
+    let elsewhere = around
+        .lowest_object(labels)
+        .or_else(|| around.anchor(labels))
+        .or_else(|| around.remapped(labels));
+    if let Some(x) = elsewhere {
+        item.kind = Kind::Reuse;
+        item.action = Action::None;
+        item.target_id = Some(x);
+        item.labels_present_at = Some(x);
+        item.reason = Cow::Owned(format!(
+            "id {id} is taken in Kubernetes by other labels, and these labels are already at id {x}: map to {x}, create nothing. {TRANSITION_RISK}"
+        ));
+        return;
+    }
+    let Some(new_id) = around.remap(labels) else {
+        item.reason = Cow::Owned(format!(
+            "id {id} is taken in Kubernetes by other labels and no id in {range} is free for a remap"
+        ));
+        return;
+    };
+    item.kind = Kind::Remap;
+    item.action = Action::Create;
+    item.target_id = Some(new_id);
+    item.reason = remap_reason(id, new_id);
+}
+
+/// Kubernetes does not hold `id`: create it there, a duplicate if these labels are already
+/// at another id (in Kubernetes, or under another kvstore id).
+fn free_in_kubernetes<'a>(
+    id: u32,
+    labels: &str,
+    item: &mut PlanItem,
+    around: &mut impl Around<'a>,
+) {
+    let other = around
+        .lowest_object(labels)
+        .map(|x| (x, "in Kubernetes"))
+        .or_else(|| {
+            around
+                .anchor(labels)
+                .filter(|x| *x != id)
+                .map(|x| (x, "under another kvstore id"))
+        });
+    item.action = Action::Create;
+    item.target_id = Some(id);
+    if let Some((x, where_)) = other {
+        item.kind = Kind::Duplicate;
+        item.labels_present_at = Some(x);
+        item.reason = Cow::Owned(format!(
+            "these labels are already present at id {x} ({where_}); creating them at {id} too keeps kvstore-mode and CRD-mode nodes agreeing on {id}. {DUPLICATE_FATE} Confirm to create anyway, or skip"
+        ));
+    } else {
+        item.kind = Kind::Create;
+        item.reason =
+            Cow::Borrowed("id free and labels new to Kubernetes: create with the same id");
     }
 }
 

@@ -12,12 +12,15 @@ impl SyncState {
                 id, value: Some(v), ..
             } => {
                 self.overlay_sees(parse_id(&id).ok(), Some(&v));
-                if let Some(c) = &mut self.cache
-                    && !c.kv_put(&id, &v, (&self.masters, &self.k8s, &self.counts))
-                {
-                    self.cache = None;
-                }
+                self.look_at(&id);
                 let before = self.masters.insert(id.clone(), v);
+                if let Some(c) = &mut self.cache {
+                    c.master_changed(
+                        &id,
+                        before.as_deref(),
+                        (&self.masters, &self.k8s, &self.counts),
+                    );
+                }
                 if before.is_none() {
                     self.first_seen.insert(id.clone(), now);
                 }
@@ -39,14 +42,17 @@ impl SyncState {
                 // The kvstore's GC: counted, never deleted from Kubernetes. What sync
                 // remembers about the identity goes with it, so memory follows the live
                 // identities over days, not every identity ever seen.
-                if let Some(c) = &mut self.cache
-                    && let Some(old) = self.masters.get(&id)
-                    && !c.kv_delete(&id, old, &self.k8s)
-                {
-                    self.cache = None;
-                }
-                if self.masters.remove(&id).is_some() {
+                self.look_at(&id);
+                let old = self.masters.remove(&id);
+                if old.is_some() {
                     self.status.removed_from_kvstore += 1;
+                }
+                if let Some(c) = &mut self.cache {
+                    c.master_changed(
+                        &id,
+                        old.as_deref(),
+                        (&self.masters, &self.k8s, &self.counts),
+                    );
                 }
                 self.first_seen.remove(&id);
                 let text = String::from_utf8_lossy(&id).into_owned();
@@ -71,6 +77,7 @@ impl SyncState {
             } => {
                 self.counts.add_key(&label_key, &node);
                 self.counts_changed = true;
+                self.look_at_labels(&label_key);
             }
             KvChange::Slave {
                 label_key,
@@ -79,6 +86,7 @@ impl SyncState {
             } => {
                 self.counts.remove_key(&label_key, &node);
                 self.counts_changed = true;
+                self.look_at_labels(&label_key);
             }
         }
     }
@@ -102,17 +110,10 @@ impl SyncState {
         if let Some(l) = self.k8s.get(&id).cloned() {
             self.overlay_sees(None, Some(l.as_bytes()));
         }
-        if let Some(c) = &mut self.cache
-            && !c.k8s_set(
-                id,
-                &labels,
-                self.k8s.get(&id),
-                (&self.masters, &self.counts),
-            )
-        {
-            self.cache = None;
+        let old = self.k8s.insert(id, labels);
+        if let Some(c) = &mut self.cache {
+            c.object_changed(id, old.as_ref(), (&self.masters, &self.k8s, &self.counts));
         }
-        self.k8s.insert(id, labels);
     }
 
     /// An object deleted in Kubernetes.
@@ -120,13 +121,12 @@ impl SyncState {
         self.k8s_version = resource_version;
         let old = self.k8s.get(&id).cloned();
         self.overlay_sees(Some(id), old.as_deref().map(str::as_bytes));
-        if let Some(c) = &mut self.cache
-            && let Some(old) = self.k8s.get(&id)
-            && !c.k8s_remove(id, old, (&self.masters, &self.counts))
-        {
-            self.cache = None;
-        }
         self.k8s.remove(&id);
+        // Made again, or held back as made once: looked at whatever the plan says.
+        self.look_at(id.to_string().as_bytes());
+        if let Some(c) = &mut self.cache {
+            c.object_changed(id, old.as_ref(), (&self.masters, &self.k8s, &self.counts));
+        }
         if self.created.contains(&id)
             && let Some(old) = old
         {

@@ -401,6 +401,7 @@ impl Machine {
             Input::K8s(ch) => self.on_kubernetes(ch, now, &mut out),
             Input::Lease(holder) => self.on_lease(holder, &mut out),
             Input::Decided(d) => {
+                self.state.look_at(d.id.as_bytes());
                 self.state.reported.remove(&d.id);
                 // The decisions changed: resumed onto the plan again at the next round.
                 self.state.overlay = None;
@@ -408,6 +409,7 @@ impl Machine {
                 self.dirty = true;
             }
             Input::Undone(id) => {
+                self.state.look_at(id.as_bytes());
                 self.state.reported.remove(&id);
                 self.state.overlay = None;
                 self.decisions.undo(&id);
@@ -441,17 +443,19 @@ impl Machine {
             Input::Verdict(v) => self.on_verdict(v, &mut out),
             Input::MootLogged(closed) => {
                 for (id, labels) in closed {
-                    self.state.moot.insert(id.clone());
+                    self.state.close_moot(&id);
                     self.state.reused.remove(&id);
                     out.push(Output::Moot { id, labels });
                 }
                 self.dirty = true;
             }
             Input::InvalidNotLogged(id) => {
+                self.state.look_at(id.as_bytes());
                 self.state.reported.remove(&id);
                 self.dirty = true;
             }
             Input::RefusalNotLogged(id) => {
+                self.state.look_at(id.as_bytes());
                 self.decisions.unrefuse(&id);
                 // Resumed again at the next plan, which drops it again and says so.
                 self.state.overlay = None;
@@ -462,6 +466,7 @@ impl Machine {
                 if own_masters != self.state.own_masters {
                     // Sync's own master keys are never a kvstore identity to create for.
                     self.state.own_masters = own_masters;
+                    self.state.look_at_all = true;
                     self.dirty = true;
                 }
                 // A batch answered lets the next go: what waited goes now, not at the
@@ -528,6 +533,7 @@ impl Machine {
                 // when its wait is over.
                 if !state.failed.is_empty() {
                     state.failed.clear();
+                    state.look_at_all = true;
                     self.dirty = true;
                 }
             }

@@ -15,7 +15,10 @@ impl SyncState {
         accept_proposals: bool,
         now: Instant,
     ) -> (Vec<Op>, Vec<SyncReport>) {
-        let (cache, rebuilt) = match self.cache.take() {
+        // A wait over now lets its item through in this very round (looked at while the
+        // plan still says which items would create at the id).
+        self.expire_waits(now);
+        let (mut cache, rebuilt) = match self.cache.take() {
             Some(c) if c.range() == range => (c, false),
             _ => {
                 let items = self.plan(&BTreeMap::new(), range);
@@ -25,6 +28,12 @@ impl SyncState {
                 )
             }
         };
+        // A change that moved more than its own plain item is taken as a new plan: the
+        // decisions resumed again, the reuses and skips published again.
+        let changed = cache.take_changed();
+        #[cfg(test)]
+        switches::check_kept_plan(&cache, self.plan(&BTreeMap::new(), range));
+        let rebuilt = rebuilt || changed.beyond_local;
         let mut resumed_now = false;
         let mut refusals = Vec::new();
         if decisions.is_empty() {
@@ -39,15 +48,25 @@ impl SyncState {
             self.overlay = Some(Overlay::of(&live, resumed.items, decisions.in_force()));
         }
         let overlay = self.overlay.take();
-        let items = || {
-            cache.items().map(|i| {
-                overlay
-                    .as_ref()
-                    .and_then(|o| o.items.get(&i.id))
-                    .unwrap_or(i)
-            })
+        let resumed = |i| resumed(overlay.as_ref(), i);
+        let items = || cache.items().map(resumed);
+        // Every item when the plan is new, else those it changed and those something
+        // around them did: a round costs what changed.
+        let whole = rebuilt
+            || resumed_now
+            || std::mem::take(&mut self.look_at_all)
+            || switches::every_item();
+        let mut look_at = std::mem::take(&mut self.look_at);
+        let mut out = if whole {
+            self.select_writes(items(), true, accept_proposals, decisions)
+        } else {
+            look_at.extend(changed.items);
+            for gone in look_at.iter().filter(|k| cache.item(k).is_none()) {
+                self.waiting.remove(gone);
+            }
+            let few = look_at.iter().filter_map(|k| cache.item(k)).map(resumed);
+            self.select_writes(few, false, accept_proposals, decisions)
         };
-        let mut out = self.select_writes(items(), accept_proposals, now, decisions);
         // The refusals before the conflicts they send back to waiting.
         refusals.append(&mut out.1);
         out.1 = refusals;
@@ -112,21 +131,25 @@ impl SyncState {
     /// The creates this round makes: plain creates and decided (or accepted) remaps and
     /// duplicates whose target is free, not in flight and not failing; conflicts and invalid
     /// entries are reported once each.
+    /// `whole`: `items` are every item (else those that may have changed since the last
+    /// round: every other one would be selected as it was).
     pub(super) fn select_writes<'a>(
         &mut self,
         items: impl Iterator<Item = &'a PlanItem>,
+        whole: bool,
         accept_proposals: bool,
-        now: Instant,
         decisions: &mut Decisions,
     ) -> (Vec<Op>, Vec<SyncReport>) {
-        expire(&mut self.failed, now);
-        expire(&mut self.settling, now);
-        self.waiting.clear();
+        if whole {
+            self.waiting.clear();
+        }
+        self.waiting_taken = false;
         let mut claimed_labels: HashSet<String> = self.in_flight.values().cloned().collect();
         let mut ops = Vec::new();
         let mut reports = Vec::new();
-        let mut pending = 0;
         for item in items {
+            let key = key_of(item.id.as_bytes());
+            self.waiting.remove(&key);
             if item.kind == Kind::Invalid {
                 if self.reported.insert(item.id.clone()) {
                     reports.push(SyncReport::Invalid {
@@ -156,11 +179,10 @@ impl SyncState {
                 continue;
             }
             if waiting && item.action == Action::Create {
-                pending += 1;
                 // Its lag would count the operator's time: measured apart.
                 self.waited_for_decision.insert(item.id.clone());
                 self.waiting
-                    .push((item.id.clone(), item.labels.clone(), item.kind));
+                    .insert(key, (item.id.clone(), item.labels.clone(), item.kind));
                 if self.reported.insert(item.id.clone()) {
                     reports.push(SyncReport::Conflict {
                         id: item.id.clone(),
@@ -192,7 +214,7 @@ impl SyncState {
             ops.push(create_op(item, t));
             claimed_labels.insert(item.labels.clone());
         }
-        self.status.pending = pending;
+        self.status.pending = self.waiting.len();
         for op in &ops {
             if let Some(t) = op.target_id {
                 self.in_flight.insert(t, op.label_key.clone());
@@ -266,8 +288,13 @@ impl SyncState {
             .into_iter()
             .filter_map(|o| o.target_id.map(|t| (t, (o.id, o.label_key))))
             .collect();
-        for t in labels.keys() {
+        for (t, (id, label_key)) in &labels {
             self.in_flight.remove(t);
+            // Its item, what creates at its target now, and any other with its labels that
+            // waited for this create to end.
+            self.look_at.insert(key_of(id.as_bytes()));
+            self.look_at_target(*t);
+            self.look_at_labels(label_key.as_bytes());
         }
         let mut taken = Taken::default();
         let results = match outcome {
@@ -340,6 +367,11 @@ impl SyncState {
     }
 }
 
+/// `item` as the decisions resumed onto the plan have it.
+fn resumed<'a>(overlay: Option<&'a Overlay>, item: &'a PlanItem) -> &'a PlanItem {
+    overlay.and_then(|o| o.items.get(&item.id)).unwrap_or(item)
+}
+
 /// The create of `item` at `t`, and who decided it.
 fn create_op(item: &PlanItem, t: u32) -> Op {
     Op {
@@ -390,4 +422,60 @@ fn refuse(
         kind,
         reason,
     })
+}
+
+/// Switches for the simulation's tests: a round that looks at every item (its writes and
+/// reports must be those of a round that looks at what changed), and a check, at every
+/// round, that the plan kept up to date is the full plan.
+pub(crate) mod switches {
+    #[cfg(test)]
+    use super::*;
+    #[cfg(test)]
+    use std::cell::Cell;
+
+    #[cfg(test)]
+    thread_local! {
+        pub static EVERY_ITEM: Cell<bool> = const { Cell::new(false) };
+        pub static CHECK_PLAN: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether rounds look at every item (only ever in tests).
+    pub fn every_item() -> bool {
+        #[cfg(test)]
+        {
+            EVERY_ITEM.with(Cell::get)
+        }
+        #[cfg(not(test))]
+        {
+            false
+        }
+    }
+
+    /// Panics when the kept plan is not `full` (node counts aside), with the first items
+    /// that differ.
+    #[cfg(test)]
+    pub fn check_kept_plan(cache: &PlanCache, full: Vec<PlanItem>) {
+        if !CHECK_PLAN.with(Cell::get) {
+            return;
+        }
+        let strip = |i: &PlanItem| PlanItem {
+            nodes: 0,
+            ..i.clone()
+        };
+        let kept: Vec<PlanItem> = cache.items().map(strip).collect();
+        let full: Vec<PlanItem> = full.iter().map(strip).collect();
+        if kept != full {
+            let differ: Vec<_> = kept
+                .iter()
+                .zip(&full)
+                .filter(|(a, b)| a != b)
+                .take(3)
+                .collect();
+            panic!(
+                "the kept plan ({} items) is not the full plan ({} items): {differ:#?}",
+                kept.len(),
+                full.len()
+            );
+        }
+    }
 }

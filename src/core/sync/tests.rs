@@ -448,27 +448,21 @@ fn a_failed_batch_is_retried_after_its_wait_and_counted() {
         created: true,
     };
     sync.apply_kv_change(put, t0);
-    let items = sync.plan(&BTreeMap::new(), range);
-    let (ops, _) = sync.select_writes(items.iter(), false, t0, &mut Decisions::default());
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
     assert_eq!(ops.len(), 1);
     let taken = sync.take_results(ops, BatchOutcome::Failed("log full".into()), t0);
     assert_eq!((taken.failures, sync.status.failures), (1, 1));
     assert!(taken.trouble.unwrap().contains("log full"));
     assert_eq!(sync.unwritten_now(), 1);
     // Not before its wait is over; then again.
-    let (ops, _) = sync.select_writes(
-        items.iter(),
+    let (ops, _) = sync.round(
+        &mut Decisions::default(),
+        range,
         false,
         t0 + Duration::from_secs(1),
-        &mut Decisions::default(),
     );
     assert!(ops.is_empty());
-    let (ops, _) = sync.select_writes(
-        items.iter(),
-        false,
-        t0 + RETRY_AFTER,
-        &mut Decisions::default(),
-    );
+    let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0 + RETRY_AFTER);
     assert_eq!(ops.len(), 1);
     let done = BatchOutcome::Done {
         results: vec![(300, Outcome::Created)],
@@ -481,7 +475,7 @@ fn a_failed_batch_is_retried_after_its_wait_and_counted() {
 }
 
 #[test]
-fn local_changes_keep_the_plan_and_others_drop_it() {
+fn every_change_keeps_the_plan_up_to_date() {
     let range = IdRange::for_cluster(0).unwrap();
     let mut sync = SyncState::default();
     let t0 = Instant::now();
@@ -490,24 +484,39 @@ fn local_changes_keep_the_plan_and_others_drop_it() {
         value: Some(labels.as_bytes().to_vec()),
         created: true,
     };
+    let kind_of = |sync: &SyncState, id: &str| {
+        sync.planned_items()
+            .into_iter()
+            .find(|i| i.id == id)
+            .map(|i| (i.kind, i.target_id))
+    };
     sync.apply_kv_change(put(300, "k8s:app=a;"), t0);
     sync.round(&mut Decisions::default(), range, false, t0);
-    // New labels at a new id, and the object sync creates for them: kept up to date.
+    // New labels at a new id, and the object sync creates for them.
     sync.apply_kv_change(put(301, "k8s:app=b;"), t0);
     sync.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
-    assert!(sync.cache.is_some(), "local changes keep the plan");
+    assert!(sync.cache.is_some(), "changes keep the plan");
     let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
     assert_eq!(
         ops.iter().map(|o| o.target_id).collect::<Vec<_>>(),
         [Some(301)]
     );
-    // Labels another identity holds: the next round plans in full.
+    // Labels another identity holds: a duplicate, and the plan still kept.
     sync.apply_kv_change(put(302, "k8s:app=b;"), t0);
-    assert!(sync.cache.is_none(), "a duplicate is not local");
+    assert!(sync.cache.is_some(), "a duplicate keeps the plan");
+    // The plan holds the change at once, before the next round: what waits for a decision
+    // is found in it (the plan was empty here while a change that moved other items waited
+    // for a round to plan in full).
+    assert_eq!(sync.planned_items().len(), 3);
+    assert_eq!(kind_of(&sync, "302"), Some((Kind::Duplicate, Some(302))));
     sync.round(&mut Decisions::default(), range, false, t0);
-    // An agent's object at a kvstore id with other labels: a split, not local either.
+    assert_eq!(kind_of(&sync, "302"), Some((Kind::Duplicate, Some(302))));
+    // An agent's object at a kvstore id with other labels: a split, its identity mapped to
+    // the other kvstore id that holds its labels.
     sync.k8s_upsert(301, "k8s:app=z;".into(), String::new(), t0);
-    assert!(sync.cache.is_none());
+    assert!(sync.cache.is_some());
+    sync.round(&mut Decisions::default(), range, false, t0);
+    assert_eq!(kind_of(&sync, "301"), Some((Kind::Reuse, Some(302))));
 }
 
 #[test]

@@ -11,9 +11,7 @@ impl Machine {
         // A failed write is tried again when its wait is over, even when nothing else
         // happens (at the quiet end of a rollout, nothing else would).
         // So is a deleted object whose wait is over (`SyncState::settling`).
-        if super::super::expire(&mut state.failed, now)
-            | super::super::expire(&mut state.settling, now)
-        {
+        if state.expire_waits(now) {
             self.dirty = true;
         }
         state.refresh_lag_percentiles();

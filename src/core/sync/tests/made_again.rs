@@ -132,7 +132,10 @@ fn what_the_shell_and_the_simulation_read_is_the_state_itself() {
     let (ops, _) = sync.round(&mut Decisions::default(), range, false, t0);
     assert_eq!(sync.status(), &sync.status);
     assert_eq!(sync.status().identities, 2);
-    assert_eq!(sync.waiting(), sync.waiting.as_slice());
+    assert_eq!(
+        sync.waiting(),
+        sync.waiting.values().cloned().collect::<Vec<_>>()
+    );
     assert_eq!(
         sync.waiting()
             .iter()

@@ -59,7 +59,7 @@ fn an_id_the_kvstore_frees_and_gives_to_other_labels_is_no_longer_moot() {
     sync.round(&mut Decisions::default(), range, false, t0);
     let moot: Vec<String> = sync.moot_now().into_iter().map(|(id, ..)| id).collect();
     assert_eq!(moot, ["300"]);
-    sync.moot.insert("300".into());
+    sync.close_moot("300");
     sync.round(&mut Decisions::default(), range, false, t0);
     assert_eq!(sync.status.pending, 0, "closed");
     // The kvstore's GC frees 300 and an agent takes it for `s`, which node-1 uses and
@@ -202,9 +202,17 @@ fn a_decision_wait_is_not_lag() {
         halted: None,
     };
     sync.take_results(ops.clone(), done(&ops), t1);
-    // The operator decides 35 s later: accepted as proposed.
+    // The operator decides 35 s later: as proposed.
     let t2 = t0 + Duration::from_secs(35);
-    let (ops, _) = sync.round(&mut Decisions::default(), range, true, t2);
+    let proposal = sync.planned_items().into_iter().find(|i| i.id == "300");
+    let mut decisions = Decisions::default();
+    decisions.decide(LoggedDecision {
+        id: "300".into(),
+        labels: "k8s:app=a;".into(),
+        action: Action::Create,
+        target_id: proposal.and_then(|i| i.target_id),
+    });
+    let (ops, _) = sync.round(&mut decisions, range, false, t2);
     assert_eq!(ops.len(), 1, "{ops:?}");
     sync.take_results(ops.clone(), done(&ops), t2);
     sync.refresh_lag_percentiles();

@@ -195,12 +195,10 @@ impl Instance {
                 compact_revision: world.kv_compacted,
             };
         }
-        let changes: Vec<_> = world
-            .kv_log
-            .iter()
-            .filter(|(rev, _)| *rev > self.kv_pos)
-            .take(n)
-            .collect();
+        // The log is in revision order: what this instance was not told yet starts where
+        // its position ends.
+        let untold = world.kv_log.partition_point(|(rev, _)| *rev <= self.kv_pos);
+        let changes: Vec<_> = world.kv_log[untold..].iter().take(n).collect();
         let Some((last, _)) = changes.last() else {
             return KvWatchEvent::Progress {
                 revision: world.kv_rev,

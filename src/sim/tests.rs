@@ -66,7 +66,12 @@ fn a_sync_that_never_reserves_fails_the_simulation() {
 #[test]
 fn a_round_that_looks_at_what_changed_does_what_one_that_looks_at_every_item_does() {
     use crate::core::sync::round_switches::EVERY_ITEM;
-    let digests = || -> Vec<u64> { run_seeds(0, SEEDS, STEPS).map(|r| r.digest).collect() };
+    // More seeds with `IDMIG_SIM_SEEDS=N cargo test --release --lib a_round_that_looks`.
+    let seeds = std::env::var("IDMIG_SIM_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(SEEDS);
+    let digests = || -> Vec<u64> { run_seeds(0, seeds, STEPS).map(|r| r.digest).collect() };
     let what_changed = digests();
     EVERY_ITEM.with(|s| s.set(true));
     let every_item = digests();

@@ -28,20 +28,18 @@ impl SyncState {
                 )
             }
         };
-        // A change that moved more than its own plain item is taken as a new plan: the
-        // decisions resumed again, the reuses and skips published again.
         let changed = cache.take_changed();
         #[cfg(test)]
         switches::check_kept_plan(&cache, self.plan(&BTreeMap::new(), range));
-        let rebuilt = rebuilt || changed.beyond_local;
         let mut resumed_now = false;
         let mut refusals = Vec::new();
         if decisions.is_empty() {
             self.overlay = None;
-        } else if rebuilt || self.overlay.is_none() {
+        } else if rebuilt || changed.beyond_local || self.overlay.is_none() {
+            // A change that moved more than its own plain item may move what a decision
+            // stands on: the decisions resumed onto the whole plan again, in full now, kept
+            // until a change names what they touch.
             resumed_now = true;
-            // The decisions resumed onto the whole plan: in full now, kept until a change
-            // names what they touch.
             let live: Vec<PlanItem> = cache.items().cloned().collect();
             let resumed = resume::resume(&live, decisions.in_force(), &self.k8s, range);
             refusals = self.refusals(&live, resumed.dropped, decisions);
@@ -50,8 +48,8 @@ impl SyncState {
         let overlay = self.overlay.take();
         let resumed = |i| resumed(overlay.as_ref(), i);
         let items = || cache.items().map(resumed);
-        // Every item when the plan is new, else those it changed and those something
-        // around them did: a round costs what changed.
+        // Every item when the plan or the decisions on it are new, else those it changed and
+        // those something around them did: a round costs what changed.
         let whole = rebuilt
             || resumed_now
             || std::mem::take(&mut self.look_at_all)
@@ -70,10 +68,15 @@ impl SyncState {
         // The refusals before the conflicts they send back to waiting.
         refusals.append(&mut out.1);
         out.1 = refusals;
-        if rebuilt || resumed_now {
+        if whole {
             self.publish(items());
         } else {
-            // A local change makes no skip and no reuse: only the counts move.
+            // The skips come from decisions (resumed in full when they change); the reuses
+            // of what this round looked at are found again.
+            for key in &look_at {
+                let item = cache.item(key).map(resumed);
+                self.publish_one(&key.2, item);
+            }
             self.status.identities = cache.len();
             self.status.kvstore_nodes = self.counts.nodes().count();
         }
@@ -256,23 +259,32 @@ impl SyncState {
             .clone()
             .filter(|i| i.decided && i.action == Action::Skip)
             .count();
-        // Kvstore ids the plan serves at another id that already holds their labels: mapped
-        // there, or a create there made already (by a CRD-mode agent, another sync, or this
-        // one before a crash cut its outcome line off).
-        let k8s = &self.k8s;
         self.reused = items
             .clone()
-            .filter_map(|i| i.target_id.map(|t| (i, t)))
-            .filter(|(i, t)| {
-                i.action == Action::None
-                    || (i.action == Action::Create
-                        && k8s.get(t).is_some_and(|l| l.as_str() == i.labels))
-            })
-            .filter(|(i, t)| !same_id(&i.id, *t))
-            .map(|(i, t)| (i.id.clone(), t))
+            .filter_map(|i| Some((i.id.clone(), self.reused_at(i)?)))
             .collect();
         self.status.identities = items.count();
         self.status.kvstore_nodes = self.counts.nodes().count();
+    }
+
+    /// The reuse of kvstore id `id` found again (`item`: its item now, if it has one).
+    fn publish_one(&mut self, id: &str, item: Option<&PlanItem>) {
+        match item.and_then(|i| self.reused_at(i)) {
+            Some(t) => self.reused.insert(id.to_string(), t),
+            None => self.reused.remove(id),
+        };
+    }
+
+    /// Where the plan serves `item` at another id that already holds its labels: mapped
+    /// there, or a create there made already (by a CRD-mode agent, another sync, or this one
+    /// before a crash cut its outcome line off). Not once closed as moot: the cutover check
+    /// expects it nowhere.
+    fn reused_at(&self, i: &PlanItem) -> Option<u32> {
+        let t = i.target_id?;
+        let served = i.action == Action::None
+            || (i.action == Action::Create
+                && self.k8s.get(&t).is_some_and(|l| l.as_str() == i.labels));
+        (served && !same_id(&i.id, t) && !self.moot.contains(&i.id)).then_some(t)
     }
 
     /// Folds a batch's outcomes in. `batch_failed`: the batch as a whole failed (e.g. its

@@ -397,8 +397,10 @@ async fn main() {
     let rss_at_start = peak_mib(pid);
     let mut client = etcd.client().await.expect("etcd");
     let first = 256 + size as u32;
-    // What one change costs while sync follows the migrated cluster: new identities, each
-    // mirrored at its own id.
+    // What sync costs while nothing changes, then what one change costs while it follows the
+    // migrated cluster: new identities, each mirrored at its own id.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let idle = per_change::idle(pid, 30).await;
     let n = per_change::CHANGES;
     let new_ms = per_change::run(
         &mut client,
@@ -478,13 +480,16 @@ async fn main() {
         )
         .await;
         println!(
-            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities; {full_ms:.2} ms for one that finds the range full (65,280 identities, no id free for its remap)",
+            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities; {full_ms:.2} ms for one that finds the range full (65,280 identities, no id free for its remap); idle, {:.2}% of a core ({:.2} ms of each 0.25 s)",
             size + n as usize,
+            100.0 * idle,
+            250.0 * idle,
         );
     } else {
         println!(
-            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities (the range did not fill: no figure at a full range)",
+            "sync's CPU per change, one every 0.25 s with its node's key: {new_ms:.2} ms for a new identity at {} identities (the range did not fill: no figure at a full range); idle, {:.2}% of a core",
             size + n as usize,
+            100.0 * idle,
         );
     }
     let soak_secs: u64 = std::env::var("IDMIG_REAL_SOAK_SECS")

@@ -83,3 +83,10 @@ pub async fn collect(etcd: &mut etcd_client::Client, ids: impl Iterator<Item = u
             .expect("delete");
     }
 }
+
+/// The share of one core the process at `pid` uses while nothing changes, over `secs`.
+pub async fn idle(pid: u32, secs: u64) -> f64 {
+    let at_start = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    (cpu_seconds(pid) - at_start) / secs as f64
+}

@@ -100,6 +100,29 @@ pub const MAX_LABEL_BYTES: usize = 4 * 1024;
 /// so that `encode_label_key(&parse_label_key(s)?) == s` byte for byte, and no larger than
 /// `MAX_LABEL_KEY_BYTES` in all or `MAX_LABEL_BYTES` for one label.
 pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
+    let mut labels: Vec<Label> = Vec::new();
+    scan_label_key(raw, |source, key, value| {
+        labels.push(Label {
+            source: source.to_string(),
+            key: key.to_string(),
+            value: value.to_string(),
+        })
+    })?;
+    Ok(labels)
+}
+
+/// The key of an item already scanned (valid): `source:key=value`.
+fn item_key(item: &str) -> Option<&str> {
+    Some(item.split_once(':')?.1.split_once('=')?.0)
+}
+
+/// `parse_label_key`'s checks, each label handed to `each` (source, key, value) as it is
+/// read, without a copy: checking a label key allocates nothing (the planner checks every
+/// identity's at every full plan).
+fn scan_label_key<'a>(
+    raw: &'a str,
+    mut each: impl FnMut(&'a str, &'a str, &'a str),
+) -> Result<(), LabelKeyError> {
     if raw.is_empty() {
         return Err(LabelKeyError::Empty);
     }
@@ -109,7 +132,7 @@ pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
     let body = raw
         .strip_suffix(';')
         .ok_or(LabelKeyError::MissingTrailingSemicolon)?;
-    let mut labels: Vec<Label> = Vec::new();
+    let mut prev: Option<&str> = None;
     for (index, item) in body.split(';').enumerate() {
         if item.is_empty() {
             return Err(LabelKeyError::EmptyItem { index });
@@ -137,9 +160,9 @@ pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
                 item: item.to_string(),
             });
         }
-        if let Some(prev) = labels.last() {
+        if let Some(prev) = prev {
             // Cilium sorts by the key without its source; equal keys cannot both be in a label set.
-            match prev.key.as_str().cmp(key) {
+            match prev.cmp(key) {
                 std::cmp::Ordering::Less => {}
                 std::cmp::Ordering::Equal => {
                     return Err(LabelKeyError::DuplicateKey {
@@ -147,25 +170,23 @@ pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
                     });
                 }
                 std::cmp::Ordering::Greater => {
-                    if labels.iter().any(|l| l.key == key) {
+                    let earlier = body.split(';').take(index).filter_map(item_key);
+                    if earlier.clone().any(|k| k == key) {
                         return Err(LabelKeyError::DuplicateKey {
                             key: key.to_string(),
                         });
                     }
                     return Err(LabelKeyError::NotCanonicalOrder {
-                        before: prev.key.clone(),
+                        before: prev.to_string(),
                         after: key.to_string(),
                     });
                 }
             }
         }
-        labels.push(Label {
-            source: source.to_string(),
-            key: key.to_string(),
-            value: value.to_string(),
-        });
+        each(source, key, value);
+        prev = Some(key);
     }
-    Ok(labels)
+    Ok(())
 }
 
 /// Parses raw kvstore bytes (which need not be UTF-8) into labels.
@@ -178,7 +199,7 @@ pub fn parse_label_key_bytes(raw: &[u8]) -> Result<Vec<Label>, LabelKeyError> {
 /// key is canonical, so it can be compared as text with `canonical_key` of another label set.
 pub fn valid_label_key(raw: &[u8]) -> Result<&str, LabelKeyError> {
     let s = std::str::from_utf8(raw).map_err(|_| LabelKeyError::NotUtf8)?;
-    parse_label_key(s).map(|_| s)
+    scan_label_key(s, |_, _, _| {}).map(|()| s)
 }
 
 /// Encodes labels the way Cilium's `GetKey` does: sorted by key, `source:key=value;` each.

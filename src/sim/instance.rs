@@ -264,13 +264,15 @@ impl Instance {
             .k8s
             .iter()
             .filter(|(id, labels)| {
+                // The cheap checks first: this runs for every object at every check.
+                if !RANGE.contains(**id) || self.shadow.kv.contains_key(id) {
+                    return false;
+                }
                 let key = id.to_string();
-                RANGE.contains(**id)
-                    && valid_label_key(labels.as_bytes()).is_ok()
-                    && world.objects.get(id).is_some_and(|(l, _)| l == *labels)
-                    && !self.shadow.kv.contains_key(id)
-                    && !world.masters.contains_key(&key)
+                !world.masters.contains_key(&key)
                     && !untold.contains(key.as_bytes())
+                    && world.objects.get(id).is_some_and(|(l, _)| l == *labels)
+                    && valid_label_key(labels.as_bytes()).is_ok()
             })
             .map(|(id, _)| *id)
             .collect()

@@ -21,9 +21,7 @@ pub mod decided;
 pub mod failure;
 pub mod machine;
 pub mod reserve;
-mod round;
-#[cfg(test)]
-pub(crate) use round::switches as round_switches;
+pub(crate) mod round;
 pub mod shell;
 mod status;
 

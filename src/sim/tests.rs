@@ -65,7 +65,7 @@ fn a_sync_that_never_reserves_fails_the_simulation() {
 
 #[test]
 fn a_round_that_looks_at_what_changed_does_what_one_that_looks_at_every_item_does() {
-    use crate::core::sync::round_switches::EVERY_ITEM;
+    use crate::core::sync::round::switches::EVERY_ITEM;
     // More seeds with `IDMIG_SIM_SEEDS=N cargo test --release --lib a_round_that_looks`.
     let seeds = std::env::var("IDMIG_SIM_SEEDS")
         .ok()
@@ -84,7 +84,7 @@ fn a_round_that_looks_at_what_changed_does_what_one_that_looks_at_every_item_doe
 
 #[test]
 fn the_plan_kept_up_to_date_is_the_full_plan_at_every_round() {
-    use crate::core::sync::round_switches::CHECK_PLAN;
+    use crate::core::sync::round::switches::CHECK_PLAN;
     CHECK_PLAN.with(|s| s.set(true));
     // A kept plan that differs from the full plan panics in the round that finds it.
     let failures = run_seeds(0, 100, STEPS)

@@ -66,9 +66,10 @@ pub async fn run(
     let ms = 1000.0 * (cpu_seconds(pid) - cpu_at_start) / f64::from(n.max(1));
     if let Some(mut perf) = perf {
         // SIGINT: perf writes its file and ends.
-        let _ = std::process::Command::new("kill")
-            .args(["-INT", &perf.id().to_string()])
-            .status();
+        if let Ok(pid) = i32::try_from(perf.id()) {
+            // SAFETY: a plain signal to a child this process started and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        }
         let _ = perf.wait();
     }
     ms

@@ -170,8 +170,8 @@ fn scan_label_key<'a>(
                     });
                 }
                 std::cmp::Ordering::Greater => {
-                    let earlier = body.split(';').take(index).filter_map(item_key);
-                    if earlier.clone().any(|k| k == key) {
+                    let mut earlier = body.split(';').take(index).filter_map(item_key);
+                    if earlier.any(|k| k == key) {
                         return Err(LabelKeyError::DuplicateKey {
                             key: key.to_string(),
                         });

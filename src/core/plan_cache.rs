@@ -16,6 +16,7 @@ use std::hash::{Hash, Hasher};
 
 use crate::core::kvstore::{MasterEntry, NodeCounts, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
+use crate::core::planner::resume::LoggedDecision;
 use crate::core::planner::{self, Around, Kind, PlanItem};
 use crate::core::range::IdRange;
 
@@ -44,6 +45,11 @@ fn h(labels: &[u8]) -> u64 {
     let mut s = DefaultHasher::new();
     labels.hash(&mut s);
     s.finish()
+}
+
+/// Whether kvstore id `n` holds exactly `labels`.
+fn holds(masters: &BTreeMap<Vec<u8>, Vec<u8>>, n: u32, labels: &[u8]) -> bool {
+    masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
 }
 
 /// Every `(hash, id)` of one hash, lowest id first.
@@ -145,6 +151,50 @@ impl PlanCache {
             .iter()
             .find(|(_, target)| **target == Some(t))
             .map(|(n, _)| (*n, false, n.to_string()))
+    }
+
+    /// Whether the kvstore holds id `n` (a valid id: an item's key names it).
+    pub fn holds_kv_id(&self, n: u32) -> bool {
+        self.items.contains_key(&(n, false, n.to_string()))
+    }
+
+    /// The part of the plan `decisions` touch, in the planner's order: the items they
+    /// decide, and every item that creates at an id one of them names (a decision's target,
+    /// or the proposal of the item it decides). No other item can refuse a decision or be
+    /// changed by one (`resume::resume_among`). The plan creates at an identity's own id or
+    /// at its remap's: two lookups an id.
+    pub fn touched_by(&self, decisions: &BTreeMap<String, LoggedDecision>) -> Vec<PlanItem> {
+        let mut keys = BTreeSet::new();
+        let mut named = BTreeSet::new();
+        for d in decisions.values() {
+            let key = key_of(d.id.as_bytes());
+            if let Some(item) = self.items.get(&key) {
+                named.extend(item.target_id);
+                keys.insert(key);
+            }
+            named.extend(d.target_id);
+        }
+        let remapped: BTreeMap<u32, u32> = self
+            .remaps
+            .iter()
+            .filter_map(|(n, t)| Some(((*t)?, *n)))
+            .filter(|(t, _)| named.contains(t))
+            .collect();
+        for t in named {
+            for n in [Some(t), remapped.get(&t).copied()].into_iter().flatten() {
+                let key = (n, false, n.to_string());
+                let creates = self
+                    .items
+                    .get(&key)
+                    .is_some_and(|i| i.action == planner::Action::Create && i.target_id == Some(t));
+                if creates {
+                    keys.insert(key);
+                }
+            }
+        }
+        keys.iter()
+            .filter_map(|k| self.items.get(k).cloned())
+            .collect()
     }
 
     /// The range the plan was made for.
@@ -294,9 +344,7 @@ impl PlanCache {
     fn around<'w>(&self, hash: u64, labels: &[u8], ids: &[u32], world: World<'w>) -> LabelSet<'w> {
         let (masters, k8s, _) = world;
         let (lowest, anchor) = self.ties(hash, labels, ids, masters, k8s);
-        let rep = ids
-            .iter()
-            .find(|n| masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels));
+        let rep = ids.iter().find(|n| holds(masters, **n, labels));
         LabelSet {
             k8s,
             lowest,
@@ -318,10 +366,10 @@ impl PlanCache {
     ) -> (Option<u32>, Option<u32>) {
         let lowest = of_hash(&self.k8s_labels, hash)
             .find(|n| k8s.get(n).is_some_and(|l| l.as_bytes() == labels));
-        let anchor = ids.iter().copied().find(|n| {
-            !k8s.contains_key(n)
-                && masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
-        });
+        let anchor = ids
+            .iter()
+            .copied()
+            .find(|n| !k8s.contains_key(n) && holds(masters, *n, labels));
         (lowest, anchor)
     }
 
@@ -339,9 +387,7 @@ impl PlanCache {
         }
         for labels in label_sets(&ids, masters) {
             if let (None, None) = self.ties(hash, labels, &ids, masters, k8s)
-                && let Some(first) = ids.iter().copied().find(|n| {
-                    masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
-                })
+                && let Some(first) = ids.iter().copied().find(|n| holds(masters, *n, labels))
             {
                 self.remaps.insert(first, None);
             }

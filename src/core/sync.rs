@@ -191,8 +191,26 @@ impl SyncState {
     /// A change to id `id` (holding `labels`) makes the overlay stale if it names it.
     fn overlay_sees(&mut self, id: Option<u32>, labels: Option<&[u8]>) {
         if self.overlay.as_ref().is_some_and(|o| o.touched(id, labels)) {
-            self.overlay = None;
+            self.drop_overlay();
         }
+    }
+
+    /// The decisions resumed again at the next round; the items they changed are looked at
+    /// then (one may go back to its proposal).
+    fn drop_overlay(&mut self) {
+        if let Some(o) = self.overlay.take() {
+            self.look_at
+                .extend(o.items.keys().map(|id| key_of(id.as_bytes())));
+        }
+    }
+
+    /// The decision on kvstore id `id` made, undone or not recorded: the decisions are
+    /// resumed again at the next round, and its item looked at (said again if it waits for a
+    /// decision again).
+    fn decision_changed(&mut self, id: &str) {
+        self.reported.remove(id);
+        self.look_at(id.as_bytes());
+        self.drop_overlay();
     }
 
     /// Master keys this sync wrote that no kvstore-mode node uses: reservations alone.

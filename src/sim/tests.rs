@@ -86,8 +86,14 @@ fn a_round_that_looks_at_what_changed_does_what_one_that_looks_at_every_item_doe
 fn the_plan_kept_up_to_date_is_the_full_plan_at_every_round() {
     use crate::core::sync::round::switches::CHECK_PLAN;
     CHECK_PLAN.with(|s| s.set(true));
-    // A kept plan that differs from the full plan panics in the round that finds it.
-    let failures = run_seeds(0, 100, STEPS)
+    // A kept plan that differs from the full plan, or decisions resumed onto the part of
+    // it they touch that differ from those resumed onto the whole, panic in the round that
+    // finds them. More seeds with `IDMIG_SIM_SEEDS=N cargo test --release --lib the_plan_kept`.
+    let seeds = std::env::var("IDMIG_SIM_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100);
+    let failures = run_seeds(0, seeds, STEPS)
         .filter(|r| r.failure.is_some())
         .count();
     CHECK_PLAN.with(|s| s.set(false));

@@ -110,7 +110,7 @@ pub fn reconcile_taking(
 }
 
 /// The operations with their label keys left empty, and for each the index of the live item
-/// it comes from (whose label key it carries).
+/// it comes from (whose label key it carries); the kvstore's ids are those of `live`.
 fn reconcile_indexed(
     decisions: Option<&[PlanItem]>,
     live: &[PlanItem],
@@ -119,6 +119,31 @@ fn reconcile_indexed(
     accept_proposals: bool,
 ) -> Result<(Reconciled, Vec<usize>), Vec<ReconcileError>> {
     let kv_ids: HashSet<u32> = live.iter().filter_map(|i| i.numeric_id()).collect();
+    let among = Among {
+        is_kv_id: &|t| kv_ids.contains(&t),
+    };
+    reconcile_among(decisions, live, k8s, range, accept_proposals, among)
+}
+
+/// What a plan's items are among: which ids the kvstore holds. `live` may be part of the
+/// plan only (sync resuming decisions onto the items they touch), so the kvstore's ids are
+/// asked of the whole.
+#[derive(Clone, Copy)]
+pub struct Among<'a> {
+    pub is_kv_id: &'a dyn Fn(u32) -> bool,
+}
+
+/// `reconcile` of `decisions` against `live`, with the kvstore's ids from `among`: the
+/// operations with their label keys left empty, and for each the index of the live item it
+/// comes from (whose label key it carries).
+pub fn reconcile_among(
+    decisions: Option<&[PlanItem]>,
+    live: &[PlanItem],
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+    accept_proposals: bool,
+    among: Among<'_>,
+) -> Result<(Reconciled, Vec<usize>), Vec<ReconcileError>> {
     let mut out = Reconciled::default();
     let mut from: Vec<usize> = Vec::new();
     let mut errors = Vec::new();
@@ -155,7 +180,7 @@ fn reconcile_indexed(
         }
     }
     for (d, n) in decided {
-        match decide(d, &live[n], k8s, range, &kv_ids, accept_proposals) {
+        match decide(d, &live[n], k8s, range, among.is_kv_id, accept_proposals) {
             Ok(op) => {
                 out.ops.push(op);
                 from.push(n);
@@ -237,7 +262,7 @@ fn decide(
     l: &PlanItem,
     k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
-    kv_ids: &HashSet<u32>,
+    is_kv_id: &dyn Fn(u32) -> bool,
     accept_proposals: bool,
 ) -> Result<Op, String> {
     if d.labels != l.labels {
@@ -288,7 +313,7 @@ fn decide(
         Action::Create => {
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
-            if check_create_target(own, t, &l.labels, range, kv_ids, k8s.get(&t))? {
+            if check_create_target(own, t, &l.labels, range, is_kv_id, k8s.get(&t))? {
                 op.op = OpKind::AlreadyDone;
                 return Ok(op);
             }
@@ -312,7 +337,7 @@ pub fn check_create_target(
     t: u32,
     labels: &str,
     range: IdRange,
-    kv_ids: &HashSet<u32>,
+    is_kv_id: &dyn Fn(u32) -> bool,
     k8s_at_t: Option<&LabelKey>,
 ) -> Result<bool, String> {
     if !range.contains(t) {
@@ -320,7 +345,7 @@ pub fn check_create_target(
             "target id {t} is outside the allocation range {range}"
         ));
     }
-    if t != own && kv_ids.contains(&t) {
+    if t != own && is_kv_id(t) {
         return Err(format!(
             "target id {t} belongs to another kvstore identity that kvstore-mode nodes still use"
         ));
@@ -350,7 +375,7 @@ pub fn validate_new_target(
     parse_label_key(&item.labels).map_err(|e| format!("labels do not parse: {e}"))?;
     let labels = item.labels.as_str();
     let kv_ids: HashSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
-    check_create_target(own, t, labels, range, &kv_ids, k8s.get(&t))?;
+    check_create_target(own, t, labels, range, &|n| kv_ids.contains(&n), k8s.get(&t))?;
     if let Some((_, other)) = items
         .iter()
         .enumerate()

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::decision::DecidedBy;
 use super::item::{Action, Kind, PlanItem};
-use super::reconcile::reconcile;
+use super::reconcile::{Among, reconcile_among};
 use crate::core::labels::LabelKey;
 use crate::core::range::IdRange;
 
@@ -231,6 +231,24 @@ pub fn resume(
     k8s: &BTreeMap<u32, LabelKey>,
     range: IdRange,
 ) -> Resumed {
+    let kv_ids: HashSet<u32> = live.iter().filter_map(PlanItem::numeric_id).collect();
+    let among = Among {
+        is_kv_id: &|t| kv_ids.contains(&t),
+    };
+    resume_among(live, among, decisions, k8s, range)
+}
+
+/// `resume` onto `live`, which may be only the part of the plan the decisions touch: the
+/// items they decide, and every item that creates at an id one of them names (a decision's
+/// target, or its item's proposal). No other item can refuse a decision or be changed by
+/// one, so the outcome is that of the whole plan; the kvstore's ids are asked of `among`.
+pub fn resume_among(
+    live: &[PlanItem],
+    among: Among<'_>,
+    decisions: &BTreeMap<String, LoggedDecision>,
+    k8s: &BTreeMap<u32, LabelKey>,
+    range: IdRange,
+) -> Resumed {
     let index: HashMap<&str, usize> = live
         .iter()
         .enumerate()
@@ -287,7 +305,7 @@ pub fn resume(
     // Re-validate as a hand-edited plan; each refusal of a resumed item drops it (back to the
     // fresh proposal) and the rest is checked again, since one decision can block another.
     for _ in 0..8 {
-        let Err(errors) = reconcile(&items, live, k8s, range, true) else {
+        let Err(errors) = reconcile_among(Some(&items), live, k8s, range, true, among) else {
             break;
         };
         let mut changed = false;
@@ -324,7 +342,7 @@ fn drop(id: &str, reason: &str) -> Dropped {
 mod tests {
     use super::*;
     use crate::core::kvstore::MasterEntry;
-    use crate::core::planner::{describe, plan};
+    use crate::core::planner::{describe, plan, reconcile};
 
     const A: &str = "k8s:app=a;";
     const B: &str = "k8s:app=b;";

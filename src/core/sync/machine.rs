@@ -401,19 +401,13 @@ impl Machine {
             Input::K8s(ch) => self.on_kubernetes(ch, now, &mut out),
             Input::Lease(holder) => self.on_lease(holder, &mut out),
             Input::Decided(d) => {
-                // Resumed onto the whole plan again (or, the last one undone, every item
-                // back to its proposal): looked at whole.
-                self.state.look_at_all = true;
-                self.state.reported.remove(&d.id);
                 // The decisions changed: resumed onto the plan again at the next round.
-                self.state.overlay = None;
+                self.state.decision_changed(&d.id);
                 self.decisions.decide(d);
                 self.dirty = true;
             }
             Input::Undone(id) => {
-                self.state.look_at_all = true;
-                self.state.reported.remove(&id);
-                self.state.overlay = None;
+                self.state.decision_changed(&id);
                 self.decisions.undo(&id);
                 self.dirty = true;
             }
@@ -457,10 +451,10 @@ impl Machine {
                 self.dirty = true;
             }
             Input::RefusalNotLogged(id) => {
-                self.state.look_at_all = true;
                 self.decisions.unrefuse(&id);
-                // Resumed again at the next plan, which drops it again and says so.
-                self.state.overlay = None;
+                // Resumed again at the next round, which drops it again and says so.
+                self.state.look_at(id.as_bytes());
+                self.state.drop_overlay();
                 self.dirty = true;
             }
             Input::Reservations { held, own_masters } => {

@@ -3,6 +3,7 @@
 //! batch's outcomes change.
 
 use super::*;
+use crate::core::planner::reconcile::Among;
 
 impl SyncState {
     /// One round: the plan (kept up to date, or made in full when a change was not local,
@@ -31,29 +32,36 @@ impl SyncState {
         let changed = cache.take_changed();
         #[cfg(test)]
         switches::check_kept_plan(&cache, self.plan(&BTreeMap::new(), range));
-        let mut resumed_now = false;
         let mut refusals = Vec::new();
         if decisions.is_empty() {
-            self.overlay = None;
+            self.drop_overlay();
         } else if rebuilt || changed.beyond_local || self.overlay.is_none() {
             // A change that moved more than its own plain item may move what a decision
-            // stands on: the decisions resumed onto the whole plan again, in full now, kept
-            // until a change names what they touch.
-            resumed_now = true;
-            let live: Vec<PlanItem> = cache.items().cloned().collect();
-            let resumed = resume::resume(&live, decisions.in_force(), &self.k8s, range);
+            // stands on: the decisions resumed again onto the part of the plan they touch,
+            // kept until a change names what they touch. Each decided item is looked at
+            // (one decided, undone or refused now among them), and those the last overlay
+            // changed (`drop_overlay`).
+            self.drop_overlay();
+            let live = cache.touched_by(decisions.in_force());
+            let is_kv_id = |n| cache.holds_kv_id(n);
+            let among = Among {
+                is_kv_id: &is_kv_id,
+            };
+            let resumed =
+                resume::resume_among(&live, among, decisions.in_force(), &self.k8s, range);
+            #[cfg(test)]
+            switches::check_resume(&cache, decisions.in_force(), &self.k8s, &resumed);
             refusals = self.refusals(&live, resumed.dropped, decisions);
+            let decided = decisions.in_force().keys();
+            self.look_at.extend(decided.map(|id| key_of(id.as_bytes())));
             self.overlay = Some(Overlay::of(&live, resumed.items, decisions.in_force()));
         }
         let overlay = self.overlay.take();
         let resumed = |i| resumed(overlay.as_ref(), i);
         let items = || cache.items().map(resumed);
-        // Every item when the plan or the decisions on it are new, else those it changed and
-        // those something around them did: a round costs what changed.
-        let whole = rebuilt
-            || resumed_now
-            || std::mem::take(&mut self.look_at_all)
-            || switches::every_item();
+        // Every item when the plan is new, else those it changed and those something around
+        // them did: a round costs what changed.
+        let whole = rebuilt || std::mem::take(&mut self.look_at_all) || switches::every_item();
         let mut look_at = std::mem::take(&mut self.look_at);
         let mut out = if whole {
             self.select_writes(items(), true, accept_proposals, decisions)
@@ -71,8 +79,14 @@ impl SyncState {
         if whole {
             self.publish(items());
         } else {
-            // The skips come from decisions (resumed in full when they change); the reuses
-            // of what this round looked at are found again.
+            // The skips are the decisions' (only a decided item skips); the reuses of what
+            // this round looked at are found again.
+            self.skipped = overlay.as_ref().map_or(0, |o| {
+                let skips = o.items.values();
+                skips
+                    .filter(|i| i.decided && i.action == Action::Skip)
+                    .count()
+            });
             for key in &look_at {
                 let item = cache.item(key).map(resumed);
                 self.publish_one(&key.2, item);
@@ -461,6 +475,38 @@ pub(crate) mod switches {
         {
             false
         }
+    }
+
+    /// Panics when the decisions resumed onto the part of the plan they touch (`resumed`)
+    /// are not what they are resumed onto the whole plan.
+    #[cfg(test)]
+    pub fn check_resume(
+        cache: &PlanCache,
+        decisions: &BTreeMap<String, LoggedDecision>,
+        k8s: &BTreeMap<u32, LabelKey>,
+        resumed: &resume::Resumed,
+    ) {
+        if !CHECK_PLAN.with(Cell::get) {
+            return;
+        }
+        let live: Vec<PlanItem> = cache.items().cloned().collect();
+        let whole = resume::resume(&live, decisions, k8s, cache.range());
+        let changed = |items: &[PlanItem], live: &[PlanItem]| -> Vec<PlanItem> {
+            let live: HashMap<&str, &PlanItem> = live.iter().map(|i| (i.id.as_str(), i)).collect();
+            items
+                .iter()
+                .filter(|i| live.get(i.id.as_str()) != Some(i))
+                .cloned()
+                .collect()
+        };
+        let part = cache.touched_by(decisions);
+        assert_eq!(
+            changed(&resumed.items, &part),
+            changed(&whole.items, &live),
+            "the decisions resumed onto the part of the plan they touch changed other items than resumed onto the whole"
+        );
+        assert_eq!(resumed.dropped, whole.dropped, "dropped other decisions");
+        assert_eq!(resumed.resumed, whole.resumed);
     }
 
     /// Panics when the kept plan is not `full` (node counts aside), with the first items

@@ -502,6 +502,10 @@ impl SyncReport {
 pub enum BatchOutcome {
     /// Nothing was written (the reason).
     Failed(String),
+    /// The server answered with a fault that may end sync (a refusal such as a 403, or
+    /// configuration), as the dispatcher read it off the error, with the error's text: the
+    /// shell asks `failure`'s rules, which end sync or take it as a failed batch.
+    Faulted { fault: failure::Fault, why: String },
     /// Each target's outcome, and why the batch was halted early, if it was.
     Done {
         results: Vec<(u32, Outcome)>,

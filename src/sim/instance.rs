@@ -58,6 +58,9 @@ pub struct Instance {
     pub must_report: BTreeSet<u32>,
     pub cutover: Option<Duration>,
     pub ended: bool,
+    /// It ended on a refusal (exit 2, naming what to grant), with the server's words: the
+    /// simulation ends it as the binary does and the operator starts it again.
+    pub refused_end: Option<String>,
     /// A fresh read failed (the API server down): no round runs until one succeeds; what
     /// the binary's channels would hold meanwhile (decisions, the Lease, the writer's
     /// replies) waits here, the rest is not delivered.
@@ -118,6 +121,7 @@ impl Instance {
             must_report: BTreeSet::new(),
             cutover: None,
             ended: false,
+            refused_end: None,
             unread: false,
             read_at: Duration::ZERO,
             read_backoff: Backoff::new(Policy::FOLLOW),
@@ -341,6 +345,10 @@ impl Instance {
         let (clock, rng, faults, trace) = ctx;
         let i = self.idx;
         let now = clock.at(world.now);
+        if self.ended {
+            // An ended sync takes no more turns (one deferred behind a refusal's end).
+            return Ok(());
+        }
         if self.unread {
             let kept = matches!(
                 turn,
@@ -373,7 +381,9 @@ impl Instance {
         }
         // What the machine says of itself matches what it did.
         let m = self.shell.machine();
-        if m.batch_running() != self.batch.is_some() || m.ended() != self.ended {
+        // A refusal ends sync in the shell, not the machine.
+        let machine_ended = self.ended && self.refused_end.is_none();
+        if m.batch_running() != self.batch.is_some() || m.ended() != machine_ended {
             return Err(Failure::new(
                 "the machine knows its batch in flight and its end",
                 format!(
@@ -406,6 +416,10 @@ impl Instance {
                 self.ended = true;
                 Ok(())
             }
+            Some(RoundEnd::Refused(why)) => {
+                self.refused(why, world.now, trace);
+                Ok(())
+            }
             Some(RoundEnd::Resnapshot) => {
                 trace.line(world.now, format!("i{i} resnapshot"));
                 if self.shell.awaits_batch() {
@@ -415,9 +429,15 @@ impl Instance {
                     let now = clock.at(world.now);
                     let gate = world.lease_valid(i);
                     let turn = Turn::Input(Input::BatchDone { ops, outcome });
-                    self.with_io(world, log, (&mut *rng, faults, &mut *trace), |shell, io| {
-                        shell.take(turn, now, gate, io)
-                    })?;
+                    let end =
+                        self.with_io(world, log, (&mut *rng, faults, &mut *trace), |shell, io| {
+                            shell.take(turn, now, gate, io)
+                        })?;
+                    if let Some(RoundEnd::Refused(why)) = end {
+                        // The batch taken in before the fresh read was refused: sync ends.
+                        self.refused(why, world.now, trace);
+                        return Ok(());
+                    }
                 }
                 self.shell.end_round();
                 if faults.server_down {
@@ -429,6 +449,14 @@ impl Instance {
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }
         }
+    }
+
+    /// The shell ended sync on a refusal: no more turns; the simulation does the rest of
+    /// the binary's end (`Sim::refused_and_started_again`).
+    fn refused(&mut self, why: String, now: Duration, trace: &mut Trace) {
+        trace.line(now, format!("i{} ends on a refusal: {why}", self.idx));
+        self.ended = true;
+        self.refused_end = Some(why);
     }
 
     /// Asked to stop (SIGTERM, an upgrade), as the binary is: the stop is told at the next
@@ -455,6 +483,10 @@ impl Instance {
             let ops = self.batch.take().unwrap_or_default();
             let done = Turn::Input(Input::BatchDone { ops, outcome });
             self.feed(done, world, log, (clock, &mut *rng, faults, &mut *trace))?;
+            if self.refused_end.is_some() {
+                // Its batch was refused: it ended on that, before the stop.
+                return Ok(());
+            }
             self.feed(stop, world, log, (clock, rng, faults, trace))?;
         }
         if !self.ended {
@@ -518,6 +550,19 @@ impl Instance {
         if std::mem::take(&mut self.batch_unlogged) {
             // Log before act: no line, no create; the batch fails whole.
             return Ok(BatchOutcome::Failed("the decision log: disk full".into()));
+        }
+        if faults.creates_refused {
+            trace.line(world.now, format!("i{} batch refused", self.idx));
+            let fault = crate::core::sync::failure::Fault {
+                refused: true,
+                code: Some(403),
+                ..Default::default()
+            };
+            let why = "403 Forbidden: ciliumidentities.cilium.io is forbidden: cannot create";
+            return Ok(BatchOutcome::Faulted {
+                fault,
+                why: why.into(),
+            });
         }
         if faults.server_down || (faults.flaky && rng.chance(0.05)) {
             trace.line(world.now, format!("i{} batch failed", self.idx));

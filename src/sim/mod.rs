@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use crate::core::lease::Writer as Elected;
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
+use crate::core::sync::BatchOutcome;
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::{RETRY_AFTER_FAILURE, Reply};
 use crate::core::sync::shell::Turn;
@@ -83,6 +84,8 @@ struct Sim {
     /// What each instance owes in reservations (`reserved`).
     owed: Vec<reserved::Owed>,
     mutant: Mutant,
+    /// Instances ended on a refusal so far.
+    refusal_ends: usize,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -163,6 +166,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         mail: Vec::new(),
         owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
         mutant,
+        refusal_ends: 0,
     };
     sim.trace.line(
         Duration::ZERO,
@@ -213,7 +217,28 @@ impl Sim {
             &mut self.world,
             &mut self.logs[i],
             (&self.clock, &mut self.rng, self.faults, &mut self.trace),
-        )
+        )?;
+        match self.instances[i].refused_end.take() {
+            Some(why) => self.refused_and_started_again(i, &why),
+            None => Ok(()),
+        }
+    }
+
+    /// Instance `i` ended on a refusal, and ends as the binary does on one: the reservation
+    /// writer finishing what it was sent (nothing released), the Lease given up. The
+    /// operator grants what was refused and starts it again.
+    fn refused_and_started_again(&mut self, i: usize, why: &str) -> Result<(), Failure> {
+        self.refusal_ends += 1;
+        self.owed[i].excused();
+        self.reservations_done(i)?;
+        let fails = self.renewals_fail[i];
+        let gave_up = lease::give_up(&mut self.world, &mut self.instances[i].elector, fails)?;
+        self.faults.creates_refused = false;
+        self.trace.line(
+            self.world.now,
+            format!("i{i} ended on \"{why}\" (the Lease given up: {gave_up}); create granted again, started again"),
+        );
+        self.restart(i)
     }
 
     /// Whatever excuses an instance from reserving, at any step, starts its count again.
@@ -317,7 +342,11 @@ impl Sim {
             }
             95..=96 => self.reservations_done(i),
             94 => {
-                if self.rng.chance(0.5) {
+                if self.rng.chance(0.1) {
+                    // A rule of sync's ClusterRole taken away; granted again when a sync
+                    // ends on it.
+                    self.faults.creates_refused = true;
+                } else if self.rng.chance(0.5) {
                     self.faults.server_down = !self.faults.server_down;
                 } else {
                     self.faults.disk_full = !self.faults.disk_full;
@@ -551,7 +580,16 @@ impl Sim {
             (&mut self.rng, faults, &mut self.trace),
         )?;
         let ops = inst.batch.take().unwrap_or_default();
-        self.feed(i, Turn::Input(Input::BatchDone { ops, outcome }))
+        let refused = matches!(outcome, BatchOutcome::Faulted { .. });
+        let ends = self.refusal_ends;
+        self.feed(i, Turn::Input(Input::BatchDone { ops, outcome }))?;
+        if refused && self.refusal_ends == ends {
+            return Err(Failure::new(
+                "a refused create ends sync (exit 2, naming what to grant)",
+                format!("i{i} goes on after its batch was refused (403)"),
+            ));
+        }
+        Ok(())
     }
 
     fn verify_done(&mut self, i: usize) -> Result<(), Failure> {

@@ -3,6 +3,7 @@
 //! refused and what to grant.
 
 use crate::apply::outcome::ApplyReport;
+use crate::core::sync::BatchOutcome;
 use crate::core::sync::failure::{self, Fault, Path, Then};
 use crate::error::{Error, Result};
 use crate::io::k8s::RequestError;
@@ -49,22 +50,39 @@ pub fn refused(what: &str, e: &str) -> Error {
     ))
 }
 
-/// A create the server refused (401, 403): sync cannot write, and waiting will not fix it.
-pub fn refused_write(result: &Result<ApplyReport>) -> Option<Error> {
-    let what = "creating a CiliumIdentity";
+/// What a batch of creates came back as: a fault the rules may end sync on (a refusal, 401
+/// or 403, or configuration) as `BatchOutcome::Faulted`, for the shell to judge by
+/// `core::sync::failure`; any other error a failed batch; else each create's outcome.
+pub fn batch_outcome(result: Result<ApplyReport>) -> BatchOutcome {
     match result {
-        Err(e) => (failure::then(Path::Create, fault(Path::Create, e)) == Then::End)
-            .then(|| refused(what, &e.to_string())),
-        Ok(report) => report
-            .results
-            .iter()
-            .find(|r| {
-                let f = Fault {
-                    refused: r.refused,
+        Err(e) => {
+            let fault = fault(Path::Create, &e);
+            let why = e.to_string();
+            if fault.refused || fault.config {
+                BatchOutcome::Faulted { fault, why }
+            } else {
+                BatchOutcome::Failed(why)
+            }
+        }
+        Ok(report) => match report.results.iter().find(|r| r.refused) {
+            Some(r) => BatchOutcome::Faulted {
+                fault: Fault {
+                    refused: true,
                     ..Fault::default()
-                };
-                failure::then(Path::Create, f) == Then::End
-            })
-            .map(|r| refused(what, r.error.as_deref().unwrap_or(""))),
+                },
+                why: r
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "the create was refused".into()),
+            },
+            None => BatchOutcome::Done {
+                results: report
+                    .results
+                    .iter()
+                    .filter_map(|r| r.target_id.map(|t| (t, r.outcome)))
+                    .collect(),
+                halted: report.stopped.clone(),
+            },
+        },
     }
 }

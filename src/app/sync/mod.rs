@@ -41,7 +41,7 @@ use crate::core::sync::failure::Path;
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
 use crate::core::sync::shell::{self, RoundEnd, Shell, Turn};
-use crate::core::sync::{BatchOutcome, CutoverWait, SyncState};
+use crate::core::sync::{CutoverWait, SyncState};
 use crate::error::{Error, Result};
 use crate::io::etcd::KvWatchEvent;
 use crate::io::k8s::{K8sChange, ReadMode};
@@ -49,7 +49,7 @@ use crate::io::kv_source::{KvFollower, KvSource};
 use crate::io::lease::LeaseApi;
 use crate::io::retry::{Backoff, Policy};
 pub use event::{SplitAllocation, SyncEvent, SyncStatus, catch_up_text, moot_text};
-use fatal::refused_write;
+use fatal::batch_outcome;
 use io::{Answers, AppIo, stopped};
 
 /// How sync runs.
@@ -324,6 +324,10 @@ impl Sync {
                     self.end(None).await?;
                     return Ok(*end);
                 }
+                Ended::Shell(RoundEnd::Refused(why)) => {
+                    let refused = fatal::refused("creating a CiliumIdentity", &why);
+                    return self.end(Some(refused)).await;
+                }
             }
         }
     }
@@ -508,8 +512,12 @@ impl Sync {
                 break Ended::Shell(end);
             }
         };
-        if let Ended::Shell(RoundEnd::Resnapshot) = &ended {
-            self.drain_batch(&mut round).await;
+        let mut ended = ended;
+        if let Ended::Shell(RoundEnd::Resnapshot) = &ended
+            && let Some(refused) = self.drain_batch(&mut round).await
+        {
+            // The batch taken in before a fresh read was refused: sync ends instead.
+            ended = Ended::Shell(refused);
         }
         if !matches!(ended, Ended::Shell(RoundEnd::Done(_))) {
             self.shell.end_round();
@@ -541,17 +549,20 @@ impl Sync {
 
     /// Before a fresh read: the batch in flight is taken in first, so the next round never
     /// writes beside it and its outcomes are part of what is carried.
-    async fn drain_batch(&mut self, round: &mut Round) {
+    async fn drain_batch(&mut self, round: &mut Round) -> Option<RoundEnd> {
         if self.shell.awaits_batch()
             && let Some((ops, result)) = round.done_rx.recv().await
         {
             let outcome = batch_outcome(result);
-            self.take(
-                Turn::Input(Input::BatchDone { ops, outcome }),
-                &round.answers,
-            )
-            .await;
+            let end = self
+                .take(
+                    Turn::Input(Input::BatchDone { ops, outcome }),
+                    &round.answers,
+                )
+                .await;
+            return end.filter(|e| matches!(e, RoundEnd::Refused(_)));
         }
+        None
     }
 
     /// The next thing to hand the shell, or what interrupts the round.
@@ -585,9 +596,6 @@ impl Sync {
                 DecisionChange::Undone(id) => Turn::Input(Input::Undone(id)),
             },
             Some((ops, result)) = round.done_rx.recv() => {
-                if let Some(e) = refused_write(&result) {
-                    return Err(Interrupt::Fatal(e));
-                }
                 Turn::Input(Input::BatchDone { ops, outcome: batch_outcome(result) })
             }
             _ = settle.tick() => Turn::Settle { stopped: false },
@@ -674,20 +682,5 @@ async fn next_decision(
     match decided {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// A batch's result as the machine takes it in.
-fn batch_outcome(result: Result<ApplyReport>) -> BatchOutcome {
-    match result {
-        Err(e) => BatchOutcome::Failed(e.to_string()),
-        Ok(report) => BatchOutcome::Done {
-            results: report
-                .results
-                .iter()
-                .filter_map(|r| r.target_id.map(|t| (t, r.outcome)))
-                .collect(),
-            halted: report.stopped.clone(),
-        },
     }
 }

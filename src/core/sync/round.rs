@@ -324,7 +324,8 @@ impl SyncState {
         }
         let mut taken = Taken::default();
         let results = match outcome {
-            BatchOutcome::Failed(why) => {
+            // A fault the rules ride out is a failed batch (the shell turns it into one).
+            BatchOutcome::Failed(why) | BatchOutcome::Faulted { why, .. } => {
                 // No write without its log line: nothing of this batch was written.
                 for (t, (id, _)) in &labels {
                     self.failed.insert(*t, now + RETRY_AFTER);

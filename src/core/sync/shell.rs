@@ -10,11 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::failure::{self, Path, Then};
 use super::machine::{
     CutoverReport, Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound, SyncEnd,
 };
 use super::reserve::{self as rules, Queue, Reply, Request, Unreleased};
-use super::{SyncReport, SyncState, SyncStatus, Taken};
+use super::{BatchOutcome, SyncReport, SyncState, SyncStatus, Taken};
 use crate::core::kvstore::NodeCounts;
 use crate::core::labels::LabelKey;
 use crate::core::planner::resume::LoggedDecision;
@@ -132,6 +133,9 @@ pub enum RoundEnd {
     /// batch in flight is taken in first, `awaits_batch`).
     Resnapshot,
     Done(Box<SyncEnd>),
+    /// A write was refused (a 401, a 403: the credentials lack create), which waiting never
+    /// fixes (`failure`'s rules): sync ends (exit 2) naming what to grant; the server's words.
+    Refused(String),
 }
 
 /// What the loop hands the shell: an input of the machine's, or a tick the shell turns
@@ -260,6 +264,25 @@ impl Shell {
         io: &mut impl Io,
     ) -> Option<RoundEnd> {
         match turn {
+            Turn::Input(Input::BatchDone {
+                ops,
+                outcome: BatchOutcome::Faulted { fault, why },
+            }) => {
+                // Nothing of the batch was written: tried again if the rules ride the fault
+                // out; if they end sync, folded in all the same (the end counts the writes
+                // as owed), with nothing said of a retry that will not come.
+                let failed = Input::BatchDone {
+                    ops,
+                    outcome: BatchOutcome::Failed(why.clone()),
+                };
+                match failure::then(Path::Create, fault) {
+                    Then::End => {
+                        let _not_said = self.machine.step(failed, now, gate);
+                        Some(RoundEnd::Refused(why))
+                    }
+                    Then::Retry => self.step(failed, now, gate, io),
+                }
+            }
             Turn::Input(input) => self.step(input, now, gate, io),
             Turn::Settle { stopped } => self.settle(stopped, now, gate, io),
             Turn::Status { watching } => self.step(Input::Status { watching }, now, gate, io),

@@ -39,6 +39,9 @@ pub struct Faults {
     pub server_down: bool,
     /// Now and then a batch fails on its own (a rollout in progress, not its quiet end).
     pub flaky: bool,
+    /// The API server refuses creates (403: a rule of sync's ClusterRole taken away), until
+    /// the operator grants it again and starts the sync that ended on it.
+    pub creates_refused: bool,
 }
 
 /// The simulated world as the shell's IO, for one call: each call carried out against the

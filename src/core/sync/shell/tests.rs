@@ -558,6 +558,49 @@ fn what_a_round_knew_is_carried_to_the_next_only_when_it_ends() {
 }
 
 #[test]
+fn a_refused_create_ends_sync_with_the_servers_words_and_the_writes_owed_a_fault_ridden_out_is_retried()
+ {
+    use crate::core::sync::failure::Fault;
+    let t0 = Instant::now();
+    let (mut shell, mut io, ops) = first_batch_of_two(t0);
+    let faulted = |ops: Vec<Op>, refused: bool| {
+        Turn::Input(Input::BatchDone {
+            ops,
+            outcome: BatchOutcome::Faulted {
+                fault: Fault {
+                    refused,
+                    code: Some(if refused { 403 } else { 503 }),
+                    ..Fault::default()
+                },
+                why: format!("{} from the server", if refused { 403 } else { 503 }),
+            },
+        })
+    };
+    // A fault the rules ride out: a failed batch, tried again after its wait.
+    assert_eq!(shell.take(faulted(ops, false), t0, true, &mut io), None);
+    assert!(
+        io.troubles()
+            .iter()
+            .any(|t| t.contains("503 from the server")),
+        "{:?}",
+        io.troubles()
+    );
+    settle(&mut shell, t0 + crate::core::sync::RETRY_AFTER, &mut io);
+    let again = io.writes.pop().expect("the batch tried again");
+    assert_eq!(again.len(), 2);
+    // A refusal ends sync, saying nothing of a retry; both writes are owed at its end.
+    let troubles = io.troubles().len();
+    let t1 = t0 + crate::core::sync::RETRY_AFTER;
+    assert_eq!(
+        shell.take(faulted(again, true), t1, true, &mut io),
+        Some(RoundEnd::Refused("403 from the server".into()))
+    );
+    assert_eq!(io.troubles().len(), troubles, "{:?}", io.troubles());
+    shell.end_round();
+    assert_eq!(shell.end_now().unwritten, 2);
+}
+
+#[test]
 fn a_stop_between_rounds_ends_with_what_sync_knew_and_the_writes_it_still_owes() {
     let t0 = Instant::now();
     let (mut shell, mut io, ops) = first_batch_of_two(t0);

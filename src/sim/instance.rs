@@ -19,7 +19,7 @@ use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
 use crate::core::sync::failure::{self, Fault, Path, Then};
 use crate::core::sync::machine::{Input, K8sChange, KvWatchEvent, LeaseHolder, Settings};
-use crate::core::sync::shell::{self, RoundEnd, Shell, Turn};
+use crate::core::sync::shell::{self, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::{BatchOutcome, CutoverWait};
 use crate::core::verify::{Expectations, verify};
 
@@ -353,6 +353,7 @@ impl Instance {
             let kept = matches!(
                 turn,
                 Turn::Reply(_)
+                    | Turn::LeaseRefused(_)
                     | Turn::Input(Input::Decided(_) | Input::Undone(_) | Input::Lease(_))
             );
             if kept {
@@ -416,8 +417,8 @@ impl Instance {
                 self.ended = true;
                 Ok(())
             }
-            Some(RoundEnd::Refused(why)) => {
-                self.refused(why, world.now, trace);
+            Some(RoundEnd::Refused(refusal)) => {
+                self.refused(refusal, world.now, trace);
                 Ok(())
             }
             Some(RoundEnd::Resnapshot) => {
@@ -433,9 +434,9 @@ impl Instance {
                         self.with_io(world, log, (&mut *rng, faults, &mut *trace), |shell, io| {
                             shell.take(turn, now, gate, io)
                         })?;
-                    if let Some(RoundEnd::Refused(why)) = end {
+                    if let Some(RoundEnd::Refused(refusal)) = end {
                         // The batch taken in before the fresh read was refused: sync ends.
-                        self.refused(why, world.now, trace);
+                        self.refused(refusal, world.now, trace);
                         return Ok(());
                     }
                 }
@@ -453,8 +454,12 @@ impl Instance {
 
     /// The shell ended sync on a refusal: no more turns; the simulation does the rest of
     /// the binary's end (`Sim::refused_and_started_again`).
-    fn refused(&mut self, why: String, now: Duration, trace: &mut Trace) {
-        trace.line(now, format!("i{} ends on a refusal: {why}", self.idx));
+    fn refused(&mut self, refusal: Refusal, now: Duration, trace: &mut Trace) {
+        let why = match refusal {
+            Refusal::Create(why) => format!("a create refused: {why}"),
+            Refusal::Lease(why) => format!("the Lease refused: {why}"),
+        };
+        trace.line(now, format!("i{} ends on {why}", self.idx));
         self.ended = true;
         self.refused_end = Some(why);
     }

@@ -19,6 +19,8 @@ struct SimStore<'w, 'a> {
     world: &'w RefCell<&'a mut World>,
     /// Its requests fail (the API server unreachable from it).
     fails: bool,
+    /// Its requests are refused (403: the Lease Role's rule taken away).
+    refused: bool,
     /// The version read last: a replace is made at it.
     read: Option<String>,
 }
@@ -41,6 +43,13 @@ impl SimStore<'_, '_> {
     fn unreachable(&self) -> Result<(), LeaseError> {
         if self.fails {
             return Err(LeaseError::unanswered("the API server is unreachable"));
+        }
+        if self.refused {
+            return Err(LeaseError {
+                code: Some(403),
+                reason: "Forbidden".into(),
+                text: "leases.coordination.k8s.io \"cilium-idmig-sync\" is forbidden".into(),
+            });
         }
         Ok(())
     }
@@ -86,13 +95,14 @@ fn poll(f: &mut Try<'_>) -> Poll<TryOutcome> {
 }
 
 /// The tries of the keepers given (index, elector, whether its requests fail), at `at`:
-/// each reads, then the writes land in order, or reversed when `reversed`. Each try's
-/// outcome, by index.
+/// each reads, then the writes land in order, or reversed when `reversed`; every request
+/// refused when `refused`. Each try's outcome, by index.
 pub fn tries(
     world: &mut World,
     keepers: Vec<(usize, &mut Elector, bool)>,
     at: Instant,
     reversed: bool,
+    refused: bool,
 ) -> Result<Vec<(usize, TryOutcome)>, Failure> {
     let world = RefCell::new(world);
     let due: Vec<(usize, Try<'_>)> = keepers
@@ -101,6 +111,7 @@ pub fn tries(
             let mut store = SimStore {
                 world: &world,
                 fails,
+                refused,
                 read: None,
             };
             let f: Try<'_> = Box::pin(async move { elector.try_take(&mut store, &|| at).await });
@@ -133,12 +144,19 @@ pub fn tries(
     Ok(outcomes)
 }
 
-/// A clean stop's give-up, core's (`Elector::give_up`): whether the Lease was cleared.
-pub fn give_up(world: &mut World, elector: &mut Elector, fails: bool) -> Result<bool, Failure> {
+/// A clean stop's give-up, core's (`Elector::give_up`): whether the Lease was cleared
+/// (`refused`: every request refused).
+pub fn give_up(
+    world: &mut World,
+    elector: &mut Elector,
+    fails: bool,
+    refused: bool,
+) -> Result<bool, Failure> {
     let world = RefCell::new(world);
     let mut store = SimStore {
         world: &world,
         fails,
+        refused,
         read: None,
     };
     let mut f = std::pin::pin!(elector.give_up(&mut store));

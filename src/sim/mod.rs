@@ -224,6 +224,26 @@ impl Sim {
         }
     }
 
+    /// Instance `i`'s keeper was refused the Lease: told to its shell as the binary tells
+    /// it, which must end sync.
+    fn lease_refused(&mut self, i: usize, why: String) -> Result<(), Failure> {
+        if self.instances[i].ended {
+            return Ok(());
+        }
+        // While its fresh read waits, what it is told waits too (as in the binary's
+        // channels): it ends once the read is made.
+        let waits = self.instances[i].unread();
+        let ends = self.refusal_ends;
+        self.feed(i, Turn::LeaseRefused(why))?;
+        if !waits && self.refusal_ends == ends {
+            return Err(Failure::new(
+                "a refused Lease ends sync (exit 2, naming what to grant)",
+                format!("i{i} goes on after its Lease was refused (403)"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Instance `i` ended on a refusal, and ends as the binary does on one: the reservation
     /// writer finishing what it was sent (nothing released), the Lease given up. The
     /// operator grants what was refused and starts it again.
@@ -232,11 +252,16 @@ impl Sim {
         self.owed[i].excused();
         self.reservations_done(i)?;
         let fails = self.renewals_fail[i];
-        let gave_up = lease::give_up(&mut self.world, &mut self.instances[i].elector, fails)?;
+        let refused = self.faults.lease_refused;
+        let elector = &mut self.instances[i].elector;
+        let gave_up = lease::give_up(&mut self.world, elector, fails, refused)?;
         self.faults.creates_refused = false;
+        self.faults.lease_refused = false;
         self.trace.line(
             self.world.now,
-            format!("i{i} ended on \"{why}\" (the Lease given up: {gave_up}); create granted again, started again"),
+            format!(
+                "i{i} ended on {why} (the Lease given up: {gave_up}); granted again, started again"
+            ),
         );
         self.restart(i)
     }
@@ -343,9 +368,13 @@ impl Sim {
             95..=96 => self.reservations_done(i),
             94 => {
                 if self.rng.chance(0.1) {
-                    // A rule of sync's ClusterRole taken away; granted again when a sync
-                    // ends on it.
-                    self.faults.creates_refused = true;
+                    // A rule of sync's ClusterRole, or of its Lease Role, taken away; granted
+                    // again when a sync ends on it.
+                    if self.rng.chance(0.5) {
+                        self.faults.creates_refused = true;
+                    } else {
+                        self.faults.lease_refused = true;
+                    }
                 } else if self.rng.chance(0.5) {
                     self.faults.server_down = !self.faults.server_down;
                 } else {
@@ -424,6 +453,10 @@ impl Sim {
                 let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
                 inst.read_again(&mut self.world, &mut self.logs[i], ctx)?;
             }
+            // A refusal that waited for the read (the Lease's) ends it now.
+            if let Some(why) = self.instances[i].refused_end.take() {
+                self.refused_and_started_again(i, &why)?;
+            }
         }
         Ok(())
     }
@@ -445,7 +478,8 @@ impl Sim {
             .map(|(i, inst)| (i, &mut inst.elector, fails[i]))
             .collect();
         let reversed = keepers.len() > 1 && self.rng.chance(0.5);
-        for (i, outcome) in lease::tries(&mut self.world, keepers, at, reversed)? {
+        let refused = self.faults.lease_refused;
+        for (i, outcome) in lease::tries(&mut self.world, keepers, at, reversed, refused)? {
             let wait = self.instances[i].elector.tried(outcome, at, at);
             self.instances[i].next_try = now + wait;
         }
@@ -481,7 +515,12 @@ impl Sim {
             let told = match self.instances[i].elector.writer() {
                 Elected::Us => LeaseHolder::Us,
                 Elected::Other { holder } => LeaseHolder::Other(holder.clone()),
-                Elected::Unknown | Elected::Refused(_) => LeaseHolder::Unknown,
+                Elected::Unknown => LeaseHolder::Unknown,
+                Elected::Refused(why) => {
+                    let why = why.clone();
+                    self.lease_refused(i, why)?;
+                    continue;
+                }
             };
             self.tell(i, told)?;
         }
@@ -730,7 +769,9 @@ impl Sim {
         self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
         self.reservations_done(i)?;
         let fails = self.renewals_fail[i];
-        let gave_up = lease::give_up(&mut self.world, &mut self.instances[i].elector, fails)?;
+        let refused = self.faults.lease_refused;
+        let elector = &mut self.instances[i].elector;
+        let gave_up = lease::give_up(&mut self.world, elector, fails, refused)?;
         self.trace.line(
             self.world.now,
             format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),

@@ -40,7 +40,7 @@ use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::failure::Path;
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
-use crate::core::sync::shell::{self, RoundEnd, Shell, Turn};
+use crate::core::sync::shell::{self, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::{CutoverWait, SyncState};
 use crate::error::{Error, Result};
 use crate::io::etcd::KvWatchEvent;
@@ -324,8 +324,11 @@ impl Sync {
                     self.end(None).await?;
                     return Ok(*end);
                 }
-                Ended::Shell(RoundEnd::Refused(why)) => {
-                    let refused = fatal::refused("creating a CiliumIdentity", &why);
+                Ended::Shell(RoundEnd::Refused(refusal)) => {
+                    let refused = match refusal {
+                        Refusal::Create(why) => fatal::refused("creating a CiliumIdentity", &why),
+                        Refusal::Lease(why) => lease_refused(&self.opts, &why),
+                    };
                     return self.end(Some(refused)).await;
                 }
             }
@@ -587,7 +590,7 @@ impl Sync {
             Ok(()) = self.writer.changed() => {
                 let now = self.writer.borrow_and_update().clone();
                 match now {
-                    Writer::Refused(why) => return Err(Interrupt::Fatal(lease_refused(&self.opts, &why))),
+                    Writer::Refused(why) => Turn::LeaseRefused(why),
                     w => Turn::Input(Input::Lease(holder_of(w))),
                 }
             }

@@ -22,6 +22,8 @@ pub enum Path {
     Create,
     /// The reservation writer's start: a probe write under the prefix, and a lease.
     ReservationStart,
+    /// The one-writer Lease's read, create or renewal (the keeper's try).
+    Lease,
 }
 
 /// A failure as the rules need it; the dispatcher reads it off the error.
@@ -62,7 +64,9 @@ pub fn then(path: Path, fault: Fault) -> Then {
         return Then::End;
     }
     let ends = match path {
-        Path::KvRead | Path::K8sList | Path::Create | Path::ReservationStart => fault.refused,
+        Path::KvRead | Path::K8sList | Path::Create | Path::ReservationStart | Path::Lease => {
+            fault.refused
+        }
         // A watch's 401 or 403 ends sync, unless it was sent with a token since renewed.
         // Other refusals of a watch (a 410, a 400 for a version too old) are its own end,
         // watched again from a fresh point.

@@ -133,9 +133,9 @@ pub enum RoundEnd {
     /// batch in flight is taken in first, `awaits_batch`).
     Resnapshot,
     Done(Box<SyncEnd>),
-    /// A write was refused (a 401, a 403: the credentials lack create), which waiting never
-    /// fixes (`failure`'s rules): sync ends (exit 2) naming what to grant; the server's words.
-    Refused(String),
+    /// A write or the Lease was refused (a 401, a 403: the credentials lack a rule), which
+    /// waiting never fixes (`failure`'s rules): sync ends (exit 2) naming what to grant.
+    Refused(Refusal),
 }
 
 /// What the loop hands the shell: an input of the machine's, or a tick the shell turns
@@ -153,6 +153,18 @@ pub enum Turn {
     },
     /// The reservation writer answered.
     Reply(Reply),
+    /// The Lease's keeper was refused (a 403 on the Lease: its Role's rule missing), with
+    /// the server's words.
+    LeaseRefused(String),
+}
+
+/// What a refusal that ended sync refused, with the server's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A create of a CiliumIdentity.
+    Create(String),
+    /// The one-writer Lease.
+    Lease(String),
 }
 
 /// How a round's first creates read: what sync wrote as it started (or after a fresh read),
@@ -278,9 +290,21 @@ impl Shell {
                 match failure::then(Path::Create, fault) {
                     Then::End => {
                         let _not_said = self.machine.step(failed, now, gate);
-                        Some(RoundEnd::Refused(why))
+                        Some(RoundEnd::Refused(Refusal::Create(why)))
                     }
                     Then::Retry => self.step(failed, now, gate, io),
+                }
+            }
+            Turn::LeaseRefused(why) => {
+                let refused = failure::Fault {
+                    refused: true,
+                    code: Some(403),
+                    ..failure::Fault::default()
+                };
+                match failure::then(Path::Lease, refused) {
+                    Then::End => Some(RoundEnd::Refused(Refusal::Lease(why))),
+                    // Not known to hold it: no writes.
+                    Then::Retry => self.step(Input::Lease(LeaseHolder::Unknown), now, gate, io),
                 }
             }
             Turn::Input(input) => self.step(input, now, gate, io),

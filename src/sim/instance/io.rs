@@ -42,6 +42,9 @@ pub struct Faults {
     /// The API server refuses creates (403: a rule of sync's ClusterRole taken away), until
     /// the operator grants it again and starts the sync that ended on it.
     pub creates_refused: bool,
+    /// The API server refuses the Lease (403: the rule of sync's Lease Role taken away),
+    /// until the operator grants it again and starts the syncs that ended on it.
+    pub lease_refused: bool,
 }
 
 /// The simulated world as the shell's IO, for one call: each call carried out against the

@@ -593,11 +593,27 @@ fn a_refused_create_ends_sync_with_the_servers_words_and_the_writes_owed_a_fault
     let t1 = t0 + crate::core::sync::RETRY_AFTER;
     assert_eq!(
         shell.take(faulted(again, true), t1, true, &mut io),
-        Some(RoundEnd::Refused("403 from the server".into()))
+        Some(RoundEnd::Refused(Refusal::Create(
+            "403 from the server".into()
+        )))
     );
     assert_eq!(io.troubles().len(), troubles, "{:?}", io.troubles());
     shell.end_round();
     assert_eq!(shell.end_now().unwritten, 2);
+}
+
+#[test]
+fn a_refused_lease_ends_sync_with_the_servers_words() {
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(&mut shell, read(&[("300", A)], &[], t0), t0, &mut io);
+    let refused = Turn::LeaseRefused("leases is forbidden".into());
+    assert_eq!(
+        shell.take(refused, t0, true, &mut io),
+        Some(RoundEnd::Refused(Refusal::Lease(
+            "leases is forbidden".into()
+        )))
+    );
 }
 
 #[test]

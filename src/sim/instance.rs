@@ -298,9 +298,8 @@ impl Instance {
         if !self.unread || world.now < self.read_at {
             return Ok(());
         }
-        if faults.server_down {
-            self.read_failed(world.now)?;
-            return Ok(());
+        if let Some(fault) = faults.on_read() {
+            return self.read_failed(world.now, fault, trace);
         }
         self.unread = false;
         self.read_backoff.reset();
@@ -311,17 +310,37 @@ impl Instance {
         Ok(())
     }
 
-    /// A round's read failed (the API server down): an outage, which the rules ride out;
-    /// tried again after the backoff's wait.
-    fn read_failed(&mut self, now: Duration) -> Result<(), Failure> {
-        if failure::then(Path::K8sList, Fault::outage()) != Then::Retry {
-            return Err(Failure::new(
+    /// A round's read failed with `fault`, judged by `failure`'s rules as the binary's read
+    /// is: an outage is tried again after the backoff's wait; a refusal ends sync.
+    fn read_failed(
+        &mut self,
+        now: Duration,
+        fault: Fault,
+        trace: &mut Trace,
+    ) -> Result<(), Failure> {
+        let i = self.idx;
+        match failure::then(Path::K8sList, fault) {
+            Then::Retry if fault.refused => Err(Failure::new(
+                "a refused read ends sync (exit 2, naming what to grant)",
+                format!("i{i}: the rules try a refused list again"),
+            )),
+            Then::Retry => {
+                self.read_at = now + self.read_backoff.failed();
+                Ok(())
+            }
+            Then::End if !fault.refused => Err(Failure::new(
                 "an outage is ridden out",
-                format!("i{}: the rules end sync on a failed read", self.idx),
-            ));
+                format!("i{i}: the rules end sync on a failed read"),
+            )),
+            Then::End => {
+                self.refused(
+                    "the list of CiliumIdentities refused: 403 Forbidden".into(),
+                    now,
+                    trace,
+                );
+                Ok(())
+            }
         }
-        self.read_at = now + self.read_backoff.failed();
-        Ok(())
     }
 
     /// Whether the batch in flight had its decision lines written.
@@ -418,7 +437,7 @@ impl Instance {
                 Ok(())
             }
             Some(RoundEnd::Refused(refusal)) => {
-                self.refused(refusal, world.now, trace);
+                self.refused(said(refusal), world.now, trace);
                 Ok(())
             }
             Some(RoundEnd::Resnapshot) => {
@@ -436,16 +455,16 @@ impl Instance {
                         })?;
                     if let Some(RoundEnd::Refused(refusal)) = end {
                         // The batch taken in before the fresh read was refused: sync ends.
-                        self.refused(refusal, world.now, trace);
+                        self.refused(said(refusal), world.now, trace);
                         return Ok(());
                     }
                 }
                 self.shell.end_round();
-                if faults.server_down {
-                    // The read fails; the binary waits and reads again.
+                if let Some(fault) = faults.on_read() {
+                    // The read fails; the binary waits and reads again, or ends.
                     trace.line(world.now, format!("i{i} cannot read both sides"));
                     self.unread = true;
-                    return self.read_failed(world.now);
+                    return self.read_failed(world.now, fault, trace);
                 }
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }
@@ -454,11 +473,7 @@ impl Instance {
 
     /// The shell ended sync on a refusal: no more turns; the simulation does the rest of
     /// the binary's end (`Sim::refused_and_started_again`).
-    fn refused(&mut self, refusal: Refusal, now: Duration, trace: &mut Trace) {
-        let why = match refusal {
-            Refusal::Create(why) => format!("a create refused: {why}"),
-            Refusal::Lease(why) => format!("the Lease refused: {why}"),
-        };
+    fn refused(&mut self, why: String, now: Duration, trace: &mut Trace) {
         trace.line(now, format!("i{} ends on {why}", self.idx));
         self.ended = true;
         self.refused_end = Some(why);
@@ -648,6 +663,14 @@ impl Instance {
                 first: format!("{} {}", p.id, p.problem.as_str()),
             }),
         })
+    }
+}
+
+/// What a refusal the shell ended sync on refused, as the trace says it.
+fn said(refusal: Refusal) -> String {
+    match refusal {
+        Refusal::Create(why) => format!("a create refused: {why}"),
+        Refusal::Lease(why) => format!("the Lease refused: {why}"),
     }
 }
 

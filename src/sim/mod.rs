@@ -257,6 +257,7 @@ impl Sim {
         let gave_up = lease::give_up(&mut self.world, elector, fails, refused)?;
         self.faults.creates_refused = false;
         self.faults.lease_refused = false;
+        self.faults.lists_refused = false;
         self.trace.line(
             self.world.now,
             format!(
@@ -368,12 +369,12 @@ impl Sim {
             95..=96 => self.reservations_done(i),
             94 => {
                 if self.rng.chance(0.1) {
-                    // A rule of sync's ClusterRole, or of its Lease Role, taken away; granted
-                    // again when a sync ends on it.
-                    if self.rng.chance(0.5) {
-                        self.faults.creates_refused = true;
-                    } else {
-                        self.faults.lease_refused = true;
+                    // A rule of sync's ClusterRole (create, list), or of its Lease Role,
+                    // taken away; granted again when a sync ends on it.
+                    match self.rng.below(3) {
+                        0 => self.faults.creates_refused = true,
+                        1 => self.faults.lease_refused = true,
+                        _ => self.faults.lists_refused = true,
                     }
                 } else if self.rng.chance(0.5) {
                     self.faults.server_down = !self.faults.server_down;

@@ -11,6 +11,7 @@ use crate::core::labels::valid_label_key;
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
+use crate::core::sync::failure::Fault;
 use crate::core::sync::machine::{K8sChange, SplitFound};
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, Line};
@@ -45,6 +46,26 @@ pub struct Faults {
     /// The API server refuses the Lease (403: the rule of sync's Lease Role taken away),
     /// until the operator grants it again and starts the syncs that ended on it.
     pub lease_refused: bool,
+    /// The API server refuses the list of CiliumIdentities (403: the ClusterRole's list
+    /// rule taken away): a fresh read is refused, until granted again.
+    pub lists_refused: bool,
+}
+
+impl Faults {
+    /// What a fresh read meets now: `None` when it succeeds.
+    pub fn on_read(&self) -> Option<Fault> {
+        if self.lists_refused {
+            Some(Fault {
+                refused: true,
+                code: Some(403),
+                ..Fault::default()
+            })
+        } else if self.server_down {
+            Some(Fault::outage())
+        } else {
+            None
+        }
+    }
 }
 
 /// The simulated world as the shell's IO, for one call: each call carried out against the

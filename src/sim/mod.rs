@@ -24,7 +24,6 @@ pub mod log;
 pub mod report;
 pub mod reserved;
 pub mod reserver;
-pub mod seeds;
 pub mod world;
 
 pub use crate::core::rng::Rng;

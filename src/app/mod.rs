@@ -14,4 +14,5 @@ pub mod reserve;
 pub mod rollback;
 pub mod service;
 pub mod signals;
+pub mod switch;
 pub mod sync;

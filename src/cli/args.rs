@@ -32,6 +32,7 @@ pub mod examples {
     pub const APPLY: &str = "Examples:\n  # Apply a reviewed plan\n  cilium-idmig apply --etcd-config etcd.yaml --plan plan.json --yes\n  # Apply the decisions made in the TUI\n  cilium-idmig apply --etcd-config etcd.yaml --resume review.jsonl --yes\n  # Plan and apply in one go, every proposal accepted\n  cilium-idmig apply --etcd-config etcd.yaml --yes --accept-proposals\n\nExit status:\n  0  every write made or already there\n  1  writes failed or not attempted (a rerun finishes them)\n  2  usage or configuration: no --yes, a refused plan, undecided conflicts, missing permissions";
     pub const ROLLBACK: &str = "Examples:\n  # What a rollback would delete; changes nothing\n  cilium-idmig rollback --decision-log rollout.jsonl\n  # Delete exactly what that run created\n  cilium-idmig rollback --decision-log rollout.jsonl --yes\n  # A run whose log is lost, by the annotation on its objects\n  cilium-idmig rollback --run 20261201T010203Z-4f2a --yes\n\nExit status:\n  0  everything planned deleted or already gone (without --yes: the plan printed)\n  1  an object kept or a delete failed\n  2  usage or configuration, including a missing rollback role";
     pub const AUDIT: &str = "Examples:\n  # Each finding with its nodes, endpoints and what to do\n  cilium-idmig audit --etcd-config etcd.yaml\n  # The same as JSON, for a script\n  cilium-idmig audit --etcd-config etcd.yaml --output json\n  # Watch a double-write rollout from a dashboard\n  cilium-idmig audit --etcd-config etcd.yaml --watch --status-addr 127.0.0.1:9465\n\nExit status:\n  0  the stores agree (with --watch: stopped by a signal)\n  1  findings\n  2  usage or configuration";
+    pub const SWITCH_REPORT: &str = "Examples:\n  # What Cilium 1.18's operator would do to every pod if it managed identities now\n  cilium-idmig switch-report\n  # Cilium runs in its own namespace; every pod as JSON\n  cilium-idmig switch-report --cilium-namespace cilium --output json\n\nExit status:\n  0  safe: every pod keeps its identity and the switch draws nothing\n  1  pods would be re-minted, duplicates or endpoints that change identity\n  2  usage or configuration: a label pattern Cilium refuses, the API server unreachable";
     pub const VERIFY: &str = "Examples:\n  # Every kvstore identity at its id, or where the log maps it\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log rollout.jsonl\n  # Every log of the migration, as JSON\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log cilium-idmig-decisions-*.jsonl --output json\n\nExit status:\n  0  every valid kvstore identity is where it belongs\n  1  missing or different identities, or a store unreachable\n  2  usage or configuration: bad flags, an unreadable or damaged decision log";
     pub const DEMO: &str = "Examples:\n  # The TUI on 2,000 generated identities\n  cilium-idmig demo\n  # An API server slow enough to stop a commit with Ctrl-C\n  cilium-idmig demo --sandbox-latency 200ms\n  # Rehearse on your own cluster's dumps\n  cilium-idmig demo --from-snapshot kvstore.json --k8s-snapshot identities.json\n\nExit status:\n  0  done (with --headless: applied and verified; with --sync: cutover reached)\n  1  failed work\n  2  usage: bad flags, a refused dump";
     pub const LOG: &str = "Examples:\n  # The decisions made in the TUI, alone, for a sync that runs in the cluster\n  cilium-idmig log --decisions-only review.jsonl > decisions.jsonl\n  # In the pod of the sync in the cluster (kubectl exec): its decision log, whole lines only\n  cilium-idmig log /var/lib/cilium-idmig/rollout.jsonl\n\nExit status:\n  0  printed (with --hold: stopped by a signal)\n  2  usage or configuration: a log that cannot be read, or a damaged line in one";
@@ -122,6 +123,7 @@ impl CliCommand {
             | CliCommand::Apply { log, .. }
             | CliCommand::Rollback { log, .. }
             | CliCommand::Audit { log, .. }
+            | CliCommand::SwitchReport { log, .. }
             | CliCommand::Verify { log, .. }
             | CliCommand::Sandbox { log, .. } => Some(log),
             CliCommand::Completions { .. } | CliCommand::Man { .. } | CliCommand::Log { .. } => {
@@ -278,6 +280,27 @@ pub enum CliCommand {
         /// reads them): those are listed as decided, not counted as findings.
         #[arg(long, num_args = 1..)]
         decision_log: Vec<PathBuf>,
+    },
+    /// Before switching to operator-managed identities (Cilium 1.18's
+    /// identity-management-mode: operator): for every pod, the labels the operator will
+    /// compute and whether it adopts the pod's identity, finds two, or draws a new id at
+    /// random; every identity no pod and no endpoint uses (a draw can rewrite it). Reads
+    /// Kubernetes only (pods, namespaces, cilium-config, identities, endpoints); writes
+    /// nothing. Exit 0 safe, 1 findings.
+    #[command(after_long_help = examples::SWITCH_REPORT)]
+    SwitchReport {
+        #[command(flatten)]
+        log: Logging,
+        #[command(flatten)]
+        k8s: K8sConn,
+        /// The namespace Cilium runs in: its cilium-config names the cluster and the
+        /// identity label patterns the operator computes with.
+        #[arg(long, default_value = "kube-system")]
+        cilium_namespace: String,
+        /// How the report is printed (json: `settings`, `counts`, every pod and every
+        /// unused identity).
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     #[command(after_long_help = examples::VERIFY)]

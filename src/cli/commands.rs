@@ -98,6 +98,12 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             decision_log,
             ..
         } => audit_watch(conn, status_addr, every, decision_log).await,
+        CliCommand::SwitchReport {
+            k8s,
+            cilium_namespace,
+            output,
+            ..
+        } => switch_report(k8s, cilium_namespace, output).await,
         CliCommand::Demo(args) => demo_command(args).await,
         CliCommand::Tui(args) => tui(args, bin_name).await,
         CliCommand::Sync(args) => sync_command(args).await,
@@ -302,6 +308,31 @@ async fn verify(
         out!("{}", report::pushed_back(target.notes().throttled()))?;
     }
     Ok(if report.passed() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// `switch-report`: what the operator would do to every pod at the switch; exit 1 unless
+/// the switch is safe.
+async fn switch_report(
+    k8s: super::args::K8sConn,
+    cilium_namespace: String,
+    output: super::args::Output,
+) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::switch;
+    let target = k8s.target().await?;
+    let report = printer::reading(
+        "reading pods, namespaces, identities and endpoints",
+        switch::read_report(&target, &cilium_namespace),
+    )
+    .await?;
+    match output {
+        super::args::Output::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
+        super::args::Output::Text => out!("{}", switch::text(&report))?,
+    }
+    Ok(if switch::is_safe(&report) {
         Exit::Ok
     } else {
         Exit::Failed

@@ -13,6 +13,7 @@ pub mod range;
 pub mod retry;
 pub mod rng;
 pub mod server_said;
+pub mod switch;
 pub mod sync;
 pub mod verify;
 pub mod words;

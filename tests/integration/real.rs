@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use crate::harness::{Etcd, Run, bin};
 use crate::support::control_plane::ControlPlane;
 
+mod switch;
+
 const P: &str = "cilium/state/identities/v1";
 const A: &str = "k8s:app=a;k8s:io.kubernetes.pod.namespace=shop;";
 const B: &str = "k8s:app=b;k8s:io.kubernetes.pod.namespace=shop;";
@@ -17,17 +19,33 @@ const C: &str = "k8s:app=c;k8s:io.kubernetes.pod.namespace=shop;";
 
 /// The binary with this kubeconfig and etcd, killed if it outlives `secs`.
 async fn cli(dir: &Path, kc: &Path, etcd: &Etcd, args: &[&str], secs: u64) -> (Run, Duration) {
+    // Rollback reads no kvstore, and takes no etcd flag.
+    let etcd_flags = match args.first() {
+        Some(&"rollback") => vec![],
+        _ => vec!["--etcd-endpoints", &etcd.endpoint],
+    };
+    run_bin(dir, kc, args, &etcd_flags, secs).await
+}
+
+/// The binary with this kubeconfig and no etcd at all.
+async fn cli_no_etcd(dir: &Path, kc: &Path, args: &[&str], secs: u64) -> (Run, Duration) {
+    run_bin(dir, kc, args, &[], secs).await
+}
+
+async fn run_bin(
+    dir: &Path,
+    kc: &Path,
+    args: &[&str],
+    extra: &[&str],
+    secs: u64,
+) -> (Run, Duration) {
     let start = Instant::now();
     let child = tokio::process::Command::new(bin())
         .current_dir(dir)
         .args(args)
         .arg("--kubeconfig")
         .arg(kc)
-        // Rollback reads no kvstore, and takes no etcd flag.
-        .args(match args.first() {
-            Some(&"rollback") => vec![],
-            _ => vec!["--etcd-endpoints", &etcd.endpoint],
-        })
+        .args(extra)
         .env_remove("KUBECONFIG")
         .env("HOME", dir)
         .kill_on_drop(true)
@@ -45,6 +63,15 @@ async fn cli(dir: &Path, kc: &Path, etcd: &Etcd, args: &[&str], secs: u64) -> (R
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     };
     (run, start.elapsed())
+}
+
+/// `apply --yes` of everything in the kvstore, which must succeed; the decision log's path.
+async fn apply_everything(dir: &Path, kc: &Path, etcd: &Etcd, log: &str) -> String {
+    let log = dir.join(log).display().to_string();
+    let args = ["apply", "--yes", "--decision-log", &log];
+    let (r, _) = cli(dir, kc, etcd, &args, 120).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    log
 }
 
 fn security_labels(key: &str) -> BTreeMap<String, String> {
@@ -68,17 +95,7 @@ async fn apply_verify_and_rollback_on_a_real_server_and_without_the_endpoint_crd
     cp.create_identity(302, &security_labels(C));
     let dir = tempfile::tempdir().unwrap();
     let (d, kc) = (dir.path(), cp.kubeconfig.as_path());
-    let log = d.join("apply.jsonl").display().to_string();
-
-    let (r, _) = cli(
-        d,
-        kc,
-        &etcd,
-        &["apply", "--yes", "--decision-log", &log],
-        120,
-    )
-    .await;
-    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let log = apply_everything(d, kc, &etcd, "apply.jsonl").await;
     let objects = cp.identities();
     assert_eq!(
         objects.keys().collect::<Vec<_>>(),

@@ -10,6 +10,7 @@ mod errors;
 mod lists;
 mod notes;
 mod objects;
+mod switch_facts;
 mod target;
 mod transport;
 mod watch;

@@ -1,0 +1,159 @@
+//! What the operator's identity rules depend on in a cluster, read from Cilium's
+//! `cilium-config` ConfigMap: the label patterns, the cluster name and id, a label prefix
+//! file. Where the map is missing or says what this tool cannot read, the report says so
+//! rather than guess silently.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::core::switch::filter::{BadPattern, LabelFilter};
+
+/// The settings the report computes with, and where each came from.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub filter: LabelFilter,
+    pub cluster_name: String,
+    pub cluster_id: u32,
+    /// What the settings are, as the report shows them.
+    pub shown: ShownSettings,
+}
+
+/// The settings as the report prints them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ShownSettings {
+    /// `kube-system/cilium-config`, or why none was read.
+    pub from: String,
+    pub cluster_name: String,
+    pub cluster_id: u32,
+    /// The operator's own label patterns (`labels`), after Cilium 1.18's defaults.
+    pub labels: Vec<String>,
+    pub identity_management_mode: Option<String>,
+    /// What the report cannot know from the settings, each a sentence.
+    pub cannot_know: Vec<String>,
+}
+
+/// Cilium's default cluster name.
+pub const DEFAULT_CLUSTER_NAME: &str = "default";
+
+impl Settings {
+    /// The settings of a cluster whose `cilium-config` reads `data` (`None`: not found, so
+    /// Cilium's defaults). `from` names where it was read.
+    pub fn from_config(
+        from: &str,
+        data: Option<&BTreeMap<String, String>>,
+    ) -> Result<Settings, BadPattern> {
+        let mut cannot_know = Vec::new();
+        let empty = BTreeMap::new();
+        let data = match data {
+            Some(d) => d,
+            None => {
+                cannot_know.push(format!(
+                    "{from} was not found: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); pass --cilium-namespace where Cilium runs elsewhere"
+                ));
+                &empty
+            }
+        };
+        let get = |k: &str| data.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+        // Viper reads a list option from a ConfigMap string split on white space.
+        let labels: Vec<String> = get("labels")
+            .map(|v| v.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        if let Some(file) = get("label-prefix-file") {
+            cannot_know.push(format!(
+                "label-prefix-file is set ({file}): the operator reads its patterns from a file inside its pod instead of Cilium's defaults; this report uses the defaults, so check the outcomes of labels that file names"
+            ));
+        }
+        let cluster_name = get("cluster-name")
+            .unwrap_or(DEFAULT_CLUSTER_NAME)
+            .to_string();
+        let cluster_id = match get("cluster-id") {
+            None => 0,
+            Some(v) => match v.parse::<u32>() {
+                Ok(id) => id,
+                Err(_) => {
+                    cannot_know.push(format!(
+                        "cluster-id is {v:?}, not a number: id 0 is assumed"
+                    ));
+                    0
+                }
+            },
+        };
+        let filter = LabelFilter::cilium_1_18(&labels)?;
+        for p in filter.patterns_matching_nothing() {
+            let meant = p
+                .strip_prefix('!')
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(src, prefix)| format!("{src}:!{prefix}"))
+                .unwrap_or_default();
+            cannot_know.push(format!(
+                "label pattern {p:?} matches no label (Cilium reads `{}` as its source), yet it makes the filter an allow list; `{meant}` is the ignore it looks meant to be",
+                p.split(':').next().unwrap_or_default()
+            ));
+        }
+        Ok(Settings {
+            filter,
+            cluster_name: cluster_name.clone(),
+            cluster_id,
+            shown: ShownSettings {
+                from: from.to_string(),
+                cluster_name,
+                cluster_id,
+                labels,
+                identity_management_mode: get("identity-management-mode").map(str::to_string),
+                cannot_know,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_config_names_the_cluster_and_the_patterns() {
+        let d = data(&[
+            ("cluster-name", "east"),
+            ("cluster-id", "7"),
+            ("labels", " k8s:app  k8s:!tier "),
+            ("identity-management-mode", "agent"),
+        ]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        assert_eq!(s.cluster_name, "east");
+        assert_eq!(s.cluster_id, 7);
+        assert_eq!(s.shown.labels, vec!["k8s:app", "k8s:!tier"]);
+        assert!(s.filter.is_allow_list());
+        assert!(s.shown.cannot_know.is_empty(), "{:?}", s.shown.cannot_know);
+    }
+
+    #[test]
+    fn what_cannot_be_known_is_said() {
+        let s = Settings::from_config("kube-system/cilium-config", None).expect("settings");
+        assert_eq!(s.cluster_name, "default");
+        assert!(s.shown.cannot_know[0].contains("was not found"));
+        let d = data(&[
+            ("label-prefix-file", "/etc/cilium/prefixes.json"),
+            ("cluster-id", "x"),
+            ("labels", "!k8s:tier"),
+        ]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        let all = s.shown.cannot_know.join("\n");
+        assert!(all.contains("label-prefix-file"), "{all}");
+        assert!(all.contains("cluster-id is \"x\""), "{all}");
+        assert!(all.contains("`k8s:!tier`"), "{all}");
+    }
+
+    #[test]
+    fn a_pattern_cilium_cannot_compile_is_an_error() {
+        let d = data(&[("labels", "k8s:(")]);
+        assert!(Settings::from_config("x", Some(&d)).is_err());
+    }
+}

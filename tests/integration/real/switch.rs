@@ -1,0 +1,293 @@
+//! The switch to operator-managed identities, proven with Cilium 1.18's own identity
+//! controller (`opsim-1.18`) on the real server: identities migrated by `apply` from a
+//! kvstore minted by older agents, `switch-report` says what the controller will do to each
+//! pod, then the controller runs and does exactly that.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::apply_everything;
+use crate::harness::Etcd;
+use crate::support::control_plane::{ControlPlane, cilium_bin, skip};
+
+const P: &str = "cilium/state/identities/v1";
+
+/// A label set as Cilium's kvstore keys hold it: `k8s:` labels sorted, `;` after each.
+fn label_key(labels: &BTreeMap<String, String>) -> String {
+    labels.iter().map(|(k, v)| format!("{k}={v};")).collect()
+}
+
+/// What 1.18's operator computes for a pod `app` of namespace `ns` with the `default`
+/// service account, on a server that does (1.21+) or does not label namespaces with their
+/// name, in cluster `default`.
+fn operator_set(app: &str, ns: &str, ns_name_label: bool) -> BTreeMap<String, String> {
+    let mut m: BTreeMap<String, String> = [
+        ("k8s:app", app),
+        ("k8s:io.cilium.k8s.policy.cluster", "default"),
+        ("k8s:io.cilium.k8s.policy.serviceaccount", "default"),
+        ("k8s:io.kubernetes.pod.namespace", ns),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if ns_name_label {
+        m.insert(
+            "k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name".into(),
+            ns.into(),
+        );
+    }
+    m
+}
+
+/// A namespace with its `default` ServiceAccount (no controller-manager runs here to make it,
+/// and the ServiceAccount admission plugin wants it) and pods that mount no token.
+fn namespace_with_pods(ns: &str, pods: &[(&str, &str)]) -> String {
+    let mut out = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {ns}}}\n"
+    );
+    for (name, app) in pods {
+        out.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{app: {app}, pod-template-hash: h{name}}}}}\nspec: {{automountServiceAccountToken: false, containers: [{{name: c, image: x}}]}}\n"
+        ));
+    }
+    out
+}
+
+/// A CiliumEndpoint named as its pod, using `id`.
+fn endpoint(ns: &str, name: &str, id: u32) -> String {
+    format!(
+        "apiVersion: cilium.io/v2\nkind: CiliumEndpoint\nmetadata: {{name: {name}, namespace: {ns}}}\nstatus: {{identity: {{id: {id}}}}}\n"
+    )
+}
+
+/// What Cilium 1.18's operator did, read from its log.
+#[derive(Debug, Default)]
+pub struct ControllerRun {
+    /// `namespace/pod` -> the id it was given.
+    pub allocated: BTreeMap<String, u32>,
+    /// Ids of objects it created.
+    pub created: BTreeSet<u32>,
+    /// Ids of objects whose labels it rewrote.
+    pub updated: BTreeSet<u32>,
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[at..].split_whitespace().next()
+}
+
+impl ControllerRun {
+    fn parse(log: &str) -> ControllerRun {
+        let mut run = ControllerRun::default();
+        for line in log.lines() {
+            let id = || field(line, "ciliumIdentityName").and_then(|v| v.parse::<u32>().ok());
+            if line.contains("msg=\"CID allocated for pod\"") {
+                if let (Some(pod), Some(id)) = (field(line, "k8sPodName"), id()) {
+                    run.allocated.insert(pod.to_string(), id);
+                }
+            } else if line.contains("msg=\"Creating CID\"") {
+                run.created.extend(id());
+            } else if line.contains("msg=\"Updating CID\"") {
+                run.updated.extend(id());
+            }
+        }
+        run
+    }
+}
+
+/// Runs Cilium 1.18's operator identity controller until every pod of `pods` has its id
+/// and its log has been quiet a while, then stops it; or why it cannot run.
+pub async fn run_controller(
+    cp: &ControlPlane,
+    dir: &Path,
+    pods: usize,
+) -> Result<ControllerRun, String> {
+    let opsim = cilium_bin("opsim-1.18")?;
+    let log_path = dir.join("opsim.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let mut child = tokio::process::Command::new(opsim)
+        .arg("--k8s-kubeconfig-path")
+        .arg(&cp.kubeconfig)
+        .arg("--identity-management-mode=operator")
+        .env("HOME", dir)
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut last_len = 0;
+    let mut quiet_since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.len() != last_len {
+            last_len = text.len();
+            quiet_since = Instant::now();
+        }
+        let run = ControllerRun::parse(&text);
+        if run.allocated.len() >= pods && quiet_since.elapsed() > Duration::from_millis(1500) {
+            let _ = child.kill().await;
+            return Ok(run);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the operator did not settle: {} of {pods} pods allocated\n{}",
+            run.allocated.len(),
+            text.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the operator exited ({status}):\n{text}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
+    let test = "real::switch::switch_report_says_what_cilium_1_18s_operator_then_does";
+    let Some(cp) = ControlPlane::start(test) else {
+        return;
+    };
+    if let Err(why) = cilium_bin("opsim-1.18") {
+        skip(test, &why);
+        return;
+    }
+    // Servers since 1.21 label every namespace with its name; agents that ran there put it
+    // in their identities, agents that ran on older servers did not.
+    let labels_ns_name = !cp.version().starts_with("v1.19");
+    cp.apply(&namespace_with_pods(
+        "shop",
+        &[
+            ("web-1", "web"),
+            ("web-2", "web"),
+            ("api-1", "api"),
+            ("new-1", "new"),
+        ],
+    ));
+    cp.apply(&namespace_with_pods(
+        "blog",
+        &[("db-1", "db"), ("new-2", "new")],
+    ));
+
+    // The kvstore, minted by agents: web exactly as 1.18 computes it; api before the
+    // namespace's name label existed; db without the cluster label (an agent before 1.4).
+    let etcd = Etcd::start().await;
+    let web = operator_set("web", "shop", labels_ns_name);
+    let api = operator_set("api", "shop", false);
+    let mut db = operator_set("db", "blog", labels_ns_name);
+    db.remove("k8s:io.cilium.k8s.policy.cluster");
+    let mut kv: Vec<(u32, BTreeMap<String, String>)> = vec![(1000, web), (1001, api), (1002, db)];
+    for i in 0..40 {
+        kv.push((
+            2000 + i,
+            operator_set(&format!("old-{i}"), "shop", labels_ns_name),
+        ));
+    }
+    for (id, labels) in &kv {
+        etcd.put(&format!("{P}/id/{id}"), label_key(labels).as_bytes())
+            .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (d, kc) = (dir.path(), cp.kubeconfig.as_path());
+    apply_everything(d, kc, &etcd, "migrate.jsonl").await;
+    cp.apply(&format!(
+        "{}---\n{}",
+        endpoint("shop", "web-1", 1000),
+        endpoint("shop", "api-1", 1001)
+    ));
+
+    let report_args = ["switch-report", "--output", "json"];
+    let (r, _) = cli_k8s(d, kc, &report_args).await;
+    assert_eq!(r.code, 1, "not safe yet: {}{}", r.stdout, r.stderr);
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    let outcome = |pod: &str| -> (String, Option<u64>) {
+        let p = report["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pod"] == pod)
+            .unwrap_or_else(|| panic!("{pod} not in the report"));
+        (
+            p["outcome"].as_str().unwrap().to_string(),
+            p["id"].as_u64().or(p["nearest"].as_u64()),
+        )
+    };
+    let api_outcome = if labels_ns_name {
+        "re-minted"
+    } else {
+        "adopted"
+    };
+    assert_eq!(outcome("shop/web-1"), ("adopted".into(), Some(1000)));
+    assert_eq!(outcome("shop/web-2"), ("adopted".into(), Some(1000)));
+    assert_eq!(outcome("shop/api-1"), (api_outcome.into(), Some(1001)));
+    assert_eq!(outcome("blog/db-1"), ("re-minted".into(), Some(1002)));
+    assert_eq!(outcome("shop/new-1").0, "no-identity");
+    assert_eq!(outcome("blog/new-2").0, "no-identity");
+    // The 40 old identities and db's: no pod adopts them and no endpoint uses them (api's
+    // endpoint keeps 1001 in use even where its pod is re-minted).
+    assert_eq!(report["counts"]["unused_identities"], 41);
+    let ours = report["unused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["run"].is_string())
+        .count();
+    assert_eq!(ours, 41, "apply made them all");
+
+    // Cilium's own controller, then: each pod as the report said.
+    let run = match run_controller(&cp, d, 6).await {
+        Ok(run) => run,
+        Err(why) => panic!("{why}"),
+    };
+    let before: BTreeSet<u32> = kv.iter().map(|(id, _)| *id).collect();
+    let objects = cp.identities();
+    for p in report["pods"].as_array().unwrap() {
+        let pod = p["pod"].as_str().unwrap();
+        let got = run.allocated[pod];
+        match p["outcome"].as_str().unwrap() {
+            "adopted" => assert_eq!(u64::from(got), p["id"].as_u64().unwrap(), "{pod}"),
+            "re-minted" | "no-identity" => {
+                // A new id, or an unused one the draw landed on and rewrote.
+                assert!(
+                    !before.contains(&got) || run.updated.contains(&got),
+                    "{pod} got {got}, an identity the report did not expect it to draw"
+                );
+                // The object now holds exactly the labels the report computed.
+                let want: BTreeMap<String, String> =
+                    serde_json::from_value(p["labels"].clone()).unwrap();
+                assert_eq!(objects[&got.to_string()], want, "{pod}");
+            }
+            other => panic!("{pod}: {other}"),
+        }
+    }
+    let drawn = report["counts"]["label_sets_drawn"].as_u64().unwrap();
+    assert_eq!(
+        (run.created.len() + run.updated.len()) as u64,
+        drawn,
+        "one object per label set drawn: {run:?}"
+    );
+
+    // Afterwards every pod holds an identity of its own labels, but where api was re-minted
+    // its endpoint still names 1001 (its agent moves it later): the report says so.
+    let (r, _) = cli_k8s(d, kc, &["switch-report"]).await;
+    if labels_ns_name {
+        assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+        let api_now = run.allocated["shop/api-1"];
+        assert!(
+            r.stdout.contains(&format!(
+                "endpoint shop/api-1 uses 1001: the operator gives its pod {api_now}"
+            )),
+            "{}",
+            r.stdout
+        );
+    } else {
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("safe: every pod keeps"), "{}", r.stdout);
+    }
+}
+
+/// The binary with this kubeconfig only (no etcd flags: the switch reads Kubernetes alone).
+async fn cli_k8s(dir: &Path, kc: &Path, args: &[&str]) -> (crate::harness::Run, Duration) {
+    super::cli_no_etcd(dir, kc, args, 120).await
+}

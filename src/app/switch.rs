@@ -4,18 +4,59 @@
 
 use std::collections::BTreeMap;
 
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::apply::executor::{ApplyOptions, StopFlag, Watchers, apply, log_decisions};
+use crate::apply::outcome::ApplyReport;
+use crate::core::kvstore::parse_id;
+use crate::core::labels::{SecurityLabels, canonical_key};
+use crate::core::planner::reconcile::{Op, OpKind};
+use crate::core::planner::{DecidedBy, Kind};
 use crate::core::range::IdRange;
-use crate::core::switch::report::{Outcome, SwitchInput, SwitchReport, switch_report};
+use crate::core::switch::computed::PodFacts;
+use crate::core::switch::prepare::{PrepareInput, PrepareOptions, PreparePlan, prepare};
+use crate::core::switch::report::{
+    ExistingIdentity, Outcome, SwitchInput, SwitchReport, difference_text, switch_report,
+};
 use crate::core::switch::settings::Settings;
 use crate::error::{Error, Result};
+use crate::io::decision_log::DecisionLog;
 use crate::io::k8s::K8sTarget;
+use crate::io::kv_source::KvSource;
 
 /// Where Cilium's ConfigMap is, by default.
 pub const CILIUM_NAMESPACE: &str = "kube-system";
 pub const CILIUM_CONFIG: &str = "cilium-config";
 
-/// Reads the cluster and reports what the switch would do.
-pub async fn read_report(target: &K8sTarget, cilium_namespace: &str) -> Result<SwitchReport> {
+/// What the operator's controller reads, as read now.
+pub struct SwitchFacts {
+    pub settings: Settings,
+    pub pods: Vec<PodFacts>,
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    pub identities: Vec<ExistingIdentity>,
+    /// `namespace/name` of each `CiliumEndpoint` -> the id it uses.
+    pub endpoints: BTreeMap<String, u32>,
+    pub range: IdRange,
+}
+
+impl SwitchFacts {
+    /// What the switch would do to them.
+    pub fn report(&self) -> SwitchReport {
+        switch_report(&SwitchInput {
+            settings: &self.settings,
+            pods: &self.pods,
+            namespaces: &self.namespaces,
+            identities: &self.identities,
+            endpoints: &self.endpoints,
+            range: self.range,
+        })
+    }
+}
+
+/// Reads what the operator's controller reads.
+pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<SwitchFacts> {
     let kube = |what: &'static str| {
         let server = target.server.clone();
         move |e| Error::kube(server, what, e)
@@ -59,23 +100,192 @@ pub async fn read_report(target: &K8sTarget, cilium_namespace: &str) -> Result<S
         .into_iter()
         .flat_map(|(id, users)| users.into_iter().map(move |u| (u, id)))
         .collect();
-    Ok(switch_report(&SwitchInput {
-        settings: &settings,
-        pods: &pods,
-        namespaces: &namespaces,
-        identities: &identities,
-        endpoints: &endpoints,
+    Ok(SwitchFacts {
+        settings,
+        pods,
+        namespaces,
+        identities,
+        endpoints,
         range,
-    }))
+    })
+}
+
+/// Reads the cluster and reports what the switch would do.
+pub async fn read_report(target: &K8sTarget, cilium_namespace: &str) -> Result<SwitchReport> {
+    Ok(read_facts(target, cilium_namespace).await?.report())
+}
+
+/// The report and what preparing for it takes.
+#[derive(Debug, Serialize)]
+pub struct Preparation {
+    pub report: SwitchReport,
+    pub plan: PreparePlan,
+}
+
+/// Reads Kubernetes and the kvstore (whose ids, sync's reservations among them, a prepared
+/// identity must not take) and plans the preparation.
+pub async fn read_preparation(
+    target: &K8sTarget,
+    kv: &KvSource,
+    cilium_namespace: &str,
+    options: PrepareOptions,
+) -> Result<Preparation> {
+    let (facts, kvstore) =
+        tokio::try_join!(read_facts(target, cilium_namespace), kv.read_masters())?;
+    let kvstore_ids: BTreeSet<u32> = kvstore
+        .masters
+        .iter()
+        .filter_map(|m| parse_id(&m.id).ok())
+        .collect();
+    let endpoint_ids: BTreeSet<u32> = facts.endpoints.values().copied().collect();
+    let report = facts.report();
+    let plan = prepare(&PrepareInput {
+        report: &report,
+        identities: &facts.identities,
+        kvstore_ids: &kvstore_ids,
+        endpoint_ids: &endpoint_ids,
+        range: facts.range,
+        options,
+    });
+    Ok(Preparation { report, plan })
+}
+
+/// The preparation as the executor's operations: creates at the chosen ids, deletes of
+/// exactly the objects read.
+pub fn operations(plan: &PreparePlan) -> Vec<Op> {
+    let op =
+        |id: u32, labels: &SecurityLabels, kind: OpKind, expect: Option<(String, String)>| Op {
+            id: id.to_string(),
+            label_key: canonical_key(labels),
+            kind: Kind::Create,
+            op: kind,
+            target_id: Some(id),
+            decided_by: DecidedBy::SwitchPrepare,
+            expect,
+            reason: None,
+        };
+    let creates = plan
+        .creates
+        .iter()
+        .map(|c| op(c.id, &c.labels, OpKind::Create, None));
+    let removals = plan.removals.iter().map(|r| {
+        op(
+            r.id,
+            &r.labels,
+            OpKind::Delete,
+            Some((r.uid.clone(), r.resource_version.clone())),
+        )
+    });
+    creates.chain(removals).collect()
+}
+
+/// Carries the preparation out: every decision logged first, then the writes (never an
+/// overwrite: a create that meets an object is a conflict; a delete only of the object read).
+pub async fn carry_out(
+    target: &K8sTarget,
+    plan: &PreparePlan,
+    log: &DecisionLog,
+    opts: &ApplyOptions,
+    stop: StopFlag,
+) -> Result<ApplyReport> {
+    let ops = operations(plan);
+    log_decisions(log, &ops)?;
+    apply(
+        target,
+        ops,
+        false,
+        opts,
+        Some(log),
+        Watchers::default(),
+        stop,
+    )
+    .await
+}
+
+/// The preparation as text: each identity to create with the pods that will adopt it, each
+/// removal and why, and what is left to the operator.
+pub fn plan_text(p: &Preparation) -> String {
+    let plan = &p.plan;
+    let mut out = String::new();
+    for c in plan.creates.iter().take(SHOWN) {
+        out.push_str(&format!(
+            "create {} {} for {} ({})\n",
+            c.id,
+            canonical_key(&c.labels),
+            crate::core::audit::names_list(&c.pods, 3),
+            c.because
+        ));
+    }
+    if plan.creates.len() > SHOWN {
+        out.push_str(&format!(
+            "create: {} more (--output json lists every one)\n",
+            plan.creates.len() - SHOWN
+        ));
+    }
+    for r in plan.removals.iter().take(SHOWN) {
+        out.push_str(&format!("remove {}: {}\n", r.id, r.why));
+    }
+    if plan.removals.len() > SHOWN {
+        out.push_str(&format!(
+            "remove: {} more (--output json lists every one)\n",
+            plan.removals.len() - SHOWN
+        ));
+    }
+    if plan.no_free_id > 0 {
+        out.push_str(&format!(
+            "{} label sets get no identity: no id of the range is free; remove unused identities first\n",
+            plan.no_free_id
+        ));
+    }
+    for a in &plan.advice {
+        out.push_str(&format!("left to you: {a}\n"));
+    }
+    out.push_str(&format!(
+        "to create: {}, to remove: {}\n",
+        plan.creates.len(),
+        plan.removals.len()
+    ));
+    out
+}
+
+/// What carrying the preparation out did: each write that did not go as planned, and the
+/// counts.
+pub fn carried_out_text(done: &ApplyReport) -> String {
+    use crate::core::outcome::Outcome as Done;
+    let mut out = String::new();
+    let (mut created, mut removed) = (0, 0);
+    for r in &done.results {
+        match r.outcome {
+            Done::Created => created += 1,
+            Done::Deleted | Done::AlreadyGone => removed += 1,
+            Done::Conflict => out.push_str(&format!(
+                "conflict {}: another object took the id meanwhile ({}); run switch-prepare again for a new id\n",
+                r.target_id.unwrap_or_default(),
+                r.existing.as_deref().unwrap_or("labels unknown")
+            )),
+            other => out.push_str(&format!(
+                "{} {}: {}\n",
+                other.as_str(),
+                r.target_id.unwrap_or_default(),
+                r.problem().unwrap_or_default()
+            )),
+        }
+    }
+    if let Some(why) = &done.stopped {
+        out.push_str(&format!("stopped: {why}\n"));
+    }
+    out.push_str(&format!("created {created}, removed {removed}\n"));
+    out
 }
 
 /// Pods of one outcome printed in full; the rest are counted (JSON lists every one).
 const SHOWN: usize = 20;
 
-/// Whether the switch, made now, re-mints nothing, finds no duplicate and moves no endpoint.
+/// Whether the switch, made now, draws no id and finds no duplicate (endpoints whose pods'
+/// labels are not their identity's still move: that is the labels' doing, not the switch's).
 pub fn is_safe(report: &SwitchReport) -> bool {
     let c = &report.counts;
-    c.re_minted + c.no_identity + c.duplicate + c.no_namespace + c.endpoints_moving == 0
+    c.re_minted + c.no_identity + c.duplicate + c.no_namespace == 0
 }
 
 /// The report as text: the settings, the counts, each pod that does not simply keep its id,
@@ -121,16 +331,10 @@ pub fn text(report: &SwitchReport) -> String {
                     nearest,
                     lacks,
                     extra,
-                } => {
-                    let mut d = Vec::new();
-                    if !lacks.is_empty() {
-                        d.push(format!("it lacks {}", lacks.join(", ")));
-                    }
-                    if !extra.is_empty() {
-                        d.push(format!("it has {}", extra.join(", ")));
-                    }
-                    format!("nearest identity {nearest}: {}", d.join("; "))
-                }
+                } => format!(
+                    "nearest identity {nearest}: it {}",
+                    difference_text(lacks, extra)
+                ),
                 Outcome::NoIdentity => "no identity has its pod labels".to_string(),
                 Outcome::Duplicate {
                     ids,
@@ -194,9 +398,11 @@ pub fn text(report: &SwitchReport) -> String {
         ));
     }
     if is_safe(report) {
-        out.push_str("safe: every pod keeps the identity it has; the switch draws nothing\n");
+        out.push_str(
+            "safe: every pod is adopted by exactly one identity; the switch draws nothing\n",
+        );
     } else {
-        out.push_str("not safe yet: create an identity for each label set above before the switch, at an id nothing holds\n");
+        out.push_str("not safe yet: switch-prepare creates an identity for each label set above, at an id nothing holds, and settles this tool's duplicates\n");
     }
     out
 }

@@ -33,6 +33,7 @@ pub mod examples {
     pub const ROLLBACK: &str = "Examples:\n  # What a rollback would delete; changes nothing\n  cilium-idmig rollback --decision-log rollout.jsonl\n  # Delete exactly what that run created\n  cilium-idmig rollback --decision-log rollout.jsonl --yes\n  # A run whose log is lost, by the annotation on its objects\n  cilium-idmig rollback --run 20261201T010203Z-4f2a --yes\n\nExit status:\n  0  everything planned deleted or already gone (without --yes: the plan printed)\n  1  an object kept or a delete failed\n  2  usage or configuration, including a missing rollback role";
     pub const AUDIT: &str = "Examples:\n  # Each finding with its nodes, endpoints and what to do\n  cilium-idmig audit --etcd-config etcd.yaml\n  # The same as JSON, for a script\n  cilium-idmig audit --etcd-config etcd.yaml --output json\n  # Watch a double-write rollout from a dashboard\n  cilium-idmig audit --etcd-config etcd.yaml --watch --status-addr 127.0.0.1:9465\n\nExit status:\n  0  the stores agree (with --watch: stopped by a signal)\n  1  findings\n  2  usage or configuration";
     pub const SWITCH_REPORT: &str = "Examples:\n  # What Cilium 1.18's operator would do to every pod if it managed identities now\n  cilium-idmig switch-report\n  # Cilium runs in its own namespace; every pod as JSON\n  cilium-idmig switch-report --cilium-namespace cilium --output json\n\nExit status:\n  0  safe: every pod keeps its identity and the switch draws nothing\n  1  pods would be re-minted, duplicates or endpoints that change identity\n  2  usage or configuration: a label pattern Cilium refuses, the API server unreachable";
+    pub const SWITCH_PREPARE: &str = "Examples:\n  # What the preparation would create and remove; changes nothing\n  cilium-idmig switch-prepare --etcd-config etcd.yaml\n  # Do it, recorded in a decision log that rollback can undo\n  cilium-idmig switch-prepare --etcd-config etcd.yaml --decision-log switch.jsonl --yes\n  # Also remove this tool's identities nothing has used for a day\n  cilium-idmig switch-prepare --etcd-config etcd.yaml --decision-log switch.jsonl --remove-unused-after 24h --yes\n\nExit status:\n  0  prepared (without --yes: the plan printed)\n  1  a write failed or met an object it may not touch\n  2  usage or configuration";
     pub const VERIFY: &str = "Examples:\n  # Every kvstore identity at its id, or where the log maps it\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log rollout.jsonl\n  # Every log of the migration, as JSON\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log cilium-idmig-decisions-*.jsonl --output json\n\nExit status:\n  0  every valid kvstore identity is where it belongs\n  1  missing or different identities, or a store unreachable\n  2  usage or configuration: bad flags, an unreadable or damaged decision log";
     pub const DEMO: &str = "Examples:\n  # The TUI on 2,000 generated identities\n  cilium-idmig demo\n  # An API server slow enough to stop a commit with Ctrl-C\n  cilium-idmig demo --sandbox-latency 200ms\n  # Rehearse on your own cluster's dumps\n  cilium-idmig demo --from-snapshot kvstore.json --k8s-snapshot identities.json\n\nExit status:\n  0  done (with --headless: applied and verified; with --sync: cutover reached)\n  1  failed work\n  2  usage: bad flags, a refused dump";
     pub const LOG: &str = "Examples:\n  # The decisions made in the TUI, alone, for a sync that runs in the cluster\n  cilium-idmig log --decisions-only review.jsonl > decisions.jsonl\n  # In the pod of the sync in the cluster (kubectl exec): its decision log, whole lines only\n  cilium-idmig log /var/lib/cilium-idmig/rollout.jsonl\n\nExit status:\n  0  printed (with --hold: stopped by a signal)\n  2  usage or configuration: a log that cannot be read, or a damaged line in one";
@@ -107,7 +108,8 @@ impl CliCommand {
             CliCommand::Sync(a) => &a.who,
             CliCommand::Plan { who, .. }
             | CliCommand::Apply { who, .. }
-            | CliCommand::Rollback { who, .. } => who,
+            | CliCommand::Rollback { who, .. }
+            | CliCommand::SwitchPrepare { who, .. } => who,
             _ => return None,
         };
         who.operator.as_deref()
@@ -124,6 +126,7 @@ impl CliCommand {
             | CliCommand::Rollback { log, .. }
             | CliCommand::Audit { log, .. }
             | CliCommand::SwitchReport { log, .. }
+            | CliCommand::SwitchPrepare { log, .. }
             | CliCommand::Verify { log, .. }
             | CliCommand::Sandbox { log, .. } => Some(log),
             CliCommand::Completions { .. } | CliCommand::Man { .. } | CliCommand::Log { .. } => {
@@ -302,6 +305,41 @@ pub enum CliCommand {
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Prepare the switch to operator-managed identities so that it draws nothing: for each
+    /// label set the operator will compute that no identity holds exactly, create one at an
+    /// id nothing holds (no identity, endpoint or kvstore key, sync's reservations
+    /// included); of duplicates this tool created, keep the one endpoints use and remove the
+    /// others. Never touches an identity it did not create. Without --yes it prints the plan
+    /// and changes nothing.
+    #[command(after_long_help = examples::SWITCH_PREPARE)]
+    SwitchPrepare {
+        #[command(flatten)]
+        who: Operator,
+        #[command(flatten)]
+        log: Logging,
+        #[command(flatten)]
+        conn: Conn,
+        /// The namespace Cilium runs in (its cilium-config), as for switch-report.
+        #[arg(long, default_value = "kube-system")]
+        cilium_namespace: String,
+        /// Required to create or remove anything.
+        #[arg(long)]
+        yes: bool,
+        /// Also remove the identities this tool created that no pod and no endpoint uses,
+        /// once they are at least this old (e.g. 24h).
+        #[arg(long, value_parser = parse_duration)]
+        remove_unused_after: Option<Duration>,
+        /// Where decisions and outcomes go (appended; created with mode 0600); default
+        /// cilium-idmig-decisions-<UTC time>-<pid>.jsonl here. `rollback` with this log
+        /// removes what the preparation created.
+        #[arg(long)]
+        decision_log: Option<PathBuf>,
+        #[command(flatten)]
+        tuning: Tuning,
+        /// How the plan and the outcome are printed.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Check that every valid kvstore identity has its CiliumIdentity.
     #[command(after_long_help = examples::VERIFY)]
     Verify {
@@ -455,7 +493,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
     Ok(Duration::from_secs_f64(secs))
 }

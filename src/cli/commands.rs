@@ -104,6 +104,28 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             output,
             ..
         } => switch_report(k8s, cilium_namespace, output).await,
+        CliCommand::SwitchPrepare {
+            conn,
+            cilium_namespace,
+            yes,
+            remove_unused_after,
+            decision_log,
+            tuning,
+            output,
+            ..
+        } => {
+            let options = cilium_idmig::core::switch::prepare::PrepareOptions {
+                remove_unused_after: remove_unused_after.map(|d| d.as_secs() as i64),
+                now: jiff::Timestamp::now().as_second(),
+            };
+            let how = PrepareHow {
+                yes,
+                decision_log,
+                tuning,
+                json: output == super::args::Output::Json,
+            };
+            switch_prepare(conn, cilium_namespace, options, how).await
+        }
         CliCommand::Demo(args) => demo_command(args).await,
         CliCommand::Tui(args) => tui(args, bin_name).await,
         CliCommand::Sync(args) => sync_command(args).await,
@@ -333,6 +355,96 @@ async fn switch_report(
         super::args::Output::Text => out!("{}", switch::text(&report))?,
     }
     Ok(if switch::is_safe(&report) {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    })
+}
+
+/// How `switch-prepare` was asked to run.
+struct PrepareHow {
+    yes: bool,
+    decision_log: Option<PathBuf>,
+    tuning: super::args::Tuning,
+    json: bool,
+}
+
+/// `switch-prepare`: the plan (without --yes), or the plan carried out and logged.
+async fn switch_prepare(
+    conn: Conn,
+    cilium_namespace: String,
+    options: cilium_idmig::core::switch::prepare::PrepareOptions,
+    how: PrepareHow,
+) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::switch;
+    let World { kv, target, scope } = World::of(&conn).await?;
+    let prep = printer::reading(
+        "reading pods, namespaces, identities, endpoints and the kvstore",
+        switch::read_preparation(&target, &kv, &cilium_namespace, options),
+    )
+    .await?;
+    if !how.yes || prep.plan.is_empty() {
+        match how.json {
+            true => outln!("{}", serde_json::to_string_pretty(&prep)?)?,
+            false => out!("{}", switch::plan_text(&prep))?,
+        }
+        let note = if prep.plan.is_empty() {
+            "nothing to prepare"
+        } else {
+            "nothing was changed; pass --yes to create and remove what is listed"
+        };
+        // JSON on stdout stays one document.
+        match how.json {
+            true => eprintln!("{note}"),
+            false => outln!("{note}")?,
+        }
+        return Ok(Exit::Ok);
+    }
+    let log_path = how.decision_log.unwrap_or_else(decision_log::default_path);
+    let log = open_log(&log_path)?;
+    log.begin_session(cilium_idmig::io::decision_log::Session {
+        command: "switch-prepare".into(),
+        server: target.server.clone(),
+        context: target.context.clone(),
+        kvstore_endpoints: kv.endpoints(),
+        kvstore_prefix: kv.prefix(),
+        cluster_id: scope.cluster_id,
+        max_connected_clusters: scope.max_connected_clusters,
+        run: Some(decision_log::run_id().to_string()),
+    })?;
+    let stop = cilium_idmig::apply::executor::StopFlag::default();
+    let mut signals = cilium_idmig::app::signals::StopSignals::new()?;
+    let on_signal = stop.clone();
+    let listener = tokio::spawn(async move {
+        let sig = signals.recv().await;
+        eprintln!(
+            "{}: no new write starts; writes in flight finish",
+            sig.name()
+        );
+        on_signal.stop();
+    });
+    let done = switch::carry_out(&target, &prep.plan, &log, &how.tuning.options(), stop).await;
+    listener.abort();
+    let done = done?;
+    match how.json {
+        true => outln!("{}", serde_json::to_string_pretty(&done)?)?,
+        false => out!(
+            "{}{}",
+            switch::plan_text(&prep),
+            switch::carried_out_text(&done)
+        )?,
+    }
+    match how.json {
+        true => eprintln!("decision log: {}", log_path.display()),
+        false => outln!("decision log: {}", log_path.display())?,
+    }
+    let clean = done.results.iter().all(|r| {
+        matches!(
+            r.outcome,
+            Outcome::Created | Outcome::Deleted | Outcome::AlreadyGone
+        )
+    });
+    Ok(if clean && done.stopped.is_none() {
         Exit::Ok
     } else {
         Exit::Failed

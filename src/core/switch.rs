@@ -4,5 +4,6 @@
 
 pub mod computed;
 pub mod filter;
+pub mod prepare;
 pub mod report;
 pub mod settings;

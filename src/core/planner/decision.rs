@@ -17,6 +17,10 @@ pub enum DecidedBy {
     Operator,
     /// The rules alone (an invalid entry is never written).
     Rule,
+    /// `switch-prepare`: an identity made or removed before the switch to operator-managed
+    /// identities, confirmed by the operator. No kvstore identity's decision: a resume and
+    /// verify pass over it; rollback removes what it created.
+    SwitchPrepare,
 }
 
 impl DecidedBy {
@@ -26,6 +30,7 @@ impl DecidedBy {
             DecidedBy::AcceptProposals => "accept-proposals",
             DecidedBy::Operator => "operator",
             DecidedBy::Rule => "rule",
+            DecidedBy::SwitchPrepare => "switch-prepare",
         }
     }
 

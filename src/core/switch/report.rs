@@ -22,6 +22,9 @@ pub struct ExistingIdentity {
     pub created: i64,
     /// This tool's run that created it (`cilium-idmig.io/run`), if one did.
     pub run: Option<String>,
+    /// Its uid and resourceVersion as read: a removal deletes exactly this object.
+    pub uid: String,
+    pub resource_version: String,
 }
 
 /// What the report reads.
@@ -80,6 +83,18 @@ impl Outcome {
             Outcome::NoNamespace => "no-namespace",
         }
     }
+}
+
+/// What a near identity lacks and has besides, in words: `lacks a=b; has c=d`.
+pub fn difference_text(lacks: &[String], extra: &[String]) -> String {
+    let mut d = Vec::new();
+    if !lacks.is_empty() {
+        d.push(format!("lacks {}", lacks.join(", ")));
+    }
+    if !extra.is_empty() {
+        d.push(format!("has {}", extra.join(", ")));
+    }
+    d.join("; ")
 }
 
 /// One pod's line.
@@ -341,4 +356,4 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -106,6 +106,8 @@ impl K8sTarget {
                     .as_ref()
                     .map(|t| t.0.as_second())
                     .unwrap_or_default();
+                let uid = obj.metadata.uid.clone().unwrap_or_default();
+                let resource_version = obj.metadata.resource_version.clone().unwrap_or_default();
                 let mut value = obj.data;
                 value["metadata"] = serde_json::json!({ "name": name });
                 if let Ok(parsed) = parse_identity(&value) {
@@ -116,6 +118,8 @@ impl K8sTarget {
                             labels: parsed.labels,
                             created,
                             run,
+                            uid,
+                            resource_version,
                         },
                     );
                 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::apply_everything;
+use super::{apply_everything, cli, cli_no_etcd};
 use crate::harness::Etcd;
 use crate::support::control_plane::{ControlPlane, cilium_bin, skip};
 
@@ -143,62 +143,99 @@ pub async fn run_controller(
     }
 }
 
+/// The cluster both tests start from: pods in two namespaces, identities migrated by
+/// `apply` from a kvstore minted by agents of several ages, endpoints for two pods.
+struct Scenario {
+    cp: ControlPlane,
+    etcd: Etcd,
+    dir: tempfile::TempDir,
+    /// Whether the server labels namespaces with their name (1.21+).
+    labels_ns_name: bool,
+    /// The kvstore's ids, all migrated.
+    migrated: BTreeSet<u32>,
+}
+
+impl Scenario {
+    /// Starts the server and builds the cluster, or says why `test` is skipped.
+    async fn start(test: &str) -> Option<Scenario> {
+        let cp = ControlPlane::start(test)?;
+        if let Err(why) = cilium_bin("opsim-1.18") {
+            skip(test, &why);
+            return None;
+        }
+        // Servers since 1.21 label every namespace with its name; agents that ran there put
+        // it in their identities, agents that ran on older servers did not.
+        let labels_ns_name = !cp.version().starts_with("v1.19");
+        cp.apply(&namespace_with_pods(
+            "shop",
+            &[
+                ("web-1", "web"),
+                ("web-2", "web"),
+                ("api-1", "api"),
+                ("new-1", "new"),
+            ],
+        ));
+        cp.apply(&namespace_with_pods(
+            "blog",
+            &[("db-1", "db"), ("new-2", "new")],
+        ));
+        // The kvstore, minted by agents: web exactly as 1.18 computes it; api before the
+        // namespace's name label existed; db without the cluster label (an agent before 1.4).
+        let etcd = Etcd::start().await;
+        let web = operator_set("web", "shop", labels_ns_name);
+        let api = operator_set("api", "shop", false);
+        let mut db = operator_set("db", "blog", labels_ns_name);
+        db.remove("k8s:io.cilium.k8s.policy.cluster");
+        let mut kv: Vec<(u32, BTreeMap<String, String>)> =
+            vec![(1000, web), (1001, api), (1002, db)];
+        for i in 0..40 {
+            kv.push((
+                2000 + i,
+                operator_set(&format!("old-{i}"), "shop", labels_ns_name),
+            ));
+        }
+        for (id, labels) in &kv {
+            etcd.put(&format!("{P}/id/{id}"), label_key(labels).as_bytes())
+                .await;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        apply_everything(dir.path(), &cp.kubeconfig, &etcd, "migrate.jsonl").await;
+        cp.apply(&format!(
+            "{}---\n{}",
+            endpoint("shop", "web-1", 1000),
+            endpoint("shop", "api-1", 1001)
+        ));
+        Some(Scenario {
+            cp,
+            etcd,
+            dir,
+            labels_ns_name,
+            migrated: kv.iter().map(|(id, _)| *id).collect(),
+        })
+    }
+
+    async fn report(&self, args: &[&str]) -> crate::harness::Run {
+        let args = [&["switch-report"], args].concat();
+        cli_no_etcd(self.dir.path(), &self.cp.kubeconfig, &args, 120)
+            .await
+            .0
+    }
+
+    async fn run(&self, args: &[&str]) -> crate::harness::Run {
+        cli(self.dir.path(), &self.cp.kubeconfig, &self.etcd, args, 120)
+            .await
+            .0
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
     let test = "real::switch::switch_report_says_what_cilium_1_18s_operator_then_does";
-    let Some(cp) = ControlPlane::start(test) else {
+    let Some(sc) = Scenario::start(test).await else {
         return;
     };
-    if let Err(why) = cilium_bin("opsim-1.18") {
-        skip(test, &why);
-        return;
-    }
-    // Servers since 1.21 label every namespace with its name; agents that ran there put it
-    // in their identities, agents that ran on older servers did not.
-    let labels_ns_name = !cp.version().starts_with("v1.19");
-    cp.apply(&namespace_with_pods(
-        "shop",
-        &[
-            ("web-1", "web"),
-            ("web-2", "web"),
-            ("api-1", "api"),
-            ("new-1", "new"),
-        ],
-    ));
-    cp.apply(&namespace_with_pods(
-        "blog",
-        &[("db-1", "db"), ("new-2", "new")],
-    ));
-
-    // The kvstore, minted by agents: web exactly as 1.18 computes it; api before the
-    // namespace's name label existed; db without the cluster label (an agent before 1.4).
-    let etcd = Etcd::start().await;
-    let web = operator_set("web", "shop", labels_ns_name);
-    let api = operator_set("api", "shop", false);
-    let mut db = operator_set("db", "blog", labels_ns_name);
-    db.remove("k8s:io.cilium.k8s.policy.cluster");
-    let mut kv: Vec<(u32, BTreeMap<String, String>)> = vec![(1000, web), (1001, api), (1002, db)];
-    for i in 0..40 {
-        kv.push((
-            2000 + i,
-            operator_set(&format!("old-{i}"), "shop", labels_ns_name),
-        ));
-    }
-    for (id, labels) in &kv {
-        etcd.put(&format!("{P}/id/{id}"), label_key(labels).as_bytes())
-            .await;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (d, kc) = (dir.path(), cp.kubeconfig.as_path());
-    apply_everything(d, kc, &etcd, "migrate.jsonl").await;
-    cp.apply(&format!(
-        "{}---\n{}",
-        endpoint("shop", "web-1", 1000),
-        endpoint("shop", "api-1", 1001)
-    ));
-
-    let report_args = ["switch-report", "--output", "json"];
-    let (r, _) = cli_k8s(d, kc, &report_args).await;
+    let (cp, d, labels_ns_name) = (&sc.cp, sc.dir.path(), sc.labels_ns_name);
+    let r = sc.report(&["--output", "json"]).await;
     assert_eq!(r.code, 1, "not safe yet: {}{}", r.stdout, r.stderr);
     let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
     let outcome = |pod: &str| -> (String, Option<u64>) {
@@ -236,11 +273,11 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
     assert_eq!(ours, 41, "apply made them all");
 
     // Cilium's own controller, then: each pod as the report said.
-    let run = match run_controller(&cp, d, 6).await {
+    let run = match run_controller(cp, d, 6).await {
         Ok(run) => run,
         Err(why) => panic!("{why}"),
     };
-    let before: BTreeSet<u32> = kv.iter().map(|(id, _)| *id).collect();
+    let before = &sc.migrated;
     let objects = cp.identities();
     for p in report["pods"].as_array().unwrap() {
         let pod = p["pod"].as_str().unwrap();
@@ -268,11 +305,16 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
         "one object per label set drawn: {run:?}"
     );
 
-    // Afterwards every pod holds an identity of its own labels, but where api was re-minted
-    // its endpoint still names 1001 (its agent moves it later): the report says so.
-    let (r, _) = cli_k8s(d, kc, &["switch-report"]).await;
+    // Afterwards every pod holds an identity of its own labels: safe. Where api was
+    // re-minted its endpoint still names 1001 (its agent moves it later): the report says so.
+    let r = sc.report(&[]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("safe: every pod is adopted"),
+        "{}",
+        r.stdout
+    );
     if labels_ns_name {
-        assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
         let api_now = run.allocated["shop/api-1"];
         assert!(
             r.stdout.contains(&format!(
@@ -282,12 +324,101 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
             r.stdout
         );
     } else {
-        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-        assert!(r.stdout.contains("safe: every pod keeps"), "{}", r.stdout);
+        assert!(!r.stdout.contains("endpoint shop/"), "{}", r.stdout);
     }
 }
 
-/// The binary with this kubeconfig only (no etcd flags: the switch reads Kubernetes alone).
-async fn cli_k8s(dir: &Path, kc: &Path, args: &[&str]) -> (crate::harness::Run, Duration) {
-    super::cli_no_etcd(dir, kc, args, 120).await
+#[tokio::test(flavor = "multi_thread")]
+async fn prepared_the_switch_draws_nothing_and_cilium_1_18s_operator_adopts_every_pod() {
+    let test = "real::switch::prepared_the_switch_draws_nothing";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let (cp, d) = (&sc.cp, sc.dir.path());
+    // A kvstore identity sync has not mirrored yet, and an endpoint whose pod is gone: the
+    // ids a prepared identity must not take, beside every object's.
+    sc.etcd
+        .put(
+            &format!("{P}/id/65535"),
+            b"k8s:app=fresh;k8s:io.kubernetes.pod.namespace=shop;",
+        )
+        .await;
+    cp.apply(&endpoint("shop", "gone-1", 65534));
+    let before = cp.identities();
+
+    // Without --yes: the plan, and nothing changed.
+    let r = sc.run(&["switch-prepare", "--output", "json"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(cp.identities(), before, "nothing was changed");
+    let plan: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    let creates = plan["plan"]["creates"].as_array().unwrap().clone();
+    let drawn = plan["report"]["counts"]["label_sets_drawn"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        creates.len() as u64,
+        drawn,
+        "one identity per label set drawn"
+    );
+    for c in &creates {
+        let id = c["id"].as_u64().unwrap();
+        assert!(id < 65534, "{id}: held in the kvstore or by an endpoint");
+    }
+
+    // With --yes, then rollback of its log: exactly what it created goes.
+    let log = d.join("prepare.jsonl").display().to_string();
+    let prep = ["switch-prepare", "--decision-log", &log, "--yes"];
+    let r = sc.run(&prep).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        cp.identities().len(),
+        before.len() + creates.len(),
+        "{}",
+        r.stdout
+    );
+    let r = sc.run(&["rollback", "--decision-log", &log, "--yes"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        cp.identities(),
+        before,
+        "rollback removed exactly what it created"
+    );
+
+    // Prepared again: the report says safe, and Cilium's own controller draws nothing.
+    let log = d.join("prepare-2.jsonl").display().to_string();
+    let r = sc
+        .run(&["switch-prepare", "--decision-log", &log, "--yes"])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let r = sc.report(&["--output", "json"]).await;
+    assert_eq!(r.code, 0, "safe now: {}{}", r.stdout, r.stderr);
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    let run = match run_controller(cp, d, 6).await {
+        Ok(run) => run,
+        Err(why) => panic!("{why}"),
+    };
+    assert!(
+        run.created.is_empty(),
+        "the controller created {:?}",
+        run.created
+    );
+    assert!(
+        run.updated.is_empty(),
+        "the controller rewrote {:?}",
+        run.updated
+    );
+    for p in report["pods"].as_array().unwrap() {
+        let pod = p["pod"].as_str().unwrap();
+        assert_eq!(p["outcome"], "adopted", "{pod}");
+        assert_eq!(
+            u64::from(run.allocated[pod]),
+            p["id"].as_u64().unwrap(),
+            "{pod}"
+        );
+    }
+    // Every pod whose endpoint names an identity of its own labels keeps it; api's endpoint
+    // (1.36: labels of before 1.21) moves, as the report said it would.
+    assert_eq!(run.allocated["shop/web-1"], 1000);
+    let api_keeps = !sc.labels_ns_name;
+    assert_eq!(run.allocated["shop/api-1"] == 1001, api_keeps);
 }

@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::core::switch::settings::Settings;
 
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
 
-fn pod(ns: &str, name: &str, app: &str) -> PodFacts {
+pub(crate) fn pod(ns: &str, name: &str, app: &str) -> PodFacts {
     PodFacts {
         namespace: ns.into(),
         name: name.into(),
@@ -23,7 +23,7 @@ fn pod(ns: &str, name: &str, app: &str) -> PodFacts {
 
 /// The set the operator computes for `app` in namespace `shop` on a 1.36 server (which
 /// labels every namespace with its name) in cluster `default`.
-fn full_set(app: &str) -> SecurityLabels {
+pub(crate) fn full_set(app: &str) -> SecurityLabels {
     map(&[
         ("k8s:app", app),
         (
@@ -36,12 +36,19 @@ fn full_set(app: &str) -> SecurityLabels {
     ])
 }
 
-fn identity(id: u32, labels: SecurityLabels, created: i64, ours: bool) -> ExistingIdentity {
+pub(crate) fn identity(
+    id: u32,
+    labels: SecurityLabels,
+    created: i64,
+    ours: bool,
+) -> ExistingIdentity {
     ExistingIdentity {
         id,
         labels,
         created,
         run: ours.then(|| "run-1".to_string()),
+        uid: format!("uid-{id}"),
+        resource_version: "1".into(),
     }
 }
 
@@ -50,6 +57,18 @@ fn report(
     identities: &[ExistingIdentity],
     endpoints: &[(&str, u32)],
 ) -> SwitchReport {
+    let endpoints: BTreeMap<String, u32> =
+        endpoints.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    report_with(pods, identities, &endpoints)
+}
+
+/// The report of a cluster whose one namespace, `shop`, carries its name label, on Cilium's
+/// defaults.
+pub(crate) fn report_with(
+    pods: &[PodFacts],
+    identities: &[ExistingIdentity],
+    endpoints: &BTreeMap<String, u32>,
+) -> SwitchReport {
     let settings = Settings::from_config("kube-system/cilium-config", Some(&BTreeMap::new()))
         .expect("settings");
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = [(
@@ -57,14 +76,12 @@ fn report(
         map(&[("kubernetes.io/metadata.name", "shop")]),
     )]
     .into();
-    let endpoints: BTreeMap<String, u32> =
-        endpoints.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     switch_report(&SwitchInput {
         settings: &settings,
         pods,
         namespaces: &namespaces,
         identities,
-        endpoints: &endpoints,
+        endpoints,
         range: IdRange::for_cluster(0).expect("range"),
     })
 }

@@ -1,0 +1,206 @@
+//! The preparation on small clusters: what it creates, where, what it removes, what it
+//! leaves alone, and that the report after it finds nothing to draw.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::core::switch::report::tests::{full_set, identity, pod, report_with};
+
+struct Cluster {
+    pods: Vec<crate::core::switch::computed::PodFacts>,
+    identities: Vec<ExistingIdentity>,
+    endpoints: BTreeMap<String, u32>,
+}
+
+impl Cluster {
+    fn report(&self) -> SwitchReport {
+        report_with(&self.pods, &self.identities, &self.endpoints)
+    }
+
+    fn prepare(&self, kvstore_ids: &[u32], options: PrepareOptions) -> PreparePlan {
+        let kv: BTreeSet<u32> = kvstore_ids.iter().copied().collect();
+        prepare(&PrepareInput {
+            report: &self.report(),
+            identities: &self.identities,
+            kvstore_ids: &kv,
+            endpoint_ids: &self.endpoints.values().copied().collect(),
+            range: range(),
+            options,
+        })
+    }
+
+    /// The plan carried out, as the API server would hold it.
+    fn carry_out(&mut self, plan: &PreparePlan) {
+        let gone: BTreeSet<u32> = plan.removals.iter().map(|r| r.id).collect();
+        self.identities.retain(|i| !gone.contains(&i.id));
+        for c in &plan.creates {
+            assert!(
+                self.identities.iter().all(|i| i.id != c.id),
+                "{} is taken",
+                c.id
+            );
+            self.identities
+                .push(identity(c.id, c.labels.clone(), 1_700_000_000, true));
+        }
+    }
+}
+
+fn range() -> IdRange {
+    IdRange::for_cluster(0).expect("range")
+}
+
+const OLD: i64 = 1_577_836_800;
+
+#[test]
+fn each_label_set_the_switch_would_draw_gets_one_identity_at_a_free_id_from_the_top() {
+    let mut lacking = full_set("api");
+    lacking.remove("k8s:io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name");
+    let mut c = Cluster {
+        pods: vec![
+            pod("shop", "api-1", "api"),
+            pod("shop", "api-2", "api"),
+            pod("shop", "new-1", "new"),
+            pod("shop", "web-1", "web"),
+        ],
+        identities: vec![
+            identity(1000, full_set("web"), OLD, true),
+            identity(1001, lacking, OLD, true),
+            identity(65534, full_set("other"), OLD, false),
+        ],
+        endpoints: [
+            ("shop/api-1".to_string(), 1001),
+            ("shop/x".to_string(), 65533),
+        ]
+        .into(),
+    };
+    // 65535 is held in the kvstore (a reservation), 65534 by an identity, 65533 by an
+    // endpoint: the first free id is 65532.
+    let plan = c.prepare(&[65535], PrepareOptions::default());
+    let made: Vec<(u32, Vec<String>)> = plan
+        .creates
+        .iter()
+        .map(|c| (c.id, c.pods.clone()))
+        .collect();
+    assert_eq!(
+        made,
+        vec![
+            (
+                65532,
+                vec!["shop/api-1".to_string(), "shop/api-2".to_string()]
+            ),
+            (65531, vec!["shop/new-1".to_string()]),
+        ]
+    );
+    assert_eq!(plan.creates[0].labels, full_set("api"));
+    assert!(
+        plan.creates[0]
+            .because
+            .contains("the nearest identity 1001 lacks"),
+        "{}",
+        plan.creates[0].because
+    );
+    assert!(plan.removals.is_empty());
+    assert!(plan.advice[0].contains("1 unused identities were not created by this tool"));
+
+    c.carry_out(&plan);
+    let after = c.report();
+    assert_eq!(after.counts.label_sets_drawn, 0, "{:?}", after.pods);
+    assert_eq!(after.counts.adopted, 4);
+    // api-1's endpoint still names 1001: its pod's labels are not 1001's.
+    assert_eq!(after.counts.endpoints_moving, 1);
+    assert!(c.prepare(&[65535], PrepareOptions::default()).is_empty());
+}
+
+#[test]
+fn a_duplicate_keeps_what_the_endpoints_use_and_removes_only_this_tools_others() {
+    let c = Cluster {
+        pods: vec![pod("shop", "web-1", "web"), pod("shop", "db-1", "db")],
+        identities: vec![
+            identity(1000, full_set("web"), OLD, false),
+            identity(1001, full_set("web"), OLD + 10, true),
+            identity(2000, full_set("db"), OLD, true),
+            identity(2001, full_set("db"), OLD + 10, false),
+            identity(2002, full_set("db"), OLD + 20, true),
+        ],
+        endpoints: [("shop/web-1".to_string(), 1001)].into(),
+    };
+    let plan = c.prepare(&[], PrepareOptions::default());
+    let removed: Vec<u32> = plan.removals.iter().map(|r| r.id).collect();
+    // web: the endpoint uses this tool's 1001, and 1000 is not this tool's: nothing removed
+    // there, and the operator is told what may happen. db: none is used, the oldest (2000)
+    // is kept, this tool's 2002 goes, 2001 is not this tool's.
+    assert_eq!(removed, vec![2002]);
+    assert_eq!(plan.removals[0].uid, "uid-2002");
+    assert!(
+        plan.removals[0].why.contains("a duplicate of 2000"),
+        "{}",
+        plan.removals[0].why
+    );
+    let advice = plan.advice.join("\n");
+    assert!(advice.contains("identities 1000 hold"), "{advice}");
+    assert!(advice.contains("identities 2001 hold"), "{advice}");
+    assert!(plan.creates.is_empty());
+}
+
+#[test]
+fn this_tools_unused_identities_go_only_when_asked_and_after_the_grace() {
+    let now = OLD + 7200;
+    let c = Cluster {
+        pods: vec![],
+        identities: vec![
+            identity(3000, full_set("a"), OLD, true),
+            identity(3001, full_set("b"), now - 60, true),
+            identity(3002, full_set("c"), OLD, false),
+        ],
+        endpoints: BTreeMap::new(),
+    };
+    assert!(
+        c.prepare(
+            &[],
+            PrepareOptions {
+                remove_unused_after: None,
+                now
+            }
+        )
+        .removals
+        .is_empty()
+    );
+    let plan = c.prepare(
+        &[],
+        PrepareOptions {
+            remove_unused_after: Some(3600),
+            now,
+        },
+    );
+    let removed: Vec<u32> = plan.removals.iter().map(|r| r.id).collect();
+    assert_eq!(
+        removed,
+        vec![3000],
+        "3001 is younger than the grace, 3002 not ours"
+    );
+}
+
+#[test]
+fn a_full_range_says_how_many_label_sets_are_left_without() {
+    let small = IdRange { min: 256, max: 257 };
+    let c = Cluster {
+        pods: vec![
+            pod("shop", "a", "a"),
+            pod("shop", "b", "b"),
+            pod("shop", "c", "c"),
+        ],
+        identities: vec![],
+        endpoints: BTreeMap::new(),
+    };
+    let kv = BTreeSet::new();
+    let plan = prepare(&PrepareInput {
+        report: &c.report(),
+        identities: &c.identities,
+        kvstore_ids: &kv,
+        endpoint_ids: &kv,
+        range: small,
+        options: PrepareOptions::default(),
+    });
+    assert_eq!(plan.creates.len(), 2);
+    assert_eq!(plan.no_free_id, 1);
+}

@@ -161,6 +161,20 @@ impl Service {
                     let _ = tx.send(ev).await;
                 });
             }
+            ServiceRequest::Switch { generation } => {
+                let (cfg, tx) = (cfg.clone(), self.tx.clone());
+                tokio::spawn(async move {
+                    let namespace = super::switch::CILIUM_NAMESPACE;
+                    let ev = match super::switch::read_report(&cfg.target, namespace).await {
+                        Ok(report) => ServiceEvent::SwitchRead {
+                            generation,
+                            report: Box::new(report),
+                        },
+                        Err(e) => ServiceEvent::failed(generation, Task::Switch, e),
+                    };
+                    let _ = tx.send(ev).await;
+                });
+            }
             ServiceRequest::NodesUsing { id, labels } => {
                 let (cfg, tx) = (cfg.clone(), self.tx.clone());
                 tokio::spawn(async move {

@@ -293,6 +293,10 @@ async fn generated_docs_pictures_of_every_screen_match_the_tui() {
             .await
             .unwrap(),
     );
+    // Read after the commit: the kvstore's identities are in Kubernetes now.
+    let switch = crate::app::switch::read_report(&target, crate::app::switch::CILIUM_NAMESPACE)
+        .await
+        .unwrap();
     world.sandbox.shutdown();
     // How long it took is the machine's; the picture says 2.4 s.
     run.report.elapsed_ms = 2400;
@@ -331,6 +335,18 @@ async fn generated_docs_pictures_of_every_screen_match_the_tui() {
     );
     m.status.clear();
     shot("audit", "Audit screen", &m, &mut stale);
+
+    update(&mut m, key('7'));
+    let generation = m.switch.generation;
+    update(
+        &mut m,
+        Msg::Engine(Event::SwitchRead {
+            generation,
+            report: Box::new(switch),
+        }),
+    );
+    m.status.clear();
+    shot("switch", "Switch screen", &m, &mut stale);
 
     assert!(
         stale.is_empty(),

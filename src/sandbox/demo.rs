@@ -57,6 +57,9 @@ fn rebase(keys: snapshot_file::DumpedKeys, from: &str, to: &str) -> snapshot_fil
 
 /// Starts the sandbox seeded with the Kubernetes side of a generated dataset, and returns
 /// it with the kvstore side as an in-memory source.
+/// How many of the demo's identities get a pod.
+const DEMO_PODS: usize = 400;
+
 pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
     // Read (and refuse) the dumps before anything starts.
     let (keys, k8s) = match &cfg.kvstore_dump {
@@ -93,6 +96,8 @@ pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
             cfg.identities
         ),
     };
+    // Pods for the Switch screen, made from the identities before the kvstore takes them.
+    let (pods, namespaces) = super::pods::demo_pods(&keys, DEFAULT_PREFIX, DEMO_PODS);
     let (kv, leases) = mem_kv::seeded(keys);
     let kv = kv.named(name);
     let sandbox = Sandbox::start(SandboxConfig {
@@ -102,6 +107,12 @@ pub async fn world(cfg: DemoConfig) -> Result<DemoWorld> {
     .await?;
     for (id, labels) in &k8s {
         sandbox.seed_identity(*id, labels);
+    }
+    for (name, ns) in namespaces {
+        sandbox.add_namespace(&name, ns);
+    }
+    for pod in pods {
+        sandbox.add_pod(pod);
     }
     if let Some(latency) = cfg.latency {
         sandbox.set_faults(FaultConfig {

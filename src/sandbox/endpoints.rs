@@ -46,15 +46,6 @@ pub(super) fn route(
             None,
         ));
     }
-    let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let limit = param("limit")
-        .and_then(|l| l.parse::<usize>().ok())
-        .filter(|l| *l > 0);
-    // The continue token is the index of the next item (the sandbox's endpoints do not
-    // change under a paged read in the tests that use them).
-    let start = param("continue")
-        .and_then(|c| c.parse::<usize>().ok())
-        .unwrap_or(0);
     let store = shared.store();
     let all: Vec<&Value> = store
         .endpoints
@@ -62,15 +53,41 @@ pub(super) fn route(
         .filter(|((ns, _), _)| namespace.as_ref().is_none_or(|n| n == ns))
         .map(|(_, v)| v)
         .collect();
+    Some(paged_list(
+        "cilium.io/v2",
+        "CiliumEndpointList",
+        &all,
+        params,
+        store.rv,
+    ))
+}
+
+/// A list answered in pages (`limit`, `continue`) as a real server pages it. The continue
+/// token is the index of the next item: the sandbox's endpoints and pods do not change under
+/// a paged read in the tests and the demo that read them.
+pub(super) fn paged_list(
+    api_version: &str,
+    kind: &str,
+    all: &[&Value],
+    params: &[(String, String)],
+    rv: u64,
+) -> Response<Body> {
+    let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let limit = param("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let start = param("continue")
+        .and_then(|c| c.parse::<usize>().ok())
+        .unwrap_or(0);
     let end = limit.map_or(all.len(), |l| (start + l).min(all.len()));
     let items = all.get(start..end).unwrap_or_default();
-    let mut meta = json!({"resourceVersion": store.rv.to_string()});
+    let mut meta = json!({"resourceVersion": rv.to_string()});
     if end < all.len() {
         meta["continue"] = json!(end.to_string());
         meta["remainingItemCount"] = json!(all.len() - end);
     }
-    Some(json_response(
+    json_response(
         StatusCode::OK,
-        &json!({"apiVersion": "cilium.io/v2", "kind": "CiliumEndpointList", "metadata": meta, "items": items}),
-    ))
+        &json!({"apiVersion": api_version, "kind": kind, "metadata": meta, "items": items}),
+    )
 }

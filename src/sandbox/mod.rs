@@ -13,6 +13,7 @@ mod http;
 mod leases;
 mod list_watch;
 mod openapi;
+pub mod pods;
 pub mod rollout;
 mod selector;
 mod server;
@@ -181,6 +182,21 @@ impl Sandbox {
             (namespace.to_string(), name.to_string()),
             endpoints::endpoint_object(namespace, name, identity),
         );
+    }
+
+    /// Adds a pod, as the API server stores one.
+    pub fn add_pod(&self, pod: Value) {
+        let meta = &pod["metadata"];
+        let key = (
+            meta["namespace"].as_str().unwrap_or_default().to_string(),
+            meta["name"].as_str().unwrap_or_default().to_string(),
+        );
+        self.store().pods.insert(key, pod);
+    }
+
+    /// Adds a namespace.
+    pub fn add_namespace(&self, name: &str, namespace: Value) {
+        self.store().namespaces.insert(name.to_string(), namespace);
     }
 
     /// Every Lease, by namespace and name.

@@ -17,6 +17,7 @@ use super::http::{Body, full, json_response, page_not_found, query_params, statu
 use super::leases;
 use super::list_watch::{list, watch};
 use super::openapi;
+use super::pods;
 use super::state::Shared;
 use super::writes::{FieldValidation, create_identity, delete_identity, not_found, patch_identity};
 use crate::core::identity::{CRD_NAME, GROUP, PLURAL, VERSION};
@@ -241,6 +242,9 @@ fn route(
         None
     };
     match (method, path) {
+        (m, p) if pods::route(shared, &m, p, params).is_some() => {
+            pods::route(shared, &m, p, params).unwrap_or_else(page_not_found)
+        }
         (Method::GET, "/version") => {
             let (minor, git) = shared.config.release.version();
             json_response(

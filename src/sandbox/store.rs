@@ -28,6 +28,10 @@ pub struct Store {
     pub leases: BTreeMap<(String, String), Value>,
     /// CiliumEndpoints by namespace and name.
     pub endpoints: BTreeMap<(String, String), Value>,
+    /// Pods by namespace and name, namespaces by name, ConfigMaps by namespace and name.
+    pub pods: BTreeMap<(String, String), Value>,
+    pub namespaces: BTreeMap<String, Value>,
+    pub config_maps: BTreeMap<(String, String), Value>,
 }
 
 impl Store {
@@ -44,6 +48,9 @@ impl Store {
             events,
             leases: BTreeMap::new(),
             endpoints: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            config_maps: BTreeMap::new(),
         }
     }
 

@@ -41,6 +41,8 @@ pub enum KeyAction {
     Export,
     IncludeInUse,
     Audit,
+    /// Read the switch report again.
+    SwitchReport,
 }
 
 /// Where a binding applies.
@@ -73,6 +75,7 @@ const COMMIT: Scope = Scope::On(Screen::Commit);
 const ROLLBACK: Scope = Scope::On(Screen::Rollback);
 const SYNC: Scope = Scope::On(Screen::Sync);
 const AUDIT: Scope = Scope::On(Screen::Audit);
+const SWITCH: Scope = Scope::On(Screen::Switch);
 
 pub const BINDINGS: &[Binding] = &[
     Binding {
@@ -162,6 +165,14 @@ pub const BINDINGS: &[Binding] = &[
         short: "audit",
         action: KeyAction::Go(Screen::Audit),
         help: "audit both stores by labels (reads only)",
+    },
+    Binding {
+        scope: Scope::Global,
+        keys: &[(Char('7'), N)],
+        label: "7",
+        short: "switch",
+        action: KeyAction::Go(Screen::Switch),
+        help: "the switch to operator-managed identities (reads only)",
     },
     Binding {
         scope: Scope::Global,
@@ -594,6 +605,78 @@ pub const BINDINGS: &[Binding] = &[
         short: "page up",
         action: KeyAction::PageUp,
         help: "page up",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Char('R'), S), (Char('R'), N)],
+        label: "R",
+        short: "read again",
+        action: KeyAction::SwitchReport,
+        help: "read pods, namespaces, identities and endpoints again",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Char('n'), N)],
+        label: "n",
+        short: "next",
+        action: KeyAction::NextConflict,
+        help: "next pod the switch does not simply adopt (as in the conflict review)",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Char('N'), S), (Char('N'), N)],
+        label: "N",
+        short: "previous",
+        action: KeyAction::PrevConflict,
+        help: "previous pod the switch does not simply adopt",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        short: "down",
+        action: KeyAction::Down,
+        help: "next pod",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        short: "up",
+        action: KeyAction::Up,
+        help: "previous pod",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(PageDown, N)],
+        label: "PgDn",
+        short: "page down",
+        action: KeyAction::PageDown,
+        help: "page down",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(PageUp, N)],
+        label: "PgUp",
+        short: "page up",
+        action: KeyAction::PageUp,
+        help: "page up",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(Home, N), (Char('g'), N)],
+        label: "g",
+        short: "top",
+        action: KeyAction::Home,
+        help: "first pod",
+    },
+    Binding {
+        scope: SWITCH,
+        keys: &[(End, N), (Char('G'), S), (Char('G'), N)],
+        label: "G",
+        short: "bottom",
+        action: KeyAction::End,
+        help: "last pod",
     },
 ];
 

@@ -800,4 +800,5 @@ mod commit;
 mod node_counts;
 mod pictures;
 mod rollback;
+mod switch;
 mod sync;

@@ -303,7 +303,8 @@ fn at_80x24_every_key_of_the_help_can_be_scrolled_to() {
         .help;
     assert!(!screen.contains(last), "{screen}");
     assert!(screen.contains("↓/↑ scroll"), "{screen}");
-    for _ in 0..5 {
+    // As far down as it goes (the scroll stops at the last key).
+    for _ in 0..20 {
         update(&mut m, code(KeyCode::Down));
     }
     assert!(

@@ -30,6 +30,7 @@ pub enum Task {
     Rollback,
     Sync,
     Audit,
+    Switch,
 }
 
 impl Task {
@@ -45,6 +46,7 @@ impl Task {
             Task::Rollback => "rollback",
             Task::Sync => "sync",
             Task::Audit => "audit",
+            Task::Switch => "switch report",
         }
     }
 }
@@ -103,6 +105,10 @@ pub enum ServiceRequest {
     StopSync,
     /// Audit both identity stores by labels (`core::audit`); reads only.
     Audit {
+        generation: u64,
+    },
+    /// What the switch to operator-managed identities would do (`core::switch`); reads only.
+    Switch {
         generation: u64,
     },
     /// The nodes that use one identity's labels now (for its details).
@@ -198,6 +204,11 @@ pub enum ServiceEvent {
     Audited {
         generation: u64,
         run: Box<crate::app::audit::AuditRun>,
+    },
+    /// The switch report was read.
+    SwitchRead {
+        generation: u64,
+        report: Box<crate::core::switch::report::SwitchReport>,
     },
     /// What a running sync reports.
     Sync(crate::app::sync::SyncEvent),

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::core::labels::SecurityLabels;
 use crate::core::range::IdRange;
 use crate::core::switch::computed::{PodFacts, operator_labels};
+use crate::core::switch::filter::LabelFilter;
 use crate::core::switch::settings::{Settings, ShownSettings};
 
 /// A `CiliumIdentity` as the report sees it.
@@ -174,11 +175,17 @@ pub struct SwitchReport {
 pub const RULES: &str = "Cilium 1.18's operator identity controller (operator/pkg/ciliumidentity), the first release with operator-managed identities: exact match of security-labels, else a random id in the cluster's range";
 
 /// Keys of Cilium's own labels, set from the namespace, service account and cluster: the
-/// rest of a set is the pod's own, which the nearest identity is looked up by.
-fn pods_own(labels: &SecurityLabels) -> SecurityLabels {
+/// rest of a set is the pod's own, which the nearest identity is looked up by. Labels the
+/// filter drops now are left out too, so an identity minted when they were kept (a
+/// `controller-uid` before 1.18) is still found near.
+fn pods_own(labels: &SecurityLabels, filter: &LabelFilter) -> SecurityLabels {
     labels
         .iter()
         .filter(|(k, _)| !k.starts_with("k8s:io.cilium.k8s."))
+        .filter(|(k, _)| match k.split_once(':') {
+            Some((source, key)) => filter.keeps(source, key),
+            None => true,
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -202,19 +209,24 @@ fn differences(want: &SecurityLabels, have: &SecurityLabels) -> (Vec<String>, Ve
 struct Index<'a> {
     by_labels: HashMap<&'a SecurityLabels, Vec<&'a ExistingIdentity>>,
     by_pods_own: HashMap<SecurityLabels, Vec<&'a ExistingIdentity>>,
+    filter: &'a LabelFilter,
 }
 
 impl<'a> Index<'a> {
-    fn new(identities: &'a [ExistingIdentity]) -> Self {
+    fn new(identities: &'a [ExistingIdentity], filter: &'a LabelFilter) -> Self {
         let mut by_labels: HashMap<&SecurityLabels, Vec<&ExistingIdentity>> = HashMap::new();
         let mut by_pods_own: HashMap<SecurityLabels, Vec<&ExistingIdentity>> = HashMap::new();
         for i in identities {
             by_labels.entry(&i.labels).or_default().push(i);
-            by_pods_own.entry(pods_own(&i.labels)).or_default().push(i);
+            by_pods_own
+                .entry(pods_own(&i.labels, filter))
+                .or_default()
+                .push(i);
         }
         Index {
             by_labels,
             by_pods_own,
+            filter,
         }
     }
 
@@ -242,7 +254,7 @@ impl<'a> Index<'a> {
                 ours,
             };
         }
-        let Some(near) = self.by_pods_own.get(&pods_own(labels)) else {
+        let Some(near) = self.by_pods_own.get(&pods_own(labels, self.filter)) else {
             return Outcome::NoIdentity;
         };
         near.iter()
@@ -262,7 +274,7 @@ impl<'a> Index<'a> {
 
 /// The report of what the switch does to these pods and identities.
 pub fn switch_report(input: &SwitchInput) -> SwitchReport {
-    let index = Index::new(input.identities);
+    let index = Index::new(input.identities, &input.settings.filter);
     let mut by_set: HashMap<SecurityLabels, Outcome> = HashMap::new();
     let mut counts = SwitchCounts {
         pods: input.pods.len(),

@@ -3,11 +3,13 @@
 
 mod audit;
 mod commit;
+mod switch;
 mod table;
 mod text_field;
 
 pub use audit::AuditView;
 pub use commit::{CommitPhase, CommitState, SessionTotals};
+pub use switch::{SwitchView, needs_something};
 pub use table::{KindFilter, SortColumn, TableState};
 pub use text_field::TextField;
 
@@ -31,17 +33,20 @@ pub enum Screen {
     Rollback,
     /// Both identity stores audited by labels; reads only.
     Audit,
+    /// What the switch to operator-managed identities would do to every pod; reads only.
+    Switch,
 }
 
 impl Screen {
     /// The screens of a migration, in tab order.
-    pub const ALL: [Screen; 6] = [
+    pub const ALL: [Screen; 7] = [
         Screen::Preflight,
         Screen::Identities,
         Screen::Conflicts,
         Screen::Commit,
         Screen::Sync,
         Screen::Audit,
+        Screen::Switch,
     ];
     /// The screens of a rollback.
     pub const ROLLBACK: [Screen; 1] = [Screen::Rollback];
@@ -55,6 +60,7 @@ impl Screen {
             Screen::Sync => "Sync",
             Screen::Rollback => "Rollback",
             Screen::Audit => "Audit",
+            Screen::Switch => "Switch",
         }
     }
 }
@@ -257,6 +263,7 @@ pub struct Model {
     pub session: SessionTotals,
     pub sync: SyncView,
     pub audit: AuditView,
+    pub switch: SwitchView,
     pub status: String,
     pub no_color: bool,
     pub quit: bool,
@@ -289,6 +296,7 @@ impl Model {
             session: SessionTotals::default(),
             sync: SyncView::default(),
             audit: AuditView::default(),
+            switch: SwitchView::default(),
             status: String::new(),
             no_color,
             quit: false,

@@ -88,6 +88,12 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             }
             vec![]
         }
+        ServiceEvent::SwitchRead { generation, report } => {
+            if generation == model.switch.generation {
+                model.switch.arrived(report);
+            }
+            vec![]
+        }
         ServiceEvent::Sync(ev) => on_sync(model, ev),
         ServiceEvent::SyncEnded { end } => {
             on_sync_ended(model, &end);
@@ -405,6 +411,8 @@ fn failed(
         }
         Task::Audit if generation != model.audit.generation => return vec![],
         Task::Audit => model.audit.running = false,
+        Task::Switch if generation != model.switch.generation => return vec![],
+        Task::Switch => model.switch.running = false,
         Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
     }
     model.modal = Some(Modal::Message(format!("{task} failed: {error}")));

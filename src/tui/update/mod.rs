@@ -114,10 +114,41 @@ fn shift(at: u16, by: isize, max: usize) -> u16 {
     (at as isize + by).clamp(0, max.min(u16::MAX as usize) as isize) as u16
 }
 
-/// The Audit screen's first visit reads both stores; later visits show that audit until `R`.
+/// The Audit screen's first visit reads both stores, the Switch screen's the cluster; later
+/// visits show what was read until `R`.
 fn first_audit(model: &mut Model) -> Vec<Command> {
     if model.screen == Screen::Audit && model.audit.run.is_none() {
         return audit(model);
+    }
+    if model.screen == Screen::Switch && model.switch.report.is_none() {
+        return switch_report(model);
+    }
+    vec![]
+}
+
+/// Asks for the switch report, unless one is being read.
+fn switch_report(model: &mut Model) -> Vec<Command> {
+    match model.switch.request() {
+        Some(generation) => vec![Command::Send(ServiceRequest::Switch { generation })],
+        None => vec![],
+    }
+}
+
+/// The Switch screen's keys: the conflict review's moves over the pods.
+fn switch_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
+    let page = model.table.page.max(1) as isize;
+    let view = &mut model.switch;
+    match action {
+        KeyAction::SwitchReport => return switch_report(model),
+        KeyAction::NextConflict => view.next_needing(true),
+        KeyAction::PrevConflict => view.next_needing(false),
+        KeyAction::Up => view.move_by(-1),
+        KeyAction::Down => view.move_by(1),
+        KeyAction::PageUp => view.move_by(-page),
+        KeyAction::PageDown => view.move_by(page),
+        KeyAction::Home => view.to_end(false),
+        KeyAction::End => view.to_end(true),
+        _ => {}
     }
     vec![]
 }
@@ -178,6 +209,24 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
             first_audit(model)
         }
         KeyAction::Audit => audit(model),
+        _ if model.screen == Screen::Switch
+            && matches!(
+                action,
+                KeyAction::SwitchReport
+                    | KeyAction::NextConflict
+                    | KeyAction::PrevConflict
+                    | KeyAction::Up
+                    | KeyAction::Down
+                    | KeyAction::PageUp
+                    | KeyAction::PageDown
+                    | KeyAction::Home
+                    | KeyAction::End
+            ) =>
+        {
+            switch_key(model, action)
+        }
+        // Bound on the Switch screen alone, where the arm above takes it.
+        KeyAction::SwitchReport => vec![],
         KeyAction::Up | KeyAction::Down | KeyAction::PageUp | KeyAction::PageDown
             if matches!(
                 model.screen,

@@ -8,6 +8,7 @@ mod identities;
 mod modal;
 mod preflight;
 mod rollback;
+mod switch;
 mod sync;
 mod theme;
 mod wrap;
@@ -42,6 +43,7 @@ pub fn view(model: &Model, frame: &mut Frame) {
         Screen::Rollback => rollback::draw(model, frame, body),
         Screen::Sync => sync::draw(model, frame, body),
         Screen::Audit => audit::draw(model, frame, body),
+        Screen::Switch => switch::draw(model, frame, body),
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];

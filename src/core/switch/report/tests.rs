@@ -209,3 +209,22 @@ fn the_json_names_each_outcome() {
     assert_eq!(v["pods"][0]["pod"], "shop/web-1");
     assert_eq!(v["counts"]["no_identity"], 1);
 }
+
+#[test]
+fn an_identity_with_labels_the_filter_now_drops_is_still_the_nearest() {
+    let mut with_uid = full_set("job");
+    with_uid.insert("k8s:controller-uid".into(), "abc".into());
+    let r = report(
+        &[pod("shop", "job-1", "job")],
+        &[identity(1000, with_uid, 1_577_836_800, true)],
+        &[],
+    );
+    assert_eq!(
+        outcome_of(&r, "shop/job-1"),
+        &Outcome::ReMinted {
+            nearest: 1000,
+            lacks: vec![],
+            extra: vec!["k8s:controller-uid=abc".into()],
+        }
+    );
+}

@@ -44,12 +44,10 @@ fn measured(args: &[&str]) -> (Duration, f64) {
         .expect("run /usr/bin/time (Debian package `time`)");
     let took = start.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let kib: f64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("IDMIG_MAXRSS="))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1.0);
-    (took, kib / 1024.0)
+    (
+        took,
+        support::proc_stats::max_rss_mib(&stderr).unwrap_or(-1.0 / 1024.0),
+    )
 }
 
 /// GETs `path` and reads the body to its end without parsing it: what the server needs to

@@ -68,14 +68,9 @@ fn timed(dir: &Path, program: &Path, args: &[&str]) -> Timed {
         .expect("/usr/bin/time (Debian package time)");
     let took = start.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let kib: f64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("IDMIG_MAXRSS="))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0);
     Timed {
         took,
-        rss_mib: kib / 1024.0,
+        rss_mib: support::proc_stats::max_rss_mib(&stderr).unwrap_or(0.0),
         code: out.status.code().unwrap_or(-1),
         output: format!("{}{stderr}", String::from_utf8_lossy(&out.stdout)),
     }
@@ -506,14 +501,7 @@ async fn main() {
 
 /// A kube client for the control plane's admin kubeconfig, and the `CiliumIdentity` API.
 async fn identities_api(cp: &ControlPlane) -> kube::Api<kube::api::DynamicObject> {
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig"),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
-    kube::Api::all_with(client, &identity_resource())
+    kube::Api::all_with(cp.client().await, &identity_resource())
 }
 
 fn identity_resource() -> kube::discovery::ApiResource {

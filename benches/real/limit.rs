@@ -45,7 +45,7 @@ impl Limit {
 /// Reads both stores as fast as they go, each way `REPEATS` times; the best of each.
 pub async fn measure(cp: &ControlPlane, etcd_endpoint: &str, prefix: &str) -> Limit {
     const REPEATS: usize = 3;
-    let client = client(cp).await;
+    let client = cp.client().await;
     let path = "/apis/cilium.io/v2/ciliumidentities";
     let best = |v: Vec<Duration>| v.into_iter().min().unwrap_or_default();
     let mut bytes = 0;
@@ -90,16 +90,6 @@ pub async fn measure(cp: &ControlPlane, etcd_endpoint: &str, prefix: &str) -> Li
         together: best(together),
         bytes,
     }
-}
-
-async fn client(cp: &ControlPlane) -> kube::Client {
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig"),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("config");
-    kube::Client::try_from(config).expect("client")
 }
 
 /// GETs `path` and reads the body to its end (or until `until` appears in it), unparsed;

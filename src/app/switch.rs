@@ -294,6 +294,9 @@ pub fn text(report: &SwitchReport) -> String {
     let s = &report.settings;
     let c = &report.counts;
     let mut out = format!("rules: {}\n", report.rules);
+    for r in report.releases {
+        out.push_str(&format!("release: {r}\n"));
+    }
     out.push_str(&format!(
         "settings from {}: cluster {} (id {}), label patterns: {}, identity-management-mode: {}\n",
         s.from,

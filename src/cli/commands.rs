@@ -351,7 +351,7 @@ async fn switch_report(
     )
     .await?;
     match output {
-        super::args::Output::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
+        super::args::Output::Json => super::out::json(&report)?,
         super::args::Output::Text => out!("{}", switch::text(&report))?,
     }
     Ok(if switch::is_safe(&report) {
@@ -385,7 +385,7 @@ async fn switch_prepare(
     .await?;
     if !how.yes || prep.plan.is_empty() {
         match how.json {
-            true => outln!("{}", serde_json::to_string_pretty(&prep)?)?,
+            true => super::out::json(&prep)?,
             false => out!("{}", switch::plan_text(&prep))?,
         }
         let note = if prep.plan.is_empty() {

@@ -18,6 +18,17 @@ pub fn write(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
         .map_err(StdoutError)
 }
 
+/// Writes `value` to stdout as pretty JSON and a newline, as it serializes: a report of tens
+/// of thousands of entries never sits in memory twice, once as data and once as text.
+pub fn json(value: &impl serde::Serialize) -> Result<(), StdoutError> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    serde_json::to_writer_pretty(&mut out, value)
+        .map_err(io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(StdoutError)
+}
+
 /// Whether an error is a write to a closed stdout.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {

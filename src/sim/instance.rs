@@ -573,11 +573,7 @@ impl Instance {
         }
         if faults.creates_refused {
             trace.line(world.now, format!("i{} batch refused", self.idx));
-            let fault = crate::core::sync::failure::Fault {
-                refused: true,
-                code: Some(403),
-                ..Default::default()
-            };
+            let fault = crate::core::sync::failure::Fault::forbidden();
             let why = "403 Forbidden: ciliumidentities.cilium.io is forbidden: cannot create";
             return Ok(BatchOutcome::Faulted {
                 fault,

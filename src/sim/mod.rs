@@ -249,11 +249,7 @@ impl Sim {
     fn refused_and_started_again(&mut self, i: usize, why: &str) -> Result<(), Failure> {
         self.refusal_ends += 1;
         self.owed[i].excused();
-        self.reservations_done(i)?;
-        let fails = self.renewals_fail[i];
-        let refused = self.faults.lease_refused;
-        let elector = &mut self.instances[i].elector;
-        let gave_up = lease::give_up(&mut self.world, elector, fails, refused)?;
+        let gave_up = self.give_lease_up(i)?;
         self.faults.creates_refused = false;
         self.faults.lease_refused = false;
         self.faults.lists_refused = false;
@@ -767,16 +763,22 @@ impl Sim {
         }
         let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
         self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
-        self.reservations_done(i)?;
-        let fails = self.renewals_fail[i];
-        let refused = self.faults.lease_refused;
-        let elector = &mut self.instances[i].elector;
-        let gave_up = lease::give_up(&mut self.world, elector, fails, refused)?;
+        let gave_up = self.give_lease_up(i)?;
         self.trace.line(
             self.world.now,
             format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
         );
         self.restart(i)
+    }
+
+    /// An ended instance's last steps: its reservations checked done, its Lease given up as
+    /// its keeper gives it up; whether it was.
+    fn give_lease_up(&mut self, i: usize) -> Result<bool, Failure> {
+        self.reservations_done(i)?;
+        let fails = self.renewals_fail[i];
+        let refused = self.faults.lease_refused;
+        let elector = &mut self.instances[i].elector;
+        lease::give_up(&mut self.world, elector, fails, refused)
     }
 
     /// Instance `i` starts again from its log and a fresh read.

@@ -144,6 +144,18 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
+    /// A kube client for the admin's kubeconfig (the benchmarks'; the tests use kubectl).
+    #[allow(dead_code)]
+    pub async fn client(&self) -> kube::Client {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig"),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("config");
+        kube::Client::try_from(config).expect("client")
+    }
+
     /// The cluster CA's certificate (what a pod finds as `ca.crt` beside its token).
     pub fn ca_file(&self) -> PathBuf {
         PathBuf::from(&self.env()["CA_FILE"])

@@ -58,3 +58,13 @@ pub fn slope_per_hour(samples: &[(f64, f64)]) -> f64 {
     let den: f64 = samples.iter().map(|s| (s.0 - mx).powi(2)).sum();
     3600.0 * num / den
 }
+
+/// The peak RSS in MiB that `/usr/bin/time -f IDMIG_MAXRSS=%M` wrote into `stderr`; `None`
+/// when it is not there.
+pub fn max_rss_mib(stderr: &str) -> Option<f64> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("IDMIG_MAXRSS="))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+}

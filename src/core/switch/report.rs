@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::core::labels::SecurityLabels;
+use crate::core::labels::{LabelKey, SecurityLabels, canonical_key};
 use crate::core::range::IdRange;
 use crate::core::switch::computed::{PodFacts, operator_labels};
 use crate::core::switch::filter::LabelFilter;
@@ -133,7 +133,8 @@ pub struct UnusedIdentity {
     /// This tool's run that created it, if one did (this tool may remove it; Cilium's
     /// identity GC removes the others).
     pub run: Option<String>,
-    pub labels: SecurityLabels,
+    /// Its labels as a label key (one string: a full cluster has tens of thousands).
+    pub labels: LabelKey,
 }
 
 /// The counts at the top of the report.
@@ -165,6 +166,8 @@ pub struct SwitchCounts {
 pub struct SwitchReport {
     /// Which rules were applied.
     pub rules: &'static str,
+    /// Which rules apply to which release: why identities minted earlier may differ.
+    pub releases: &'static [&'static str],
     pub settings: ShownSettings,
     pub counts: SwitchCounts,
     pub pods: Vec<PodOutcome>,
@@ -173,6 +176,17 @@ pub struct SwitchReport {
 
 /// The rules this report follows.
 pub const RULES: &str = "Cilium 1.18's operator identity controller (operator/pkg/ciliumidentity), the first release with operator-managed identities: exact match of security-labels, else a random id in the cluster's range";
+
+/// What each Cilium release put in an identity, as far as it matters here: the operator of
+/// 1.18 computes the newest set, so an identity minted under older rules is re-minted where
+/// they differ.
+pub const RELEASES: &[&str] = &[
+    "operator-managed identities exist from Cilium 1.18 (identity-management-mode operator or both); before it, agents mint every identity and nothing re-mints",
+    "agents since 1.0 put the namespace's labels in identities, since 1.4 the cluster label; an identity minted before lacks them",
+    "servers since Kubernetes 1.21 label every namespace kubernetes.io/metadata.name: identities minted on older servers lack it",
+    "1.18's default filter drops controller-uid and batch.kubernetes.io/controller-uid, which earlier releases kept",
+    "with include patterns of its own (labels in cilium-config) 1.18's filter is an allow list: it keeps what they include and the namespace, namespace labels and cluster label its defaults include; the service account only where a pattern names it",
+];
 
 /// Keys of Cilium's own labels, set from the namespace, service account and cluster: the
 /// rest of a set is the pod's own, which the nearest identity is looked up by. Labels the
@@ -208,18 +222,19 @@ fn differences(want: &SecurityLabels, have: &SecurityLabels) -> (Vec<String>, Ve
 /// The identities, indexed the ways the report looks them up.
 struct Index<'a> {
     by_labels: HashMap<&'a SecurityLabels, Vec<&'a ExistingIdentity>>,
-    by_pods_own: HashMap<SecurityLabels, Vec<&'a ExistingIdentity>>,
+    /// By the label key of the pod's own labels (a string, not a map: one per identity).
+    by_pods_own: HashMap<LabelKey, Vec<&'a ExistingIdentity>>,
     filter: &'a LabelFilter,
 }
 
 impl<'a> Index<'a> {
     fn new(identities: &'a [ExistingIdentity], filter: &'a LabelFilter) -> Self {
         let mut by_labels: HashMap<&SecurityLabels, Vec<&ExistingIdentity>> = HashMap::new();
-        let mut by_pods_own: HashMap<SecurityLabels, Vec<&ExistingIdentity>> = HashMap::new();
+        let mut by_pods_own: HashMap<LabelKey, Vec<&ExistingIdentity>> = HashMap::new();
         for i in identities {
             by_labels.entry(&i.labels).or_default().push(i);
             by_pods_own
-                .entry(pods_own(&i.labels, filter))
+                .entry(canonical_key(&pods_own(&i.labels, filter)))
                 .or_default()
                 .push(i);
         }
@@ -254,7 +269,8 @@ impl<'a> Index<'a> {
                 ours,
             };
         }
-        let Some(near) = self.by_pods_own.get(&pods_own(labels, self.filter)) else {
+        let own = canonical_key(&pods_own(labels, self.filter));
+        let Some(near) = self.by_pods_own.get(&own) else {
             return Outcome::NoIdentity;
         };
         near.iter()
@@ -343,7 +359,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
         .map(|i| UnusedIdentity {
             id: i.id,
             run: i.run.clone(),
-            labels: i.labels.clone(),
+            labels: canonical_key(&i.labels),
         })
         .collect();
     unused.sort_by_key(|u| u.id);
@@ -360,6 +376,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
     pods.sort_by(|a, b| a.pod.cmp(&b.pod));
     SwitchReport {
         rules: RULES,
+        releases: RELEASES,
         settings: input.settings.shown.clone(),
         counts,
         pods,

@@ -47,6 +47,15 @@ impl Fault {
     pub fn outage() -> Self {
         Fault::default()
     }
+
+    /// A 403 Forbidden: the credentials may not do this.
+    pub fn forbidden() -> Self {
+        Fault {
+            refused: true,
+            code: Some(403),
+            ..Fault::default()
+        }
+    }
 }
 
 /// What sync does after a failure.

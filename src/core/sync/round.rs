@@ -50,7 +50,7 @@ impl SyncState {
             let resumed =
                 resume::resume_among(&live, among, decisions.in_force(), &self.k8s, range);
             #[cfg(test)]
-            switches::check_resume(&cache, decisions.in_force(), &self.k8s, &resumed);
+            switches::check_resume(&cache, &live, decisions.in_force(), &self.k8s, &resumed);
             refusals = self.refusals(&live, resumed.dropped, decisions);
             let decided = decisions.in_force().keys();
             self.look_at.extend(decided.map(|id| key_of(id.as_bytes())));
@@ -483,6 +483,7 @@ pub(crate) mod switches {
     #[cfg(test)]
     pub fn check_resume(
         cache: &PlanCache,
+        part: &[PlanItem],
         decisions: &BTreeMap<String, LoggedDecision>,
         k8s: &BTreeMap<u32, LabelKey>,
         resumed: &resume::Resumed,
@@ -500,9 +501,8 @@ pub(crate) mod switches {
                 .cloned()
                 .collect()
         };
-        let part = cache.touched_by(decisions);
         assert_eq!(
-            changed(&resumed.items, &part),
+            changed(&resumed.items, part),
             changed(&whole.items, &live),
             "the decisions resumed onto the part of the plan they touch changed other items than resumed onto the whole"
         );

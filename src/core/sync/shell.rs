@@ -296,12 +296,7 @@ impl Shell {
                 }
             }
             Turn::LeaseRefused(why) => {
-                let refused = failure::Fault {
-                    refused: true,
-                    code: Some(403),
-                    ..failure::Fault::default()
-                };
-                match failure::then(Path::Lease, refused) {
+                match failure::then(Path::Lease, failure::Fault::forbidden()) {
                     Then::End => Some(RoundEnd::Refused(Refusal::Lease(why))),
                     // Not known to hold it: no writes.
                     Then::Retry => self.step(Input::Lease(LeaseHolder::Unknown), now, gate, io),

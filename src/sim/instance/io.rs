@@ -55,11 +55,7 @@ impl Faults {
     /// What a fresh read meets now: `None` when it succeeds.
     pub fn on_read(&self) -> Option<Fault> {
         if self.lists_refused {
-            Some(Fault {
-                refused: true,
-                code: Some(403),
-                ..Fault::default()
-            })
+            Some(Fault::forbidden())
         } else if self.server_down {
             Some(Fault::outage())
         } else {

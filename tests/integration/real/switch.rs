@@ -102,6 +102,7 @@ pub async fn run_controller(
     cp: &ControlPlane,
     dir: &Path,
     pods: usize,
+    flags: &[&str],
 ) -> Result<ControllerRun, String> {
     let opsim = cilium_bin("opsim-1.18")?;
     let log_path = dir.join("opsim.log");
@@ -110,6 +111,7 @@ pub async fn run_controller(
         .arg("--k8s-kubeconfig-path")
         .arg(&cp.kubeconfig)
         .arg("--identity-management-mode=operator")
+        .args(flags)
         .env("HOME", dir)
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)
@@ -273,7 +275,7 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
     assert_eq!(ours, 41, "apply made them all");
 
     // Cilium's own controller, then: each pod as the report said.
-    let run = match run_controller(cp, d, 6).await {
+    let run = match run_controller(cp, d, 6, &[]).await {
         Ok(run) => run,
         Err(why) => panic!("{why}"),
     };
@@ -393,7 +395,7 @@ async fn prepared_the_switch_draws_nothing_and_cilium_1_18s_operator_adopts_ever
     let r = sc.report(&["--output", "json"]).await;
     assert_eq!(r.code, 0, "safe now: {}{}", r.stdout, r.stderr);
     let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
-    let run = match run_controller(cp, d, 6).await {
+    let run = match run_controller(cp, d, 6, &[]).await {
         Ok(run) => run,
         Err(why) => panic!("{why}"),
     };
@@ -421,4 +423,59 @@ async fn prepared_the_switch_draws_nothing_and_cilium_1_18s_operator_adopts_ever
     assert_eq!(run.allocated["shop/web-1"], 1000);
     let api_keeps = !sc.labels_ns_name;
     assert_eq!(run.allocated["shop/api-1"] == 1001, api_keeps);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_report_reads_cilium_config_as_cilium_1_18s_operator_does() {
+    let test = "real::switch::the_report_reads_cilium_config";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let (cp, d) = (&sc.cp, sc.dir.path());
+    // A cluster named east whose operator keeps only `app` of the pods' own labels: an allow
+    // list, so the service account goes too; every migrated identity says cluster default.
+    cp.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cilium-config, namespace: kube-system}\ndata: {labels: 'k8s:app', cluster-name: east, identity-management-mode: agent}\n",
+    );
+    let r = sc.report(&["--output", "json"]).await;
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    assert_eq!(report["settings"]["cluster_name"], "east");
+    assert_eq!(report["settings"]["labels"][0], "k8s:app");
+    assert_eq!(report["counts"]["adopted"], 0, "{}", r.stdout);
+    let web = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == "shop/web-1")
+        .unwrap();
+    assert_eq!(web["nearest"], 1000);
+    assert!(
+        web["lacks"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("k8s:io.cilium.k8s.policy.cluster=east")),
+        "{web}"
+    );
+    let flags = ["--opsim-labels", "k8s:app", "--opsim-cluster-name", "east"];
+    let run = match run_controller(cp, d, 6, &flags).await {
+        Ok(run) => run,
+        Err(why) => panic!("{why}"),
+    };
+    // Every pod drew, and the object it got holds exactly the labels the report computed.
+    let objects = cp.identities();
+    for p in report["pods"].as_array().unwrap() {
+        let pod = p["pod"].as_str().unwrap();
+        let got = run.allocated[pod];
+        assert!(
+            !sc.migrated.contains(&got) || run.updated.contains(&got),
+            "{pod}: {got}"
+        );
+        let want: BTreeMap<String, String> = serde_json::from_value(p["labels"].clone()).unwrap();
+        assert!(
+            !want.contains_key("k8s:io.cilium.k8s.policy.serviceaccount"),
+            "{want:?}"
+        );
+        assert_eq!(objects[&got.to_string()], want, "{pod}");
+    }
 }

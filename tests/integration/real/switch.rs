@@ -479,3 +479,103 @@ async fn the_report_reads_cilium_config_as_cilium_1_18s_operator_does() {
         assert_eq!(objects[&got.to_string()], want, "{pod}");
     }
 }
+
+/// A cluster of `exact` pods whose identity was migrated exactly, `new` pods with none and
+/// `unused` identities no pod uses, all migrated by `apply` from the kvstore.
+async fn bulk_cluster(test: &str, exact: u32, new: u32, unused: u32) -> Option<Scenario> {
+    let cp = ControlPlane::start(test)?;
+    if let Err(why) = cilium_bin("opsim-1.18") {
+        skip(test, &why);
+        return None;
+    }
+    let labels_ns_name = !cp.version().starts_with("v1.19");
+    let pods: Vec<(String, String)> = (0..exact)
+        .map(|i| (format!("exact-{i}"), format!("exact-{i}")))
+        .chain((0..new).map(|i| (format!("new-{i}"), format!("new-{i}"))))
+        .collect();
+    let pods: Vec<(&str, &str)> = pods.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
+    let out = cp.kubectl_as(
+        &cp.kubeconfig,
+        &["create", "-f", "-"],
+        Some(&namespace_with_pods("bulk", &pods)),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let etcd = Etcd::start().await;
+    let mut migrated = BTreeSet::new();
+    for i in 0..exact + unused {
+        let id = 1000 + i;
+        let app = if i < exact {
+            format!("exact-{i}")
+        } else {
+            format!("old-{i}")
+        };
+        let labels = operator_set(&app, "bulk", labels_ns_name);
+        etcd.put(&format!("{P}/id/{id}"), label_key(&labels).as_bytes())
+            .await;
+        migrated.insert(id);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    apply_everything(dir.path(), &cp.kubeconfig, &etcd, "migrate.jsonl").await;
+    Some(Scenario {
+        cp,
+        etcd,
+        dir,
+        labels_ns_name,
+        migrated,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unprepared_the_switch_rewrites_identities_at_random_and_prepared_it_rewrites_none() {
+    let test = "real::switch::unprepared_the_switch_rewrites_identities";
+    let (exact, new, unused) = (200, 400, 2000);
+    // Unprepared: 400 draws over 2,200 identities no pod has claimed yet: about 13 land on
+    // one and rewrite it (none in e^-13 runs).
+    let Some(sc) = bulk_cluster(test, exact, new, unused).await else {
+        return;
+    };
+    let r = sc.report(&["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    assert_eq!(report["counts"]["label_sets_drawn"], new);
+    let expected = report["counts"]["expected_unused_rewritten"]
+        .as_f64()
+        .unwrap();
+    assert!((11.0..13.0).contains(&expected), "{expected}");
+    let pods = (exact + new) as usize;
+    let run = match run_controller(&sc.cp, sc.dir.path(), pods, &[]).await {
+        Ok(run) => run,
+        Err(why) => panic!("{why}"),
+    };
+    assert!(
+        !run.updated.is_empty(),
+        "the controller rewrote no identity: {} created",
+        run.created.len()
+    );
+    assert!(run.updated.iter().all(|id| sc.migrated.contains(id)));
+    drop(sc);
+
+    // Prepared, on a cluster built the same way: nothing drawn, nothing rewritten.
+    let Some(sc) = bulk_cluster(test, exact, new, unused).await else {
+        return;
+    };
+    let log = sc.dir.path().join("prepare.jsonl").display().to_string();
+    let r = sc
+        .run(&["switch-prepare", "--decision-log", &log, "--yes"])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let r = sc.report(&[]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let run = match run_controller(&sc.cp, sc.dir.path(), pods, &[]).await {
+        Ok(run) => run,
+        Err(why) => panic!("{why}"),
+    };
+    assert!(run.created.is_empty(), "created {:?}", run.created);
+    assert!(run.updated.is_empty(), "rewrote {:?}", run.updated);
+    for i in 0..exact {
+        assert_eq!(run.allocated[&format!("bulk/exact-{i}")], 1000 + i);
+    }
+}

@@ -315,8 +315,8 @@ pub fn text(report: &SwitchReport) -> String {
         out.push_str(&format!("cannot know: {n}\n"));
     }
     out.push_str(&format!(
-        "{} pods: {} adopted, {} re-minted, {} with no identity, {} duplicate, {} in no namespace; {} endpoints would change identity\n",
-        c.pods, c.adopted, c.re_minted, c.no_identity, c.duplicate, c.no_namespace, c.endpoints_moving
+        "{} pods: {} adopted, {} re-minted, {} with no identity, {} duplicate, {} in no namespace, {} in the host's network (nothing to compute); {} endpoints would change identity\n",
+        c.pods, c.adopted, c.re_minted, c.no_identity, c.duplicate, c.no_namespace, c.host_network, c.endpoints_moving
     ));
     for name in ["re-minted", "no-identity", "duplicate", "no-namespace"] {
         let of: Vec<_> = report
@@ -355,7 +355,7 @@ pub fn text(report: &SwitchReport) -> String {
                 Outcome::NoNamespace => {
                     "its namespace was not found: the operator gives it no identity".to_string()
                 }
-                Outcome::Adopted { .. } => String::new(),
+                Outcome::Adopted { .. } | Outcome::HostNetwork => String::new(),
             };
             out.push_str(&format!("{name} {}: {what}{ep}\n", p.pod));
         }

@@ -17,6 +17,9 @@ pub struct PodFacts {
     pub labels: BTreeMap<String, String>,
     /// `spec.serviceAccountName`; empty when the pod names none.
     pub service_account: String,
+    /// `spec.hostNetwork`: the operator computes nothing for such a pod (it has the host's
+    /// identity), as the agents do.
+    pub host_network: bool,
 }
 
 /// Cilium's label keys the operator adds.
@@ -83,6 +86,7 @@ mod tests {
                 ("io.cilium.k8s.namespace.labels.team", "spoofed"),
             ]),
             service_account: "default".into(),
+            host_network: false,
         };
         let filter = LabelFilter::cilium_1_18(&[]).expect("filter");
         let ns = map(&[("kubernetes.io/metadata.name", "shop"), ("team", "a")]);
@@ -110,6 +114,7 @@ mod tests {
             name: "web-1".into(),
             labels: map(&[("app", "web"), ("tier", "front")]),
             service_account: String::new(),
+            host_network: false,
         };
         let filter = LabelFilter::cilium_1_18(&["k8s:app".into()]).expect("filter");
         let got = operator_labels(&pod, &BTreeMap::new(), "default", &filter);

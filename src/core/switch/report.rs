@@ -66,6 +66,9 @@ pub enum Outcome {
     NoIdentity,
     /// The pod's namespace was not found: the operator computes nothing for it.
     NoNamespace,
+    /// The pod runs in the host's network: it has the host's identity, and the operator
+    /// computes nothing for it.
+    HostNetwork,
 }
 
 impl Outcome {
@@ -82,6 +85,7 @@ impl Outcome {
             Outcome::ReMinted { .. } => "re-minted",
             Outcome::NoIdentity => "no-identity",
             Outcome::NoNamespace => "no-namespace",
+            Outcome::HostNetwork => "host-network",
         }
     }
 }
@@ -119,6 +123,7 @@ impl PodOutcome {
             return false;
         };
         match &self.outcome {
+            Outcome::HostNetwork => false,
             Outcome::Adopted { id } => *id != ep,
             Outcome::Duplicate { ids, .. } => !ids.contains(&ep),
             _ => true,
@@ -146,6 +151,8 @@ pub struct SwitchCounts {
     pub re_minted: usize,
     pub no_identity: usize,
     pub no_namespace: usize,
+    /// Pods in the host's network: nothing to compute.
+    pub host_network: usize,
     /// Distinct label sets the switch draws a new id for.
     pub label_sets_drawn: usize,
     /// Pods whose endpoint uses another id than the operator will give them.
@@ -304,6 +311,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
         let key = format!("{}/{}", pod.namespace, pod.name);
         let endpoint_id = input.endpoints.get(&key).copied();
         let (labels, outcome) = match input.namespaces.get(&pod.namespace) {
+            _ if pod.host_network => (SecurityLabels::new(), Outcome::HostNetwork),
             None => (SecurityLabels::new(), Outcome::NoNamespace),
             Some(ns_labels) => {
                 let labels = operator_labels(
@@ -333,6 +341,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
             Outcome::ReMinted { .. } => counts.re_minted += 1,
             Outcome::NoIdentity => counts.no_identity += 1,
             Outcome::NoNamespace => counts.no_namespace += 1,
+            Outcome::HostNetwork => counts.host_network += 1,
         }
         let line = PodOutcome {
             pod: key,

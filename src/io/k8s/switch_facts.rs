@@ -31,14 +31,13 @@ impl K8sTarget {
             |pod| {
                 let namespace = pod.metadata.namespace.unwrap_or_default();
                 let name = pod.metadata.name.unwrap_or_default();
+                let spec = pod.spec.unwrap_or_default();
                 let facts = PodFacts {
                     namespace: namespace.clone(),
                     name: name.clone(),
                     labels: pod.metadata.labels.unwrap_or_default(),
-                    service_account: pod
-                        .spec
-                        .and_then(|s| s.service_account_name)
-                        .unwrap_or_default(),
+                    service_account: spec.service_account_name.unwrap_or_default(),
+                    host_network: spec.host_network.unwrap_or(false),
                 };
                 out.insert((namespace, name), facts);
             },

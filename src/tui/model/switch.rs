@@ -80,5 +80,5 @@ impl SwitchView {
 
 /// A pod the switch does not simply adopt, or whose endpoint moves.
 pub fn needs_something(p: &PodOutcome) -> bool {
-    p.outcome.name() != "adopted" || p.endpoint_moves()
+    !matches!(p.outcome.name(), "adopted" | "host-network") || p.endpoint_moves()
 }

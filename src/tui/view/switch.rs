@@ -103,6 +103,7 @@ fn outcome_style(p: &PodOutcome, t: &Theme) -> Style {
     match p.outcome {
         Outcome::Adopted { .. } if !p.endpoint_moves() => t.good(),
         Outcome::Adopted { .. } | Outcome::Duplicate { .. } => t.warn(),
+        Outcome::HostNetwork => t.dim(),
         _ => t.bad(),
     }
 }
@@ -125,7 +126,7 @@ fn draw_pods(model: &Model, report: &SwitchReport, frame: &mut Frame, area: Rect
                 Outcome::ReMinted { nearest, .. } => format!("new (near {nearest})"),
                 Outcome::Duplicate { ids, .. } => format!("one of {}", ids.len()),
                 Outcome::NoIdentity => "new".into(),
-                Outcome::NoNamespace => "-".into(),
+                Outcome::NoNamespace | Outcome::HostNetwork => "-".into(),
             };
             let ep = p
                 .endpoint_id
@@ -182,6 +183,7 @@ fn draw_details(model: &Model, frame: &mut Frame, area: Rect, t: &Theme) {
             ),
             Outcome::NoIdentity => "no identity has its pod labels: a new id is drawn".into(),
             Outcome::NoNamespace => "its namespace is missing: no identity".into(),
+            Outcome::HostNetwork => "in the host's network: the host's identity".into(),
         },
         outcome_style(p, t),
     )];

@@ -181,6 +181,10 @@ impl Scenario {
             "blog",
             &[("db-1", "db"), ("new-2", "new")],
         ));
+        // In the host's network: the operator computes nothing for it.
+        cp.apply(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: host-1, namespace: blog, labels: {app: host}}\nspec: {hostNetwork: true, automountServiceAccountToken: false, containers: [{name: c, image: x}]}\n",
+        );
         // The kvstore, minted by agents: web exactly as 1.18 computes it; api before the
         // namespace's name label existed; db without the cluster label (an agent before 1.4).
         let etcd = Etcd::start().await;
@@ -262,6 +266,7 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
     assert_eq!(outcome("shop/api-1"), (api_outcome.into(), Some(1001)));
     assert_eq!(outcome("blog/db-1"), ("re-minted".into(), Some(1002)));
     assert_eq!(outcome("shop/new-1").0, "no-identity");
+    assert_eq!(outcome("blog/host-1").0, "host-network");
     assert_eq!(outcome("blog/new-2").0, "no-identity");
     // The 40 old identities and db's: no pod adopts them and no endpoint uses them (api's
     // endpoint keeps 1001 in use even where its pod is re-minted).
@@ -283,6 +288,10 @@ async fn switch_report_says_what_cilium_1_18s_operator_then_does_to_each_pod() {
     let objects = cp.identities();
     for p in report["pods"].as_array().unwrap() {
         let pod = p["pod"].as_str().unwrap();
+        if p["outcome"] == "host-network" {
+            assert!(!run.allocated.contains_key(pod), "{pod} was given an id");
+            continue;
+        }
         let got = run.allocated[pod];
         match p["outcome"].as_str().unwrap() {
             "adopted" => assert_eq!(u64::from(got), p["id"].as_u64().unwrap(), "{pod}"),
@@ -411,6 +420,11 @@ async fn prepared_the_switch_draws_nothing_and_cilium_1_18s_operator_adopts_ever
     );
     for p in report["pods"].as_array().unwrap() {
         let pod = p["pod"].as_str().unwrap();
+        if pod == "blog/host-1" {
+            assert_eq!(p["outcome"], "host-network");
+            assert!(!run.allocated.contains_key(pod), "{pod} was given an id");
+            continue;
+        }
         assert_eq!(p["outcome"], "adopted", "{pod}");
         assert_eq!(
             u64::from(run.allocated[pod]),
@@ -466,7 +480,10 @@ async fn the_report_reads_cilium_config_as_cilium_1_18s_operator_does() {
     let objects = cp.identities();
     for p in report["pods"].as_array().unwrap() {
         let pod = p["pod"].as_str().unwrap();
-        let got = run.allocated[pod];
+        let Some(&got) = run.allocated.get(pod) else {
+            assert_eq!(p["outcome"], "host-network", "{pod} was given no id");
+            continue;
+        };
         assert!(
             !sc.migrated.contains(&got) || run.updated.contains(&got),
             "{pod}: {got}"

@@ -18,6 +18,7 @@ pub(crate) fn pod(ns: &str, name: &str, app: &str) -> PodFacts {
         name: name.into(),
         labels: map(&[("app", app)]),
         service_account: "default".into(),
+        host_network: false,
     }
 }
 
@@ -227,4 +228,14 @@ fn an_identity_with_labels_the_filter_now_drops_is_still_the_nearest() {
             extra: vec!["k8s:controller-uid=abc".into()],
         }
     );
+}
+
+#[test]
+fn a_pod_in_the_hosts_network_gets_nothing_computed() {
+    let mut host = pod("shop", "host-1", "host");
+    host.host_network = true;
+    let r = report(&[host], &[], &[]);
+    assert_eq!(outcome_of(&r, "shop/host-1"), &Outcome::HostNetwork);
+    assert_eq!(r.counts.host_network, 1);
+    assert_eq!(r.counts.label_sets_drawn, 0);
 }

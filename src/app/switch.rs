@@ -36,8 +36,10 @@ pub struct SwitchFacts {
     pub pods: Vec<PodFacts>,
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     pub identities: Vec<ExistingIdentity>,
-    /// `namespace/name` of each `CiliumEndpoint` -> the id it uses.
+    /// `namespace/name` of each `CiliumEndpoint` (or endpoint of a slice) -> the id it uses.
     pub endpoints: BTreeMap<String, u32>,
+    /// Whether endpoints could be read at all (CiliumEndpoints or their slices served).
+    pub endpoints_known: bool,
     pub range: IdRange,
 }
 
@@ -84,30 +86,58 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
                 .map_err(kube("listing CiliumIdentities"))
         },
         async {
-            crate::io::endpoints::identities_in_use(target)
-                .await
-                .map_err(kube("listing CiliumEndpoints"))
+            let ceps = crate::io::endpoints::identities_in_use(target).await;
+            let slices = crate::io::endpoints::endpoints_in_slices(target).await;
+            Ok::<_, Error>((
+                served(ceps).map_err(kube("listing CiliumEndpoints"))?,
+                served(slices).map_err(kube("listing CiliumEndpointSlices"))?,
+            ))
         },
     )?;
-    let settings = Settings::from_config(&from, config.as_ref()).map_err(|e| {
+    let (ceps, slices) = endpoints;
+    let endpoints_known = ceps.is_some() || slices.is_some();
+    let mut settings = Settings::from_config(&from, config.as_ref()).map_err(|e| {
         Error::Config(format!(
             "{from}: {e}: Cilium itself refuses this pattern; fix `labels` there first"
         ))
     })?;
     let range = IdRange::for_cluster(settings.cluster_id)
         .map_err(|e| Error::Config(format!("{from}: cluster-id {}: {e}", settings.cluster_id)))?;
-    let endpoints: BTreeMap<String, u32> = endpoints
+    let mut endpoints: BTreeMap<String, u32> = ceps
+        .unwrap_or_default()
         .into_iter()
         .flat_map(|(id, users)| users.into_iter().map(move |u| (u, id)))
         .collect();
+    endpoints.extend(slices.unwrap_or_default());
+    if !endpoints_known {
+        settings
+            .shown
+            .cannot_know
+            .push(ENDPOINTS_UNKNOWN.to_string());
+    }
     Ok(SwitchFacts {
         settings,
         pods,
         namespaces,
         identities,
         endpoints,
+        endpoints_known,
         range,
     })
+}
+
+/// Said when neither kind of endpoint object is served.
+pub const ENDPOINTS_UNKNOWN: &str = "which identities endpoints use: neither ciliumendpoints.cilium.io nor ciliumendpointslices.cilium.io is served, so no endpoint is known; switch-prepare removes nothing while that is so";
+
+/// A list of a kind the server may not serve (its CRD not installed): `None` then.
+fn served<T>(
+    r: std::result::Result<T, crate::io::k8s::RequestError>,
+) -> std::result::Result<Option<T>, crate::io::k8s::RequestError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_404() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Reads the cluster and reports what the switch would do.
@@ -145,7 +175,11 @@ pub async fn read_preparation(
         kvstore_ids: &kvstore_ids,
         endpoint_ids: &endpoint_ids,
         range: facts.range,
-        options,
+        options: PrepareOptions {
+            // Unknown endpoints could use any identity: nothing is removed then.
+            endpoints_unknown: !facts.endpoints_known,
+            ..options
+        },
     });
     Ok(Preparation { report, plan })
 }

@@ -116,6 +116,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
         } => {
             let options = cilium_idmig::core::switch::prepare::PrepareOptions {
                 remove_unused_after: remove_unused_after.map(|d| d.as_secs() as i64),
+                endpoints_unknown: false,
                 now: jiff::Timestamp::now().as_second(),
             };
             let how = PrepareHow {

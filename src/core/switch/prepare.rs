@@ -45,6 +45,8 @@ pub struct PrepareOptions {
     pub remove_unused_after: Option<i64>,
     /// Seconds since the epoch.
     pub now: i64,
+    /// No endpoint could be read: any identity may be in use, so none is removed.
+    pub endpoints_unknown: bool,
 }
 
 /// The preparation.
@@ -135,6 +137,12 @@ pub fn prepare(input: &PrepareInput) -> PreparePlan {
         }
     }
 
+    if input.options.endpoints_unknown {
+        plan.advice.push(
+            "no endpoint could be read (neither CiliumEndpoints nor CiliumEndpointSlices are served): nothing is removed, duplicates and unused identities alike".into(),
+        );
+        return plan;
+    }
     let mut removed: BTreeSet<u32> = BTreeSet::new();
     for (labels, outcome) in duplicates {
         let Outcome::Duplicate {

@@ -596,3 +596,57 @@ async fn unprepared_the_switch_rewrites_identities_at_random_and_prepared_it_rew
         assert_eq!(run.allocated[&format!("bulk/exact-{i}")], 1000 + i);
     }
 }
+
+/// The CiliumEndpointSlice CRD as Cilium installs it, its schema left open.
+const SLICE_CRD: &str = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"ciliumendpointslices.cilium.io"},"spec":{"group":"cilium.io","names":{"kind":"CiliumEndpointSlice","plural":"ciliumendpointslices","singular":"ciliumendpointslice","shortNames":["ces"]},"scope":"Cluster","versions":[{"name":"v2alpha1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn endpoints_in_slices_count_and_with_no_endpoint_known_nothing_is_removed() {
+    let test = "real::switch::endpoints_in_slices_count";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let cp = &sc.cp;
+    // Endpoints kept in slices (enable-cilium-endpoint-slice): web-2's names 1000.
+    cp.apply(SLICE_CRD);
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/ciliumendpointslices.cilium.io",
+    ]);
+    cp.apply(
+        "apiVersion: cilium.io/v2alpha1\nkind: CiliumEndpointSlice\nmetadata: {name: ces-1}\nnamespace: shop\nendpoints: [{name: web-2, id: 1000}]\n",
+    );
+    let r = sc.report(&["--output", "json"]).await;
+    let report: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    let web2 = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == "shop/web-2")
+        .unwrap();
+    assert_eq!(web2["endpoint_id"], 1000, "{web2}");
+
+    // No kind of endpoint served: nothing is known to be unused, and nothing is removed.
+    cp.kubectl(&["delete", "crd", "ciliumendpointslices.cilium.io"]);
+    cp.kubectl(&["delete", "crd", "ciliumendpoints.cilium.io"]);
+    let r = sc
+        .run(&[
+            "switch-prepare",
+            "--remove-unused-after",
+            "0s",
+            "--output",
+            "json",
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let prep: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    assert_eq!(
+        prep["plan"]["removals"],
+        serde_json::json!([]),
+        "{}",
+        r.stdout
+    );
+    let known = prep["report"]["settings"]["cannot_know"].to_string();
+    assert!(known.contains("no endpoint is known"), "{known}");
+}

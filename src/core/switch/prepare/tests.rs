@@ -159,7 +159,8 @@ fn this_tools_unused_identities_go_only_when_asked_and_after_the_grace() {
             &[],
             PrepareOptions {
                 remove_unused_after: None,
-                now
+                now,
+                endpoints_unknown: false,
             }
         )
         .removals
@@ -170,6 +171,7 @@ fn this_tools_unused_identities_go_only_when_asked_and_after_the_grace() {
         PrepareOptions {
             remove_unused_after: Some(3600),
             now,
+            endpoints_unknown: false,
         },
     );
     let removed: Vec<u32> = plan.removals.iter().map(|r| r.id).collect();
@@ -203,4 +205,38 @@ fn a_full_range_says_how_many_label_sets_are_left_without() {
     });
     assert_eq!(plan.creates.len(), 2);
     assert_eq!(plan.no_free_id, 1);
+}
+
+#[test]
+fn with_no_endpoint_known_nothing_is_removed() {
+    let c = Cluster {
+        pods: vec![pod("shop", "db-1", "db")],
+        identities: vec![
+            identity(2000, full_set("db"), OLD, true),
+            identity(2001, full_set("db"), OLD + 10, true),
+            identity(3000, full_set("a"), OLD, true),
+        ],
+        endpoints: BTreeMap::new(),
+    };
+    let options = PrepareOptions {
+        remove_unused_after: Some(0),
+        now: OLD + 7200,
+        endpoints_unknown: true,
+    };
+    let plan = c.prepare(&[], options);
+    assert!(plan.removals.is_empty(), "{:?}", plan.removals);
+    assert!(
+        plan.advice[0].contains("nothing is removed"),
+        "{:?}",
+        plan.advice
+    );
+    let known = c.prepare(
+        &[],
+        PrepareOptions {
+            endpoints_unknown: false,
+            ..options
+        },
+    );
+    let ids: Vec<u32> = known.removals.iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec![2001, 3000], "the duplicate and the unused one");
 }

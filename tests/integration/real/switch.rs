@@ -650,3 +650,47 @@ async fn endpoints_in_slices_count_and_with_no_endpoint_known_nothing_is_removed
     let known = prep["report"]["settings"]["cannot_know"].to_string();
     assert!(known.contains("no endpoint is known"), "{known}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_switch_role_is_all_a_user_bound_by_rbac_needs() {
+    let test = "real::switch::the_switch_role_is_all";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let cp = &sc.cp;
+    let user = cp.kubeconfig_user.clone();
+    let run_as_user = |args: Vec<String>| {
+        let (dir, user) = (sc.dir.path().to_path_buf(), user.clone());
+        let etcd = sc.etcd.endpoint.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let flags = ["--etcd-endpoints", etcd.as_str()];
+            let etcd_flags: &[&str] = if args[0] == "switch-prepare" {
+                &flags
+            } else {
+                &[]
+            };
+            super::run_bin(&dir, &user, &args, etcd_flags, 120).await.0
+        }
+    };
+    // Without the role: refused, and said so.
+    let r = run_as_user(vec!["switch-report".into()]).await;
+    assert_eq!(r.code, 2, "a refusal is configuration: {}", r.stderr);
+    assert!(r.stderr.contains("forbidden"), "{}", r.stderr);
+    let role = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/clusterrole-switch.yaml"),
+    )
+    .unwrap();
+    cp.apply(&role);
+    cp.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: cilium-idmig-switch}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cilium-idmig-switch}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: limited-user}]\n",
+    );
+    let r = run_as_user(vec!["switch-report".into()]).await;
+    assert_eq!(r.code, 1, "not safe yet: {}{}", r.stdout, r.stderr);
+    let log = sc.dir.path().join("user.jsonl").display().to_string();
+    let prepare = ["switch-prepare", "--decision-log", &log, "--yes"];
+    let r = run_as_user(prepare.iter().map(|s| s.to_string()).collect()).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let r = run_as_user(vec!["switch-report".into()]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+}

@@ -45,6 +45,9 @@ pub struct LeaseKeeper {
     /// any other sync may take over (a whole duration after the record last changed). Read
     /// at the moment of each write; a renewal that hangs never extends it.
     pub gate: WriteGate,
+    /// Sent at a release; dropped with the keeper (its sync's task aborted or unwound), it
+    /// ends the task the same way: the lease given up at the task's next turn, not left to
+    /// lapse.
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -75,14 +78,6 @@ impl LeaseKeeper {
             let _ = stop.send(());
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.task).await;
-    }
-}
-
-impl Drop for LeaseKeeper {
-    fn drop(&mut self) {
-        if self.stop.is_some() {
-            self.task.abort();
-        }
     }
 }
 

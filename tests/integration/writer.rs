@@ -174,3 +174,93 @@ async fn a_holder_whose_renewals_hang_stops_writing_before_anyone_may_take_over(
     w.sb.set_lease_delay(Duration::ZERO);
     wait_for(15, "held again", || keeper.holding().then_some(())).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keepers_try_at_their_cadence_and_a_dropped_one_lets_the_lease_go() {
+    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
+    use cilium_idmig::io::k8s::K8sTarget;
+    use cilium_idmig::io::lease::LeaseApi;
+    let w = World::new(SandboxConfig::default()).await;
+    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
+    // A short lease, so the holder renews every second and a standby tries as often.
+    let opts = LeaseOptions {
+        duration: Duration::from_secs(3),
+        ..LeaseOptions::default()
+    };
+    let start = |who: &str| {
+        LeaseKeeper::start(
+            LeaseApi::new(&target, &opts.namespace, &opts.name),
+            opts.clone(),
+            who.into(),
+        )
+    };
+    let first = start("first");
+    let mut writer = first.writer.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        writer.wait_for(|w| *w == Writer::Us),
+    )
+    .await
+    .expect("the lease taken")
+    .unwrap();
+    // Created as client-go's leader election creates it: its holder, duration and times.
+    let spec =
+        |w: &World| w.sb.leases()[&(opts.namespace.clone(), opts.name.clone())]["spec"].clone();
+    let created = spec(&w);
+    assert_eq!(created["holderIdentity"], "first", "{created}");
+    assert_eq!(created["leaseDurationSeconds"], 3, "{created}");
+    assert_eq!(created["leaseTransitions"], 0, "{created}");
+    assert!(
+        created["acquireTime"].is_string() && created["renewTime"].is_string(),
+        "{created}"
+    );
+    let second = start("second");
+    let mut standby = second.writer.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        standby.wait_for(|w| matches!(w, Writer::Other { .. })),
+    )
+    .await
+    .expect("the second sees the holder")
+    .unwrap();
+
+    // Between tries each keeper waits: over 6 s a holder renews about six times (a read
+    // and a replace each) and a standby reads about six times, never in a busy loop.
+    w.sb.reset_counts();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let requests: u64 = ["GET", "PUT", "POST"]
+        .iter()
+        .map(|m| {
+            w.sb.request_count(&format!("{m} {}", opts.name))
+                + w.sb.request_count(&format!("{m} leases"))
+        })
+        .sum();
+    assert!(
+        (6..=40).contains(&requests),
+        "{requests} Lease requests in 6 s from a holder and a standby"
+    );
+
+    // The holder's task ends with it, though nobody released it (its sync's task aborted,
+    // or unwound in a panic): it gives the lease up, and the standby takes over at its next
+    // try, well within the lease's duration.
+    drop(first);
+    let dropped = Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        standby.wait_for(|w| *w == Writer::Us),
+    )
+    .await
+    .expect("the standby takes the lease a dropped keeper held")
+    .unwrap();
+    assert!(
+        dropped.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        dropped.elapsed()
+    );
+    let taken = spec(&w);
+    assert_eq!(taken["holderIdentity"], "second", "{taken}");
+    assert_eq!(taken["leaseTransitions"], 1, "{taken}");
+    assert_eq!(taken["leaseDurationSeconds"], 3, "{taken}");
+    second.release().await;
+    assert_eq!(holder(&w), None, "released");
+}

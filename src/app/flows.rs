@@ -353,17 +353,7 @@ pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
     let mut e = Expectations::default();
     for p in paths {
         // Folded as it is read: the log's records are never all held at once.
-        let more = crate::io::decision_log::read_expectations(p)?;
-        // A later file that serves an id again takes back an earlier rollback.
-        for id in more.mappings.keys() {
-            if !more.rolled_back.contains(id) {
-                e.rolled_back.remove(id);
-            }
-        }
-        e.mappings.extend(more.mappings);
-        e.mapped_labels.extend(more.mapped_labels);
-        e.rolled_back.extend(more.rolled_back);
-        e.duplicates_decided.extend(more.duplicates_decided);
+        e.then(crate::io::decision_log::read_expectations(p)?);
     }
     Ok(e)
 }

@@ -29,7 +29,7 @@ use crate::core::labels::LabelKey;
 use crate::core::planner::Kind;
 use crate::core::sync::reserve::writer::{KvWrites, Released, Reserved, WriteLine, Writer};
 pub use crate::core::sync::reserve::{Earlier, Reply, Said, Unreleased};
-use crate::core::sync::reserve::{Recorded, Request, note_unreleased};
+use crate::core::sync::reserve::{KeepAlive, Recorded, Request, note_unreleased};
 use crate::error::{Error, Result};
 use crate::io::decision_log::{LogContents, Record};
 use crate::io::kv_source::KvFollower;
@@ -211,10 +211,6 @@ pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
     note_unreleased(made, lines);
 }
 
-/// How often the reservations' lease is kept alive: well within its 15 minutes, and soon
-/// enough after an outage to find a lease that expired meanwhile.
-const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
-
 /// Batches the channel to the writer holds: the one in flight (the queue sends the next
 /// only once it is answered) and the last one at the release.
 const BATCHES_IN_FLIGHT: usize = 2;
@@ -245,18 +241,23 @@ impl ReservationTask {
         let (requests, mut rx) = mpsc::channel::<Vec<Request>>(BATCHES_IN_FLIGHT);
         let (reply_tx, replies) = mpsc::channel::<Reply>(REPLIES_READY);
         let task = tokio::spawn(async move {
-            let mut keep_alive = tokio::time::interval(KEEP_ALIVE_EVERY);
-            // A long batch delays the next keep-alive; missed ones are not made up in a burst.
-            keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            keep_alive.tick().await;
+            // Core's schedule, which the simulation keeps too.
+            let mut keep_alive = KeepAlive::from(std::time::Instant::now());
             loop {
+                let at = tokio::time::Instant::from_std(keep_alive.next());
                 let reply = tokio::select! {
                     batch = rx.recv() => match batch {
                         // The loop is gone (the sync ended): the reservations go back.
                         None => return r,
                         Some(batch) => Some(r.writer.handle(batch, &mut r.io).await),
                     },
-                    _ = keep_alive.tick() => r.writer.tick(&mut r.io).await,
+                    () = tokio::time::sleep_until(at) => {
+                        if keep_alive.due(std::time::Instant::now()) {
+                            r.writer.tick(&mut r.io).await
+                        } else {
+                            None
+                        }
+                    }
                 };
                 if let Some(reply) = reply {
                     // The loop takes replies as they come; gone, it asks for nothing more.

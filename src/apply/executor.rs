@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
 use super::ratelimit::RateLimiter;
 use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
+use crate::core::lease::write_held_back;
 use crate::core::planner::{Op, OpKind};
 use crate::error::Result;
 use crate::io::decision_log::{DecisionLog, Record};
@@ -85,7 +86,13 @@ impl StopFlag {
         self.0.store(true, Ordering::SeqCst);
     }
     pub fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst) || self.1.as_ref().is_some_and(|g| !g.open())
+        self.held_back().is_some()
+    }
+
+    /// Why no new write may start now, if none may (core's rule and words).
+    pub fn held_back(&self) -> Option<&'static str> {
+        let gate_open = self.1.as_ref().map(WriteGate::open);
+        write_held_back(self.0.load(Ordering::SeqCst), gate_open)
     }
 }
 
@@ -242,8 +249,8 @@ impl Ctx<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if report.stopped.is_none() && self.stop.is_stopped() {
-            report.stopped = Some("stopped by the operator".into());
+        if report.stopped.is_none() {
+            report.stopped = self.stop.held_back().map(str::to_string);
         }
         report.elapsed_ms = started.elapsed().as_millis();
         tracing::info!(

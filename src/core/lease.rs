@@ -193,6 +193,20 @@ impl Elector {
     }
 }
 
+/// Why a write may not start now, if it may not: a stop asked for (the operator's), or the
+/// one-writer Lease's gate shut (`gate_open`: `None` where no gate applies, as in apply).
+/// Checked before every create, by the executor (`StopFlag`) and by the simulation's
+/// batches alike, so a batch cut short says the same in both.
+pub fn write_held_back(stop_asked: bool, gate_open: Option<bool>) -> Option<&'static str> {
+    if stop_asked {
+        Some("stopped by the operator")
+    } else if gate_open == Some(false) {
+        Some("the one-writer Lease's gate shut: this sync may not write now")
+    } else {
+        None
+    }
+}
+
 pub mod keeper;
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::core::planner::decision::DecidedBy;
 use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
 use crate::core::range::MaxConnectedClusters;
 use crate::core::server_said::ServerSaid;
-use crate::core::verify::Expectations;
+use crate::core::verify::{Expectations, Logged};
 use crate::error::{Error, Result};
 
 /// One line of the log.
@@ -60,6 +60,20 @@ pub struct Record {
 }
 
 impl Record {
+    /// What this line says of its identity, as verify reads it.
+    pub fn logged(&self) -> Logged<'_> {
+        Logged {
+            id: &self.id,
+            labels: &self.labels,
+            kind: self.kind,
+            outcome: self.outcome,
+            target: self.target_id,
+            step: self.step(),
+            by_switch_prepare: self.decided_by.as_deref()
+                == Some(DecidedBy::SwitchPrepare.as_str()),
+        }
+    }
+
     /// A line about identity `id` (the time and operator are filled in on append).
     pub fn new(
         id: &str,
@@ -501,57 +515,9 @@ pub fn read_from(r: impl BufRead) -> std::io::Result<LogContents> {
     Ok(out)
 }
 
-/// Folds one record into what `verify` expects: the latest serving or skip per id (its
-/// target and labels), and the ids a rollback deleted and nothing served again since.
+/// Folds one record into what `verify` expects (core's one reading of a line).
 fn expect(e: &mut Expectations, r: &Record) {
-    // What switch-prepare made serves pods, not a kvstore identity: nothing to expect of it.
-    if r.decided_by.as_deref() == Some(DecidedBy::SwitchPrepare.as_str()) {
-        return;
-    }
-    if r.outcome.is_none() {
-        expect_decided(e, r);
-        return;
-    }
-    match r.outcome {
-        Some(o) if o.is_serving() => {
-            e.mappings.insert(r.id.clone(), r.target_id);
-            e.mapped_labels.insert(r.id.clone(), r.labels.clone());
-            e.rolled_back.remove(&r.id);
-            let own = r.target_id.is_some_and(|t| t.to_string() == r.id);
-            if r.kind == Kind::Duplicate && own && r.step().is_some() {
-                e.duplicates_decided.insert(r.id.clone(), r.labels.clone());
-            }
-        }
-        Some(Outcome::Skipped) => {
-            e.mappings.insert(r.id.clone(), None);
-            e.mapped_labels.insert(r.id.clone(), r.labels.clone());
-        }
-        Some(Outcome::Deleted | Outcome::AlreadyGone) => {
-            e.rolled_back.insert(r.id.clone());
-        }
-        _ => {}
-    }
-}
-
-/// A person's decision with no outcome (sync's decisions file, the TUI, a plan's skip before
-/// its outcome): a skip is expected nowhere, whether or not a write ever follows, and an undo
-/// or a later decision takes back a skip. Any other decision waits for its outcome line:
-/// until something is written, the identity is expected where it was.
-fn expect_decided(e: &mut Expectations, r: &Record) {
-    let skipped = |e: &Expectations| e.mappings.get(&r.id) == Some(&None);
-    match r.step() {
-        Some(LogStep::Decide(d)) if d.action == crate::core::planner::Action::Skip => {
-            e.mappings.insert(r.id.clone(), None);
-            e.mapped_labels.insert(r.id.clone(), r.labels.clone());
-        }
-        Some(LogStep::Decide(_) | LogStep::Undo { .. } | LogStep::Undecided { .. })
-            if skipped(e) =>
-        {
-            e.mappings.remove(&r.id);
-            e.mapped_labels.remove(&r.id);
-        }
-        _ => {}
-    }
+    e.fold(r.logged());
 }
 
 /// What `verify` expects from the log at `path`, folded line by line as `read` reads it

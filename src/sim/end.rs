@@ -91,7 +91,7 @@ impl Sim {
                 LogLine::Undo { id }
                 | LogLine::Write { id, .. }
                 | LogLine::Refused { id }
-                | LogLine::Moot { id } => *id == d.id,
+                | LogLine::Moot { id, .. } => *id == d.id,
                 LogLine::Outcome { id, .. } => *id == d.id,
                 _ => false,
             });
@@ -122,6 +122,7 @@ impl Sim {
             self.deliver()?;
         }
         self.quiet = true;
+        self.world.quiet = true;
         self.faults = Faults::default();
         self.renewals_fail.iter_mut().for_each(|f| *f = false);
         self.all_reserved()?;

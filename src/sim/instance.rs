@@ -12,14 +12,14 @@ use super::reserver::SimReservations;
 use super::world::World;
 use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
-use crate::core::lease::Elector;
+use crate::core::lease::{Elector, write_held_back};
 use crate::core::outcome::Outcome;
 use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
-use crate::core::sync::failure::{self, Fault, Path, Then};
+
 use crate::core::sync::machine::{Input, K8sChange, KvWatchEvent, LeaseHolder, Settings};
-use crate::core::sync::shell::{self, Refusal, RoundEnd, Shell, Turn};
+use crate::core::sync::shell::{self, AfterFailure, Failed, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::{BatchOutcome, CutoverWait};
 use crate::core::verify::{Expectations, verify};
 
@@ -88,15 +88,16 @@ impl Clock {
 
 impl Instance {
     /// An instance started (or restarted) on the world, resuming the decisions in `log`
-    /// and taking over the reservations it records.
+    /// and taking over the reservations it records; `release_on_stop`:
+    /// `--release-reservations`.
     pub fn start(
         idx: usize,
-        settings: Settings,
+        (settings, release_on_stop): (Settings, bool),
         log: &mut Vec<LogLine>,
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Result<Self, Failure> {
-        let shell = Shell::new(settings, decisions_in_force(log), false);
+        let shell = Shell::new(settings, decisions_in_force(log), release_on_stop);
         let mut i = Instance {
             idx,
             shell,
@@ -145,7 +146,7 @@ impl Instance {
         first: bool,
     ) -> Result<(), Failure> {
         let (k8s, k8s_rv) = world.k8s_list();
-        if rng.chance(0.2) {
+        if !world.quiet && rng.chance(0.2) {
             // Between the two reads: an identity both GCs take, or an allocation.
             if let Some(id) = world.both_gcs(rng) {
                 trace.line(
@@ -176,7 +177,7 @@ impl Instance {
         self.k8s_expired = false;
         self.verify = None;
         if self.shell.wants_writer() {
-            self.reserver = Some(SimReservations::start(world));
+            self.reserver = Some(SimReservations::start(world, clock.at(world.now)));
             self.shell.writer_started(unreleased(log));
         }
         let now = clock.at(world.now);
@@ -298,8 +299,8 @@ impl Instance {
         if !self.unread || world.now < self.read_at {
             return Ok(());
         }
-        if let Some(fault) = faults.on_read() {
-            return self.read_failed(world.now, fault, trace);
+        if let Some(failed) = faults.on_read() {
+            return self.read_failed(world.now, failed, trace);
         }
         self.unread = false;
         self.read_backoff.reset();
@@ -310,34 +311,31 @@ impl Instance {
         Ok(())
     }
 
-    /// A round's read failed with `fault`, judged by `failure`'s rules as the binary's read
-    /// is: an outage is tried again after the backoff's wait; a refusal ends sync.
+    /// A round's read failed, judged by the shell as the binary's read is
+    /// (`Shell::failed`): an outage is tried again after the backoff's wait; a refusal
+    /// ends sync.
     fn read_failed(
         &mut self,
         now: Duration,
-        fault: Fault,
+        failed: Failed,
         trace: &mut Trace,
     ) -> Result<(), Failure> {
-        let i = self.idx;
-        match failure::then(Path::K8sList, fault) {
-            Then::Retry if fault.refused => Err(Failure::new(
+        let (i, refused) = (self.idx, failed.fault.refused);
+        match self.shell.failed(failed) {
+            AfterFailure::Retry { .. } if refused => Err(Failure::new(
                 "a refused read ends sync (exit 2, naming what to grant)",
-                format!("i{i}: the rules try a refused list again"),
+                format!("i{i}: the shell tries a refused read again"),
             )),
-            Then::Retry => {
+            AfterFailure::Retry { .. } => {
                 self.read_at = now + self.read_backoff.failed();
                 Ok(())
             }
-            Then::End if !fault.refused => Err(Failure::new(
+            AfterFailure::End(_) if !refused => Err(Failure::new(
                 "an outage is ridden out",
-                format!("i{i}: the rules end sync on a failed read"),
+                format!("i{i}: the shell ends sync on a failed read"),
             )),
-            Then::End => {
-                self.refused(
-                    "the list of CiliumIdentities refused: 403 Forbidden".into(),
-                    now,
-                    trace,
-                );
+            AfterFailure::End(refusal) => {
+                self.refused(said(refusal), now, trace);
                 Ok(())
             }
         }
@@ -346,6 +344,16 @@ impl Instance {
     /// Whether the batch in flight had its decision lines written.
     pub fn batch_logged(&self) -> bool {
         !self.batch_unlogged
+    }
+
+    /// A watch was cut off: the binary's task watches again from where it was, and says
+    /// so once it is connected again.
+    pub fn watch_cut(&mut self, kvstore: bool) {
+        if kvstore {
+            self.kv_connected = false;
+        } else {
+            self.k8s_connected = false;
+        }
     }
 
     /// Whether both of its watches are up (the status tick's `watching`).
@@ -460,11 +468,11 @@ impl Instance {
                     }
                 }
                 self.shell.end_round();
-                if let Some(fault) = faults.on_read() {
+                if let Some(failed) = faults.on_read() {
                     // The read fails; the binary waits and reads again, or ends.
                     trace.line(world.now, format!("i{i} cannot read both sides"));
                     self.unread = true;
-                    return self.read_failed(world.now, fault, trace);
+                    return self.read_failed(world.now, failed, trace);
                 }
                 self.fresh_round(world, log, (clock, rng, trace), false)
             }
@@ -589,10 +597,12 @@ impl Instance {
             let Some(target) = op.target_id else {
                 continue;
             };
-            // As the executor does: no create starts unless the gate is open at that moment
-            // (the rest of the batch is halted, tried again later).
-            if halted.is_some() || !world.lease_valid(i) {
-                halted.get_or_insert_with(|| "the lease's write gate closed".to_string());
+            // The executor's rule (core's): no create starts unless the gate is open at that
+            // moment (the rest of the batch is halted, tried again later).
+            if halted.is_none() {
+                halted = write_held_back(false, Some(world.lease_valid(i))).map(str::to_string);
+            }
+            if halted.is_some() {
                 results.push((target, Outcome::NotAttempted));
                 continue;
             }
@@ -609,6 +619,7 @@ impl Instance {
                 log.push(LogLine::Outcome {
                     id: op.id.clone(),
                     labels: op.label_key.to_string(),
+                    kind: op.kind,
                     target: Some(target),
                 });
             }
@@ -625,19 +636,10 @@ impl Instance {
         log: &[LogLine],
     ) -> Option<Result<(), CutoverWait>> {
         let (reused, nowhere) = self.verify.take()?;
+        // Read as the binary reads its decision log: core's one fold of a line.
         let mut expect = Expectations::default();
-        // As the decision log's reader does: outcomes count, decisions do not.
-        for l in log {
-            match l {
-                LogLine::Outcome { id, labels, target } => {
-                    expect.mappings.insert(id.clone(), *target);
-                    expect.mapped_labels.insert(id.clone(), labels.clone());
-                }
-                LogLine::Moot { id } => {
-                    expect.mappings.insert(id.clone(), None);
-                }
-                _ => {}
-            }
+        for line in log.iter().filter_map(LogLine::logged) {
+            expect.fold(line);
         }
         let expect = crate::core::sync::machine::cutover_expectations(expect, &reused, &nowhere);
         let masters: Vec<MasterEntry> = world
@@ -667,13 +669,14 @@ fn said(refusal: Refusal) -> String {
     match refusal {
         Refusal::Create(why) => format!("a create refused: {why}"),
         Refusal::Lease(why) => format!("the Lease refused: {why}"),
+        Refusal::Read { doing, error, .. } => format!("{doing} refused: {error}"),
     }
 }
 
 mod io;
 mod shadow;
 
-pub use io::{Faults, KV_VIEW_LAG_RIDDEN_OUT, RANGE, SimIo};
+pub use io::{Faults, KV_VIEW_LAG_RIDDEN_OUT, RANGE, SimIo, failed};
 use shadow::Shadow;
 
 impl Instance {

@@ -4,8 +4,11 @@
 use crate::core::labels::LabelKey;
 use std::collections::BTreeMap;
 
+use crate::core::outcome::Outcome;
+use crate::core::planner::Kind;
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::core::sync::reserve::{Recorded, Unreleased, note_unreleased};
+use crate::core::verify::Logged;
 
 /// A line of an instance's decision log (it outlives a crash).
 #[derive(Debug, Clone)]
@@ -25,14 +28,18 @@ pub enum LogLine {
         target: u32,
     },
     /// What became of an identity: serving at `target`, or skipped (`None`; malformed
-    /// entries, closed as moot).
+    /// entries).
     Outcome {
         id: String,
         labels: String,
+        kind: Kind,
         target: Option<u32>,
     },
+    /// A conflict closed as moot (skipped, as the binary records it).
     Moot {
         id: String,
+        labels: String,
+        kind: Kind,
     },
     /// A reservation's write announced (`reserving`), before it is made.
     Reserving {
@@ -49,6 +56,62 @@ pub enum LogLine {
     Released {
         id: u32,
     },
+}
+
+impl LogLine {
+    /// What the line says of its identity, as verify reads a decision log's line (core's
+    /// one reading, `Expectations::fold`): the cutover check expects what the binary's does.
+    pub fn logged(&self) -> Option<Logged<'_>> {
+        let line = |id, labels, kind, outcome, target, step| Logged {
+            id,
+            labels,
+            kind,
+            outcome,
+            target,
+            step,
+            by_switch_prepare: false,
+        };
+        Some(match self {
+            // A person's decision, written before anything is done about it.
+            LogLine::Decision(d) => line(
+                &d.id,
+                &d.labels,
+                Kind::Remap,
+                None,
+                d.target_id,
+                Some(LogStep::Decide(d.clone())),
+            ),
+            LogLine::Undo { id } => line(
+                id,
+                "",
+                Kind::Remap,
+                None,
+                None,
+                Some(LogStep::Undecided { id: id.clone() }),
+            ),
+            LogLine::Outcome {
+                id,
+                labels,
+                kind,
+                target,
+            } => {
+                let outcome = match target {
+                    Some(_) => Outcome::Created,
+                    None => Outcome::Skipped,
+                };
+                line(id, labels, *kind, Some(outcome), *target, None)
+            }
+            LogLine::Moot { id, labels, kind } => {
+                line(id, labels, *kind, Some(Outcome::Skipped), None, None)
+            }
+            // A rule's lines and the kvstore's: no decision, no outcome.
+            LogLine::Refused { .. }
+            | LogLine::Write { .. }
+            | LogLine::Reserving { .. }
+            | LogLine::Reserved { .. }
+            | LogLine::Released { .. } => return None,
+        })
+    }
 }
 
 /// The decisions in force after replaying `log`'s decisions and undos, as a restart (and

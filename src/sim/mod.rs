@@ -35,9 +35,10 @@ use crate::core::lease::Writer as Elected;
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::BatchOutcome;
+use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::{RETRY_AFTER_FAILURE, Reply};
-use crate::core::sync::shell::Turn;
+use crate::core::sync::shell::{Failed, Turn};
 use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
 use reserver::SimKv;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
@@ -70,6 +71,8 @@ struct Sim {
     instances: Vec<Instance>,
     logs: Vec<Vec<LogLine>>,
     settings: Settings,
+    /// `--release-reservations`.
+    release_on_stop: bool,
     clock: Clock,
     trace: Trace,
     faults: Faults,
@@ -120,6 +123,8 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         cutover_grace: GRACE,
         lease: "kube-system/cilium-idmig-sync".into(),
     };
+    // `--release-reservations`: a clean stop releases, as cutover does.
+    let release_on_stop = settings.reserve_in_kvstore && rng.chance(0.5);
     let mut world = World::new(nodes);
     world.gates = vec![None; instances];
     let mut logs = vec![Vec::new(); instances];
@@ -128,7 +133,8 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
     let started: Result<Vec<Instance>, Failure> = (0..instances)
         .map(|i| {
             let ctx = (&clock, &mut rng, &mut trace);
-            Instance::start(i, settings.clone(), &mut logs[i], &mut world, ctx)
+            let how = (settings.clone(), release_on_stop);
+            Instance::start(i, how, &mut logs[i], &mut world, ctx)
         })
         .collect();
     let started = match started {
@@ -154,6 +160,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         world,
         logs,
         settings,
+        release_on_stop,
         clock,
         trace,
         faults: Faults {
@@ -170,8 +177,8 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
     sim.trace.line(
         Duration::ZERO,
         format!(
-            "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}",
-            sim.settings.accept_proposals, sim.settings.reserve_in_kvstore
+            "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}, release at a stop {}",
+            sim.settings.accept_proposals, sim.settings.reserve_in_kvstore, sim.release_on_stop
         ),
     );
     let mut done = 0;
@@ -223,6 +230,33 @@ impl Sim {
         }
     }
 
+    /// Instance `i`'s watch failed: handed to its shell as the binary's watch task hands
+    /// it, which ends sync on a refusal and rides anything else out.
+    fn watch_failed(&mut self, i: usize, f: Failed) -> Result<(), Failure> {
+        if self.instances[i].ended {
+            return Ok(());
+        }
+        let refused = f.fault.refused;
+        self.trace
+            .line(self.world.now, format!("i{i} {}: {}", f.doing, f.error));
+        if !refused {
+            self.instances[i].watch_cut(f.path == Path::KvWatch);
+        }
+        let ends = self.refusal_ends;
+        self.feed(i, Turn::Failed(f))?;
+        match (refused, self.refusal_ends > ends) {
+            (true, false) => Err(Failure::new(
+                "a refused watch ends sync (exit 2, naming what to grant)",
+                format!("i{i} goes on after its watch was refused"),
+            )),
+            (false, true) => Err(Failure::new(
+                "an outage is ridden out",
+                format!("i{i} ended on a watch cut off"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Instance `i`'s keeper was refused the Lease: told to its shell as the binary tells
     /// it, which must end sync.
     fn lease_refused(&mut self, i: usize, why: String) -> Result<(), Failure> {
@@ -253,6 +287,8 @@ impl Sim {
         self.faults.creates_refused = false;
         self.faults.lease_refused = false;
         self.faults.lists_refused = false;
+        self.faults.watches_refused = false;
+        self.faults.kv_reads_refused = false;
         self.trace.line(
             self.world.now,
             format!(
@@ -364,12 +400,15 @@ impl Sim {
             95..=96 => self.reservations_done(i),
             94 => {
                 if self.rng.chance(0.1) {
-                    // A rule of sync's ClusterRole (create, list), or of its Lease Role,
-                    // taken away; granted again when a sync ends on it.
-                    match self.rng.below(3) {
+                    // A rule of sync's ClusterRole (create, list, watch), of its Lease
+                    // Role, or its etcd role's read of the prefix, taken away; granted again
+                    // when a sync ends on it.
+                    match self.rng.below(5) {
                         0 => self.faults.creates_refused = true,
                         1 => self.faults.lease_refused = true,
-                        _ => self.faults.lists_refused = true,
+                        2 => self.faults.lists_refused = true,
+                        3 => self.faults.watches_refused = true,
+                        _ => self.faults.kv_reads_refused = true,
                     }
                 } else if self.rng.chance(0.5) {
                     self.faults.server_down = !self.faults.server_down;
@@ -401,6 +440,18 @@ impl Sim {
         if !self.instances[i].alive || self.instances[i].unread() {
             return Ok(());
         }
+        if !self.quiet && self.rng.chance(0.02) {
+            // The watch is cut off (a leader change, a stalled member): said, watched again
+            // from the same revision, never the end of sync.
+            let error = "etcdserver: leader changed";
+            let f = instance::failed(
+                Path::KvWatch,
+                Fault::outage(),
+                "watching the kvstore",
+                error,
+            );
+            return self.watch_failed(i, f);
+        }
         let n = 1 + self.rng.below(4) as usize;
         let ev = self.instances[i].next_kv(&self.world, n);
         self.feed(i, Turn::Input(Input::Kv(ev)))
@@ -409,6 +460,9 @@ impl Sim {
     fn deliver_k8s(&mut self, i: usize) -> Result<(), Failure> {
         if !self.instances[i].alive || self.instances[i].unread() {
             return Ok(());
+        }
+        if let Some(f) = self.faults.on_k8s_watch(&mut self.rng) {
+            return self.watch_failed(i, f);
         }
         let ch = self.instances[i].next_k8s(&self.world);
         self.feed(i, Turn::Input(Input::K8s(ch)))
@@ -544,8 +598,17 @@ impl Sim {
         self.owed[i].turn(i, excuse, unreserved)
     }
 
-    /// The keep-alive of instance `i`'s reservation lease (and what it left undone).
+    /// The keep-alive of instance `i`'s reservation lease (and what it left undone), when
+    /// core's schedule says it is due, as in the binary's writer task.
     fn keep_reservations_alive(&mut self, i: usize) -> Result<(), Failure> {
+        let now = self.clock.at(self.world.now);
+        let due = self.instances[i]
+            .reserver
+            .as_mut()
+            .is_some_and(|r| r.keep_alive_due(now));
+        if !due {
+            return Ok(());
+        }
         let reply = self.with_writer(i, |res, w| res.tick(w)).transpose()?;
         self.answer(i, reply.flatten().into_iter().collect())
     }
@@ -763,6 +826,26 @@ impl Sim {
         }
         let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
         self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
+        // As the binary's end: with `--release-reservations`, a stop that ended cleanly
+        // while holding the Lease releases, as cutover does (the shell says whether): the
+        // writer finishes what it was sent, then releases, checked as cutover's release is.
+        let inst = &mut self.instances[i];
+        let holding = inst.told == LeaseHolder::Us && self.world.lease_valid(i);
+        let release = match inst.refused_end {
+            None => inst.shell.release_at_stop(holding),
+            Some(_) => None,
+        };
+        if let Some(requests) = release {
+            if let Some(res) = inst.reserver.as_mut() {
+                res.send(requests);
+            }
+            self.reservations_done(i)?;
+            let now = self.world.now;
+            self.trace
+                .line(now, format!("i{i} releases its reservations at its stop"));
+            self.with_writer(i, |res, w| res.release(i, w))
+                .transpose()?;
+        }
         let gave_up = self.give_lease_up(i)?;
         self.trace.line(
             self.world.now,
@@ -788,7 +871,7 @@ impl Sim {
         let ctx = (&self.clock, &mut self.rng, &mut self.trace);
         let restarted = Instance::start(
             i,
-            self.settings.clone(),
+            (self.settings.clone(), self.release_on_stop),
             &mut self.logs[i],
             &mut self.world,
             ctx,

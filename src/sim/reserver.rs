@@ -8,6 +8,7 @@
 //! as written, and everything this instance held is released at cutover.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use super::log::{LogLine, unreleased};
 use super::report::Failure;
@@ -17,7 +18,7 @@ use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::rng::Rng;
 use crate::core::sync::reserve::writer::{KvWrites, Released, Reserved, WriteLine, Writer};
-use crate::core::sync::reserve::{Reply, Request};
+use crate::core::sync::reserve::{KeepAlive, Reply, Request};
 
 /// One instance's reservations: the writer (core's) and the requests the loop sent it.
 #[derive(Debug)]
@@ -27,6 +28,8 @@ pub struct SimReservations {
     inbox: VecDeque<Vec<Request>>,
     /// Released at cutover: nothing more is written.
     pub released: bool,
+    /// When its lease is kept alive: core's schedule, as the binary's writer keeps it.
+    keep_alive: KeepAlive,
     /// What it did in etcd since the trace last took it.
     pub done: Vec<String>,
 }
@@ -188,14 +191,21 @@ impl KvWrites for SimKv<'_> {
 
 impl SimReservations {
     /// Starts with a lease of its own (`Reservations::start`).
-    pub fn start(world: &mut World) -> Self {
+    /// A writer started at `now` on a lease of its own.
+    pub fn start(world: &mut World, now: Instant) -> Self {
         let lease = world.res_grant();
         SimReservations {
             writer: Writer::new(lease),
             inbox: VecDeque::new(),
             released: false,
+            keep_alive: KeepAlive::from(now),
             done: Vec::new(),
         }
+    }
+
+    /// Whether its keep-alive is due at `now` (`KeepAlive::due`).
+    pub fn keep_alive_due(&mut self, now: Instant) -> bool {
+        !self.released && self.keep_alive.due(now)
     }
 
     /// A batch the shell's queue asks for, into the writer's inbox.

@@ -53,7 +53,7 @@ fn a_sync_that_never_reserves_fails_the_simulation() {
     assert_eq!(
         failed.len(),
         reserving.len(),
-        "every seed that reserves fails: {failed:?}"
+        "every seed that reserves ({reserving:?}) fails: {failed:?}"
     );
     assert!(
         failed

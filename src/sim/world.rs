@@ -16,6 +16,7 @@ use crate::core::lease::LeaseRecord;
 use crate::core::lease::keeper::LeaseError;
 use crate::core::rng::Rng;
 use crate::core::sync::machine::K8sChange;
+use crate::core::sync::reserve::writer::LEASE_TTL_SECS;
 use crate::core::sync::{KvChange, SyncState};
 
 /// The ids agents allocate from: narrow, so the two sides collide as they do in a real
@@ -53,9 +54,9 @@ pub enum ResWrite {
     LeaseGone,
 }
 
-/// How long sync's reservation lease outlives its last keep-alive (15 minutes in etcd; a
-/// minute here, so a crashed sync's keys lapse within a run).
-pub const RESERVATION_TTL: Duration = Duration::from_secs(60);
+/// How long sync's reservation lease outlives its last keep-alive: the TTL the writer asks
+/// etcd for (15 minutes), so the simulation keeps the binary's lease and cadence.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(LEASE_TTL_SECS as u64);
 
 /// The name instance `i` holds the Lease under.
 pub fn lease_identity(i: usize) -> String {
@@ -80,6 +81,8 @@ pub struct World {
     next_res_lease: i64,
     /// Reservation leases that lapsed (not kept alive within their TTL).
     pub res_lapsed: usize,
+    /// The rollout's quiet end: no chaos (no GC between an instance's two reads).
+    pub quiet: bool,
     /// The lease each reservation `value/` key (by labels) is on.
     pub res_value_lease: BTreeMap<String, i64>,
     /// `value/<labels>/<node>` -> (id, revision it was created at).

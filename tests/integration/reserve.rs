@@ -507,3 +507,44 @@ async fn a_release_keeps_a_reservation_a_node_uses_checked_in_the_delete_itself(
     assert_eq!(gone, Released::Deleted);
     assert!(c.get(master.as_str(), None).await.unwrap().kvs().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it() {
+    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
+    use cilium_idmig::io::lease::LeaseApi;
+    let w = World::new(SandboxConfig::default()).await;
+    // Another sync (another host) holds the one-writer Lease.
+    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
+    let opts = LeaseOptions::default();
+    let other = LeaseKeeper::start(
+        LeaseApi::new(&target, &opts.namespace, &opts.name),
+        opts.clone(),
+        "another-host:sync.jsonl".into(),
+    );
+    let mut writer = other.writer.clone();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        writer.wait_for(|w| *w == Writer::Us),
+    )
+    .await
+    .expect("the other sync takes the lease")
+    .unwrap();
+    seed_kvstore_node_and_crd_object(&w).await;
+    let master = format!("{P}/id/4000");
+    let s = Sync::start(&w, &["--reserve-in-kvstore"]);
+    s.wait_for_line("is held by another-host:sync.jsonl", 15)
+        .await;
+    // Many settles and writer turns later, the standby has written nothing to etcd.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(lease_of(&w, &master).await, None, "a standby reserved 4000");
+    let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
+    assert!(!log.contains("reserve-in-kvstore"), "{log}");
+    // The other gives the Lease up: this sync takes it and reserves at once.
+    other.release().await;
+    until(20, "4000 reserved once the lease is taken", &s, || async {
+        lease_of(&w, &master).await.is_some()
+    })
+    .await;
+    let (code, text) = s.stop().await;
+    assert_eq!(code, 0, "{text}");
+}

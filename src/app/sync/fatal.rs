@@ -4,7 +4,8 @@
 
 use crate::apply::outcome::ApplyReport;
 use crate::core::sync::BatchOutcome;
-use crate::core::sync::failure::{self, Fault, Path, Then};
+use crate::core::sync::failure::{Fault, Path};
+use crate::core::sync::shell::Failed;
 use crate::error::{Error, Result};
 use crate::io::k8s::RequestError;
 use crate::io::refusal::{refusal_code, refused_by_server};
@@ -33,14 +34,25 @@ pub fn request_fault(e: &RequestError, old_token: bool) -> Fault {
     }
 }
 
-/// What sync does after `e`, met on `path` doing `what`: `Ok` with the trouble to tell
-/// before trying again, or `Err` with the error sync ends with.
-pub fn after(path: Path, what: &str, e: Error) -> std::result::Result<String, Error> {
-    let f = fault(path, &e);
-    match failure::then(path, f) {
-        Then::Retry => Ok(e.to_string()),
-        Then::End if f.refused => Err(refused(what, &e.to_string())),
-        Then::End => Err(e),
+/// `e`, met on `path` doing `what`, for the shell to judge (`Shell::failed`); `trouble`
+/// turns the error's words into what is said when it is ridden out.
+pub fn failed(path: Path, what: &str, e: &Error, trouble: impl FnOnce(String) -> String) -> Failed {
+    Failed {
+        path,
+        fault: fault(path, e),
+        doing: what.to_string(),
+        error: e.to_string(),
+        trouble: trouble(e.to_string()),
+    }
+}
+
+/// The error sync ends with on a read or a watch the shell ended it on: a refusal names
+/// what to grant; configuration is said as it is.
+pub fn read_refused(fault: Fault, doing: &str, error: &str) -> Error {
+    if fault.refused {
+        refused(doing, error)
+    } else {
+        Error::Config(error.to_string())
     }
 }
 

@@ -40,7 +40,7 @@ use crate::core::planner::resume::LoggedDecision;
 use crate::core::sync::failure::Path;
 pub use crate::core::sync::machine::{CutoverReport, SyncEnd};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings};
-use crate::core::sync::shell::{self, Refusal, RoundEnd, Shell, Turn};
+use crate::core::sync::shell::{self, AfterFailure, Failed, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::{CutoverWait, SyncState};
 use crate::error::{Error, Result};
 use crate::io::etcd::KvWatchEvent;
@@ -243,6 +243,19 @@ struct Sync {
     heard_from: crate::io::k8s::Mark,
 }
 
+/// The error sync ends with on a refusal the shell ended it on (exit 2).
+fn ended_on(opts: &SyncOptions, refusal: Refusal) -> Error {
+    match refusal {
+        Refusal::Create(why) => fatal::refused("creating a CiliumIdentity", &why),
+        Refusal::Lease(why) => lease_refused(opts, &why),
+        Refusal::Read {
+            fault,
+            doing,
+            error,
+        } => fatal::read_refused(fault, &doing, &error),
+    }
+}
+
 /// Why a round could not start.
 enum Retry {
     /// Waiting will not fix it (no endpoints, an unreadable certificate, a refused write).
@@ -261,8 +274,8 @@ enum Ended {
 /// One round: from a read of both sides, following both watches, until a stop, cutover,
 /// or a compaction. It holds the channels; what to do is the shell's.
 struct Round {
-    /// A refusal a watch task met: sync ends.
-    fatal_rx: mpsc::Receiver<Error>,
+    /// What a watch task met: the shell judges whether sync ends.
+    failed_rx: mpsc::Receiver<Failed>,
     kv_rx: mpsc::Receiver<KvWatchEvent>,
     k8s_rx: mpsc::Receiver<K8sChange>,
     watches: [tokio::task::JoinHandle<()>; 2],
@@ -277,7 +290,7 @@ struct Round {
 enum Interrupt {
     /// A watch task ended.
     WatchLost(&'static str),
-    /// A refusal (a watch's, a write's, the Lease's): sync ends.
+    /// The reservation writer's task is gone: sync ends.
     Fatal(Error),
 }
 
@@ -325,10 +338,7 @@ impl Sync {
                     return Ok(*end);
                 }
                 Ended::Shell(RoundEnd::Refused(refusal)) => {
-                    let refused = match refusal {
-                        Refusal::Create(why) => fatal::refused("creating a CiliumIdentity", &why),
-                        Refusal::Lease(why) => lease_refused(&self.opts, &why),
-                    };
+                    let refused = ended_on(&self.opts, refusal);
                     return self.end(Some(refused)).await;
                 }
             }
@@ -339,11 +349,19 @@ impl Sync {
     /// `--release-reservations`, while holding the Lease), a release in flight waited for,
     /// the Lease given back; `error` returned if there is one.
     async fn end(mut self, error: Option<Error>) -> Result<SyncEnd> {
+        // What the writer is still to be sent before it releases, if it releases (the
+        // shell's word, as in the simulation).
+        let release = match error {
+            None => self.shell.release_at_stop(self.lease.holding()),
+            Some(_) => None,
+        };
         let ended = self.shell.end_now();
-        let release = error.is_none() && self.shell.release_on_stop(self.lease.holding());
         if let Some(task) = self.reservations.take() {
+            if let Some(requests) = release.as_ref().filter(|r| !r.is_empty()) {
+                task.send(requests.clone());
+            }
             let kept = task.finish(shell::FINISH_WAIT).await;
-            if release {
+            if release.is_some() {
                 io::release(kept, &self.events).await;
             }
         }
@@ -367,24 +385,20 @@ impl Sync {
     /// watches from where each read was.
     async fn start_round(&mut self) -> std::result::Result<Round, Retry> {
         let (cfg, prefix) = (self.cfg.clone(), self.cfg.kv.prefix());
-        let retry = |path: Path, what: &str, e: Error| match fatal::after(path, what, e) {
-            Ok(trouble) => Retry::After(trouble),
-            Err(end) => Retry::Fatal(end),
-        };
         let conn = cfg
             .kv
             .follower()
             .await
-            .map_err(|e| retry(Path::KvRead, "connecting to the kvstore", e))?;
+            .map_err(|e| self.judged(Path::KvRead, "connecting to the kvstore", &e))?;
         let listed = cfg
             .target
             .list_identities(ReadMode::Cache, None)
             .await
-            .map_err(|e| retry(Path::K8sList, "listing ciliumidentities.cilium.io", e))?;
+            .map_err(|e| self.judged(Path::K8sList, "listing ciliumidentities.cilium.io", &e))?;
         let snap = conn
             .read_snapshot(&prefix)
             .await
-            .map_err(|e| retry(Path::KvRead, "reading the kvstore", e))?;
+            .map_err(|e| self.judged(Path::KvRead, "reading the kvstore", &e))?;
         if self.shell.wants_writer() {
             self.start_writer(&conn, &prefix).await?;
         }
@@ -407,23 +421,23 @@ impl Sync {
         self.say(said);
         let (kv_tx, kv_rx) = mpsc::channel::<KvWatchEvent>(256);
         let (k8s_tx, k8s_rx) = mpsc::channel::<K8sChange>(1024);
-        let (fatal_tx, fatal_rx) = mpsc::channel(2);
+        let (failed_tx, failed_rx) = mpsc::channel(4);
         let kv_watch = tokio::spawn(watch::follow_kvstore(
             (conn, prefix),
             kv_revision,
             kv_tx,
-            (self.metrics.clone(), self.events.clone()),
-            fatal_tx.clone(),
+            self.metrics.clone(),
+            failed_tx.clone(),
         ));
         let k8s_watch = tokio::spawn(watch::follow_kubernetes(
             cfg.clone(),
             k8s_version,
             k8s_tx,
-            (self.metrics.clone(), self.events.clone()),
-            fatal_tx,
+            self.metrics.clone(),
+            failed_tx,
         ));
         Ok(Round {
-            fatal_rx,
+            failed_rx,
             kv_rx,
             k8s_rx,
             watches: [kv_watch, k8s_watch],
@@ -431,6 +445,15 @@ impl Sync {
             done_rx,
             verdict_rx,
         })
+    }
+
+    /// A read at a round's start that failed (`e`, met on `path` doing `what`), as the
+    /// shell judges it (`Shell::failed`, as the simulation's reads are judged).
+    fn judged(&self, path: Path, what: &str, e: &Error) -> Retry {
+        match self.shell.failed(fatal::failed(path, what, e, |t| t)) {
+            AfterFailure::Retry { trouble } => Retry::After(trouble),
+            AfterFailure::End(refusal) => Retry::Fatal(ended_on(&self.opts, refusal)),
+        }
     }
 
     /// Starts the reservation writer: a write the credentials may not make is the
@@ -444,12 +467,8 @@ impl Sync {
             match Reservations::start(conn, prefix, self.cfg.clone(), self.metrics.clone()).await {
                 Ok(r) => r,
                 Err(e) => {
-                    return Err(
-                        match fatal::after(Path::ReservationStart, "writing to the kvstore", e) {
-                            Ok(trouble) => Retry::After(trouble),
-                            Err(end) => Retry::Fatal(end),
-                        },
-                    );
+                    let (path, what) = (Path::ReservationStart, "writing to the kvstore");
+                    return Err(self.judged(path, what, &e));
                 }
             };
         started.gate_writes(self.lease.gate.clone());
@@ -586,7 +605,7 @@ impl Sync {
                 Some(ch) => Turn::Input(Input::K8s(ch)),
                 None => return Err(Interrupt::WatchLost("the Kubernetes watch ended")),
             },
-            Some(e) = round.fatal_rx.recv() => return Err(Interrupt::Fatal(e)),
+            Some(f) = round.failed_rx.recv() => Turn::Failed(f),
             Ok(()) = self.writer.changed() => {
                 let now = self.writer.borrow_and_update().clone();
                 match now {

@@ -1,6 +1,8 @@
 //! Sync's two watches: the kvstore's and Kubernetes', each watched again after a failure
 //! from where it left off, delivering to the loop over channels. A 410 from Kubernetes means
-//! one consistent list, handed to the loop as `Relisted`.
+//! one consistent list, handed to the loop as `Relisted`. Each failure goes to the loop for
+//! the shell to judge (`Shell::failed`, as the simulation's are): a refusal ends the round
+//! and its watches with it; anything else is watched again after the backoff's wait.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,12 +10,11 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::event::SyncEvent;
-use super::fatal::{after, refused, request_fault};
+use super::fatal::{failed, request_fault};
 use crate::app::config::ServiceConfig;
 use crate::app::metrics::{Metrics, Source};
-use crate::core::sync::failure::{self, Path, Then};
-use crate::error::Error;
+use crate::core::sync::failure::{self, Path};
+use crate::core::sync::shell::Failed;
 use crate::io::etcd::KvWatchEvent;
 use crate::io::k8s::{K8sChange, ReadMode};
 use crate::io::kv_source::KvFollower;
@@ -24,8 +25,8 @@ pub async fn follow_kvstore(
     (conn, prefix): (KvFollower, String),
     mut revision: i64,
     tx: mpsc::Sender<KvWatchEvent>,
-    (metrics, events): (Arc<Metrics>, mpsc::Sender<SyncEvent>),
-    fatal: mpsc::Sender<Error>,
+    metrics: Arc<Metrics>,
+    failures: mpsc::Sender<Failed>,
 ) {
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
@@ -57,9 +58,9 @@ pub async fn follow_kvstore(
         }
         metrics.etcd_live.store(false, Ordering::Relaxed);
         if let Ok(Err(e)) = watch.await {
-            let (path, what) = (Path::KvWatch, "watching the kvstore");
             let again = |t| format!("{t}; watching again from revision {revision}");
-            if ends(path, what, e, (&fatal, &events), again).await {
+            let f = failed(Path::KvWatch, "watching the kvstore", &e, again);
+            if failures.send(f).await.is_err() {
                 return;
             }
         }
@@ -73,8 +74,8 @@ pub async fn follow_kubernetes(
     cfg: Arc<ServiceConfig>,
     mut version: String,
     tx: mpsc::Sender<K8sChange>,
-    (metrics, events): (Arc<Metrics>, mpsc::Sender<SyncEvent>),
-    fatal: mpsc::Sender<Error>,
+    metrics: Arc<Metrics>,
+    failures: mpsc::Sender<Failed>,
 ) {
     let mut backoff = Backoff::new(Policy::FOLLOW);
     loop {
@@ -116,17 +117,16 @@ pub async fn follow_kubernetes(
         if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
             // A 401 just after the token file was renewed was sent with the old token.
-            let fault = request_fault(&e, cfg.target.sent_with_old_token(&e));
-            if failure::then(Path::K8sWatch, fault) == Then::End {
-                let what = "watching ciliumidentities.cilium.io";
-                let _ = fatal.send(refused(what, &e.to_string())).await;
+            let f = Failed {
+                path: Path::K8sWatch,
+                fault: request_fault(&e, cfg.target.sent_with_old_token(&e)),
+                doing: "watching ciliumidentities.cilium.io".into(),
+                error: e.to_string(),
+                trouble: format!("Kubernetes watch: {e}; watching again"),
+            };
+            if failures.send(f).await.is_err() {
                 return;
             }
-            let _ = events
-                .send(SyncEvent::Trouble(format!(
-                    "Kubernetes watch: {e}; watching again"
-                )))
-                .await;
             backoff.wait().await;
         }
         if expired {
@@ -150,34 +150,13 @@ pub async fn follow_kubernetes(
                     Err(e) => {
                         let (path, what) = (Path::K8sList, "listing ciliumidentities.cilium.io");
                         let again = |t| format!("listing again after the watch expired: {t}");
-                        if ends(path, what, e, (&fatal, &events), again).await {
+                        if failures.send(failed(path, what, &e, again)).await.is_err() {
                             return;
                         }
                         backoff.wait().await;
                     }
                 }
             }
-        }
-    }
-}
-
-/// Tells the loop what a failure met on `path` doing `what` means, by core's rules: the
-/// error sync ends with (`true`), or the trouble, in `again`'s words, before a retry.
-async fn ends(
-    path: Path,
-    what: &str,
-    e: Error,
-    (fatal, events): (&mpsc::Sender<Error>, &mpsc::Sender<SyncEvent>),
-    again: impl FnOnce(String) -> String,
-) -> bool {
-    match after(path, what, e) {
-        Err(end) => {
-            let _ = fatal.send(end).await;
-            true
-        }
-        Ok(trouble) => {
-            let _ = events.send(SyncEvent::Trouble(again(trouble))).await;
-            false
         }
     }
 }

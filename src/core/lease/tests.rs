@@ -231,3 +231,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_write_is_held_back_by_a_stop_first_then_by_a_shut_gate_and_never_without_a_gate() {
+    assert_eq!(write_held_back(false, None), None, "apply: no gate");
+    assert_eq!(write_held_back(false, Some(true)), None);
+    let shut = write_held_back(false, Some(false)).unwrap();
+    assert!(shut.contains("gate shut"), "{shut}");
+    for gate in [None, Some(true), Some(false)] {
+        assert_eq!(
+            write_held_back(true, gate),
+            Some("stopped by the operator"),
+            "{gate:?}"
+        );
+    }
+}

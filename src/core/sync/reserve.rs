@@ -128,6 +128,43 @@ pub enum Said {
 /// down is not asked ten times a second.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
+/// How often the reservations' lease is kept alive: well within its 15 minutes
+/// (`writer::LEASE_TTL_SECS`), and soon enough after an outage to find a lease that expired
+/// meanwhile.
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
+
+/// When the reservations' lease is kept alive, in the binary's writer task and in the
+/// simulation alike: every `KEEP_ALIVE_EVERY` from the writer's start; one made late (after
+/// a long batch) sets the next a whole period after it, so missed ones are never made up in
+/// a burst.
+#[derive(Debug, Clone, Copy)]
+pub struct KeepAlive {
+    next: Instant,
+}
+
+impl KeepAlive {
+    /// The schedule of a writer started at `now`: its first keep-alive a period later.
+    pub fn from(now: Instant) -> Self {
+        KeepAlive {
+            next: now + KEEP_ALIVE_EVERY,
+        }
+    }
+
+    /// When the next keep-alive is due.
+    pub fn next(&self) -> Instant {
+        self.next
+    }
+
+    /// Whether one is due at `now`; if it is, the next is a period from now.
+    pub fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        self.next = now + KEEP_ALIVE_EVERY;
+        true
+    }
+}
+
 /// The loop's side: what to ask for next. It never waits on etcd; its requests go out
 /// through `take_requests`, one batch at a time: a batch goes only once the last one is
 /// answered, so at most one is ever in flight (what arrives meanwhile, deletes and forgets

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::failure::{self, Path, Then};
+use super::failure::{self, Fault, Path, Then};
 use super::machine::{
     CutoverReport, Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound, SyncEnd,
 };
@@ -156,6 +156,32 @@ pub enum Turn {
     /// The Lease's keeper was refused (a 403 on the Lease: its Role's rule missing), with
     /// the server's words.
     LeaseRefused(String),
+    /// A watch failed, or the list after it expired (410): judged by `failure`'s rules as
+    /// a round's read is (`Shell::failed`); the watch tries again unless sync ends.
+    Failed(Failed),
+}
+
+/// A read or a watch that failed: where, what it met, and how it reads in each case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    pub path: Path,
+    pub fault: Fault,
+    /// What was being done ("listing ciliumidentities.cilium.io").
+    pub doing: String,
+    /// The error, in the server's or the client's words (what a refusal says).
+    pub error: String,
+    /// What is said when it is ridden out: the error and what is tried next ("watching
+    /// again from revision 7").
+    pub trouble: String,
+}
+
+/// What comes of a failed read or watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Ridden out: said, then tried again after the backoff's wait.
+    Retry { trouble: String },
+    /// Sync ends (exit 2), naming what was refused.
+    End(Refusal),
 }
 
 /// What a refusal that ended sync refused, with the server's words.
@@ -165,6 +191,13 @@ pub enum Refusal {
     Create(String),
     /// The one-writer Lease.
     Lease(String),
+    /// A read or a watch, refused or meeting configuration waiting never fixes (`fault`
+    /// tells which): what was being done, and the error's words.
+    Read {
+        fault: Fault,
+        doing: String,
+        error: String,
+    },
 }
 
 /// How a round's first creates read: what sync wrote as it started (or after a fresh read),
@@ -249,6 +282,23 @@ impl Shell {
         self.release_on_stop && holding && self.queue.is_some()
     }
 
+    /// A clean stop with `--release-reservations` while holding the Lease: the release, as
+    /// cutover's goes (`Reserve::Release`). What the logs left reserved and this sync has not
+    /// taken over yet is taken over now, so it is released too, and what waits in the queue
+    /// goes with it: the requests returned are sent to the writer, which then finishes and
+    /// releases. `None`: nothing is released (no writer, not holding, not asked).
+    pub fn release_at_stop(&mut self, holding: bool) -> Option<Vec<Request>> {
+        if !self.release_on_stop(holding) {
+            return None;
+        }
+        let state = self.carried.as_ref().unwrap_or(self.machine.state());
+        let earlier = rules::earlier_to_adopt(&mut self.earlier, state, holding);
+        let mut q = self.queue.take()?;
+        q.adopt(earlier);
+        q.flush();
+        Some(q.take_requests())
+    }
+
     /// A round starts on a fresh read of both sides (`state`), with what the last round
     /// carried folded in; the first reservations are asked for before any watch delivers.
     pub fn start_round(
@@ -302,10 +352,31 @@ impl Shell {
                     Then::Retry => self.step(Input::Lease(LeaseHolder::Unknown), now, gate, io),
                 }
             }
+            Turn::Failed(f) => match self.failed(f) {
+                AfterFailure::Retry { trouble } => {
+                    io.say(Event::Trouble(trouble));
+                    None
+                }
+                AfterFailure::End(refusal) => Some(RoundEnd::Refused(refusal)),
+            },
             Turn::Input(input) => self.step(input, now, gate, io),
             Turn::Settle { stopped } => self.settle(stopped, now, gate, io),
             Turn::Status { watching } => self.step(Input::Status { watching }, now, gate, io),
             Turn::Reply(reply) => self.reservation_reply(reply, now, gate, io),
+        }
+    }
+
+    /// A read or a watch failed: by `failure`'s rules, sync ends on a refusal (or on
+    /// configuration), and rides an outage out. The binary's reads at a round's start and
+    /// its watches, and the simulation's, are judged here alike.
+    pub fn failed(&self, f: Failed) -> AfterFailure {
+        match failure::then(f.path, f.fault) {
+            Then::Retry => AfterFailure::Retry { trouble: f.trouble },
+            Then::End => AfterFailure::End(Refusal::Read {
+                fault: f.fault,
+                doing: f.doing,
+                error: f.error,
+            }),
         }
     }
 

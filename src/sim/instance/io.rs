@@ -11,10 +11,10 @@ use crate::core::labels::valid_label_key;
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
-use crate::core::sync::failure::Fault;
+use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{K8sChange, SplitFound};
 use crate::core::sync::reserve::Request;
-use crate::core::sync::shell::{self, Event, Line};
+use crate::core::sync::shell::{self, Event, Failed, Line};
 use crate::sim::log::{LogLine, decisions_in_force};
 use crate::sim::report::{Failure, Trace};
 use crate::sim::reserver::{SimKv, SimReservations};
@@ -49,18 +49,61 @@ pub struct Faults {
     /// The API server refuses the list of CiliumIdentities (403: the ClusterRole's list
     /// rule taken away): a fresh read is refused, until granted again.
     pub lists_refused: bool,
+    /// The API server refuses the watch of CiliumIdentities (403: the ClusterRole's watch
+    /// rule taken away), until granted again.
+    pub watches_refused: bool,
+    /// etcd refuses the read of the identities prefix (its role's read permission taken
+    /// away): a fresh read's snapshot is refused, until granted again.
+    pub kv_reads_refused: bool,
 }
 
 impl Faults {
-    /// What a fresh read meets now: `None` when it succeeds.
-    pub fn on_read(&self) -> Option<Fault> {
+    /// What a fresh read meets now (as the binary reads: Kubernetes' list, then the
+    /// kvstore's snapshot), as the binary hands it to the shell: `None` when it succeeds.
+    pub fn on_read(&self) -> Option<Failed> {
+        let list = "listing ciliumidentities.cilium.io";
         if self.lists_refused {
-            Some(Fault::forbidden())
+            let error = "403 Forbidden: ciliumidentities.cilium.io is forbidden: cannot list";
+            Some(failed(Path::K8sList, Fault::forbidden(), list, error))
         } else if self.server_down {
-            Some(Fault::outage())
+            let error = "the API server answered 503";
+            Some(failed(Path::K8sList, Fault::outage(), list, error))
+        } else if self.kv_reads_refused {
+            let refused = Fault {
+                refused: true,
+                ..Fault::default()
+            };
+            let error = "etcdserver: permission denied";
+            Some(failed(Path::KvRead, refused, "reading the kvstore", error))
         } else {
             None
         }
+    }
+
+    /// What the Kubernetes watch meets now, if it fails: refused while its rule is taken
+    /// away, cut off (now and then) while the API server is down.
+    pub fn on_k8s_watch(&self, rng: &mut Rng) -> Option<Failed> {
+        let watch = "watching ciliumidentities.cilium.io";
+        if self.watches_refused {
+            let error = "403 Forbidden: ciliumidentities.cilium.io is forbidden: cannot watch";
+            Some(failed(Path::K8sWatch, Fault::forbidden(), watch, error))
+        } else if self.server_down && rng.chance(0.3) {
+            let error = "the API server answered 503";
+            Some(failed(Path::K8sWatch, Fault::outage(), watch, error))
+        } else {
+            None
+        }
+    }
+}
+
+/// A failure as the binary's reads and watches hand it to the shell.
+pub fn failed(path: Path, fault: Fault, doing: &str, error: &str) -> Failed {
+    Failed {
+        path,
+        fault,
+        doing: doing.into(),
+        error: error.into(),
+        trouble: format!("{error}; {doing} again"),
     }
 }
 
@@ -273,7 +316,7 @@ impl SimIo<'_> {
             .log
             .iter()
             .filter_map(|l| match l {
-                LogLine::Moot { id } => Some(id.as_str()),
+                LogLine::Moot { id, .. } => Some(id.as_str()),
                 _ => None,
             })
             .collect();
@@ -345,9 +388,14 @@ impl shell::Io for SimIo<'_> {
                 Line::Invalid { id, labels, .. } => LogLine::Outcome {
                     id,
                     labels,
+                    kind: Kind::Invalid,
                     target: None,
                 },
-                Line::Moot { id, .. } => LogLine::Moot { id },
+                Line::Moot { id, labels, kind } => LogLine::Moot {
+                    id,
+                    labels: labels.to_string(),
+                    kind,
+                },
                 Line::Refused { decision, .. } => LogLine::Refused { id: decision.id },
             });
             written += 1;
@@ -362,7 +410,7 @@ impl shell::Io for SimIo<'_> {
                 if !self
                     .log
                     .iter()
-                    .any(|l| matches!(l, LogLine::Moot { id: m } if *m == id))
+                    .any(|l| matches!(l, LogLine::Moot { id: m, .. } if *m == id))
                 {
                     self.fail(Err(Failure::new(
                         "no act without its log line first",

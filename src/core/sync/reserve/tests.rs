@@ -289,3 +289,21 @@ fn what_is_left_unreleased_is_the_last_reservation_of_each_id_not_released_since
     let left: Vec<_> = made.into_iter().collect();
     assert_eq!(left, vec![(301, (B.into(), 9))]);
 }
+
+#[test]
+fn the_keep_alive_comes_a_period_after_the_start_and_a_late_one_is_not_made_up() {
+    let t0 = Instant::now();
+    let mut k = KeepAlive::from(t0);
+    assert_eq!(k.next(), t0 + KEEP_ALIVE_EVERY);
+    assert!(!k.due(t0));
+    assert!(!k.due(t0 + KEEP_ALIVE_EVERY - Duration::from_millis(1)));
+    assert!(k.due(t0 + KEEP_ALIVE_EVERY));
+    assert!(!k.due(t0 + KEEP_ALIVE_EVERY), "once per period");
+    // Three periods late (a long batch): one keep-alive now, the next a period after it.
+    let late = t0 + KEEP_ALIVE_EVERY * 4;
+    assert!(k.due(late));
+    assert!(!k.due(late + KEEP_ALIVE_EVERY / 2));
+    assert_eq!(k.next(), late + KEEP_ALIVE_EVERY);
+    // Well within the lease's TTL: a few may fail before it lapses.
+    assert!(KEEP_ALIVE_EVERY * 10 <= Duration::from_secs(super::writer::LEASE_TTL_SECS as u64));
+}

@@ -617,6 +617,89 @@ fn a_refused_lease_ends_sync_with_the_servers_words() {
 }
 
 #[test]
+fn a_refused_watch_or_read_ends_sync_and_an_outage_or_a_renewed_token_is_said_and_ridden_out() {
+    use crate::core::sync::failure::{Fault, Path};
+    use crate::core::sync::shell::{AfterFailure, Failed};
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(&mut shell, read(&[("300", A)], &[], t0), t0, &mut io);
+    let failed = |path, fault| Failed {
+        path,
+        fault,
+        doing: "watching ciliumidentities.cilium.io".into(),
+        error: "403 Forbidden".into(),
+        trouble: "403 Forbidden; watching again".into(),
+    };
+    // Ridden out: an outage of any path, a 401 sent with a token since renewed, anything
+    // the kvstore's watch meets; each said once, as its trouble.
+    let renewed = Fault {
+        old_token: true,
+        code: Some(401),
+        ..Fault::forbidden()
+    };
+    let refused_kv = Fault {
+        refused: true,
+        ..Fault::default()
+    };
+    for (path, fault) in [
+        (Path::K8sWatch, Fault::outage()),
+        (Path::K8sWatch, renewed),
+        (Path::KvWatch, refused_kv),
+        (Path::K8sList, Fault::outage()),
+    ] {
+        let before = io.troubles().len();
+        assert_eq!(
+            shell.take(Turn::Failed(failed(path, fault)), t0, true, &mut io),
+            None,
+            "{path:?} {fault:?}"
+        );
+        assert_eq!(io.troubles().len(), before + 1);
+        assert!(io.troubles()[before].ends_with("; watching again"));
+    }
+    // A refusal of the watch ends sync, with what was being done and the server's words.
+    let before = io.troubles().len();
+    let end = shell.take(
+        Turn::Failed(failed(Path::K8sWatch, Fault::forbidden())),
+        t0,
+        true,
+        &mut io,
+    );
+    assert_eq!(
+        end,
+        Some(RoundEnd::Refused(Refusal::Read {
+            fault: Fault::forbidden(),
+            doing: "watching ciliumidentities.cilium.io".into(),
+            error: "403 Forbidden".into(),
+        }))
+    );
+    assert_eq!(io.troubles().len(), before, "nothing said of a retry");
+    // A round's reads are judged alike: a refused list or kvstore read ends sync, and
+    // configuration (no endpoints, an unreadable certificate) too.
+    for (path, fault) in [
+        (Path::K8sList, Fault::forbidden()),
+        (Path::KvRead, refused_kv),
+        (
+            Path::KvRead,
+            Fault {
+                config: true,
+                ..Fault::default()
+            },
+        ),
+    ] {
+        assert!(
+            matches!(shell.failed(failed(path, fault)), AfterFailure::End(_)),
+            "{path:?} {fault:?}"
+        );
+    }
+    assert_eq!(
+        shell.failed(failed(Path::KvRead, Fault::outage())),
+        AfterFailure::Retry {
+            trouble: "403 Forbidden; watching again".into()
+        }
+    );
+}
+
+#[test]
 fn a_stop_between_rounds_ends_with_what_sync_knew_and_the_writes_it_still_owes() {
     let t0 = Instant::now();
     let (mut shell, mut io, ops) = first_batch_of_two(t0);

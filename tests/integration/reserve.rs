@@ -548,3 +548,45 @@ async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it(
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_writer_writes_nothing_while_the_leases_gate_is_shut_and_what_was_asked_once_open() {
+    use cilium_idmig::apply::executor::WriteGate;
+    let w = World::new(SandboxConfig::default()).await;
+    let kv = KvSource::Etcd(EtcdOptions {
+        endpoints: vec![w.etcd.endpoint.clone()],
+        ..Default::default()
+    });
+    let log_path = w.path("reserve.jsonl");
+    let cfg = Arc::new(ServiceConfig {
+        kv: kv.clone(),
+        target: K8sTarget::from_url(&w.sb.url()).unwrap(),
+        scope: ClusterScope::new(0, Default::default()).unwrap(),
+        log: Arc::new(DecisionLog::open(std::path::Path::new(&log_path)).unwrap()),
+        apply: ApplyOptions::default(),
+        command: "test",
+        resume: Vec::new(),
+        sync_reserve_in_kvstore: true,
+    });
+    let conn = kv.follower().await.unwrap();
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let mut r = Reservations::start(&conn, P, cfg.clone(), metrics)
+        .await
+        .unwrap();
+    // The Lease's gate, shut: a renewal late, or the Lease taken over since the batch left.
+    let gate = WriteGate::default();
+    r.gate_writes(gate.clone());
+    let mut task = Some(ReservationTask::spawn(r));
+    let mut queue = Queue::default();
+    let k8s = [(4000, "k8s:app=b;".into())];
+    let state = SyncState::default().with_kubernetes(k8s.into(), String::new());
+    let before = all_keys(&w).await;
+    reserve_view(&mut task, &mut queue, &state, &cfg).await;
+    assert_eq!(all_keys(&w).await, before, "written with the gate shut");
+    assert_eq!(queue.held(), 0);
+    // Open again: the whole view is looked at and 4000 reserved.
+    gate.set(Some(std::time::Instant::now() + Duration::from_secs(60)));
+    reserve_view(&mut task, &mut queue, &state, &cfg).await;
+    assert_eq!(queue.held(), 1);
+    assert!(all_keys(&w).await.contains_key(&format!("{P}/id/4000")));
+}

@@ -48,9 +48,9 @@ async fn reserve_view(
     queue.on_reply(reply, Instant::now())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
-    let w = World::new(SandboxConfig::default()).await;
+/// A reservation writer on the test's etcd, started as sync starts one, logging to
+/// `reserve.jsonl`: its configuration, the writer and the log's path.
+async fn started_writer(w: &World) -> (Arc<ServiceConfig>, Reservations, String) {
     let kv = KvSource::Etcd(EtcdOptions {
         endpoints: vec![w.etcd.endpoint.clone()],
         ..Default::default()
@@ -71,6 +71,13 @@ async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
     let r = Reservations::start(&conn, P, cfg.clone(), metrics)
         .await
         .unwrap();
+    (cfg, r, log_path)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_an_agent_took_after_syncs_view_is_left_alone_and_logged() {
+    let w = World::new(SandboxConfig::default()).await;
+    let (cfg, r, log_path) = started_writer(&w).await;
     let mut task = Some(ReservationTask::spawn(r));
     let mut queue = Queue::default();
 
@@ -553,26 +560,7 @@ async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it(
 async fn the_writer_writes_nothing_while_the_leases_gate_is_shut_and_what_was_asked_once_open() {
     use cilium_idmig::apply::executor::WriteGate;
     let w = World::new(SandboxConfig::default()).await;
-    let kv = KvSource::Etcd(EtcdOptions {
-        endpoints: vec![w.etcd.endpoint.clone()],
-        ..Default::default()
-    });
-    let log_path = w.path("reserve.jsonl");
-    let cfg = Arc::new(ServiceConfig {
-        kv: kv.clone(),
-        target: K8sTarget::from_url(&w.sb.url()).unwrap(),
-        scope: ClusterScope::new(0, Default::default()).unwrap(),
-        log: Arc::new(DecisionLog::open(std::path::Path::new(&log_path)).unwrap()),
-        apply: ApplyOptions::default(),
-        command: "test",
-        resume: Vec::new(),
-        sync_reserve_in_kvstore: true,
-    });
-    let conn = kv.follower().await.unwrap();
-    let metrics = Arc::new(Metrics::new().unwrap());
-    let mut r = Reservations::start(&conn, P, cfg.clone(), metrics)
-        .await
-        .unwrap();
+    let (cfg, mut r, _) = started_writer(&w).await;
     // The Lease's gate, shut: a renewal late, or the Lease taken over since the batch left.
     let gate = WriteGate::default();
     r.gate_writes(gate.clone());

@@ -153,13 +153,19 @@ async fn until<F: std::future::Future<Output = bool>>(
     }
 }
 
-/// `cilium_idmig_split_allocations` from `/metrics`.
-async fn splits_metric(addr: &str) -> Option<i64> {
+/// A metric (a plain gauge or counter) from `/metrics`.
+async fn metric(addr: &str, name: &str) -> Option<i64> {
     let (code, _, body) = crate::harness::http(addr, "GET", "/metrics", None).await;
     (code == 200).then_some(())?;
+    let prefix = format!("{name} ");
     body.lines()
-        .find_map(|l| l.strip_prefix("cilium_idmig_split_allocations "))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// `cilium_idmig_split_allocations` from `/metrics`.
+async fn splits_metric(addr: &str) -> Option<i64> {
+    metric(addr, "cilium_idmig_split_allocations").await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -538,12 +544,18 @@ async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it(
     .unwrap();
     seed_kvstore_node_and_crd_object(&w).await;
     let master = format!("{P}/id/4000");
-    let s = Sync::start(&w, &["--reserve-in-kvstore"]);
+    let status = format!("127.0.0.1:{}", free_port());
+    let s = Sync::start(&w, &["--reserve-in-kvstore", "--status-addr", &status]);
     s.wait_for_line("is held by another-host:sync.jsonl", 15)
         .await;
     // Many settles and writer turns later, the standby has written nothing to etcd.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(lease_of(&w, &master).await, None, "a standby reserved 4000");
+    let (held, writes) = (
+        "cilium_idmig_kvstore_reservations",
+        "cilium_idmig_kvstore_writes_total",
+    );
+    assert_eq!(metric(&status, held).await, Some(0));
     let log = std::fs::read_to_string(w.path("sync.jsonl")).unwrap();
     assert!(!log.contains("reserve-in-kvstore"), "{log}");
     // The other gives the Lease up: this sync takes it and reserves at once.
@@ -552,6 +564,13 @@ async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it(
         lease_of(&w, &master).await.is_some()
     })
     .await;
+    // Counted where Prometheus reads it: one id held, its writes made (the probe's and the
+    // reservation's).
+    until(10, "the reservation counted", &s, || async {
+        metric(&status, held).await == Some(1)
+    })
+    .await;
+    assert!(metric(&status, writes).await.unwrap_or(0) >= 1);
     let (code, text) = s.stop().await;
     assert_eq!(code, 0, "{text}");
 }
@@ -577,4 +596,43 @@ async fn the_writer_writes_nothing_while_the_leases_gate_is_shut_and_what_was_as
     reserve_view(&mut task, &mut queue, &state, &cfg).await;
     assert_eq!(queue.held(), 1);
     assert!(all_keys(&w).await.contains_key(&format!("{P}/id/4000")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_with_release_reservations_releases_what_an_earlier_sync_left() {
+    let w = World::new(SandboxConfig::default()).await;
+    seed_kvstore_node_and_crd_object(&w).await;
+    w.sb.seed_identity(
+        4002,
+        &to_security_labels(&parse_label_key("k8s:app=c;").unwrap()),
+    );
+    let (master, other) = (format!("{P}/id/4000"), format!("{P}/id/4002"));
+    let first = Sync::start(&w, &["--reserve-in-kvstore"]);
+    until(20, "4000 and 4002 reserved", &first, || async {
+        lease_of(&w, &master).await.is_some() && lease_of(&w, &other).await.is_some()
+    })
+    .await;
+    let old = lease_of(&w, &format!("{P}/value/k8s:app=b;/cilium-idmig-sync"))
+        .await
+        .unwrap();
+    first.kill().await;
+    // While no sync runs, its lease lapses (15 minutes later) and the object goes (the
+    // operator's GC): the master keys stay, as written, recorded in the decision log as
+    // reserved and not released.
+    let mut c = w.etcd.client().await.unwrap();
+    c.lease_revoke(old).await.unwrap();
+    assert!(w.sb.delete_object("4000"));
+    // The same sync, started again, then stopped cleanly: its release takes along what the
+    // run before left (4000's key still as written, though its object is gone), as
+    // cutover's would.
+    let second = Sync::start(&w, &["--reserve-in-kvstore", "--release-reservations"]);
+    second.wait_for_line("taken: this sync writes", 20).await;
+    let (code, text) = second.stop().await;
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("lease revoked, 2 of 2 master keys deleted"),
+        "{text}"
+    );
+    assert_eq!(lease_of(&w, &master).await, None, "left behind");
+    assert_eq!(lease_of(&w, &other).await, None, "left behind");
 }

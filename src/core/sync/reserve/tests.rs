@@ -304,6 +304,6 @@ fn the_keep_alive_comes_a_period_after_the_start_and_a_late_one_is_not_made_up()
     assert!(k.due(late));
     assert!(!k.due(late + KEEP_ALIVE_EVERY / 2));
     assert_eq!(k.next(), late + KEEP_ALIVE_EVERY);
-    // Well within the lease's TTL: a few may fail before it lapses.
-    assert!(KEEP_ALIVE_EVERY * 10 <= Duration::from_secs(super::writer::LEASE_TTL_SECS as u64));
+    // Well within the lease's TTL: many may fail before it lapses.
+    assert!(KEEP_ALIVE_EVERY * 100 <= Duration::from_secs(super::writer::LEASE_TTL_SECS as u64));
 }

@@ -9,8 +9,7 @@ use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::range::IdRange;
 
-mod expect;
-pub use expect::Logged;
+pub mod expect;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

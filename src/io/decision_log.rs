@@ -17,7 +17,8 @@ use crate::core::planner::decision::DecidedBy;
 use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
 use crate::core::range::MaxConnectedClusters;
 use crate::core::server_said::ServerSaid;
-use crate::core::verify::{Expectations, Logged};
+use crate::core::verify::Expectations;
+use crate::core::verify::expect::Logged;
 use crate::error::{Error, Result};
 
 /// One line of the log.

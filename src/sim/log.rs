@@ -8,7 +8,7 @@ use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
 use crate::core::planner::resume::{self, LogStep, LoggedDecision};
 use crate::core::sync::reserve::{Recorded, Unreleased, note_unreleased};
-use crate::core::verify::Logged;
+use crate::core::verify::expect::Logged;
 
 /// A line of an instance's decision log (it outlives a crash).
 #[derive(Debug, Clone)]

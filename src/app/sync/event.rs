@@ -5,7 +5,7 @@ use crate::core::planner::Kind;
 
 pub use crate::core::sync::SyncStatus;
 pub use crate::core::sync::machine::CutoverReport;
-pub use crate::core::sync::shell::catch_up_text;
+pub use crate::core::sync::machine::catch_up_text;
 
 /// An id the kvstore and Kubernetes hold for different labels, found during sync.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -281,6 +281,17 @@ pub struct Machine {
     stopping: bool,
     ended: bool,
     counts_published: Option<Instant>,
+    /// The round's first creates were announced (`catch_up_text`).
+    catch_up_said: bool,
+}
+
+/// How a round's first creates read: what sync wrote as it started (or after a fresh read),
+/// before anything arrived through its watches.
+pub fn catch_up_text(n: u64) -> String {
+    format!(
+        "wrote {}: decided, or missing in Kubernetes, when sync read both sides (counted as mirrored)",
+        crate::core::words::count(n, "CiliumIdentity object")
+    )
 }
 
 impl Machine {
@@ -303,6 +314,7 @@ impl Machine {
             stopping: false,
             ended: false,
             counts_published: None,
+            catch_up_said: false,
         }
     }
 
@@ -364,6 +376,7 @@ impl Machine {
         self.kv_up = false;
         self.k8s_up = false;
         self.following = false;
+        self.catch_up_said = false;
         let mut out = Vec::new();
         if self.reserving() {
             // A master key of this sync's that the fresh view lacks went while no watch
@@ -421,6 +434,12 @@ impl Machine {
                 let taken = self.state.take_results(ops, outcome, now);
                 if let Some(t) = &taken.trouble {
                     out.push(Output::Trouble(t.clone()));
+                }
+                // Creates with no lag are no arrival through a watch: the catch-up, said
+                // once a round.
+                if !self.catch_up_said && taken.mirrored > 0 && taken.lags.is_empty() {
+                    self.catch_up_said = true;
+                    out.push(Output::Note(catch_up_text(taken.mirrored)));
                 }
                 out.push(Output::Taken(taken));
                 // What sync made (a remap target the kvstore does not hold) is reserved
@@ -665,9 +684,6 @@ impl Machine {
             .collect()
     }
 
-    /// Whether sync reserves in the kvstore now: with `--reserve-in-kvstore`, until cutover
-    /// released the reservations (no kvstore-mode node is left to need them); again once a
-    /// node comes back.
     /// The writer told that the master key at `id` went, with what Kubernetes holds there
     /// (reserved again if it holds something).
     fn master_gone(&self, id: u32) -> Output {
@@ -675,6 +691,9 @@ impl Machine {
         Output::Reserve(Reserve::MasterGone { id, k8s })
     }
 
+    /// Whether sync reserves in the kvstore now: with `--reserve-in-kvstore`, until cutover
+    /// released the reservations (no kvstore-mode node is left to need them); again once a
+    /// node comes back.
     pub fn reserving(&self) -> bool {
         self.settings.reserve_in_kvstore && !self.cutover_announced
     }

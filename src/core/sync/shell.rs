@@ -200,15 +200,6 @@ pub enum Refusal {
     },
 }
 
-/// How a round's first creates read: what sync wrote as it started (or after a fresh read),
-/// before anything arrived through its watches.
-pub fn catch_up_text(n: u64) -> String {
-    format!(
-        "wrote {}: decided, or missing in Kubernetes, when sync read both sides (counted as mirrored)",
-        crate::core::words::count(n, "CiliumIdentity object")
-    )
-}
-
 /// The shell (see the module).
 pub struct Shell {
     machine: Machine,
@@ -218,8 +209,6 @@ pub struct Shell {
     carried: Option<SyncState>,
     /// The stop was handed to the machine (this round).
     stop_told: bool,
-    /// The round's first creates were announced.
-    catch_up_said: bool,
     /// The reservations' queue (core's rules), while a writer runs.
     queue: Option<Queue>,
     /// What the logs record as reserved and not released, taken over once by the holder.
@@ -238,7 +227,6 @@ impl Shell {
             machine: Machine::new(settings, decisions),
             carried: None,
             stop_told: false,
-            catch_up_said: false,
             queue: None,
             earlier: Unreleased::new(),
             release_on_stop,
@@ -312,7 +300,6 @@ impl Shell {
             state.carry_over(old, now);
         }
         self.stop_told = false;
-        self.catch_up_said = false;
         let outs = self.machine.start_round(state, gate);
         self.carry_out(outs, now, gate, io)
     }
@@ -476,14 +463,7 @@ impl Shell {
                     }
                 }
                 Output::Write(ops) => io.write(ops),
-                Output::Taken(taken) => {
-                    // Creates with no lag are no arrival through a watch: the catch-up.
-                    if !self.catch_up_said && taken.mirrored > 0 && taken.lags.is_empty() {
-                        self.catch_up_said = true;
-                        io.say(Event::Note(catch_up_text(taken.mirrored)));
-                    }
-                    io.say(Event::Taken(taken));
-                }
+                Output::Taken(taken) => io.say(Event::Taken(taken)),
                 Output::Reserve(cmd) => self.reserve(cmd, now, io),
                 Output::ReportSplits(found) => io.report_splits(found),
                 Output::CloseMoot(moot) => {

@@ -11,7 +11,7 @@ use super::*;
 use crate::core::outcome::Outcome;
 use crate::core::planner::Action;
 use crate::core::range::IdRange;
-use crate::core::sync::machine::{K8sChange, KvWatchEvent};
+use crate::core::sync::machine::{K8sChange, KvWatchEvent, catch_up_text};
 use crate::core::sync::{BatchOutcome, KvChange};
 
 const A: &str = "k8s:app=a;";

@@ -45,6 +45,14 @@ pub enum KvChange {
     },
 }
 
+impl KvChange {
+    /// A `value/` key of sync's own reservations (`--reserve-in-kvstore`): no node's use,
+    /// nothing for a plan to look at.
+    pub fn is_own_reservation(&self) -> bool {
+        matches!(self, KvChange::Slave { node, .. } if node == crate::core::kvstore::RESERVATION_NODE.as_bytes())
+    }
+}
+
 /// What one key's event means for sync: `value` is `None` for a delete; `created` when the
 /// write made the key (a rewrite of a `value/` key is not a change of who uses what).
 /// Shared by the etcd watch and the in-memory kvstore's.

@@ -514,7 +514,10 @@ impl Machine {
                         _ => None,
                     })
                     .collect();
-                for c in changes {
+                // Sync's own reservations coming and going are no change to plan for: at
+                // the quiet end of a rollout they would keep it from ever being quiet.
+                let planned = changes.iter().any(|c| !c.is_own_reservation());
+                for c in changes.into_iter().filter(|c| !c.is_own_reservation()) {
                     self.state.apply_kv_change(c, now);
                 }
                 // Told to the writer whether or not this sync writes now: its ledger must
@@ -526,7 +529,7 @@ impl Machine {
                         out.push(Output::Reserve(Reserve::Pump));
                     }
                 }
-                self.dirty = true;
+                self.dirty |= planned;
             }
             KvWatchEvent::Compacted { compact_revision } => {
                 out.push(Output::Trouble(format!(

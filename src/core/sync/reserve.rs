@@ -99,6 +99,11 @@ pub enum Request {
     /// A fresh read of the kvstore: ids found held before are tried again when asked (one
     /// that went before a compaction was never seen go).
     LookAgain,
+    /// What the writer left for the Lease's gate to open (`Reply::deferred`): `value/` keys
+    /// to put back on its lease, deletes of `value/` keys. Sent by the loop once it holds
+    /// the Lease with the gate open, so that work waits for the gate, not for the next
+    /// keep-alive.
+    Deferred,
 }
 
 /// What the writer answers: after each batch, and whenever it has something to say.
@@ -112,6 +117,8 @@ pub struct Reply {
     /// The batch stopped at a failed write (or a closed write gate): the whole view is to
     /// be looked at again.
     pub failed: bool,
+    /// The writer has work left that waits for the gate or a retry (`Request::Deferred`).
+    pub deferred: bool,
     pub said: Option<Said>,
 }
 
@@ -128,12 +135,13 @@ pub enum Said {
 /// down is not asked ten times a second.
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
-/// How often the reservations' lease is kept alive, and what the writer left for that turn
-/// (what the Lease's gate held back, what a failed write left) is tried again: every 5 s,
-/// well within the lease's 15 minutes (`writer::LEASE_TTL_SECS`). At 60 s, the simulation
-/// run at the binary's own cadence found reservations left waiting a whole period (114 of
-/// 20,000 seeds); at 5 s, none.
-pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(5);
+/// How often the reservations' lease is kept alive (what the writer left undone is tried
+/// again then too, besides at the loop's next batch, `Request::Deferred`): every 60 s, well
+/// within the lease's 15 minutes (`writer::LEASE_TTL_SECS`). What the gate held back used
+/// to wait for this turn alone: the simulation found reservations left a whole period
+/// waiting (114 of 20,000 seeds at 60 s); it now goes with the loop's next batch, and the
+/// cadence bounds nothing sync promises.
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(60);
 
 /// When the reservations' lease is kept alive, in the binary's writer task and in the
 /// simulation alike: every `KEEP_ALIVE_EVERY` from the writer's start; one made late (after
@@ -181,6 +189,9 @@ pub struct Queue {
     /// No batch before this (after a failure).
     not_before: Option<Instant>,
     busy: bool,
+    /// The writer left work for the gate (its last reply said so): asked for at the next
+    /// batch.
+    writer_deferred: bool,
     held: usize,
     /// The master keys this sync wrote (as of the last reply that changed them).
     own_masters: BTreeSet<u32>,
@@ -197,6 +208,7 @@ impl Default for Queue {
             whole_view_due: true,
             not_before: None,
             busy: false,
+            writer_deferred: false,
             held: 0,
             own_masters: BTreeSet::new(),
             pending: Vec::new(),
@@ -269,7 +281,8 @@ impl Queue {
     }
 
     /// Asks for the next batch unless one is being written or a failure's wait is not
-    /// over: the deletes, forgets and adoptions pending, then a reservation of what was
+    /// over: the deletes, forgets and adoptions pending, then what the writer left for the
+    /// gate (the loop pumps only while it holds the Lease), then a reservation of what was
     /// queued (and the whole view when due) whose id is in range and not held by the
     /// kvstore as last seen.
     pub fn pump(&mut self, state: &SyncState, range: IdRange, now: Instant) {
@@ -295,6 +308,11 @@ impl Queue {
             );
         }
         let mut batch = std::mem::take(&mut self.pending);
+        // Before the reservations: a `value/` key that cannot go back (its master key
+        // changed) frees its id to be reserved again in the same batch.
+        if self.writer_deferred {
+            batch.push(Request::Deferred);
+        }
         if !wanted.is_empty() {
             batch.push(Request::Reserve(wanted.into_iter().collect()));
         }
@@ -310,6 +328,7 @@ impl Queue {
     /// taken again, else after a wait.
     pub fn on_reply(&mut self, reply: Reply, now: Instant) -> Option<Said> {
         self.held = reply.held;
+        self.writer_deferred = reply.deferred;
         if let Some(masters) = reply.own_masters {
             self.own_masters = masters;
         }
@@ -332,7 +351,7 @@ impl Queue {
 pub enum Unreserve {
     /// Not reserved: nothing.
     Nothing,
-    /// The write gate is closed: at the next keep-alive.
+    /// The write gate is closed: later (`Request::Deferred`, or the next keep-alive).
     Later,
     /// Delete its `value/` key now (announced first).
     Now(LabelKey),
@@ -353,7 +372,7 @@ pub struct Ledger {
     /// expired).
     to_restore: BTreeSet<u32>,
     /// Ids whose object went and whose `value/` key could not be deleted yet (a failed
-    /// delete, or the gate closed then): tried again at the next keep-alive.
+    /// delete, or the gate closed then): tried again later (`deferred`).
     to_unreserve: BTreeSet<u32>,
 }
 
@@ -395,8 +414,8 @@ impl Ledger {
         self.tried.clear();
     }
 
-    /// The `value/` key of `id` could not be deleted (or the log line not written): at the
-    /// next keep-alive.
+    /// The `value/` key of `id` could not be deleted (or the log line not written): later
+    /// (`deferred`).
     pub fn unreserve_failed(&mut self, id: u32) {
         self.to_unreserve.insert(id);
     }
@@ -406,7 +425,7 @@ impl Ledger {
         self.unreserved.insert(id);
     }
 
-    /// The deletes left for the keep-alive, taken.
+    /// The deletes left for later, taken.
     pub fn take_to_unreserve(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.to_unreserve).into_iter().collect()
     }
@@ -422,13 +441,19 @@ impl Ledger {
             .collect();
     }
 
+    /// Work left for the gate or a retry: deletes of `value/` keys, `value/` keys to put
+    /// back.
+    pub fn deferred(&self) -> bool {
+        !self.to_unreserve.is_empty() || !self.to_restore.is_empty()
+    }
+
     pub fn restore_due(&self) -> bool {
         !self.to_restore.is_empty()
     }
 
     /// The next `value/` key to put back on the new lease: id, labels, master revision. It
-    /// stays due until `put_back` says how it went (a failed write leaves it for the next
-    /// keep-alive).
+    /// stays due until `put_back` says how it went (a failed write leaves it for later,
+    /// `deferred`).
     pub fn next_to_restore(&mut self) -> Option<(u32, LabelKey, i64)> {
         while let Some(id) = self.to_restore.first().copied() {
             if let Some((labels, revision)) = self.held.get(&id) {

@@ -707,6 +707,36 @@ fn a_verdict_when_something_arrived_meanwhile_is_not_cutover() {
     );
 }
 
+#[test]
+fn sync_s_own_reservation_keys_coming_and_going_never_keep_cutover_waiting() {
+    let t0 = Instant::now();
+    let mut m = following(false, false, t0);
+    let t1 = check_running(&mut m, t0);
+    // While the check runs, `value/` keys of sync's own come and go (a lapsed lease of a
+    // crashed sync's, a release): no node's use, nothing to plan.
+    let own = |present| KvChange::Slave {
+        label_key: A.as_bytes().to_vec(),
+        node: crate::core::kvstore::RESERVATION_NODE.as_bytes().to_vec(),
+        present,
+    };
+    assert!(own(true).is_own_reservation() && !slave(true).is_own_reservation());
+    for present in [true, false] {
+        m.step(
+            Input::Kv(KvWatchEvent::Changes {
+                changes: vec![own(present)],
+                revision: 9,
+            }),
+            t1,
+            true,
+        );
+    }
+    let out = m.step(Input::Verdict(Ok(())), t1, true);
+    assert!(
+        out.iter().any(|o| matches!(o, Output::Cutover(_))),
+        "{out:?}"
+    );
+}
+
 /// The counts a status publishes, if it publishes any.
 fn published(out: &[Output]) -> Option<u32> {
     out.iter().find_map(|o| match o {

@@ -33,6 +33,7 @@ fn reply(batch: bool, failed: bool, said: Option<Said>) -> Reply {
         own_masters: Some([300].into()),
         batch,
         failed,
+        deferred: false,
         said,
     }
 }
@@ -304,6 +305,30 @@ fn the_keep_alive_comes_a_period_after_the_start_and_a_late_one_is_not_made_up()
     assert!(k.due(late));
     assert!(!k.due(late + KEEP_ALIVE_EVERY / 2));
     assert_eq!(k.next(), late + KEEP_ALIVE_EVERY);
-    // Well within the lease's TTL: many may fail before it lapses.
-    assert!(KEEP_ALIVE_EVERY * 100 <= Duration::from_secs(super::writer::LEASE_TTL_SECS as u64));
+    // Well within the lease's TTL: ten in a row may fail before it lapses.
+    assert!(KEEP_ALIVE_EVERY * 11 <= Duration::from_secs(super::writer::LEASE_TTL_SECS as u64));
+}
+
+#[test]
+fn what_the_writer_left_for_the_gate_is_asked_for_first_at_the_next_batch_until_done() {
+    let t0 = Instant::now();
+    let mut q = Queue::default();
+    q.pump(&state(), range(), t0);
+    q.take_requests();
+    q.want(302, B.into());
+    let mut left = reply(true, true, None);
+    left.deferred = true;
+    q.on_reply(left, t0);
+    q.pump(&state(), range(), t0);
+    let asked = q.take_requests();
+    assert_eq!(asked.first(), Some(&Request::Deferred), "{asked:?}");
+    assert!(
+        matches!(asked.get(1), Some(Request::Reserve(_))),
+        "{asked:?}"
+    );
+    // Done: asked no more.
+    q.on_reply(reply(true, false, None), t0);
+    q.want(303, B.into());
+    q.pump(&state(), range(), t0);
+    assert!(!q.take_requests().contains(&Request::Deferred));
 }

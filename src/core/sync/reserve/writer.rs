@@ -1,5 +1,6 @@
 //! The reservation writer, written once: what it does with each request from the loop and
-//! at each keep-alive, carried out over `KvWrites` (etcd and the decision log beneath it).
+//! at each keep-alive (what the gate held back goes at the loop's next batch, once the gate
+//! is open, or at a keep-alive), carried out over `KvWrites` (etcd and the decision log beneath it).
 //! The binary runs it in a task of its own against etcd (`app::reserve`); the simulation
 //! runs the very same code against its simulated etcd, polling each call to its end at once.
 //! Each write is announced in the decision log before it is made, and made only while the
@@ -185,6 +186,7 @@ impl Writer {
                 self.ledger.look_again();
                 (false, Ok(None))
             }
+            Request::Deferred => (false, self.deferred(io).await),
         }
     }
 
@@ -214,6 +216,7 @@ impl Writer {
             own_masters,
             batch,
             failed,
+            deferred: self.ledger.deferred(),
             said,
         }
     }
@@ -228,6 +231,13 @@ impl Writer {
             self.ledger.lease_lost();
             self.lease_replaced = true;
         }
+        self.deferred(io).await
+    }
+
+    /// What was left for the gate or a retry (`Ledger::deferred`): the deletes of `value/`
+    /// keys whose object went, then the `value/` keys to put back on this sync's lease,
+    /// each only while the gate is open; what to tell the operator then.
+    async fn deferred(&mut self, io: &mut impl KvWrites) -> Result<Option<String>, String> {
         for id in self.ledger.take_to_unreserve() {
             self.object_deleted(id, io).await?;
         }
@@ -236,7 +246,7 @@ impl Writer {
         }
         let (mut restored, mut dropped) = (0, 0);
         // The gate is looked at before each write, not once for all of them: what is left
-        // waits for the next keep-alive.
+        // waits for the loop's next batch with the gate open (`Request::Deferred`).
         while io.may_write()
             && let Some((id, labels, revision)) = self.ledger.next_to_restore()
         {
@@ -353,8 +363,8 @@ impl Writer {
     }
 
     /// The reserved object went from Kubernetes (GC, a person): its `value/` key goes too.
-    /// While the lease is not valid, or when the delete fails, it is tried again at the next
-    /// keep-alive.
+    /// While the lease is not valid, or when the delete fails, it is tried again later
+    /// (`Request::Deferred`, or a keep-alive).
     async fn object_deleted(&mut self, id: u32, io: &mut impl KvWrites) -> Result<(), String> {
         let labels = match self.ledger.object_deleted(id, io.may_write()) {
             Unreserve::Nothing | Unreserve::Later => return Ok(()),
@@ -416,11 +426,10 @@ impl Writer {
             still.push(e);
         }
         // Each is held at once; those whose object is gone wait for the release, the others
-        // go back on this sync's lease here (what a failure leaves is put back at the next
-        // keep-alive).
+        // go back on this sync's lease here (what a failure leaves is put back later).
         self.ledger.adopt(still);
-        // Only while the gate is open, looked at before each write (the rest goes back at a
-        // keep-alive once it is).
+        // Only while the gate is open, looked at before each write (the rest goes back with
+        // the loop's next batch once it is, `Request::Deferred`).
         while io.may_write()
             && let Some((id, labels, revision)) = self.ledger.next_to_restore()
         {

@@ -457,6 +457,7 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
         own_masters: Some([4000].into()),
         batch: true,
         failed: false,
+        deferred: false,
         said: Some(rules::Said::Note("held".into())),
     };
     shell.take(Turn::Reply(reply), t0, true, &mut io);
@@ -771,6 +772,7 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
         own_masters: None,
         batch: true,
         failed: false,
+        deferred: false,
         said: None,
     };
     shell.take(Turn::Reply(reply.clone()), t0, true, &mut io);

@@ -330,6 +330,40 @@ fn what_adoption_could_not_put_back_with_the_gate_shut_goes_back_at_a_keep_alive
 }
 
 #[test]
+fn what_the_gate_held_back_goes_with_the_loops_next_batch_and_frees_what_changed_for_it() {
+    let (mut kv, mut w) = Kv::with_lease();
+    kv.masters.insert(300, (A.into(), 11));
+    kv.masters.insert(301, (B.into(), 12));
+    kv.gate_shut = true;
+    let adopt = vec![Request::Adopt(vec![
+        earlier(300, A, 11, true),
+        earlier(301, B, 12, true),
+    ])];
+    let r = handle(&mut w, &mut kv, adopt).unwrap();
+    assert!(r.deferred, "what waits for the gate is said: {r:?}");
+    // Meanwhile Cilium's GC took 301's master key: the log still records it as reserved.
+    kv.masters.remove(&301);
+    kv.gate_shut = false;
+    // The loop's next batch, not a keep-alive: 300 goes back, 301 is found changed and is
+    // no longer held, so the same batch reserves it again.
+    let r = handle(
+        &mut w,
+        &mut kv,
+        vec![Request::Deferred, Request::Reserve(vec![(301, B.into())])],
+    )
+    .unwrap();
+    assert!(!r.deferred, "{r:?}");
+    assert_eq!(kv.values.len(), 2);
+    assert_eq!(kv.masters.get(&300).map(|(_, rev)| *rev), Some(11));
+    assert!(kv.masters.get(&301).is_some_and(|(_, rev)| *rev != 12));
+    // The same ids held as before the batch (301 at a new revision): nothing to tell.
+    assert_eq!((r.own_masters, r.held), (None, 2));
+    // Nothing left: the next batch asks nothing of it.
+    let r = handle(&mut w, &mut kv, vec![Request::Deferred]).unwrap();
+    assert_eq!((r.deferred, r.said), (false, None));
+}
+
+#[test]
 fn a_deleted_object_takes_its_value_key_along_and_a_forgotten_id_is_reserved_again() {
     let (mut kv, mut w) = Kv::with_lease();
     reserve(&mut w, &mut kv, &[(300, A)]);

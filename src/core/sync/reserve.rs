@@ -537,6 +537,7 @@ impl Ledger {
     }
 }
 
+pub mod reservations;
 pub mod writer;
 
 #[cfg(test)]

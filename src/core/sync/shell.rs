@@ -2,8 +2,9 @@
 //! (`crate::sim`): each input goes to the machine, and its commands are carried out through
 //! `Io` (the decision log, what is said, writes, cutover checks, split reports, the
 //! reservation writer); what the carrying-out answers at once (moot closures logged) goes
-//! back in; what lives across rounds (what a round carries over, the reservations' queue,
-//! what an earlier sync left reserved) is kept here; and it says when a round ends. Only the
+//! back in; what lives across rounds is kept here (what a round carries over, and the
+//! reservations, whose own rules decide: `reserve::reservations`); and it says when a round
+//! ends. It decides nothing itself. Only the
 //! IO beneath differs: tasks and channels in the binary, the simulated world in the
 //! simulation.
 
@@ -14,7 +15,8 @@ use super::failure::{self, Fault, Path, Then};
 use super::machine::{
     CutoverReport, Input, LeaseHolder, Machine, Output, Reserve, Settings, SplitFound, SyncEnd,
 };
-use super::reserve::{self as rules, Queue, Reply, Request, Unreleased};
+use super::reserve::reservations::Reservations;
+use super::reserve::{Reply, Request, Said, Unreleased};
 use super::{BatchOutcome, SyncReport, SyncState, SyncStatus, Taken};
 use crate::core::kvstore::NodeCounts;
 use crate::core::labels::LabelKey;
@@ -209,12 +211,8 @@ pub struct Shell {
     carried: Option<SyncState>,
     /// The stop was handed to the machine (this round).
     stop_told: bool,
-    /// The reservations' queue (core's rules), while a writer runs.
-    queue: Option<Queue>,
-    /// What the logs record as reserved and not released, taken over once by the holder.
-    earlier: Unreleased,
-    /// `--release-reservations`: a clean stop releases, as cutover does.
-    release_on_stop: bool,
+    /// The reservations across rounds: their rules decide, the shell hands on.
+    reservations: Reservations,
 }
 
 impl Shell {
@@ -227,9 +225,7 @@ impl Shell {
             machine: Machine::new(settings, decisions),
             carried: None,
             stop_told: false,
-            queue: None,
-            earlier: Unreleased::new(),
-            release_on_stop,
+            reservations: Reservations::new(release_on_stop),
         }
     }
 
@@ -246,7 +242,7 @@ impl Shell {
     /// Whether a reservation writer is to be started before the next round: sync reserves
     /// now (not since cutover released them, unless a node came back) and none runs.
     pub fn wants_writer(&self) -> bool {
-        self.machine.reserving() && self.queue.is_none()
+        self.machine.reserving() && !self.reservations.has_writer()
     }
 
     /// The reservation writer started: its queue is this shell's; `unreleased` is what the
@@ -255,36 +251,19 @@ impl Shell {
     /// disk full or the Lease lost midway, what that release left), taken over once by the
     /// Lease's holder, so a writer that starts again never forgets master keys written.
     pub fn writer_started(&mut self, unreleased: Unreleased) {
-        self.queue = Some(Queue::default());
-        self.earlier = unreleased;
+        self.reservations.writer_started(unreleased);
     }
 
     /// Whether a writer runs, to be finished when sync ends.
     pub fn has_writer(&self) -> bool {
-        self.queue.is_some()
+        self.reservations.has_writer()
     }
 
-    /// On a clean stop: whether the reservations are released (`--release-reservations`,
-    /// and only while this sync holds the Lease).
-    pub fn release_on_stop(&self, holding: bool) -> bool {
-        self.release_on_stop && holding && self.queue.is_some()
-    }
-
-    /// A clean stop with `--release-reservations` while holding the Lease: the release, as
-    /// cutover's goes (`Reserve::Release`). What the logs left reserved and this sync has not
-    /// taken over yet is taken over now, so it is released too, and what waits in the queue
-    /// goes with it: the requests returned are sent to the writer, which then finishes and
-    /// releases. `None`: nothing is released (no writer, not holding, not asked).
+    /// A clean stop: the release, as cutover's goes, if `Reservations::release_at_stop`
+    /// says so (the requests to send the writer, which then finishes and releases).
     pub fn release_at_stop(&mut self, holding: bool) -> Option<Vec<Request>> {
-        if !self.release_on_stop(holding) {
-            return None;
-        }
         let state = self.carried.as_ref().unwrap_or(self.machine.state());
-        let earlier = rules::earlier_to_adopt(&mut self.earlier, state, holding);
-        let mut q = self.queue.take()?;
-        q.adopt(earlier);
-        q.flush();
-        Some(q.take_requests())
+        self.reservations.release_at_stop(state, holding)
     }
 
     /// A round starts on a fresh read of both sides (`state`), with what the last round
@@ -403,13 +382,13 @@ impl Shell {
         gate: bool,
         io: &mut impl Io,
     ) -> Option<RoundEnd> {
-        let q = self.queue.as_mut()?;
-        match q.on_reply(reply, now) {
-            Some(rules::Said::Trouble(t)) => io.say(Event::Trouble(t)),
-            Some(rules::Said::Note(n)) => io.say(Event::Note(n)),
+        let answered = self.reservations.answered(reply, now)?;
+        match answered.said {
+            Some(Said::Trouble(t)) => io.say(Event::Trouble(t)),
+            Some(Said::Note(n)) => io.say(Event::Note(n)),
             None => {}
         }
-        let (held, own_masters) = (q.held(), q.own_masters().clone());
+        let (held, own_masters) = (answered.held, answered.own_masters);
         self.step(Input::Reservations { held, own_masters }, now, gate, io)
     }
 
@@ -497,38 +476,16 @@ impl Shell {
         end
     }
 
-    /// A reservation command, to the queue and on to the writer; at cutover, the release.
+    /// A reservation command, through the reservations' rules, on to the writer; at
+    /// cutover, the release.
     fn reserve(&mut self, cmd: Reserve, now: Instant, io: &mut impl Io) {
-        let Some(q) = self.queue.as_mut() else {
-            return;
-        };
         let m = &self.machine;
-        // What the logs record as reserved and not released is taken over once, by the
-        // Lease's holder (only it writes), at the first command that finds it holding: the
-        // Lease taken while its gate is shut a moment (a renewal late) must not leave it
-        // behind, and a release takes it along.
-        q.adopt(rules::earlier_to_adopt(
-            &mut self.earlier,
-            m.state(),
-            m.holding(),
-        ));
-        let release = cmd == Reserve::Release;
-        match cmd {
-            Reserve::MasterGone { id, k8s } => q.master_gone(id, k8s),
-            Reserve::Want { id, labels } => q.want(id, labels),
-            Reserve::Deleted { id } => q.deleted(id),
-            Reserve::ViewChanged => q.view_changed(),
-            Reserve::FreshKvstore => q.fresh_kvstore(),
-            Reserve::Pump => q.pump(m.state(), m.settings().range, now),
-            Reserve::Release => q.flush(),
+        let how = (m.holding(), m.settings().range);
+        let asked = self.reservations.command(cmd, m.state(), how, now);
+        if !asked.requests.is_empty() {
+            io.reserve(asked.requests);
         }
-        let requests = q.take_requests();
-        if !requests.is_empty() {
-            io.reserve(requests);
-        }
-        if release {
-            // No kvstore-mode node is left to need them.
-            self.queue = None;
+        if asked.release {
             io.release();
         }
     }

@@ -3,15 +3,15 @@
 use super::*;
 use crate::core::sync::KvChange;
 
-const A: &str = "k8s:app=a;";
-const B: &str = "k8s:app=b;";
+pub(super) const A: &str = "k8s:app=a;";
+pub(super) const B: &str = "k8s:app=b;";
 
-fn range() -> IdRange {
+pub(super) fn range() -> IdRange {
     IdRange::for_cluster(0).unwrap()
 }
 
 /// Kubernetes holds 300 = A and 301 = B; the kvstore holds 301.
-fn state() -> SyncState {
+pub(super) fn state() -> SyncState {
     let mut s = SyncState::default();
     s.k8s.insert(300, A.into());
     s.k8s.insert(301, B.into());

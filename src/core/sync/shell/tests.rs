@@ -421,8 +421,9 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
     let t0 = Instant::now();
     let (mut shell, mut io) = shell(settings(true, false), true);
     assert!(shell.wants_writer());
-    assert!(
-        !shell.release_on_stop(true),
+    assert_eq!(
+        shell.release_at_stop(true),
+        None,
         "no writer yet: nothing to release"
     );
     // Without a writer, what the machine asks goes nowhere.
@@ -437,9 +438,9 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
     shell.writer_started(BTreeMap::new());
     assert!(!shell.wants_writer());
     assert!(shell.has_writer());
-    assert!(shell.release_on_stop(true));
-    assert!(
-        !shell.release_on_stop(false),
+    assert_eq!(
+        shell.release_at_stop(false),
+        None,
         "only the Lease's holder releases"
     );
     shell.start_round(read(&[("300", A)], &[(4000, B)], t0), t0, true, &mut io);
@@ -458,7 +459,7 @@ fn reservations_are_asked_for_only_once_a_writer_runs_and_released_once() {
         batch: true,
         failed: false,
         deferred: false,
-        said: Some(rules::Said::Note("held".into())),
+        said: Some(Said::Note("held".into())),
     };
     shell.take(Turn::Reply(reply), t0, true, &mut io);
     assert_eq!(shell.machine().state().status.reservations, 1);
@@ -743,7 +744,7 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
         &mut io,
     );
     // Taken over first, once; nothing else to reserve (the kvstore holds no other id).
-    let adopted = vec![rules::Earlier {
+    let adopted = vec![crate::core::sync::reserve::Earlier {
         id: 4003,
         labels: B.into(),
         revision: 7,
@@ -905,7 +906,7 @@ fn what_the_logs_left_is_taken_over_once_the_lease_is_held_with_its_gate_open() 
     assert!(io.requests.is_empty(), "{:?}", io.requests);
     // The gate opens: the next command takes it over, once.
     settle(&mut shell, t0 + Duration::from_millis(100), &mut io);
-    let adopted = Request::Adopt(vec![rules::Earlier {
+    let adopted = Request::Adopt(vec![crate::core::sync::reserve::Earlier {
         id: 4003,
         labels: B.into(),
         revision: 7,

@@ -599,7 +599,7 @@ async fn the_writer_writes_nothing_while_the_leases_gate_is_shut_and_what_was_as
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_clean_stop_with_release_reservations_releases_what_an_earlier_sync_left() {
+async fn a_restart_makes_nothing_the_gc_deleted_and_a_clean_stop_releases_what_was_left() {
     let w = World::new(SandboxConfig::default()).await;
     seed_kvstore_node_and_crd_object(&w).await;
     w.sb.seed_identity(
@@ -627,8 +627,14 @@ async fn a_clean_stop_with_release_reservations_releases_what_an_earlier_sync_le
     // cutover's would.
     let second = Sync::start(&w, &["--reserve-in-kvstore", "--release-reservations"]);
     second.wait_for_line("taken: this sync writes", 20).await;
+    second.wait_for_line("took over 1 reservations", 20).await;
+    // Its first plans knew 4000 as its own before the writer took it over: the object the
+    // GC deleted is not made again (ten settles later).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!w.sb.objects().contains_key("4000"), "made again");
     let (code, text) = second.stop().await;
     assert_eq!(code, 0, "{text}");
+    assert!(!text.contains("wrote 1 CiliumIdentity"), "{text}");
     assert!(
         text.contains("lease revoked, 2 of 2 master keys deleted"),
         "{text}"

@@ -218,12 +218,25 @@ impl Default for Queue {
 }
 
 impl Queue {
+    /// The queue of a writer that starts with `recorded`: the ids the decision logs record
+    /// as reserved and not released, counted as this sync's own master keys until the
+    /// writer's answer to their adoption says which are (none is made in Kubernetes
+    /// meanwhile: a restarted sync never makes again an object the GC deleted while it was
+    /// down).
+    pub fn started_with(recorded: BTreeSet<u32>) -> Self {
+        Queue {
+            own_masters: recorded,
+            ..Queue::default()
+        }
+    }
+
     /// Ids reserved now (as of the last reply).
     pub fn held(&self) -> usize {
         self.held
     }
 
-    /// The master keys this sync wrote (as of the last reply).
+    /// The master keys this sync wrote (as of the last reply; before the writer has
+    /// answered an adoption, the ids the logs record).
     pub fn own_masters(&self) -> &BTreeSet<u32> {
         &self.own_masters
     }

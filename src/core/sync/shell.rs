@@ -278,6 +278,11 @@ impl Shell {
         if let Some(old) = self.carried.take() {
             state.carry_over(old, now);
         }
+        // The first plan already knows the master keys that are sync's own (at a start,
+        // what the logs record, before the writer has taken them over).
+        if let Some(own) = self.reservations.own_masters() {
+            state.own_masters = own.clone();
+        }
         self.stop_told = false;
         let outs = self.machine.start_round(state, gate);
         self.carry_out(outs, now, gate, io)

@@ -59,8 +59,14 @@ impl Reservations {
     /// left), taken over once by the Lease's holder, so a writer that starts again never
     /// forgets master keys written.
     pub fn writer_started(&mut self, unreleased: Unreleased) {
-        self.queue = Some(Queue::default());
+        self.queue = Some(Queue::started_with(unreleased.keys().copied().collect()));
         self.earlier = unreleased;
+    }
+
+    /// The master keys counted as this sync's own while a writer runs (`Queue::own_masters`),
+    /// for a round to start with.
+    pub fn own_masters(&self) -> Option<&BTreeSet<u32>> {
+        self.queue.as_ref().map(Queue::own_masters)
     }
 
     /// A command of the machine's (`holding`: the Lease is this sync's and its gate open).

@@ -332,3 +332,16 @@ fn what_the_writer_left_for_the_gate_is_asked_for_first_at_the_next_batch_until_
     q.pump(&state(), range(), t0);
     assert!(!q.take_requests().contains(&Request::Deferred));
 }
+
+#[test]
+fn a_queue_started_with_what_the_logs_record_counts_it_as_its_own_until_told_otherwise() {
+    let t0 = Instant::now();
+    let mut q = Queue::started_with([400].into());
+    assert_eq!(q.own_masters(), &BTreeSet::from([400]));
+    let mut unchanged = reply(true, false, None);
+    unchanged.own_masters = None;
+    q.on_reply(unchanged, t0);
+    assert_eq!(q.own_masters(), &BTreeSet::from([400]));
+    q.on_reply(reply(true, false, None), t0);
+    assert_eq!(q.own_masters(), &BTreeSet::from([300]));
+}

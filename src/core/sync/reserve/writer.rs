@@ -95,8 +95,10 @@ pub struct Writer {
     ledger: Ledger,
     /// The lease was replaced (the old one lapsed) and not every key is back on it yet.
     lease_replaced: bool,
-    /// The master keys last reported to the loop.
-    masters_sent: BTreeSet<u32>,
+    /// The master keys last reported to the loop; `None` once an adoption is to be
+    /// answered: the loop counts what the logs record as its own until then, and is told
+    /// what the writer holds even if it is what it held before.
+    masters_sent: Option<BTreeSet<u32>>,
 }
 
 fn line(id: u32, labels: &LabelKey, action: &'static str, kvstore: String) -> WriteLine {
@@ -120,7 +122,7 @@ impl Writer {
             lease,
             ledger: Ledger::default(),
             lease_replaced: false,
-            masters_sent: BTreeSet::new(),
+            masters_sent: Some(BTreeSet::new()),
         }
     }
 
@@ -181,7 +183,10 @@ impl Writer {
                 io.counted(0, self.ledger.count());
                 (false, Ok(None))
             }
-            Request::Adopt(earlier) => (false, self.adopt(earlier, io).await),
+            Request::Adopt(earlier) => {
+                self.masters_sent = None;
+                (false, self.adopt(earlier, io).await)
+            }
             Request::LookAgain => {
                 self.ledger.look_again();
                 (false, Ok(None))
@@ -209,8 +214,8 @@ impl Writer {
             Err(e) => Some(Said::Trouble(format!("reserving in the kvstore: {e}"))),
         };
         let masters = self.ledger.own_masters();
-        let own_masters = (masters != self.masters_sent).then(|| masters.clone());
-        self.masters_sent = masters;
+        let own_masters = (self.masters_sent.as_ref() != Some(&masters)).then(|| masters.clone());
+        self.masters_sent = Some(masters);
         Reply {
             held: self.ledger.count(),
             own_masters,

@@ -149,6 +149,18 @@ fn following(shell: &mut Shell, state: SyncState, t0: Instant, io: &mut Recorded
     shell.take(Turn::Input(Input::K8s(K8sChange::Connected)), t0, true, io);
 }
 
+/// The writer's answer to a batch, with nothing to say.
+fn answer(held: usize, own_masters: Option<BTreeSet<u32>>) -> Reply {
+    Reply {
+        held,
+        own_masters,
+        batch: true,
+        failed: false,
+        deferred: false,
+        said: None,
+    }
+}
+
 fn settle(shell: &mut Shell, t: Instant, io: &mut Recorded) -> Option<RoundEnd> {
     shell.take(Turn::Settle { stopped: false }, t, true, io)
 }
@@ -768,14 +780,7 @@ fn each_reservation_command_reaches_the_writer_as_its_request_in_order() {
         "one batch in flight: {:?}",
         io.requests
     );
-    let reply = Reply {
-        held: 1,
-        own_masters: None,
-        batch: true,
-        failed: false,
-        deferred: false,
-        said: None,
-    };
+    let reply = answer(1, None);
     shell.take(Turn::Reply(reply.clone()), t0, true, &mut io);
     assert_eq!(io.requests, vec![Request::Reserve(vec![(4001, c.into())])]);
     shell.take(Turn::Reply(reply.clone()), t0, true, &mut io);
@@ -921,4 +926,28 @@ fn what_the_logs_left_is_taken_over_once_the_lease_is_held_with_its_gate_open() 
     io.requests.clear();
     settle(&mut shell, t0 + Duration::from_millis(200), &mut io);
     assert!(!io.requests.contains(&adopted), "{:?}", io.requests);
+}
+
+#[test]
+fn a_restart_counts_what_the_logs_record_as_its_own_until_the_writer_answers_the_adoption() {
+    let t0 = Instant::now();
+    // An earlier sync reserved 4003 = B; the GC deleted its object while no sync ran. The
+    // kvstore still holds the master key, which no node uses.
+    let earlier = BTreeMap::from([(4003, (B.to_string(), 7))]);
+    let (mut shell, mut io) = shell(settings(true, false), false);
+    shell.writer_started(earlier);
+    following(&mut shell, read(&[("4003", B)], &[], t0), t0, &mut io);
+    settle(&mut shell, t0, &mut io);
+    assert!(io.writes.is_empty(), "made again: {:?}", io.writes);
+    assert_eq!(shell.machine().state().own_masters, BTreeSet::from([4003]));
+    // A reply to a batch without the adoption changes nothing of it.
+    shell.take(Turn::Reply(answer(0, None)), t0, true, &mut io);
+    settle(&mut shell, t0, &mut io);
+    assert!(io.writes.is_empty(), "made again: {:?}", io.writes);
+    // The adoption answered: held, so still sync's own.
+    let adopted = answer(1, Some([4003].into()));
+    shell.take(Turn::Reply(adopted), t0, true, &mut io);
+    settle(&mut shell, t0, &mut io);
+    assert!(io.writes.is_empty(), "made again: {:?}", io.writes);
+    assert_eq!(shell.machine().state().own_masters, BTreeSet::from([4003]));
 }

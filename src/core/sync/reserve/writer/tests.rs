@@ -447,3 +447,20 @@ fn a_release_with_the_gate_shut_writes_nothing() {
     );
     assert_eq!((kv.leases.len(), kv.masters.len(), kv.log.len()), (1, 1, 2));
 }
+
+#[test]
+fn the_answer_to_an_adoption_always_says_what_is_held_even_if_nothing_changed() {
+    let (mut kv, mut w) = Kv::with_lease();
+    // The master key went since (Cilium's GC): nothing is taken over, and the loop, which
+    // counted 300 as sync's own until now, is told so.
+    let r = handle(
+        &mut w,
+        &mut kv,
+        vec![Request::Adopt(vec![earlier(300, A, 11, false)])],
+    )
+    .unwrap();
+    assert_eq!(r.own_masters, Some(BTreeSet::new()));
+    // Not again until something changes.
+    let r = handle(&mut w, &mut kv, vec![Request::LookAgain]).unwrap();
+    assert_eq!(r.own_masters, None);
+}

@@ -25,6 +25,7 @@ use crate::e2e::World;
 use crate::harness::free_port;
 use crate::proxy::{Mode, Proxy};
 use crate::sync::{Sync, all_keys, wait_for};
+use crate::writer::{keeper, until_writer};
 
 const P: &str = "cilium/state/identities/v1";
 
@@ -523,25 +524,15 @@ async fn a_release_keeps_a_reservation_a_node_uses_checked_in_the_delete_itself(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sync_that_does_not_hold_the_lease_reserves_nothing_until_it_takes_it() {
-    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
-    use cilium_idmig::io::lease::LeaseApi;
+    use cilium_idmig::app::lease::{LeaseOptions, Writer};
     let w = World::new(SandboxConfig::default()).await;
     // Another sync (another host) holds the one-writer Lease.
-    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
     let opts = LeaseOptions::default();
-    let other = LeaseKeeper::start(
-        LeaseApi::new(&target, &opts.namespace, &opts.name),
-        opts.clone(),
-        "another-host:sync.jsonl".into(),
-    );
-    let mut writer = other.writer.clone();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        writer.wait_for(|w| *w == Writer::Us),
-    )
-    .await
-    .expect("the other sync takes the lease")
-    .unwrap();
+    let other = keeper(&w, &opts, "another-host:sync.jsonl");
+    until_writer(&other, "the other sync takes the lease", |w| {
+        *w == Writer::Us
+    })
+    .await;
     seed_kvstore_node_and_crd_object(&w).await;
     let master = format!("{P}/id/4000");
     let status = format!("127.0.0.1:{}", free_port());

@@ -5,6 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
+use cilium_idmig::io::k8s::K8sTarget;
+use cilium_idmig::io::lease::LeaseApi;
 use cilium_idmig::sandbox::SandboxConfig;
 
 use crate::e2e::{World, log_records};
@@ -22,6 +25,29 @@ fn created_by(w: &World, log: &str) -> Vec<u64> {
         .filter(|r| r["outcome"] == "created")
         .filter_map(|r| r["target_id"].as_u64())
         .collect()
+}
+
+/// A Lease keeper in this process on the sandbox's Lease, as `who`.
+pub(crate) fn keeper(w: &World, opts: &LeaseOptions, who: &str) -> LeaseKeeper {
+    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
+    LeaseKeeper::start(
+        LeaseApi::new(&target, &opts.namespace, &opts.name),
+        opts.clone(),
+        who.into(),
+    )
+}
+
+/// Waits at most 10 s until `keeper` sees the writer as `is` says (`what`, if it does not).
+pub(crate) async fn until_writer(
+    keeper: &LeaseKeeper,
+    what: &str,
+    mut is: impl FnMut(&Writer) -> bool,
+) {
+    let mut writer = keeper.writer.clone();
+    tokio::time::timeout(Duration::from_secs(10), writer.wait_for(|w| is(w)))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within 10 s"))
+        .unwrap();
 }
 
 fn holder(w: &World) -> Option<String> {
@@ -137,25 +163,9 @@ async fn one_log_has_one_sync_and_a_refused_lease_says_what_to_grant() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_holder_whose_renewals_hang_stops_writing_before_anyone_may_take_over() {
-    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
-    use cilium_idmig::io::k8s::K8sTarget;
-    use cilium_idmig::io::lease::LeaseApi;
     let w = World::new(SandboxConfig::default()).await;
-    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
-    let opts = LeaseOptions::default();
-    let keeper = LeaseKeeper::start(
-        LeaseApi::new(&target, &opts.namespace, &opts.name),
-        opts.clone(),
-        "first".into(),
-    );
-    let mut writer = keeper.writer.clone();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while *writer.borrow_and_update() != Writer::Us {
-            writer.changed().await.unwrap();
-        }
-    })
-    .await
-    .expect("the lease taken");
+    let keeper = keeper(&w, &LeaseOptions::default(), "first");
+    until_writer(&keeper, "the lease taken", |w| *w == Writer::Us).await;
     assert!(keeper.holding() && keeper.gate.open());
     // The lease endpoint stops answering (identities are still served): renewals hang.
     let hung = Instant::now();
@@ -177,32 +187,14 @@ async fn a_holder_whose_renewals_hang_stops_writing_before_anyone_may_take_over(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn keepers_try_at_their_cadence_and_a_dropped_one_lets_the_lease_go() {
-    use cilium_idmig::app::lease::{LeaseKeeper, LeaseOptions, Writer};
-    use cilium_idmig::io::k8s::K8sTarget;
-    use cilium_idmig::io::lease::LeaseApi;
     let w = World::new(SandboxConfig::default()).await;
-    let target = K8sTarget::from_url(&w.sb.url()).unwrap();
     // A short lease, so the holder renews every second and a standby tries as often.
     let opts = LeaseOptions {
         duration: Duration::from_secs(3),
         ..LeaseOptions::default()
     };
-    let start = |who: &str| {
-        LeaseKeeper::start(
-            LeaseApi::new(&target, &opts.namespace, &opts.name),
-            opts.clone(),
-            who.into(),
-        )
-    };
-    let first = start("first");
-    let mut writer = first.writer.clone();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        writer.wait_for(|w| *w == Writer::Us),
-    )
-    .await
-    .expect("the lease taken")
-    .unwrap();
+    let first = keeper(&w, &opts, "first");
+    until_writer(&first, "the lease taken", |w| *w == Writer::Us).await;
     // Created as client-go's leader election creates it: its holder, duration and times.
     let spec =
         |w: &World| w.sb.leases()[&(opts.namespace.clone(), opts.name.clone())]["spec"].clone();
@@ -214,15 +206,9 @@ async fn keepers_try_at_their_cadence_and_a_dropped_one_lets_the_lease_go() {
         created["acquireTime"].is_string() && created["renewTime"].is_string(),
         "{created}"
     );
-    let second = start("second");
-    let mut standby = second.writer.clone();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        standby.wait_for(|w| matches!(w, Writer::Other { .. })),
-    )
-    .await
-    .expect("the second sees the holder")
-    .unwrap();
+    let second = keeper(&w, &opts, "second");
+    let sees_holder = |w: &Writer| matches!(w, Writer::Other { .. });
+    until_writer(&second, "the second sees the holder", sees_holder).await;
 
     // Between tries each keeper waits: over 6 s a holder renews about six times (a read
     // and a replace each) and a standby reads about six times, never in a busy loop.
@@ -245,13 +231,8 @@ async fn keepers_try_at_their_cadence_and_a_dropped_one_lets_the_lease_go() {
     // try, well within the lease's duration.
     drop(first);
     let dropped = Instant::now();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        standby.wait_for(|w| *w == Writer::Us),
-    )
-    .await
-    .expect("the standby takes the lease a dropped keeper held")
-    .unwrap();
+    let what = "the standby takes the lease a dropped keeper held";
+    until_writer(&second, what, |w| *w == Writer::Us).await;
     assert!(
         dropped.elapsed() < Duration::from_secs(6),
         "{:?}",

@@ -37,12 +37,24 @@ pub fn request_fault(e: &RequestError, old_token: bool) -> Fault {
 /// `e`, met on `path` doing `what`, for the shell to judge (`Shell::failed`); `trouble`
 /// turns the error's words into what is said when it is ridden out.
 pub fn failed(path: Path, what: &str, e: &Error, trouble: impl FnOnce(String) -> String) -> Failed {
+    failed_as(path, fault(path, e), what, e, trouble)
+}
+
+/// As `failed`, for an error read as `fault` elsewhere (a request's, `request_fault`).
+pub fn failed_as(
+    path: Path,
+    fault: Fault,
+    what: &str,
+    e: &impl std::fmt::Display,
+    trouble: impl FnOnce(String) -> String,
+) -> Failed {
+    let error = e.to_string();
     Failed {
         path,
-        fault: fault(path, e),
+        fault,
         doing: what.to_string(),
-        error: e.to_string(),
-        trouble: trouble(e.to_string()),
+        trouble: trouble(error.clone()),
+        error,
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::fatal::{failed, request_fault};
+use super::fatal::{failed, failed_as, request_fault};
 use crate::app::config::ServiceConfig;
 use crate::app::metrics::{Metrics, Source};
 use crate::core::sync::failure::{self, Path};
@@ -117,13 +117,11 @@ pub async fn follow_kubernetes(
         if let Ok(Err(e)) = ended {
             metrics.k8s_live.store(false, Ordering::Relaxed);
             // A 401 just after the token file was renewed was sent with the old token.
-            let f = Failed {
-                path: Path::K8sWatch,
-                fault: request_fault(&e, cfg.target.sent_with_old_token(&e)),
-                doing: "watching ciliumidentities.cilium.io".into(),
-                error: e.to_string(),
-                trouble: format!("Kubernetes watch: {e}; watching again"),
-            };
+            let fault = request_fault(&e, cfg.target.sent_with_old_token(&e));
+            let doing = "watching ciliumidentities.cilium.io";
+            let f = failed_as(Path::K8sWatch, fault, doing, &e, |e| {
+                format!("Kubernetes watch: {e}; watching again")
+            });
             if failures.send(f).await.is_err() {
                 return;
             }

@@ -23,6 +23,7 @@ pub mod machine;
 pub mod reserve;
 pub(crate) mod round;
 pub mod shell;
+pub mod split;
 mod status;
 
 pub use status::{CutoverWait, SyncStatus, cutover_wait};

@@ -10,7 +10,7 @@ pub use super::log::{LogLine, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
-use crate::core::kvstore::{MasterEntry, parse_id};
+use crate::core::kvstore::{MasterEntry, RESERVATION_NODE, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::{Elector, write_held_back};
 use crate::core::outcome::Outcome;
@@ -18,8 +18,11 @@ use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
 
-use crate::core::sync::machine::{Input, K8sChange, KvWatchEvent, LeaseHolder, Settings};
+use crate::core::sync::machine::{
+    Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
+};
 use crate::core::sync::shell::{self, AfterFailure, Failed, Refusal, RoundEnd, Shell, Turn};
+use crate::core::sync::split::{self, Named};
 use crate::core::sync::{BatchOutcome, CutoverWait};
 use crate::core::verify::{Expectations, verify};
 
@@ -56,6 +59,8 @@ pub struct Instance {
     /// started, which are conflicts of its first plan): each must be reported while it
     /// lasts.
     pub must_report: BTreeSet<u32>,
+    /// Splits handed over to be reported, waiting for their nodes to be named.
+    naming: Vec<SplitFound>,
     pub cutover: Option<Duration>,
     pub ended: bool,
     /// It ended on a refusal (exit 2, naming what to grant), with the server's words: the
@@ -120,6 +125,7 @@ impl Instance {
             occurrences: BTreeMap::new(),
             reports: BTreeMap::new(),
             must_report: BTreeSet::new(),
+            naming: Vec::new(),
             cutover: None,
             ended: false,
             refused_end: None,
@@ -397,7 +403,10 @@ impl Instance {
             shell.take(turn, now, gate, io)
         })?;
         self.round_ended(end, world, log, (clock, rng, faults, trace))?;
-        // A split begun is reported at the next settle (its nodes named later, by the shell).
+        if settle {
+            self.name_splits(world, now, trace);
+        }
+        // A split begun is handed over at the next settle (its nodes named later).
         if settle
             && !self.ended
             && let Some(id) = self.must_report.iter().find(|id| self.shadow.split(**id))
@@ -526,6 +535,29 @@ impl Instance {
         Ok(())
     }
 
+    /// The splits handed over whose kvstore labels' nodes can be named now, or whose wait
+    /// is over, reported by the binary's rule (`split::named`, the world's `value/` keys for
+    /// etcd's); the others wait for the next settle, as the binary's task asks again.
+    fn name_splits(&mut self, world: &World, now: Instant, trace: &mut Trace) {
+        let i = self.idx;
+        for f in std::mem::take(&mut self.naming) {
+            let nodes = world
+                .values
+                .keys()
+                .filter(|(l, n)| l.as_bytes() == f.kv_value && n != RESERVATION_NODE)
+                .map(|(_, n)| n.clone())
+                .collect();
+            match split::named(&f, nodes, now) {
+                Named::Report(s) => trace.line(
+                    world.now,
+                    format!("i{i} split {} reported, nodes {:?}", s.id, s.nodes),
+                ),
+                Named::Wait => self.naming.push(f),
+                Named::NotLabels => {}
+            }
+        }
+    }
+
     /// Runs `f` on the shell with the simulated world as its IO; the first invariant a call
     /// broke, if any.
     fn with_io<T>(
@@ -554,6 +586,7 @@ impl Instance {
             occurrences: &self.occurrences,
             reports: &mut self.reports,
             must_report: &mut self.must_report,
+            naming: &mut self.naming,
             cutover: &mut self.cutover,
             reserve_trouble: &mut self.reserve_trouble,
             failure: None,

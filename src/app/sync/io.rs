@@ -5,23 +5,23 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::event::{SplitAllocation, SyncEvent};
+use super::event::SyncEvent;
 use crate::app::config::ServiceConfig;
 use crate::app::flows;
 use crate::app::metrics::Metrics;
 use crate::app::reserve::{ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers, WriteGate};
 use crate::apply::outcome::ApplyReport;
-use crate::core::labels::valid_label_key;
 use crate::core::outcome::Outcome;
 use crate::core::planner::{Kind, Op};
 use crate::core::sync::machine::SplitFound;
 use crate::core::sync::reserve::Request;
-use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line, SPLIT_NODES_WAIT};
+use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line};
+use crate::core::sync::split::{self, Named};
 use crate::core::sync::{CutoverWait, SyncReport, SyncStatus, Taken};
 use crate::error::Result;
 use crate::io::decision_log::Record;
@@ -327,28 +327,23 @@ fn report_splits(
     let (events, cfg) = (events.clone(), cfg.clone());
     tokio::spawn(async move {
         for f in found {
-            let Ok(kv_labels) = valid_label_key(&f.kv_value) else {
-                continue;
-            };
-            let nodes = loop {
+            let named = loop {
                 let nodes = conn
                     .nodes_using(&prefix, &f.kv_value)
                     .await
                     .unwrap_or_default();
-                if !nodes.is_empty() || f.found.elapsed() >= SPLIT_NODES_WAIT {
-                    break nodes;
+                match split::named(&f, nodes, Instant::now()) {
+                    Named::Report(split) => break Some(split),
+                    Named::Wait => tokio::time::sleep(Duration::from_millis(250)).await,
+                    Named::NotLabels => break None,
                 }
-                tokio::time::sleep(Duration::from_millis(250)).await;
             };
-            let split = SplitAllocation {
-                id: f.id,
-                kvstore_labels: kv_labels.to_string(),
-                k8s_labels: f.k8s_labels,
-                nodes,
+            let Some(split) = named else {
+                continue;
             };
             let mut record = Record::decision(
                 &f.id.to_string(),
-                kv_labels,
+                &split.kvstore_labels,
                 Kind::Remap,
                 ("split-allocation", "rule"),
                 Some(f.id),

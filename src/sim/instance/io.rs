@@ -127,6 +127,8 @@ pub struct SimIo<'a> {
     pub(super) occurrences: &'a BTreeMap<u32, u32>,
     pub(super) reports: &'a mut BTreeMap<u32, u32>,
     pub(super) must_report: &'a mut BTreeSet<u32>,
+    /// Splits handed over, their nodes still to be named (`Instance::name_splits`).
+    pub(super) naming: &'a mut Vec<SplitFound>,
     pub(super) cutover: &'a mut Option<Duration>,
     /// When the instance last said the reservations met trouble.
     pub(super) reserve_trouble: &'a mut Option<Duration>,
@@ -196,6 +198,7 @@ impl SimIo<'_> {
             }
             self.line(format!("i{i} split {}", f.id));
             self.must_report.remove(&f.id);
+            self.naming.push(f);
         }
         Ok(())
     }

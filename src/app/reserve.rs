@@ -344,6 +344,33 @@ async fn why_ended<T>(task: JoinHandle<T>) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_reservation_released_since_is_not_taken_over_again_and_one_made_again_is() {
+        let line = |id: &str, action: &str, revision: Option<i64>| {
+            let mut r = Record::new(id, "k8s:app=a;", Kind::Create, action.into(), None);
+            r.action = Some(action.into());
+            r.kvstore_revision = revision;
+            r
+        };
+        let log = LogContents {
+            records: vec![
+                line("300", "reserve-in-kvstore", Some(7)),
+                line("301", "reserve-in-kvstore", Some(8)),
+                // Released at a cutover (deleted, or kept for a node that used it).
+                line("300", "release-reservation", None),
+                line("301", "release-reservation", None),
+                // A node came back: 301 reserved again.
+                line("301", "reserve-in-kvstore", Some(12)),
+                // A line about a reservation that was only announced is no reservation.
+                line("302", "reserving", None),
+            ],
+            ..LogContents::default()
+        };
+        let mut made = Unreleased::new();
+        note_reservations(&mut made, &log);
+        assert_eq!(made, Unreleased::from([(301, ("k8s:app=a;".into(), 12))]));
+    }
+
     #[tokio::test]
     async fn a_writer_that_panicked_is_heard_as_gone_with_its_message() {
         let task = tokio::spawn(async { panic!("ledger out of step") });

@@ -306,7 +306,10 @@ async fn a_decision_log_that_cannot_be_written_stops_the_writes_it_would_record(
     let (code, text) = s.stop().await;
     assert_eq!(code, 1, "writes were left unmade:\n{text}");
     assert!(text.contains("writes failed and were not made"), "{text}");
-    assert!(!text.contains("invalid: 01200"), "said though not logged:\n{text}");
+    assert!(
+        !text.contains("invalid: 01200"),
+        "said though not logged:\n{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

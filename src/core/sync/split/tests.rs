@@ -47,3 +47,28 @@ fn a_kvstore_value_that_is_no_label_key_is_no_split_to_report() {
     let f = found("not a label key", t0);
     assert_eq!(named(&f, vec!["node-1".into()], t0), Named::NotLabels);
 }
+
+#[test]
+fn a_split_reads_on_a_terminal_as_what_to_do_then_each_label_set_on_its_own_line() {
+    let t0 = Instant::now();
+    let f = found("k8s:app=a;", t0);
+    let Named::Report(with) = named(&f, vec!["node-1".into(), "node-2".into()], t0) else {
+        panic!("not reported with its nodes");
+    };
+    assert_eq!(
+        with.lines(),
+        [
+            "split allocation at id 300: roll node-1, node-2 to CRD mode next (until then policy between them and CRD-mode nodes reads 300 as the wrong labels; the kvstore's labels get a remap proposal)",
+            "  the kvstore holds  k8s:app=a;",
+            "  Kubernetes holds   k8s:app=b;",
+        ]
+    );
+    let Named::Report(without) = named(&f, vec![], t0 + SPLIT_NODES_WAIT) else {
+        panic!("not reported once the wait was over");
+    };
+    assert!(
+        without.lines()[0].contains("nothing to roll"),
+        "{:?}",
+        without.lines()
+    );
+}

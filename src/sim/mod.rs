@@ -60,6 +60,8 @@ pub struct SeedRun {
     pub reserves: bool,
     /// Reservation leases that lapsed (a crashed or cut-off writer's).
     pub lapsed: usize,
+    /// Clean stops that released their reservations (`--release-reservations`).
+    pub releases_at_stop: usize,
 }
 
 /// The cutover grace the simulated syncs run with.
@@ -88,6 +90,8 @@ struct Sim {
     mutant: Mutant,
     /// Instances ended on a refusal so far.
     refusal_ends: usize,
+    /// Clean stops that released (`--release-reservations`).
+    releases_at_stop: usize,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -151,6 +155,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
                 released: 0,
                 reserves: settings.reserve_in_kvstore,
                 lapsed: 0,
+                releases_at_stop: 0,
             };
         }
     };
@@ -173,6 +178,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
         mutant,
         refusal_ends: 0,
+        releases_at_stop: 0,
     };
     sim.trace.line(
         Duration::ZERO,
@@ -202,6 +208,7 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         cutover: sim.instances.iter().filter_map(|i| i.cutover).min(),
         reserves: sim.settings.reserve_in_kvstore,
         lapsed: sim.world.res_lapsed,
+        releases_at_stop: sim.releases_at_stop,
         reserved: sim.world.sync_master_writes,
         released: sim
             .logs
@@ -831,11 +838,24 @@ impl Sim {
         // writer finishes what it was sent, then releases, checked as cutover's release is.
         let inst = &mut self.instances[i];
         let holding = inst.told == LeaseHolder::Us && self.world.lease_valid(i);
+        // Owed, by the simulation's own reading: asked for, holding the Lease, ended
+        // cleanly, with a writer that has not released yet.
+        let owed = self.release_on_stop
+            && holding
+            && inst.refused_end.is_none()
+            && inst.reserver.as_ref().is_some_and(|r| !r.released);
         let release = match inst.refused_end {
             None => inst.shell.release_at_stop(holding),
             Some(_) => None,
         };
+        if owed && release.is_none() {
+            return Err(Failure::new(
+                "a clean stop with --release-reservations releases",
+                format!("i{i} stopped cleanly holding the Lease and released nothing"),
+            ));
+        }
         if let Some(requests) = release {
+            self.releases_at_stop += 1;
             if let Some(res) = inst.reserver.as_mut() {
                 res.send(requests);
             }

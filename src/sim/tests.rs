@@ -11,11 +11,13 @@ const STEPS: usize = 5000;
 fn every_seed_keeps_every_invariant_and_reaches_cutover() {
     let mut failures = Vec::new();
     let (mut cutovers, mut reserved, mut released, mut lapsed) = (0, 0, 0, 0);
+    let mut releases_at_stop = 0;
     for run in run_seeds(0, SEEDS, STEPS) {
         cutovers += usize::from(run.cutover.is_some());
         reserved += run.reserved;
         released += run.released;
         lapsed += run.lapsed;
+        releases_at_stop += run.releases_at_stop;
         if let Some(f) = run.failure {
             failures.push(format!(
                 "seed {}: {} at step {}: {}\n  {}",
@@ -37,6 +39,12 @@ fn every_seed_keeps_every_invariant_and_reaches_cutover() {
     // At the binary's 15-minute TTL and 1-minute keep-alive, leases still lapse in runs
     // (a crashed writer's, one cut off longer than its TTL): that path stays exercised.
     assert!(lapsed > 0, "no reservation lease lapsed in {SEEDS} seeds");
+    // `--release-reservations`: clean stops that hold the Lease release, and the check
+    // that they must is exercised.
+    assert!(
+        releases_at_stop > 0,
+        "no clean stop released in {SEEDS} seeds"
+    );
 }
 
 #[test]

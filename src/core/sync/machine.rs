@@ -503,7 +503,10 @@ impl Machine {
         match ev {
             KvWatchEvent::Connected => self.kv_up = true,
             KvWatchEvent::Progress { .. } => {}
-            KvWatchEvent::Changes { changes, revision } => {
+            KvWatchEvent::Changes {
+                mut changes,
+                revision,
+            } => {
                 self.state.kv_revision = revision;
                 let gone: Vec<u32> = changes
                     .iter()
@@ -516,8 +519,9 @@ impl Machine {
                     .collect();
                 // Sync's own reservations coming and going are no change to plan for: at
                 // the quiet end of a rollout they would keep it from ever being quiet.
-                let planned = changes.iter().any(|c| !c.is_own_reservation());
-                for c in changes.into_iter().filter(|c| !c.is_own_reservation()) {
+                changes.retain(|c| !c.is_own_reservation());
+                let planned = !changes.is_empty();
+                for c in changes {
                     self.state.apply_kv_change(c, now);
                 }
                 // Told to the writer whether or not this sync writes now: its ledger must

@@ -4,9 +4,8 @@
 //! reservation writer); what the carrying-out answers at once (moot closures logged) goes
 //! back in; what lives across rounds is kept here (what a round carries over, and the
 //! reservations, whose own rules decide: `reserve::reservations`); and it says when a round
-//! ends. It decides nothing itself. Only the
-//! IO beneath differs: tasks and channels in the binary, the simulated world in the
-//! simulation.
+//! ends. It decides nothing itself. Only the IO beneath differs: tasks and channels in the
+//! binary, the simulated world in the simulation.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -245,7 +244,7 @@ impl Shell {
         self.machine.reserving() && !self.reservations.has_writer()
     }
 
-    /// The reservation writer started: its queue is this shell's; `unreleased` is what the
+    /// The reservation writer started (its queue lives in `Reservations`); `unreleased` is what the
     /// decision logs record as reserved and not released now, read as the writer starts (at
     /// a start, what an earlier sync left; after a release at cutover that did not finish, a
     /// disk full or the Lease lost midway, what that release left), taken over once by the

@@ -120,11 +120,12 @@ impl Reservations {
     /// returned go to the writer, which then finishes and releases. `None`: nothing is
     /// released.
     pub fn release_at_stop(&mut self, state: &SyncState, holding: bool) -> Option<Vec<Request>> {
-        if !(self.release_on_stop && holding && self.has_writer()) {
+        if !(self.release_on_stop && holding) {
             return None;
         }
-        let earlier = earlier_to_adopt(&mut self.earlier, state, holding);
+        // No writer, no queue: nothing to release.
         let mut q = self.queue.take()?;
+        let earlier = earlier_to_adopt(&mut self.earlier, state, holding);
         q.adopt(earlier);
         q.flush();
         Some(q.take_requests())

@@ -1,7 +1,8 @@
 //! `sync` as production fails it: the API server and etcd gone for a minute and for five
 //! (it never gives up, `/healthz` says so within 10 s and recovers within 10 s, and what
-//! arrived meanwhile is mirrored within 30 s), and connections that stay open and carry
-//! nothing (seen within 60 s, replaced, caught up).
+//! arrived meanwhile is mirrored within 30 s), connections that stay open and carry nothing
+//! (seen within 60 s, replaced, caught up), a decision log that cannot be written, and one
+//! gone when the cutover check reads it.
 
 use std::time::{Duration, Instant};
 
@@ -310,6 +311,50 @@ async fn a_decision_log_that_cannot_be_written_stops_the_writes_it_would_record(
         !text.contains("invalid: 01200"),
         "said though not logged:\n{text}"
     );
+}
+
+/// The cutover check reads every decision log it was given when it runs: one that cannot be
+/// read then (moved, its volume gone) holds cutover back, said with the file's name, though
+/// all else is quiet; once it is back, the next check passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_log_gone_when_the_cutover_check_runs_holds_cutover_back_until_it_is_back() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/node-1"), b"300")
+        .await;
+    // The review's log, given with --resume: read at the start and at each check.
+    let review = w.path("review.jsonl");
+    std::fs::write(&review, "").unwrap();
+    let args = [
+        "--resume",
+        &review,
+        "--until-cutover",
+        "--cutover-grace",
+        "1s",
+    ];
+    let mut s = Sync::start(&w, &args);
+    mirrored(&w, 300..301, Duration::from_secs(20), "300").await;
+    let moved = w.path("review.jsonl.moved");
+    std::fs::rename(&review, &moved).unwrap();
+    // The last node moves to CRD mode: the rollout is over, and nothing else waits.
+    let mut c = w.etcd.client().await.unwrap();
+    c.delete(format!("{P}/value/k8s:app=a;/node-1"), None)
+        .await
+        .unwrap();
+    let line = s.wait_for_line("cutover not yet", 30).await;
+    assert!(
+        line.contains("the decision logs cannot be read") && line.contains("review.jsonl"),
+        "{line}"
+    );
+    assert!(!s.text().contains("cutover reached"), "{}", s.text());
+    std::fs::rename(&moved, &review).unwrap();
+    // The next check (within VERIFY_EVERY, 30 s) passes.
+    let line = s.ends_at_cutover(60, 20).await;
+    assert!(line.contains("verify passes (1 mirrored by sync"), "{line}");
+    // Said once for the check that failed, not at every tick.
+    let waits = s.text().matches("cutover not yet").count();
+    assert_eq!(waits, 1, "{}", s.text());
 }
 
 #[tokio::test(flavor = "multi_thread")]

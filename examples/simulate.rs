@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     let jobs = if tracing { 1 } else { (jobs as usize).max(1) };
     let started = std::time::Instant::now();
     let (mut total_steps, mut failures, mut digest) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
-    let (mut reserved, mut released) = (0usize, 0usize);
+    let (mut reserved, mut released, mut stops) = (0usize, 0usize, 0usize);
     let each = args.iter().any(|a| a == "--each");
     if tracing {
         cilium_idmig::sim::report::ECHO.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -69,6 +69,7 @@ fn main() -> ExitCode {
         total_steps += run.steps as u64;
         reserved += run.reserved;
         released += run.released;
+        stops += run.releases_at_stop;
         // The seeds' digests folded in order: one number for the whole run.
         for b in run.digest.to_le_bytes() {
             digest ^= u64::from(b);
@@ -92,7 +93,7 @@ fn main() -> ExitCode {
         "seeds: {seeds}, steps: {total_steps}, failures: {failures}, trace digest: {digest:016x}"
     );
     eprintln!(
-        "({:.1} s on {jobs} thread(s), {:.0} seeds/s; reservations: {reserved} master keys written, {released} released at cutover, the rest kept because a node used them or left to a crashed instance's lapsed lease)",
+        "({:.1} s on {jobs} thread(s), {:.0} seeds/s; reservations: {reserved} master keys written, {released} released at cutover or at one of {stops} clean stops with --release-reservations, the rest kept because a node used them or left to a crashed instance's lapsed lease)",
         started.elapsed().as_secs_f64(),
         seeds as f64 / started.elapsed().as_secs_f64().max(1e-9)
     );

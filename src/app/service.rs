@@ -118,20 +118,16 @@ impl Service {
             ServiceRequest::Resume { generation, paths } => {
                 restart_drift(cfg, &mut self.drift_task, &self.tx, generation, paths);
             }
-            ServiceRequest::PlanRollback { generation, spec } => {
-                let (cfg, tx) = (cfg.clone(), self.tx.clone());
-                tokio::spawn(async move {
-                    let planned = async {
-                        super::preflight::require_rollback_rights(&cfg.target).await?;
-                        super::rollback::plan(&cfg.target, &spec).await
-                    };
-                    let ev = match planned.await {
-                        Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
-                        Err(e) => ServiceEvent::failed(generation, Task::Rollback, e),
-                    };
-                    let _ = tx.send(ev).await;
-                });
-            }
+            ServiceRequest::PlanRollback { generation, spec } => self.answer(|cfg| async move {
+                let planned = async {
+                    super::preflight::require_rollback_rights(&cfg.target).await?;
+                    super::rollback::plan(&cfg.target, &spec).await
+                };
+                match planned.await {
+                    Ok(ops) => ServiceEvent::RollbackPlanned { generation, ops },
+                    Err(e) => ServiceEvent::failed(generation, Task::Rollback, e),
+                }
+            }),
             ServiceRequest::Rollback { generation, spec } => {
                 self.stop = StopFlag::default();
                 tokio::spawn(rollback(
@@ -147,44 +143,32 @@ impl Service {
             ServiceRequest::StartSync { accept_proposals } => {
                 self.start_sync(accept_proposals).await;
             }
-            ServiceRequest::Audit { generation } => {
-                let (cfg, tx) = (cfg.clone(), self.tx.clone());
-                tokio::spawn(async move {
-                    let range = cfg.scope.range;
-                    let ev = match super::audit::run(&cfg.kv, &cfg.target, range).await {
-                        Ok(run) => ServiceEvent::Audited {
-                            generation,
-                            run: Box::new(run),
-                        },
-                        Err(e) => ServiceEvent::failed(generation, Task::Audit, e),
-                    };
-                    let _ = tx.send(ev).await;
-                });
-            }
-            ServiceRequest::Switch { generation } => {
-                let (cfg, tx) = (cfg.clone(), self.tx.clone());
-                tokio::spawn(async move {
-                    let namespace = super::switch::CILIUM_NAMESPACE;
-                    let ev = match super::switch::read_report(&cfg.target, namespace).await {
-                        Ok(report) => ServiceEvent::SwitchRead {
-                            generation,
-                            report: Box::new(report),
-                        },
-                        Err(e) => ServiceEvent::failed(generation, Task::Switch, e),
-                    };
-                    let _ = tx.send(ev).await;
-                });
-            }
-            ServiceRequest::NodesUsing { id, labels } => {
-                let (cfg, tx) = (cfg.clone(), self.tx.clone());
-                tokio::spawn(async move {
-                    let ev = match cfg.kv.nodes_using(labels.as_bytes()).await {
-                        Ok(nodes) => ServiceEvent::NodesUsing { id, nodes },
-                        Err(e) => ServiceEvent::failed(0, Task::NodeCount, e),
-                    };
-                    let _ = tx.send(ev).await;
-                });
-            }
+            ServiceRequest::Audit { generation } => self.answer(|cfg| async move {
+                let range = cfg.scope.range;
+                match super::audit::run(&cfg.kv, &cfg.target, range).await {
+                    Ok(run) => ServiceEvent::Audited {
+                        generation,
+                        run: Box::new(run),
+                    },
+                    Err(e) => ServiceEvent::failed(generation, Task::Audit, e),
+                }
+            }),
+            ServiceRequest::Switch { generation } => self.answer(|cfg| async move {
+                let namespace = super::switch::CILIUM_NAMESPACE;
+                match super::switch::read_report(&cfg.target, namespace).await {
+                    Ok(report) => ServiceEvent::SwitchRead {
+                        generation,
+                        report: Box::new(report),
+                    },
+                    Err(e) => ServiceEvent::failed(generation, Task::Switch, e),
+                }
+            }),
+            ServiceRequest::NodesUsing { id, labels } => self.answer(|cfg| async move {
+                match cfg.kv.nodes_using(labels.as_bytes()).await {
+                    Ok(nodes) => ServiceEvent::NodesUsing { id, nodes },
+                    Err(e) => ServiceEvent::failed(0, Task::NodeCount, e),
+                }
+            }),
             ServiceRequest::StopSync => {
                 if let Some((stop, _)) = &self.sync {
                     stop.stop();
@@ -216,6 +200,17 @@ impl Service {
                 let _ = self.tx.send(ev).await;
             }
         }
+    }
+
+    /// A request answered by a task of its own: `work`'s event, sent when it is done.
+    fn answer<F>(&self, work: impl FnOnce(Arc<ServiceConfig>) -> F)
+    where
+        F: std::future::Future<Output = ServiceEvent> + Send + 'static,
+    {
+        let (work, tx) = (work(self.cfg.clone()), self.tx.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(work.await).await;
+        });
     }
 
     /// Preflight (with the kvstore write check when sync will reserve), then the offer to

@@ -363,34 +363,7 @@ pub fn text(report: &SwitchReport) -> String {
                 .endpoint_id
                 .map(|id| format!(" · endpoint uses {id}"))
                 .unwrap_or_default();
-            let what = match &p.outcome {
-                Outcome::ReMinted {
-                    nearest,
-                    lacks,
-                    extra,
-                } => format!(
-                    "nearest identity {nearest}: it {}",
-                    difference_text(lacks, extra)
-                ),
-                Outcome::NoIdentity => "no identity has its pod labels".to_string(),
-                Outcome::Duplicate {
-                    ids,
-                    agents_pick,
-                    ours,
-                } => format!(
-                    "identities {} hold its labels: the agents take {agents_pick} (the oldest), the operator any one of them{}",
-                    join_ids(ids),
-                    if ours.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; this tool created {}", join_ids(ours))
-                    }
-                ),
-                Outcome::NoNamespace => {
-                    "its namespace was not found: the operator gives it no identity".to_string()
-                }
-                Outcome::Adopted { .. } | Outcome::HostNetwork => String::new(),
-            };
+            let what = outcome_text(&p.outcome);
             out.push_str(&format!("{name} {}: {what}{ep}\n", p.pod));
         }
         if of.len() > SHOWN {
@@ -400,26 +373,7 @@ pub fn text(report: &SwitchReport) -> String {
             ));
         }
     }
-    let moving: Vec<_> = report.pods.iter().filter(|p| p.endpoint_moves()).collect();
-    for p in moving.iter().take(SHOWN) {
-        let to = match &p.outcome {
-            Outcome::Adopted { id } => id.to_string(),
-            Outcome::Duplicate { ids, .. } => format!("one of {}", join_ids(ids)),
-            Outcome::NoNamespace => "no identity".to_string(),
-            _ => "a new id".to_string(),
-        };
-        out.push_str(&format!(
-            "endpoint {} uses {}: the operator gives its pod {to}\n",
-            p.pod,
-            p.endpoint_id.unwrap_or_default()
-        ));
-    }
-    if moving.len() > SHOWN {
-        out.push_str(&format!(
-            "endpoints: {} more (--output json lists every pod with its endpoint_id)\n",
-            moving.len() - SHOWN
-        ));
-    }
+    moving_endpoints_text(report, &mut out);
     let ours = report.unused.iter().filter(|u| u.run.is_some()).count();
     out.push_str(&format!(
         "{} identities, {} used by no pod and no endpoint ({ours} created by this tool, the rest left to Cilium's identity GC)\n",
@@ -442,6 +396,62 @@ pub fn text(report: &SwitchReport) -> String {
         out.push_str("not safe yet: switch-prepare creates an identity for each label set above, at an id nothing holds, and settles this tool's duplicates\n");
     }
     out
+}
+
+/// Why a pod does not simply keep its id, for the report's line about it.
+fn outcome_text(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::ReMinted {
+            nearest,
+            lacks,
+            extra,
+        } => format!(
+            "nearest identity {nearest}: it {}",
+            difference_text(lacks, extra)
+        ),
+        Outcome::NoIdentity => "no identity has its pod labels".to_string(),
+        Outcome::Duplicate {
+            ids,
+            agents_pick,
+            ours,
+        } => format!(
+            "identities {} hold its labels: the agents take {agents_pick} (the oldest), the operator any one of them{}",
+            join_ids(ids),
+            if ours.is_empty() {
+                String::new()
+            } else {
+                format!("; this tool created {}", join_ids(ours))
+            }
+        ),
+        Outcome::NoNamespace => {
+            "its namespace was not found: the operator gives it no identity".to_string()
+        }
+        Outcome::Adopted { .. } | Outcome::HostNetwork => String::new(),
+    }
+}
+
+/// The endpoints whose pods would change identity, the first few by name.
+fn moving_endpoints_text(report: &SwitchReport, out: &mut String) {
+    let moving: Vec<_> = report.pods.iter().filter(|p| p.endpoint_moves()).collect();
+    for p in moving.iter().take(SHOWN) {
+        let to = match &p.outcome {
+            Outcome::Adopted { id } => id.to_string(),
+            Outcome::Duplicate { ids, .. } => format!("one of {}", join_ids(ids)),
+            Outcome::NoNamespace => "no identity".to_string(),
+            _ => "a new id".to_string(),
+        };
+        out.push_str(&format!(
+            "endpoint {} uses {}: the operator gives its pod {to}\n",
+            p.pod,
+            p.endpoint_id.unwrap_or_default()
+        ));
+    }
+    if moving.len() > SHOWN {
+        out.push_str(&format!(
+            "endpoints: {} more (--output json lists every pod with its endpoint_id)\n",
+            moving.len() - SHOWN
+        ));
+    }
 }
 
 fn join_ids(ids: &[u32]) -> String {

@@ -271,55 +271,12 @@ fn route(
             }
         }
         (Method::POST, p) if p == crd_path => create_crd(shared, body),
-        // `kubectl get crd`: the list holds the one CRD the sandbox serves, once created.
-        (Method::GET, p) if p == crd_path => {
-            let store = shared.store();
-            let items: Vec<Value> = store.crd_object().into_iter().collect();
-            json_response(
-                StatusCode::OK,
-                &json!({
-                    "apiVersion": "apiextensions.k8s.io/v1",
-                    "kind": "CustomResourceDefinitionList",
-                    "metadata": {"resourceVersion": store.rv.to_string()},
-                    "items": items,
-                }),
-            )
-        }
-        (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => match shared
-            .store()
-            .crd_object()
-        {
-            Some(crd) => json_response(StatusCode::OK, &crd),
-            None => status(
-                404,
-                "NotFound",
-                &format!("customresourcedefinitions.apiextensions.k8s.io \"{CRD_NAME}\" not found"),
-                Some(
-                    json!({"name": CRD_NAME, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"}),
-                ),
-            ),
-        },
+        (Method::GET, p) if p == crd_path => crd_list(shared),
+        (Method::GET, p) if p == format!("{crd_path}/{CRD_NAME}") => crd_get(shared),
         (m, p) if endpoints::route(shared, &m, p, params).is_some() => {
             endpoints::route(shared, &m, p, params).unwrap_or_else(page_not_found)
         }
-        // kubectl reads the namespace after a NotFound inside it, to say which is missing.
-        // The sandbox's namespaces are implicit: every one exists.
-        (Method::GET, p)
-            if p.strip_prefix("/api/v1/namespaces/")
-                .is_some_and(|n| !n.is_empty() && !n.contains('/')) =>
-        {
-            let name = p.trim_start_matches("/api/v1/namespaces/");
-            json_response(
-                StatusCode::OK,
-                &json!({
-                    "apiVersion": "v1",
-                    "kind": "Namespace",
-                    "metadata": {"name": name},
-                    "spec": {"finalizers": ["kubernetes"]},
-                    "status": {"phase": "Active"},
-                }),
-            )
-        }
+        (Method::GET, p) if namespace_name(p).is_some() => namespace(p),
         (m, p) if p.starts_with(leases::PREFIX) => {
             leases::route(shared, &m, p, body).unwrap_or_else(page_not_found)
         }
@@ -328,6 +285,58 @@ fn route(
         }
         _ => page_not_found(),
     }
+}
+
+/// `kubectl get crd`: the list holds the one CRD the sandbox serves, once created.
+fn crd_list(shared: &Arc<Shared>) -> Response<Body> {
+    let store = shared.store();
+    let items: Vec<Value> = store.crd_object().into_iter().collect();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinitionList",
+            "metadata": {"resourceVersion": store.rv.to_string()},
+            "items": items,
+        }),
+    )
+}
+
+/// The CiliumIdentity CRD, or NotFound before it is created.
+fn crd_get(shared: &Arc<Shared>) -> Response<Body> {
+    match shared.store().crd_object() {
+        Some(crd) => json_response(StatusCode::OK, &crd),
+        None => status(
+            404,
+            "NotFound",
+            &format!("customresourcedefinitions.apiextensions.k8s.io \"{CRD_NAME}\" not found"),
+            Some(
+                json!({"name": CRD_NAME, "group": "apiextensions.k8s.io", "kind": "customresourcedefinitions"}),
+            ),
+        ),
+    }
+}
+
+/// The namespace a path names (`/api/v1/namespaces/{name}`), if it names one.
+fn namespace_name(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/namespaces/")
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+}
+
+/// kubectl reads the namespace after a NotFound inside it, to say which is missing. The
+/// sandbox's namespaces are implicit: every one exists.
+fn namespace(path: &str) -> Response<Body> {
+    let name = namespace_name(path).unwrap_or_default();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }),
+    )
 }
 
 /// A request on CiliumIdentities, as read from its path, query and body.

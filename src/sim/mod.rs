@@ -17,6 +17,7 @@
 //! grace plus two checks, with every decision that reached it ended in the log. The same
 //! seed always gives the same run and the same trace digest.
 
+mod chaos;
 mod end;
 pub mod instance;
 pub mod lease;
@@ -24,6 +25,7 @@ pub mod log;
 pub mod report;
 pub mod reserved;
 pub mod reserver;
+mod restarts;
 pub mod world;
 
 pub use crate::core::rng::Rng;
@@ -116,77 +118,10 @@ pub fn run_seed(seed: u64, steps: usize) -> SeedRun {
 
 /// Runs one seed with `mutant` in it.
 pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
-    let mut rng = Rng::new(seed);
-    let instances = 1 + usize::from(rng.chance(0.35));
-    let nodes = 2 + rng.below(4) as usize;
-    let settings = Settings {
-        range: instance::RANGE,
-        accept_proposals: rng.chance(0.3),
-        until_cutover: false,
-        reserve_in_kvstore: rng.chance(0.5),
-        cutover_grace: GRACE,
-        lease: "kube-system/cilium-idmig-sync".into(),
+    let mut sim = match Sim::start(seed, mutant) {
+        Ok(sim) => sim,
+        Err(run) => return *run,
     };
-    // `--release-reservations`: a clean stop releases, as cutover does.
-    let release_on_stop = settings.reserve_in_kvstore && rng.chance(0.5);
-    let mut world = World::new(nodes);
-    world.gates = vec![None; instances];
-    let mut logs = vec![Vec::new(); instances];
-    let clock = Clock(Instant::now());
-    let mut trace = Trace::default();
-    let started: Result<Vec<Instance>, Failure> = (0..instances)
-        .map(|i| {
-            let ctx = (&clock, &mut rng, &mut trace);
-            let how = (settings.clone(), release_on_stop);
-            Instance::start(i, how, &mut logs[i], &mut world, ctx)
-        })
-        .collect();
-    let started = match started {
-        Ok(started) => started,
-        Err(mut f) => {
-            f.trace = trace.last_lines();
-            return SeedRun {
-                seed,
-                steps: 0,
-                failure: Some(f),
-                digest: trace.digest(),
-                cutover: None,
-                reserved: world.sync_master_writes,
-                released: 0,
-                reserves: settings.reserve_in_kvstore,
-                lapsed: 0,
-                releases_at_stop: 0,
-            };
-        }
-    };
-    let mut sim = Sim {
-        instances: started,
-        rng,
-        world,
-        logs,
-        settings,
-        release_on_stop,
-        clock,
-        trace,
-        faults: Faults {
-            flaky: true,
-            ..Faults::default()
-        },
-        renewals_fail: vec![false; instances],
-        quiet: false,
-        mail: Vec::new(),
-        owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
-        mutant,
-        refusal_ends: 0,
-        releases_at_stop: 0,
-    };
-    sim.trace.line(
-        Duration::ZERO,
-        format!(
-            "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}, release at a stop {}",
-            sim.settings.accept_proposals, sim.settings.reserve_in_kvstore, sim.release_on_stop
-        ),
-    );
     let mut done = 0;
     let result = (|| {
         for step in 0..steps {
@@ -216,6 +151,81 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
             .flatten()
             .filter(|l| matches!(l, LogLine::Released { .. }))
             .count(),
+    }
+}
+
+impl Sim {
+    /// The seed's world and instances, each started; a start that fails is the seed's run.
+    fn start(seed: u64, mutant: Mutant) -> Result<Sim, Box<SeedRun>> {
+        let mut rng = Rng::new(seed);
+        let instances = 1 + usize::from(rng.chance(0.35));
+        let nodes = 2 + rng.below(4) as usize;
+        let settings = Settings {
+            range: instance::RANGE,
+            accept_proposals: rng.chance(0.3),
+            until_cutover: false,
+            reserve_in_kvstore: rng.chance(0.5),
+            cutover_grace: GRACE,
+            lease: "kube-system/cilium-idmig-sync".into(),
+        };
+        // `--release-reservations`: a clean stop releases, as cutover does.
+        let release_on_stop = settings.reserve_in_kvstore && rng.chance(0.5);
+        let mut world = World::new(nodes);
+        world.gates = vec![None; instances];
+        let mut logs = vec![Vec::new(); instances];
+        let clock = Clock(Instant::now());
+        let mut trace = Trace::default();
+        let started: Result<Vec<Instance>, Failure> = (0..instances)
+            .map(|i| {
+                let ctx = (&clock, &mut rng, &mut trace);
+                let how = (settings.clone(), release_on_stop);
+                Instance::start(i, how, &mut logs[i], &mut world, ctx)
+            })
+            .collect();
+        let started = started.map_err(|mut f| {
+            f.trace = trace.last_lines();
+            Box::new(SeedRun {
+                seed,
+                steps: 0,
+                failure: Some(f),
+                digest: trace.digest(),
+                cutover: None,
+                reserved: world.sync_master_writes,
+                released: 0,
+                reserves: settings.reserve_in_kvstore,
+                lapsed: 0,
+                releases_at_stop: 0,
+            })
+        })?;
+        let mut sim = Sim {
+            instances: started,
+            rng,
+            world,
+            logs,
+            settings,
+            release_on_stop,
+            clock,
+            trace,
+            faults: Faults {
+                flaky: true,
+                ..Faults::default()
+            },
+            renewals_fail: vec![false; instances],
+            quiet: false,
+            mail: Vec::new(),
+            owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
+            mutant,
+            refusal_ends: 0,
+            releases_at_stop: 0,
+        };
+        sim.trace.line(
+            Duration::ZERO,
+            format!(
+                "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}, release at a stop {}",
+                sim.settings.accept_proposals, sim.settings.reserve_in_kvstore, sim.release_on_stop
+            ),
+        );
+        Ok(sim)
     }
 }
 
@@ -284,27 +294,6 @@ impl Sim {
         Ok(())
     }
 
-    /// Instance `i` ended on a refusal, and ends as the binary does on one: the reservation
-    /// writer finishing what it was sent (nothing released), the Lease given up. The
-    /// operator grants what was refused and starts it again.
-    fn refused_and_started_again(&mut self, i: usize, why: &str) -> Result<(), Failure> {
-        self.refusal_ends += 1;
-        self.owed[i].excused();
-        let gave_up = self.give_lease_up(i)?;
-        self.faults.creates_refused = false;
-        self.faults.lease_refused = false;
-        self.faults.lists_refused = false;
-        self.faults.watches_refused = false;
-        self.faults.kv_reads_refused = false;
-        self.trace.line(
-            self.world.now,
-            format!(
-                "i{i} ended on {why} (the Lease given up: {gave_up}); granted again, started again"
-            ),
-        );
-        self.restart(i)
-    }
-
     /// Whatever excuses an instance from reserving, at any step, starts its count again.
     fn excuses(&mut self) {
         if !self.settings.reserve_in_kvstore {
@@ -319,118 +308,6 @@ impl Sim {
 
     fn random_instance(&mut self) -> usize {
         self.rng.below(self.instances.len() as u64) as usize
-    }
-
-    /// One step of a rollout in progress.
-    fn chaos(&mut self) -> Result<(), Failure> {
-        let i = self.random_instance();
-        match self.rng.below(100) {
-            0..=19 => self.allocate(),
-            20..=34 => self.deliver_kv(i),
-            35..=49 => self.deliver_k8s(i),
-            50..=61 => self.settle(),
-            62..=66 => self.status(),
-            67..=74 => self.batch_done(i),
-            75..=78 => self.verify_done(i),
-            79..=80 if self.rng.chance(0.15) => {
-                // A node rolled back: in kvstore mode again.
-                let crd: Vec<usize> = (0..self.world.nodes.len())
-                    .filter(|n| self.world.nodes[*n].mode == Mode::Crd)
-                    .collect();
-                if let Some(&n) = self.rng.pick(&crd) {
-                    self.trace
-                        .line(self.world.now, format!("node {n} returns to kvstore mode"));
-                    self.world.nodes[n].mode = Mode::Kvstore;
-                }
-                Ok(())
-            }
-            79..=80 => {
-                let kv: Vec<usize> = (0..self.world.nodes.len())
-                    .filter(|n| self.world.nodes[*n].mode == Mode::Kvstore)
-                    .collect();
-                if let Some(&n) = self.rng.pick(&kv) {
-                    self.trace
-                        .line(self.world.now, format!("node {n} moves to CRD mode"));
-                    self.world.roll(n);
-                }
-                Ok(())
-            }
-            81 => {
-                self.world.kv_gc(&mut self.rng);
-                Ok(())
-            }
-            82 => {
-                if let Some(id) = self.world.both_gcs(&mut self.rng) {
-                    self.trace
-                        .line(self.world.now, format!("both GCs take identity {id}"));
-                }
-                Ok(())
-            }
-            83 => {
-                self.k8s_gc();
-                Ok(())
-            }
-            84..=86 => self.decide(i),
-            87 => self.deliver(),
-            88 => {
-                self.world.kv_compacted = self.world.kv_rev;
-                self.trace.line(self.world.now, "etcd compacted".into());
-                Ok(())
-            }
-            89 => {
-                self.world.k8s_window = self.world.k8s_rv;
-                self.trace
-                    .line(self.world.now, "watch cache window moved (410s)".into());
-                Ok(())
-            }
-            90..=91 => {
-                self.renewals_fail[i] = !self.renewals_fail[i];
-                self.trace.line(
-                    self.world.now,
-                    format!(
-                        "i{i} lease renewals {}",
-                        if self.renewals_fail[i] {
-                            "fail"
-                        } else {
-                            "work"
-                        }
-                    ),
-                );
-                Ok(())
-            }
-            92 if self.rng.chance(0.5) => self.stop_and_restart(i),
-            92 => self.crash(i),
-            93 => {
-                self.world.malformed(&mut self.rng);
-                Ok(())
-            }
-            95..=96 => self.reservations_done(i),
-            94 => {
-                if self.rng.chance(0.1) {
-                    // A rule of sync's ClusterRole (create, list, watch), of its Lease
-                    // Role, or its etcd role's read of the prefix, taken away; granted again
-                    // when a sync ends on it.
-                    match self.rng.below(5) {
-                        0 => self.faults.creates_refused = true,
-                        1 => self.faults.lease_refused = true,
-                        2 => self.faults.lists_refused = true,
-                        3 => self.faults.watches_refused = true,
-                        _ => self.faults.kv_reads_refused = true,
-                    }
-                } else if self.rng.chance(0.5) {
-                    self.faults.server_down = !self.faults.server_down;
-                } else {
-                    self.faults.disk_full = !self.faults.disk_full;
-                }
-                self.trace
-                    .line(self.world.now, format!("faults {:?}", self.faults));
-                Ok(())
-            }
-            _ => {
-                self.world.now += Duration::from_millis(200 + self.rng.below(3000));
-                Ok(())
-            }
-        }
     }
 
     fn allocate(&mut self) -> Result<(), Failure> {
@@ -787,117 +664,6 @@ impl Sim {
             }
         };
         self.feed(i, Turn::Input(input))
-    }
-
-    /// An instance dies (mid-write, perhaps with a torn last log line) and starts again from
-    /// its log and a fresh read.
-    fn crash(&mut self, i: usize) -> Result<(), Failure> {
-        self.owed[i].excused();
-        let batch = self.instances[i].batch.take();
-        let logged = self.instances[i].batch_logged();
-        let mut note = String::new();
-        if let Some(ops) = batch {
-            // Killed while the batch ran: some creates were made, and never heard of (none
-            // whose decision lines a full disk refused).
-            let made = if logged {
-                self.rng.below(ops.len() as u64 + 1) as usize
-            } else {
-                0
-            };
-            for op in ops.iter().take(made) {
-                if let Some(t) = op.target_id
-                    && self.world.create_object(t, op.label_key.clone())
-                {
-                    self.world.created_by_sync.insert(t);
-                }
-            }
-            note = format!(" mid-write ({made} of {} made)", ops.len());
-            if made == 0 && self.rng.chance(0.5) {
-                // Killed while logging: the last line is torn, and the repair drops it.
-                self.logs[i].pop();
-                note.push_str(", last log line torn");
-            }
-        }
-        self.trace
-            .line(self.world.now, format!("i{i} crashes{note} and restarts"));
-        self.restart(i)
-    }
-
-    /// An instance stops cleanly (an upgrade, SIGTERM) and starts again: its sync ends as
-    /// the binary's does (the batch out taken in, the reservation writer finishing what it
-    /// was sent) and core's keeper gives the Lease up, so another takes over at once.
-    fn stop_and_restart(&mut self, i: usize) -> Result<(), Failure> {
-        self.owed[i].excused();
-        if !self.instances[i].alive {
-            return Ok(());
-        }
-        let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
-        self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
-        // As the binary's end: with `--release-reservations`, a stop that ended cleanly
-        // while holding the Lease releases, as cutover does (the shell says whether): the
-        // writer finishes what it was sent, then releases, checked as cutover's release is.
-        let inst = &mut self.instances[i];
-        let holding = inst.told == LeaseHolder::Us && self.world.lease_valid(i);
-        // Owed, by the simulation's own reading: asked for, holding the Lease, ended
-        // cleanly, with a writer that has not released yet.
-        let owed = self.release_on_stop
-            && holding
-            && inst.refused_end.is_none()
-            && inst.reserver.as_ref().is_some_and(|r| !r.released);
-        let release = match inst.refused_end {
-            None => inst.shell.release_at_stop(holding),
-            Some(_) => None,
-        };
-        if owed && release.is_none() {
-            return Err(Failure::new(
-                "a clean stop with --release-reservations releases",
-                format!("i{i} stopped cleanly holding the Lease and released nothing"),
-            ));
-        }
-        if let Some(requests) = release {
-            self.releases_at_stop += 1;
-            if let Some(res) = inst.reserver.as_mut() {
-                res.send(requests);
-            }
-            self.reservations_done(i)?;
-            let now = self.world.now;
-            self.trace
-                .line(now, format!("i{i} releases its reservations at its stop"));
-            self.with_writer(i, |res, w| res.release(i, w))
-                .transpose()?;
-        }
-        let gave_up = self.give_lease_up(i)?;
-        self.trace.line(
-            self.world.now,
-            format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
-        );
-        self.restart(i)
-    }
-
-    /// An ended instance's last steps: its reservations checked done, its Lease given up as
-    /// its keeper gives it up; whether it was.
-    fn give_lease_up(&mut self, i: usize) -> Result<bool, Failure> {
-        self.reservations_done(i)?;
-        let fails = self.renewals_fail[i];
-        let refused = self.faults.lease_refused;
-        let elector = &mut self.instances[i].elector;
-        lease::give_up(&mut self.world, elector, fails, refused)
-    }
-
-    /// Instance `i` starts again from its log and a fresh read.
-    fn restart(&mut self, i: usize) -> Result<(), Failure> {
-        // A process that ended writes nothing; the restarted one starts its keeper afresh.
-        self.world.gates[i] = None;
-        let ctx = (&self.clock, &mut self.rng, &mut self.trace);
-        let restarted = Instance::start(
-            i,
-            (self.settings.clone(), self.release_on_stop),
-            &mut self.logs[i],
-            &mut self.world,
-            ctx,
-        )?;
-        self.instances[i] = restarted;
-        Ok(())
     }
 }
 

@@ -48,9 +48,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             listed,
             elapsed,
         } => {
-            if generation == model.scan.generation && model.scan.scanning {
-                model.scan.listing = Some((listed, elapsed));
-            }
+            on_listing(model, generation, (listed, elapsed));
             vec![]
         }
         ServiceEvent::Drift { added, removed } => {
@@ -81,11 +79,7 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             vec![]
         }
         ServiceEvent::Audited { generation, run } => {
-            if generation == model.audit.generation {
-                model.audit.running = false;
-                model.audit.offset = 0;
-                model.audit.run = Some(run);
-            }
+            on_audited(model, generation, run);
             vec![]
         }
         ServiceEvent::SwitchRead { generation, report } => {
@@ -104,11 +98,32 @@ pub(super) fn on_engine(model: &mut Model, ev: ServiceEvent) -> Vec<Command> {
             vec![]
         }
         ServiceEvent::Exported { paths } => {
-            let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-            model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
+            on_exported(model, &paths);
             vec![]
         }
     }
+}
+
+/// How far the Kubernetes list of the scan under way has come.
+fn on_listing(model: &mut Model, generation: u64, listing: (usize, std::time::Duration)) {
+    if generation == model.scan.generation && model.scan.scanning {
+        model.scan.listing = Some(listing);
+    }
+}
+
+/// An audit's run, shown if it is the one asked for last.
+fn on_audited(model: &mut Model, generation: u64, run: Box<crate::app::audit::AuditRun>) {
+    if generation == model.audit.generation {
+        model.audit.running = false;
+        model.audit.offset = 0;
+        model.audit.run = Some(run);
+    }
+}
+
+/// An export's files, named in a message.
+fn on_exported(model: &mut Model, paths: &[std::path::PathBuf]) {
+    let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
 }
 
 /// The kvstore's side of the first scan, shown at once; a rescan keeps the table it has.

@@ -10,7 +10,7 @@ pub use super::log::{LogLine, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
-use crate::core::kvstore::{MasterEntry, RESERVATION_NODE, parse_id};
+use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::{Elector, write_held_back};
 use crate::core::outcome::Outcome;
@@ -536,17 +536,12 @@ impl Instance {
     }
 
     /// The splits handed over whose kvstore labels' nodes can be named now, or whose wait
-    /// is over, reported by the binary's rule (`split::named`, the world's `value/` keys for
-    /// etcd's); the others wait for the next settle, as the binary's task asks again.
+    /// is over, reported by the binary's rule (`split::named`, `World::nodes_using` for etcd's
+    /// read); the others wait for the next settle, as the binary's task asks again.
     fn name_splits(&mut self, world: &World, now: Instant, trace: &mut Trace) {
         let i = self.idx;
         for f in std::mem::take(&mut self.naming) {
-            let nodes = world
-                .values
-                .keys()
-                .filter(|(l, n)| l.as_bytes() == f.kv_value && n != RESERVATION_NODE)
-                .map(|(_, n)| n.clone())
-                .collect();
+            let nodes = world.nodes_using(&f.kv_value);
             match split::named(&f, nodes, now) {
                 Named::Report(s) => trace.line(
                     world.now,

@@ -492,6 +492,21 @@ impl World {
 
     /// A list of the objects, as a Kubernetes list gives them: each with the
     /// resourceVersion the list was at.
+    /// The nodes whose `value/` keys use `labels`, sync's own left out: the world's answer to
+    /// the binary's `nodes_using` (one prefix read, `value/{labels}/`), in the same order.
+    pub fn nodes_using(&self, labels: &[u8]) -> Vec<String> {
+        let Ok(labels) = std::str::from_utf8(labels) else {
+            return Vec::new();
+        };
+        self.values
+            .range((labels.to_string(), String::new())..)
+            .map(|((l, node), _)| (l, node))
+            .take_while(|(l, _)| l.as_str() == labels)
+            .filter(|(_, node)| node.as_str() != RESERVATION_NODE)
+            .map(|(_, node)| node.clone())
+            .collect()
+    }
+
     pub fn k8s_list(&self) -> (BTreeMap<u32, LabelKey>, u64) {
         let objects = self
             .objects

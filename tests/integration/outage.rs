@@ -338,10 +338,7 @@ async fn a_decision_log_gone_when_the_cutover_check_runs_holds_cutover_back_unti
     let moved = w.path("review.jsonl.moved");
     std::fs::rename(&review, &moved).unwrap();
     // The last node moves to CRD mode: the rollout is over, and nothing else waits.
-    let mut c = w.etcd.client().await.unwrap();
-    c.delete(format!("{P}/value/k8s:app=a;/node-1"), None)
-        .await
-        .unwrap();
+    w.etcd.delete(&format!("{P}/value/k8s:app=a;/node-1")).await;
     let line = s.wait_for_line("cutover not yet", 30).await;
     assert!(
         line.contains("the decision logs cannot be read") && line.contains("review.jsonl"),

@@ -334,6 +334,7 @@ fn dirty_tick_with(decided: u32) {
         let outcome = BatchOutcome::Done {
             results,
             halted: None,
+            denied: Vec::new(),
         };
         m.step(Input::BatchDone { ops, outcome }, now, true);
     }

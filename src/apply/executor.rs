@@ -1,49 +1,24 @@
-//! The executor: carries out reconciled operations against the API server with bounded
-//! concurrency, a client rate limit, per-operation timeouts and retries, and reports every
-//! step as an owned event. It knows nothing about terminals.
+//! The executor over HTTP: core's rules (`core::executor`) carried out against the API
+//! server, each request through a client rate limit with its deadline; the write gate and
+//! the stop switch; the decision log's lines of an operation. It knows nothing about
+//! terminals.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use super::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
+use super::outcome::{ApplyEvent, ApplyReport, OpResult, Progress};
 use super::ratelimit::RateLimiter;
-use crate::core::labels::{canonical_key, parse_label_key, to_security_labels};
+pub use crate::core::executor::ApplyOptions;
+use crate::core::executor::{self, Existing, IdentityWrites, Written};
+use crate::core::labels::SecurityLabels;
 use crate::core::lease::write_held_back;
 use crate::core::planner::{Op, OpKind};
 use crate::error::Result;
 use crate::io::decision_log::{DecisionLog, Record};
 use crate::io::k8s::{K8sTarget, ObjectRef, RequestError};
-
-/// Knobs of an apply.
-#[derive(Debug, Clone)]
-pub struct ApplyOptions {
-    pub concurrency: usize,
-    pub op_timeout: Duration,
-    pub max_attempts: u32,
-    pub qps: f64,
-    pub burst: u32,
-    pub crd_timeout: Duration,
-    /// Longest wait between two attempts; a server's `Retry-After` is honoured up to this.
-    pub max_backoff: Duration,
-}
-
-impl Default for ApplyOptions {
-    fn default() -> Self {
-        ApplyOptions {
-            concurrency: 32,
-            op_timeout: Duration::from_secs(30),
-            max_attempts: 8,
-            qps: 0.0,
-            burst: 0,
-            crd_timeout: Duration::from_secs(60),
-            max_backoff: Duration::from_secs(30),
-        }
-    }
-}
 
 /// Who watches an apply: discrete events on a bounded channel, running totals on a watch.
 #[derive(Clone, Copy, Default)]
@@ -96,29 +71,99 @@ impl StopFlag {
     }
 }
 
-struct Ctx<'a> {
+/// The executor's IO in the binary: each request through the client rate limit, with its
+/// deadline, against the API server; the waits slept; the log on disk; the watchers'
+/// channels. The rules of what to do with each answer are core's (`core::executor`).
+struct Http<'a> {
     target: &'a K8sTarget,
-    opts: &'a ApplyOptions,
+    op_timeout: Duration,
     limiter: RateLimiter,
     events: Option<&'a mpsc::Sender<ApplyEvent>>,
     progress: Option<&'a watch::Sender<Progress>>,
     stop: StopFlag,
-    retries: AtomicU64,
+    log: Option<&'a DecisionLog>,
     /// Where this apply starts in what the server said: its 429s are counted from here.
     heard_from: crate::io::k8s::Mark,
-    stop_reason: std::sync::Mutex<Option<String>>,
 }
 
-impl Ctx<'_> {
-    /// The server's 429s since this apply started, on any of its requests (a write, the
-    /// re-read after a 409), each waited out.
+impl Http<'_> {
+    async fn attempt<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, RequestError>>,
+    ) -> std::result::Result<T, RequestError> {
+        self.limiter.acquire().await;
+        let r = tokio::time::timeout(self.op_timeout, fut)
+            .await
+            .unwrap_or(Err(RequestError::Timeout));
+        if let Err(e) = &r {
+            // A stalled request: the next one opens a fresh connection.
+            self.target.after_error(e);
+        }
+        r
+    }
+}
+
+fn written(o: ObjectRef) -> Written {
+    Written {
+        uid: o.uid,
+        resource_version: o.resource_version,
+    }
+}
+
+impl IdentityWrites for Http<'_> {
+    async fn create(
+        &self,
+        id: u32,
+        labels: &SecurityLabels,
+    ) -> std::result::Result<Written, RequestError> {
+        self.attempt(self.target.create_identity(id, labels))
+            .await
+            .map(written)
+    }
+
+    async fn read(&self, id: u32) -> std::result::Result<Option<Existing>, RequestError> {
+        let found = self.attempt(self.target.get_identity_object(id)).await?;
+        Ok(found.map(|(meta, labels)| Existing {
+            this_run: meta.created_by_run() == Some(crate::io::decision_log::run_id()),
+            written: written(meta),
+            labels,
+        }))
+    }
+
+    async fn delete(&self, id: u32, expected: &Written) -> std::result::Result<(), RequestError> {
+        let expected = ObjectRef {
+            uid: expected.uid.clone(),
+            resource_version: expected.resource_version.clone(),
+            ..Default::default()
+        };
+        self.attempt(self.target.delete_identity(id, &expected))
+            .await
+    }
+
+    async fn sleep(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    fn held_back(&self) -> Option<&'static str> {
+        self.stop.held_back()
+    }
+
+    fn stop(&self) {
+        self.stop.stop();
+    }
+
     fn throttled(&self) -> u64 {
         self.target.notes().since(self.heard_from).throttled
     }
 
-    fn update(&self, f: impl FnOnce(&mut Progress)) {
-        if let Some(p) = self.progress {
-            p.send_modify(f);
+    fn sent_with_old_token(&self, e: &RequestError) -> bool {
+        self.target.sent_with_old_token(e)
+    }
+
+    fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
+        match self.log {
+            Some(log) => log.append(record(op, Some(result))),
+            None => Ok(()),
         }
     }
 
@@ -129,26 +174,21 @@ impl Ctx<'_> {
         }
     }
 
-    async fn halt(&self, reason: String) {
-        self.stop.stop();
-        let first = {
-            let mut r = self.stop_reason.lock().unwrap_or_else(|p| p.into_inner());
-            if r.is_none() {
-                *r = Some(reason.clone());
-                true
-            } else {
-                false
-            }
-        };
-        if first {
-            self.emit(ApplyEvent::Stopping { reason }).await;
+    fn progress(&self, change: impl FnOnce(&mut Progress)) {
+        if let Some(p) = self.progress {
+            p.send_modify(change);
         }
+    }
+
+    fn server(&self) -> String {
+        self.target.server.to_string()
     }
 }
 
-/// Applies the operations. Only `OpKind::Create` and (in a rollback) `OpKind::Delete` reach
-/// the API server; everything else is recorded. Every decision and outcome goes to the
-/// decision log as it happens.
+/// Applies the operations: the CRD first when asked and needed, then core's executor
+/// (`core::executor::carry_out`) over the API server. Only `OpKind::Create` and (in a
+/// rollback) `OpKind::Delete` reach the API server; everything else is recorded. Every
+/// decision and outcome goes to the decision log as it happens.
 pub async fn apply(
     target: &K8sTarget,
     ops: Vec<Op>,
@@ -159,107 +199,34 @@ pub async fn apply(
     stop: StopFlag,
 ) -> Result<ApplyReport> {
     let started = Instant::now();
-    let ctx = Ctx {
+    let http = Http {
         target,
-        opts,
+        op_timeout: opts.op_timeout,
         limiter: RateLimiter::new(opts.qps, opts.burst),
         events: watchers.events,
         progress: watchers.progress,
         stop,
-        retries: AtomicU64::new(0),
+        log,
         heard_from: target.notes().mark(),
-        stop_reason: std::sync::Mutex::new(None),
     };
-    let mut report = ApplyReport::default();
-    let writes = ops.iter().filter(|o| o.op.writes()).count();
-    let creates = ops.iter().filter(|o| o.op == OpKind::Create).count();
-    if create_crd && creates > 0 {
-        ctx.emit(ApplyEvent::CrdCreating).await;
+    let creates = ops.iter().any(|o| o.op == OpKind::Create);
+    let crd_created = create_crd && creates;
+    if crd_created {
+        http.emit(ApplyEvent::CrdCreating).await;
         target.create_crd().await?;
         target.wait_crd_established(opts.crd_timeout).await?;
-        report.crd_created = true;
-        ctx.emit(ApplyEvent::CrdEstablished).await;
+        http.emit(ApplyEvent::CrdEstablished).await;
     }
-    let total = ops.len();
-    ctx.update(|p| {
-        *p = Progress {
-            total,
-            writes,
-            ..Progress::default()
-        }
-    });
-    let deletes = writes - creates;
-    ctx.emit(ApplyEvent::Started {
-        writes,
-        deletes,
-        total,
-    })
-    .await;
-
-    let ctx_ref = &ctx;
-    let mut stream = futures::stream::iter(ops)
-        .map(|op| async move {
-            let result = run_op(ctx_ref, &op).await;
-            if let Some(log) = log {
-                log_outcome(log, &op, &result)?;
-            }
-            ctx_ref.update(|p| {
-                p.done += 1;
-                p.throttled = ctx_ref.throttled();
-                match result.outcome {
-                    Outcome::Created | Outcome::AlreadyExisted => p.created += 1,
-                    Outcome::Deleted | Outcome::AlreadyGone => p.deleted += 1,
-                    o if o.is_problem() => p.failed += 1,
-                    _ => {}
-                }
-            });
-            if result.outcome.is_problem() {
-                ctx_ref.emit(ApplyEvent::Problem(result.clone())).await;
-            }
-            Ok::<_, crate::Error>(result)
-        })
-        .buffer_unordered(opts.concurrency.max(1));
-    let mut first_err = None;
-    while let Some(r) = stream.next().await {
-        match r {
-            Ok(res) => report.results.push(res),
-            Err(e) => {
-                // The log could not be written: stop writing to the cluster too.
-                ctx.halt(format!("decision log: {e}")).await;
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    drop(stream);
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    ctx.close(&mut report, started);
+    let mut report = executor::carry_out(&http, ops, opts).await?;
+    report.crd_created = crd_created;
+    report.elapsed_ms = started.elapsed().as_millis();
+    tracing::info!(
+        items = report.results.len(),
+        retries = report.retries,
+        elapsed_ms = report.elapsed_ms as u64,
+        "apply finished"
+    );
     Ok(report)
-}
-
-impl Ctx<'_> {
-    /// What the run as a whole comes to: its retries, the server's push-back, why it
-    /// stopped early (if it did) and how long it took.
-    fn close(&self, report: &mut ApplyReport, started: Instant) {
-        report.retries = self.retries.load(Ordering::SeqCst);
-        report.throttled = self.throttled();
-        report.stopped = self
-            .stop_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if report.stopped.is_none() {
-            report.stopped = self.stop.held_back().map(str::to_string);
-        }
-        report.elapsed_ms = started.elapsed().as_millis();
-        tracing::info!(
-            items = report.results.len(),
-            retries = report.retries,
-            elapsed_ms = report.elapsed_ms as u64,
-            "apply finished"
-        );
-    }
 }
 
 fn decision_name(op: &Op) -> &'static str {
@@ -288,242 +255,6 @@ pub fn record(op: &Op, result: Option<&OpResult>) -> Record {
 
 fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {
     log.append(record(op, None))
-}
-
-fn log_outcome(log: &DecisionLog, op: &Op, r: &OpResult) -> Result<()> {
-    log.append(record(op, Some(r)))
-}
-
-async fn run_op(ctx: &Ctx<'_>, op: &Op) -> OpResult {
-    let mut result = OpResult::new(&op.id, op.target_id, Outcome::NotAttempted);
-    match (op.op, op.target_id) {
-        (OpKind::Skip, _) => result.outcome = Outcome::Skipped,
-        (OpKind::Map, _) => result.outcome = Outcome::Mapped,
-        (OpKind::AlreadyDone, _) => result.outcome = Outcome::AlreadyMigrated,
-        (OpKind::Create, None) => fail(&mut result, "create without a target id".into()),
-        (OpKind::Create, Some(_)) if ctx.stop.is_stopped() => {}
-        (OpKind::Create, Some(t)) => create_with_retries(ctx, op, t, &mut result).await,
-        (OpKind::Keep, _) => {
-            result.outcome = Outcome::Kept;
-            result.error = op.reason.clone();
-        }
-        (OpKind::Delete, Some(_)) if ctx.stop.is_stopped() => {}
-        (OpKind::Delete, Some(t)) => match &op.expect {
-            Some((uid, rv)) => {
-                let expected = ObjectRef {
-                    uid: uid.clone(),
-                    resource_version: rv.clone(),
-                    ..Default::default()
-                };
-                delete_with_retries(ctx, op, t, &expected, &mut result).await
-            }
-            None => fail(&mut result, "delete without a uid to check".into()),
-        },
-        (OpKind::Delete, None) => fail(&mut result, "delete without a target id".into()),
-    }
-    result
-}
-
-/// A rollback's delete: only the object this tool created, as it was last read. A 404 is
-/// already gone; a 409 (uid or resourceVersion changed) is someone else's object now, kept.
-async fn delete_with_retries(
-    ctx: &Ctx<'_>,
-    op: &Op,
-    target_id: u32,
-    expected: &ObjectRef,
-    result: &mut OpResult,
-) {
-    let mut throttled = 0;
-    loop {
-        if throttled > 0 && ctx.stop.is_stopped() {
-            result.outcome = Outcome::NotAttempted;
-            return;
-        }
-        result.attempts += 1;
-        match attempt(ctx, ctx.target.delete_identity(target_id, expected)).await {
-            Err(e) if e.is_throttled() => {
-                result.attempts -= 1;
-                throttled += 1;
-                wait_out_throttling(ctx, op, throttled, &e).await;
-            }
-            Ok(()) => {
-                result.outcome = Outcome::Deleted;
-                return;
-            }
-            Err(e) if e.is_not_found() => {
-                result.outcome = Outcome::AlreadyGone;
-                return;
-            }
-            Err(e) if e.is_conflict() || e.is_already_exists() => {
-                result.outcome = Outcome::Kept;
-                result.error = Some(format!(
-                    "changed since it was read, so it is not the object this tool created as it was: {e}"
-                ));
-                return;
-            }
-            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
-                wait_before_retry(ctx, op, result.attempts, &e).await;
-            }
-            Err(e) => {
-                let attempts = result.attempts;
-                result.refused = matches!(e.code(), Some(401 | 403));
-                return fail(result, format!("{e} after {attempts} attempt(s)"));
-            }
-        }
-    }
-}
-
-fn fail(result: &mut OpResult, error: String) {
-    result.outcome = Outcome::Failed;
-    result.error = Some(error);
-}
-
-async fn attempt<T>(
-    ctx: &Ctx<'_>,
-    fut: impl Future<Output = Result<T, RequestError>>,
-) -> Result<T, RequestError> {
-    ctx.limiter.acquire().await;
-    let r = tokio::time::timeout(ctx.opts.op_timeout, fut)
-        .await
-        .unwrap_or(Err(RequestError::Timeout));
-    if let Err(e) = &r {
-        // A stalled request: the next one opens a fresh connection.
-        ctx.target.after_error(e);
-    }
-    r
-}
-
-async fn create_with_retries(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
-    // The map is built per create, not held for every identity of the plan.
-    let labels = match parse_label_key(&op.label_key) {
-        Ok(l) => to_security_labels(&l),
-        Err(e) => return fail(result, format!("labels do not parse: {e}")),
-    };
-    let mut throttled = 0;
-    loop {
-        // Checked again before each retry: a gate that closed meanwhile (a lease no longer
-        // valid) stops the write before it is sent again.
-        if (result.attempts > 0 || throttled > 0) && ctx.stop.is_stopped() {
-            result.outcome = Outcome::NotAttempted;
-            return;
-        }
-        result.attempts += 1;
-        match attempt(ctx, ctx.target.create_identity(target_id, &labels)).await {
-            Err(e) if e.is_throttled() => {
-                result.attempts -= 1;
-                throttled += 1;
-                wait_out_throttling(ctx, op, throttled, &e).await;
-            }
-            Ok(created) => {
-                result.outcome = Outcome::Created;
-                result.uid = Some(created.uid).filter(|u| !u.is_empty());
-                result.resource_version = Some(created.resource_version).filter(|v| !v.is_empty());
-                return;
-            }
-            Err(e) if e.is_already_exists() => {
-                return check_existing(ctx, op, target_id, result).await;
-            }
-            Err(e)
-                if (e.is_retryable() || ctx.target.sent_with_old_token(&e))
-                    && result.attempts < ctx.opts.max_attempts =>
-            {
-                wait_before_retry(ctx, op, result.attempts, &e).await;
-            }
-            Err(e) => {
-                if e.is_retryable() {
-                    ctx.halt(format!(
-                        "the API server {} kept failing ({e}); stopped starting new writes",
-                        ctx.target.server
-                    ))
-                    .await;
-                }
-                let attempts = result.attempts;
-                return fail(result, format!("{e} after {attempts} attempt(s)"));
-            }
-        }
-    }
-}
-
-/// A 409 on create: read what is there. Identical labels count as migrated; anything else is
-/// a conflict to report, never to overwrite. The object this very run created, whose answer
-/// was lost (the create was applied, the response dropped, the retry found it), is
-/// `created`, with its uid, so rollback deletes it like any other this run created.
-async fn check_existing(ctx: &Ctx<'_>, op: &Op, target_id: u32, result: &mut OpResult) {
-    loop {
-        result.attempts += 1;
-        match attempt(ctx, ctx.target.get_identity_object(target_id)).await {
-            Ok(Some((meta, existing))) if canonical_key(&existing) == op.label_key => {
-                if meta.created_by_run() == Some(crate::io::decision_log::run_id()) {
-                    result.outcome = Outcome::Created;
-                    result.uid = Some(meta.uid).filter(|u| !u.is_empty());
-                    result.resource_version = Some(meta.resource_version).filter(|v| !v.is_empty());
-                } else {
-                    result.outcome = Outcome::AlreadyExisted;
-                }
-                return;
-            }
-            Ok(Some((_, existing))) => {
-                result.outcome = Outcome::Conflict;
-                result.existing = Some(canonical_key(&existing));
-                return;
-            }
-            Ok(None) => {
-                return fail(
-                    result,
-                    format!(
-                        "create of {target_id} said it exists, but a read finds nothing; rerun to retry"
-                    ),
-                );
-            }
-            Err(e) if e.is_retryable() && result.attempts < ctx.opts.max_attempts => {
-                wait_before_retry(ctx, op, result.attempts, &e).await;
-            }
-            Err(e) => return fail(result, format!("reading existing {target_id}: {e}")),
-        }
-    }
-}
-
-/// A 429 is the API server pushing back (API Priority and Fairness), not the identity
-/// failing: waited out as the server asks (its Retry-After, else a doubling wait), for as
-/// long as the push-back lasts, never counted as an attempt; counted apart for the progress
-/// line, the summary and the log. A stop ends the wait within a tenth of a second.
-async fn wait_out_throttling(ctx: &Ctx<'_>, op: &Op, times: u32, e: &RequestError) {
-    ctx.update(|p| p.throttled = ctx.throttled());
-    // Without a hint, waits double to a second: API Priority and Fairness itself asks for
-    // one second, and a longer silence only idles a queue the server has freed.
-    let policy = crate::io::retry::Policy {
-        first: Duration::from_millis(100),
-        cap: Duration::from_secs(1).min(ctx.opts.max_backoff),
-    };
-    let wait = match e.retry_after() {
-        Some(asked) => asked.min(ctx.opts.max_backoff),
-        None => policy.wait(times, None, &op.id),
-    };
-    tracing::debug!(id = %op.id, times, ?wait, "throttled by the API server");
-    let until = tokio::time::Instant::now() + wait;
-    while tokio::time::Instant::now() < until && !ctx.stop.is_stopped() {
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        tokio::time::sleep(left.min(Duration::from_millis(100))).await;
-    }
-}
-
-async fn wait_before_retry(ctx: &Ctx<'_>, op: &Op, attempt_no: u32, e: &RequestError) {
-    ctx.retries.fetch_add(1, Ordering::SeqCst);
-    ctx.update(|p| p.retries += 1);
-    let policy = crate::io::retry::Policy {
-        first: Duration::from_millis(100),
-        cap: ctx.opts.max_backoff,
-    };
-    let wait = policy.wait(attempt_no, e.retry_after(), &op.id);
-    tracing::debug!(id = %op.id, attempt = attempt_no, error = %e, ?wait, "retrying");
-    ctx.emit(ApplyEvent::Retrying {
-        id: op.id.clone(),
-        attempt: attempt_no,
-        error: e.to_string(),
-        wait,
-    })
-    .await;
-    tokio::time::sleep(wait).await;
 }
 
 /// Logs the decision behind every write before any write starts, so the log shows what was

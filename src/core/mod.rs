@@ -2,6 +2,7 @@
 
 pub mod at_once;
 pub mod audit;
+pub mod executor;
 pub mod identity;
 pub mod kvstore;
 pub mod labels;
@@ -10,6 +11,7 @@ pub mod outcome;
 pub mod plan_cache;
 pub mod planner;
 pub mod range;
+pub mod request;
 pub mod retry;
 pub mod rng;
 pub mod server_said;

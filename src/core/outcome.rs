@@ -15,6 +15,9 @@ pub enum Outcome {
     /// The id turned out to be taken by other labels at apply time; left alone.
     Conflict,
     Failed,
+    /// An admission webhook or policy denied this one object; its words are the error.
+    /// Tried again by a rerun, never in a loop by sync.
+    Denied,
     /// Not tried because the run was stopped.
     NotAttempted,
     /// Rollback: the object this tool created was deleted.
@@ -27,7 +30,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// In the order the reports list them.
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Created,
         Outcome::AlreadyExisted,
         Outcome::AlreadyMigrated,
@@ -35,6 +38,7 @@ impl Outcome {
         Outcome::Skipped,
         Outcome::Conflict,
         Outcome::Failed,
+        Outcome::Denied,
         Outcome::NotAttempted,
         Outcome::Deleted,
         Outcome::AlreadyGone,
@@ -50,6 +54,7 @@ impl Outcome {
             Outcome::Skipped => "skipped",
             Outcome::Conflict => "conflict",
             Outcome::Failed => "failed",
+            Outcome::Denied => "denied",
             Outcome::NotAttempted => "not-attempted",
             Outcome::Deleted => "deleted",
             Outcome::AlreadyGone => "already-gone",
@@ -59,12 +64,18 @@ impl Outcome {
 
     /// Outcomes that still need work on a rerun.
     pub fn is_unfinished(self) -> bool {
-        matches!(self, Outcome::Failed | Outcome::NotAttempted)
+        matches!(
+            self,
+            Outcome::Failed | Outcome::Denied | Outcome::NotAttempted
+        )
     }
 
     /// Outcomes reported as they happen: the item did not reach its intended state.
     pub fn is_problem(self) -> bool {
-        matches!(self, Outcome::Failed | Outcome::Conflict | Outcome::Kept)
+        matches!(
+            self,
+            Outcome::Failed | Outcome::Denied | Outcome::Conflict | Outcome::Kept
+        )
     }
 
     /// Outcomes after which the identity is served at its target id.
@@ -92,8 +103,8 @@ mod tests {
         let of = |f: fn(Outcome) -> bool| -> Vec<Outcome> {
             Outcome::ALL.into_iter().filter(|o| f(*o)).collect()
         };
-        assert_eq!(of(Outcome::is_unfinished), [Failed, NotAttempted]);
-        assert_eq!(of(Outcome::is_problem), [Conflict, Failed, Kept]);
+        assert_eq!(of(Outcome::is_unfinished), [Failed, Denied, NotAttempted]);
+        assert_eq!(of(Outcome::is_problem), [Conflict, Failed, Denied, Kept]);
         assert_eq!(
             of(Outcome::is_serving),
             [Created, AlreadyExisted, AlreadyMigrated, Mapped]

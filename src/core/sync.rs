@@ -16,6 +16,7 @@ use crate::core::planner::resume::{self, LoggedDecision};
 use crate::core::planner::{self, Action, DecidedBy, Kind, Op, OpKind, PlanItem};
 use decided::Decisions;
 
+pub mod batch;
 mod changes;
 pub mod decided;
 pub mod failure;
@@ -111,6 +112,10 @@ pub struct SyncState {
     /// Targets whose create failed and has not been made since (with the kvstore id it
     /// mirrors): what a stop leaves undone. Unlike `failed`, not emptied by a retry.
     unwritten: HashMap<u32, String>,
+    /// Targets whose create an admission webhook or policy denied, with the labels it was
+    /// for and the server's words: not tried again while those labels are planned there (a
+    /// loop would only repeat the denial); what cutover names until the object exists.
+    denied: HashMap<u32, Denial>,
     reported: HashSet<String>,
     /// Kvstore ids that waited for a decision before their write: their time to write is a
     /// decision wait, not lag.
@@ -268,6 +273,21 @@ impl SyncState {
                 .numeric_id()
                 .is_some_and(|id| self.own_masters.contains(&id))
             && self.counts.get(item.labels.as_bytes()) == 0
+    }
+
+    /// Denied creates still not made whose kvstore identity still exists: how many, and
+    /// the first by id, in the server's words.
+    pub(super) fn denied_now(&self) -> Option<(usize, String)> {
+        let mut now: Vec<(&u32, &Denial)> = self
+            .denied
+            .iter()
+            .filter(|(t, d)| {
+                !self.k8s.contains_key(t) && self.masters.contains_key(d.id.as_bytes())
+            })
+            .collect();
+        now.sort_by_key(|(t, _)| **t);
+        let (t, first) = now.first()?;
+        Some((now.len(), format!("{} at {t}: {}", first.id, first.words)))
     }
 
     /// Failed creates still not made whose kvstore identity still exists.
@@ -506,6 +526,14 @@ impl SyncReport {
     }
 }
 
+/// A create an admission check denied: for which kvstore id and labels, in whose words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub id: String,
+    pub labels: LabelKey,
+    pub words: String,
+}
+
 /// How a batch of writes ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchOutcome {
@@ -515,10 +543,12 @@ pub enum BatchOutcome {
     /// configuration), as the dispatcher read it off the error, with the error's text: the
     /// shell asks `failure`'s rules, which end sync or take it as a failed batch.
     Faulted { fault: failure::Fault, why: String },
-    /// Each target's outcome, and why the batch was halted early, if it was.
+    /// Each target's outcome, why the batch was halted early, if it was, and the server's
+    /// words for each create an admission check denied.
     Done {
         results: Vec<(u32, Outcome)>,
         halted: Option<String>,
+        denied: Vec<(u32, String)>,
     },
 }
 

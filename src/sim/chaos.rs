@@ -64,10 +64,7 @@ impl Sim {
                 Ok(())
             }
             95..=96 => self.reservations_done(i),
-            94 => {
-                self.fault_turns();
-                Ok(())
-            }
+            94 => self.fault_turns(),
             _ => {
                 self.world.now += Duration::from_millis(200 + self.rng.below(3000));
                 Ok(())
@@ -109,17 +106,20 @@ impl Sim {
     }
 
     /// A fault comes or goes: now and then a permission taken away (granted again when a
-    /// sync ends on it), else the API server down or back, or the disk full or freed.
-    fn fault_turns(&mut self) {
+    /// sync ends on it) or an admission webhook's rule put in or changed, else the API
+    /// server down or back, or the disk full or freed.
+    fn fault_turns(&mut self) -> Result<(), Failure> {
         if self.rng.chance(0.1) {
             // A rule of sync's ClusterRole (create, list, watch), of its Lease Role, or its
-            // etcd role's read of the prefix.
-            match self.rng.below(5) {
+            // etcd role's read of the prefix; or a webhook that denies some ids.
+            match self.rng.below(6) {
                 0 => self.faults.creates_refused = true,
                 1 => self.faults.lease_refused = true,
                 2 => self.faults.lists_refused = true,
                 3 => self.faults.watches_refused = true,
-                _ => self.faults.kv_reads_refused = true,
+                4 => self.faults.kv_reads_refused = true,
+                _ if self.faults.webhook_denies => return self.lift_denials(),
+                _ => self.faults.webhook_denies = true,
             }
         } else if self.rng.chance(0.5) {
             self.faults.server_down = !self.faults.server_down;
@@ -128,5 +128,6 @@ impl Sim {
         }
         self.trace
             .line(self.world.now, format!("faults {:?}", self.faults));
+        Ok(())
     }
 }

@@ -123,7 +123,12 @@ impl Sim {
         }
         self.quiet = true;
         self.world.quiet = true;
+        let denied = self.faults.webhook_denies;
         self.faults = Faults::default();
+        if denied {
+            self.faults.webhook_denies = true;
+            self.lift_denials()?;
+        }
         self.renewals_fail.iter_mut().for_each(|f| *f = false);
         self.all_reserved()?;
         for n in 0..self.world.nodes.len() {

@@ -12,7 +12,7 @@ use super::reserver::SimReservations;
 use super::world::World;
 use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
-use crate::core::lease::{Elector, write_held_back};
+use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
 use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
@@ -460,7 +460,7 @@ impl Instance {
             Some(RoundEnd::Resnapshot) => {
                 trace.line(world.now, format!("i{i} resnapshot"));
                 if self.shell.awaits_batch() {
-                    let outcome =
+                    let (outcome, _) =
                         self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
                     let ops = self.batch.take().unwrap_or_default();
                     let now = clock.at(world.now);
@@ -516,7 +516,7 @@ impl Instance {
             (clock, &mut *rng, faults, &mut *trace),
         )?;
         if !self.ended && self.batch.is_some() {
-            let outcome = self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
+            let (outcome, _) = self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
             let ops = self.batch.take().unwrap_or_default();
             let done = Turn::Input(Input::BatchDone { ops, outcome });
             self.feed(done, world, log, (clock, &mut *rng, faults, &mut *trace))?;
@@ -593,67 +593,37 @@ impl Instance {
         }
     }
 
-    /// The batch in flight, carried out by the API server: creates, never overwrites.
+    /// The batch in flight, carried out by core's executor, the binary's own, over the
+    /// simulated API server (`writes::SimWrites`), read back by core's `batch_outcome`.
     pub fn execute_batch(
         &mut self,
         world: &mut World,
         log: &mut Vec<LogLine>,
         (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
-    ) -> Result<BatchOutcome, Failure> {
+    ) -> Result<(BatchOutcome, u32), Failure> {
         let Some(ops) = &self.batch else {
-            return Ok(BatchOutcome::Failed("no batch".into()));
+            return Ok((BatchOutcome::Failed("no batch".into()), 0));
         };
         if std::mem::take(&mut self.batch_unlogged) {
-            // Log before act: no line, no create; the batch fails whole.
-            return Ok(BatchOutcome::Failed("the decision log: disk full".into()));
+            // Log before act: no line, no create; the batch fails whole, as the binary's
+            // `log_decisions` error does.
+            let why = "the decision log: disk full".to_string();
+            return Ok((batch_outcome(Err((Default::default(), why))), 0));
         }
-        if faults.creates_refused {
-            trace.line(world.now, format!("i{} batch refused", self.idx));
-            let fault = crate::core::sync::failure::Fault::forbidden();
-            let why = "403 Forbidden: ciliumidentities.cilium.io is forbidden: cannot create";
-            return Ok(BatchOutcome::Faulted {
-                fault,
-                why: why.into(),
-            });
+        let io = SimWrites::new(self.idx, world, log, (rng, faults, trace));
+        let report =
+            at_once(carry_out(&io, ops.clone(), &ApplyOptions::default())).ok_or_else(|| {
+                Failure::new(
+                    "the simulated API server answers at once",
+                    format!("i{}: the executor waited", self.idx),
+                )
+            })?;
+        if let Some(broke) = io.broke.take() {
+            return Err(broke);
         }
-        if faults.server_down || (faults.flaky && rng.chance(0.05)) {
-            trace.line(world.now, format!("i{} batch failed", self.idx));
-            return Ok(BatchOutcome::Failed("the API server answered 500".into()));
-        }
-        let (i, mut results, mut halted) = (self.idx, Vec::new(), None);
-        for op in ops {
-            let Some(target) = op.target_id else {
-                continue;
-            };
-            // The executor's rule (core's): no create starts unless the gate is open at that
-            // moment (the rest of the batch is halted, tried again later).
-            if halted.is_none() {
-                halted = write_held_back(false, Some(world.lease_valid(i))).map(str::to_string);
-            }
-            if halted.is_some() {
-                results.push((target, Outcome::NotAttempted));
-                continue;
-            }
-            world.check_sole_writer(i, &format!("i{i} created {target}"))?;
-            let outcome = if world.create_object(target, op.label_key.clone()) {
-                world.created_by_sync.insert(target);
-                Outcome::Created
-            } else if world.objects.get(&target).map(|(l, _)| l) == Some(&op.label_key) {
-                Outcome::AlreadyExisted
-            } else {
-                Outcome::Conflict
-            };
-            if outcome.is_serving() {
-                log.push(LogLine::Outcome {
-                    id: op.id.clone(),
-                    labels: op.label_key.to_string(),
-                    kind: op.kind,
-                    target: Some(target),
-                });
-            }
-            results.push((target, outcome));
-        }
-        Ok(BatchOutcome::Done { results, halted })
+        let refusals = io.refusals.get();
+        let report = report.map_err(|e| (Default::default(), e.to_string()));
+        Ok((batch_outcome(report), refusals))
     }
 
     /// The cutover check: a verify of the world as it is, with what this instance's log and
@@ -703,9 +673,15 @@ fn said(refusal: Refusal) -> String {
 
 mod io;
 mod shadow;
+mod writes;
 
+use crate::core::at_once::at_once;
+use crate::core::executor::{ApplyOptions, carry_out};
+use crate::core::sync::batch::batch_outcome;
 pub use io::{Faults, KV_VIEW_LAG_RIDDEN_OUT, RANGE, SimIo, failed};
 use shadow::Shadow;
+use writes::SimWrites;
+pub use writes::{WEBHOOK, webhook_denies};
 
 impl Instance {
     /// The shadow takes an input in, change by change, counting each split that begins.

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 use crate::core::lease::Writer as Elected;
 use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
-use crate::core::sync::BatchOutcome;
 use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::{RETRY_AFTER_FAILURE, Reply};
@@ -64,6 +63,10 @@ pub struct SeedRun {
     pub lapsed: usize,
     /// Clean stops that released their reservations (`--release-reservations`).
     pub releases_at_stop: usize,
+    /// Batches whose creates the server refused (403), each of which ended its sync.
+    pub refused_batches: usize,
+    /// Creates an admission webhook denied.
+    pub denied_creates: usize,
 }
 
 /// The cutover grace the simulated syncs run with.
@@ -94,6 +97,8 @@ struct Sim {
     refusal_ends: usize,
     /// Clean stops that released (`--release-reservations`).
     releases_at_stop: usize,
+    refused_batches: usize,
+    denied_creates: usize,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -144,6 +149,8 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         reserves: sim.settings.reserve_in_kvstore,
         lapsed: sim.world.res_lapsed,
         releases_at_stop: sim.releases_at_stop,
+        refused_batches: sim.refused_batches,
+        denied_creates: sim.denied_creates,
         reserved: sim.world.sync_master_writes,
         released: sim
             .logs
@@ -195,6 +202,8 @@ impl Sim {
                 reserves: settings.reserve_in_kvstore,
                 lapsed: 0,
                 releases_at_stop: 0,
+                refused_batches: 0,
+                denied_creates: 0,
             })
         })?;
         let mut sim = Sim {
@@ -217,6 +226,8 @@ impl Sim {
             mutant,
             refusal_ends: 0,
             releases_at_stop: 0,
+            refused_batches: 0,
+            denied_creates: 0,
         };
         sim.trace.line(
             Duration::ZERO,
@@ -556,13 +567,19 @@ impl Sim {
         } else {
             self.faults
         };
-        let outcome = inst.execute_batch(
+        let (outcome, refusals) = inst.execute_batch(
             &mut self.world,
             &mut self.logs[i],
             (&mut self.rng, faults, &mut self.trace),
         )?;
         let ops = inst.batch.take().unwrap_or_default();
-        let refused = matches!(outcome, BatchOutcome::Faulted { .. });
+        // Read off what the server answered, not off the outcome: a refusal the executor
+        // did not carry back as one must still end sync.
+        let refused = refusals > 0;
+        self.refused_batches += usize::from(refused);
+        if let crate::core::sync::BatchOutcome::Done { denied, .. } = &outcome {
+            self.denied_creates += denied.len();
+        }
         let ends = self.refusal_ends;
         self.feed(i, Turn::Input(Input::BatchDone { ops, outcome }))?;
         if refused && self.refusal_ends == ends {

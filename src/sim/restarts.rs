@@ -31,6 +31,21 @@ impl Sim {
         self.restart(i)
     }
 
+    /// The operator changes the admission webhook's rule that denied creates, and starts
+    /// every sync again, as the cutover's wait tells them to: a sync does not try a denied
+    /// create again in a loop, so without the restart it would wait for ever.
+    pub(super) fn lift_denials(&mut self) -> Result<(), Failure> {
+        self.faults.webhook_denies = false;
+        self.trace.line(
+            self.world.now,
+            "the webhook's rule changed; every sync started again".into(),
+        );
+        for i in 0..self.instances.len() {
+            self.stop_and_restart(i)?;
+        }
+        Ok(())
+    }
+
     /// An instance dies (mid-write, perhaps with a torn last log line) and starts again from
     /// its log and a fresh read.
     pub(super) fn crash(&mut self, i: usize) -> Result<(), Failure> {

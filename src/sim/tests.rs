@@ -11,8 +11,10 @@ const STEPS: usize = 5000;
 fn every_seed_keeps_every_invariant_and_reaches_cutover() {
     let mut failures = Vec::new();
     let (mut cutovers, mut reserved, mut released, mut lapsed) = (0, 0, 0, 0);
-    let mut releases_at_stop = 0;
+    let (mut releases_at_stop, mut refused_batches, mut denied) = (0, 0, 0);
     for run in run_seeds(0, SEEDS, STEPS) {
+        refused_batches += run.refused_batches;
+        denied += run.denied_creates;
         cutovers += usize::from(run.cutover.is_some());
         reserved += run.reserved;
         released += run.released;
@@ -44,6 +46,13 @@ fn every_seed_keeps_every_invariant_and_reaches_cutover() {
     assert!(
         releases_at_stop > 0,
         "no clean stop released in {SEEDS} seeds"
+    );
+    // The executor's refusals and denials, as the server answers each create: a refused
+    // batch ended its sync (checked as it happens), and denied creates were made once the
+    // webhook's rule changed (every seed reached cutover).
+    assert!(
+        refused_batches > 0 && denied > 0,
+        "{refused_batches} refused batches, {denied} denied creates"
     );
 }
 

@@ -74,39 +74,10 @@ pub fn refused(what: &str, e: &str) -> Error {
     ))
 }
 
-/// What a batch of creates came back as: a fault the rules may end sync on (a refusal, 401
-/// or 403, or configuration) as `BatchOutcome::Faulted`, for the shell to judge by
-/// `core::sync::failure`; any other error a failed batch; else each create's outcome.
+/// What a batch of creates came back as, by core's one reading
+/// (`core::sync::batch::batch_outcome`), with an error that ended the batch read as a fault.
 pub fn batch_outcome(result: Result<ApplyReport>) -> BatchOutcome {
-    match result {
-        Err(e) => {
-            let fault = fault(Path::Create, &e);
-            let why = e.to_string();
-            if fault.refused || fault.config {
-                BatchOutcome::Faulted { fault, why }
-            } else {
-                BatchOutcome::Failed(why)
-            }
-        }
-        Ok(report) => match report.results.iter().find(|r| r.refused) {
-            Some(r) => BatchOutcome::Faulted {
-                fault: Fault {
-                    refused: true,
-                    ..Fault::default()
-                },
-                why: r
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "the create was refused".into()),
-            },
-            None => BatchOutcome::Done {
-                results: report
-                    .results
-                    .iter()
-                    .filter_map(|r| r.target_id.map(|t| (t, r.outcome)))
-                    .collect(),
-                halted: report.stopped.clone(),
-            },
-        },
-    }
+    crate::core::sync::batch::batch_outcome(
+        result.map_err(|e| (fault(Path::Create, &e), e.to_string())),
+    )
 }

@@ -215,6 +215,7 @@ impl SyncState {
         self.failed = old.failed;
         self.settling = old.settling;
         self.unwritten = old.unwritten;
+        self.denied = old.denied;
         self.reported = old.reported;
         self.waited_for_decision = old.waited_for_decision;
         self.moot = old.moot;

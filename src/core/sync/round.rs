@@ -219,6 +219,7 @@ impl SyncState {
                 || self.in_flight.contains_key(&t)
                 || self.failed.contains_key(&t)
                 || self.settling.contains_key(&t)
+                || self.denied.get(&t).is_some_and(|d| d.labels == item.labels)
                 || claimed_labels.contains(item.labels.as_str())
             {
                 continue;
@@ -340,9 +341,31 @@ impl SyncState {
                 ));
                 return taken;
             }
-            BatchOutcome::Done { results, halted } => {
+            BatchOutcome::Done {
+                results,
+                halted,
+                denied,
+            } => {
                 taken.trouble =
                     halted.map(|why| format!("{why}; trying again in {} s", RETRY_AFTER.as_secs()));
+                for (t, words) in denied {
+                    let Some((id, label_key)) = labels.get(&t) else {
+                        continue;
+                    };
+                    let said = format!(
+                        "the API server denied the create of {id} at {t}: {words}; not tried again until its labels there change or sync starts again"
+                    );
+                    taken.trouble = Some(match taken.trouble.take() {
+                        Some(before) => format!("{before}; {said}"),
+                        None => said,
+                    });
+                    let denial = Denial {
+                        id: id.clone(),
+                        labels: label_key.clone(),
+                        words,
+                    };
+                    self.denied.insert(t, denial);
+                }
                 results
             }
         };
@@ -380,6 +403,12 @@ impl SyncState {
                     // Try again later; a conflict resolves itself once the watch shows the
                     // object.
                     self.failed.insert(t, now + RETRY_AFTER);
+                    self.unwritten.insert(t, id.clone());
+                }
+                // Denied by an admission check: its words kept above; never tried in a loop.
+                Outcome::Denied => {
+                    self.status.failures += 1;
+                    taken.failures += 1;
                     self.unwritten.insert(t, id.clone());
                 }
                 // Not attempted (the batch was halted): tried again with the failed ones.

@@ -49,6 +49,9 @@ pub enum CutoverWait {
     Decisions(usize),
     /// Writes are failing, in flight or waiting to be planned.
     Writes(usize),
+    /// Creates an admission webhook or policy denied: how many, and the first in the
+    /// server's words. Waiting will not make them; the rule or the decision must change.
+    Denied { writes: usize, first: String },
     /// Another sync holds the lease.
     Lease,
     /// The last check (a full verify) found problems: the first few, and how many.
@@ -65,17 +68,19 @@ impl CutoverWait {
             CutoverWait::Grace { .. } => "grace",
             CutoverWait::Decisions(_) => "decisions",
             CutoverWait::Writes(_) => "writes",
+            CutoverWait::Denied { .. } => "denied",
             CutoverWait::Lease => "lease",
             CutoverWait::Verify { .. } => "verify",
             CutoverWait::Checking => "checking",
         }
     }
 
-    pub const REASONS: [&'static str; 7] = [
+    pub const REASONS: [&'static str; 8] = [
         "nodes",
         "grace",
         "decisions",
         "writes",
+        "denied",
         "lease",
         "verify",
         "checking",
@@ -97,6 +102,11 @@ impl std::fmt::Display for CutoverWait {
             CutoverWait::Writes(n) => {
                 write!(f, "waits for {} (failing or in flight)", count(*n, "write"))
             }
+            CutoverWait::Denied { writes, first } => write!(
+                f,
+                "waits for {} an admission check denied ({first}): change the rule or decide the identity, then start sync again",
+                count(*writes, "create")
+            ),
             CutoverWait::Lease => write!(f, "waits for the lease (another sync writes)"),
             CutoverWait::Verify { problems, first } => {
                 write!(f, "verify found {}: {first}", count(*problems, "problem"))
@@ -112,7 +122,7 @@ pub fn cutover_wait(
     status: &SyncStatus,
     no_nodes_for: Option<Duration>,
     grace: Duration,
-    (unsettled_writes, holding, verifying): (usize, bool, bool),
+    (unsettled_writes, denied, holding, verifying): (usize, Option<(usize, String)>, bool, bool),
     last_verify: Option<&CutoverWait>,
 ) -> Option<CutoverWait> {
     let wait = match no_nodes_for {
@@ -122,6 +132,10 @@ pub fn cutover_wait(
         Some(_) if !holding => CutoverWait::Lease,
         Some(_) if status.pending > 0 => CutoverWait::Decisions(status.pending),
         Some(_) if unsettled_writes > 0 => CutoverWait::Writes(unsettled_writes),
+        Some(_) if denied.is_some() => {
+            let (writes, first) = denied.unwrap_or_default();
+            CutoverWait::Denied { writes, first }
+        }
         Some(_) if verifying => CutoverWait::Checking,
         Some(_) => return last_verify.cloned(),
     };

@@ -231,6 +231,7 @@ fn complete(sync: &mut SyncState, w: &mut World, fail: bool, now: Instant) {
     let outcome = BatchOutcome::Done {
         results,
         halted: None,
+        denied: Vec::new(),
     };
     sync.take_results(ops, outcome, now);
     // Sync's own creates reach it again through its watch.
@@ -318,6 +319,7 @@ fn a_fresh_snapshot_keeps_what_was_reported_made_and_counted() {
     let done = BatchOutcome::Done {
         results: vec![(300, Outcome::Created)],
         halted: None,
+        denied: Vec::new(),
     };
     old.take_results(ops, done, t0);
     old.k8s_upsert(300, "k8s:app=a;".into(), String::new(), t0);
@@ -467,6 +469,7 @@ fn a_failed_batch_is_retried_after_its_wait_and_counted() {
     let done = BatchOutcome::Done {
         results: vec![(300, Outcome::Created)],
         halted: None,
+        denied: Vec::new(),
     };
     let taken = sync.take_results(ops, done, t0 + RETRY_AFTER);
     assert_eq!(taken.mirrored, 1);

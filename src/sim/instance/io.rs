@@ -52,6 +52,9 @@ pub struct Faults {
     /// The API server refuses the watch of CiliumIdentities (403: the ClusterRole's watch
     /// rule taken away), until granted again.
     pub watches_refused: bool,
+    /// An admission webhook denies the create of some ids (a third of them), in its own
+    /// words, until the operator changes its rule and starts sync again.
+    pub webhook_denies: bool,
     /// etcd refuses the read of the identities prefix (its role's read permission taken
     /// away): a fresh read's snapshot is refused, until granted again.
     pub kv_reads_refused: bool,

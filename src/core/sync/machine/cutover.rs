@@ -139,7 +139,12 @@ impl Machine {
                         .no_nodes_since
                         .map(|t| now.saturating_duration_since(t)),
                     grace,
-                    (unsettled, self.holding(), self.verifying),
+                    (
+                        unsettled,
+                        state.denied_now(),
+                        self.holding(),
+                        self.verifying,
+                    ),
                     self.last_verify_failed.as_ref(),
                 )
             })
@@ -150,6 +155,7 @@ impl Machine {
     /// Nothing pending, in flight, failing or waiting to be planned.
     pub(super) fn quiet(&self) -> bool {
         self.state.status.pending == 0
+            && self.state.denied_now().is_none()
             && self.state.in_flight.is_empty()
             && self.state.failed.is_empty()
             && self.state.settling.is_empty()

@@ -115,6 +115,7 @@ fn done(ops: Vec<Op>) -> Input {
         outcome: BatchOutcome::Done {
             results,
             halted: None,
+            denied: Vec::new(),
         },
     }
 }

@@ -174,6 +174,7 @@ fn created(ops: &[Op]) -> Input {
                 .filter_map(|o| o.target_id.map(|t| (t, Outcome::Created)))
                 .collect(),
             halted: None,
+            denied: Vec::new(),
         },
     }
 }
@@ -850,6 +851,7 @@ fn only_a_rounds_first_lagless_creates_are_the_catch_up() {
         outcome: BatchOutcome::Done {
             results: vec![(300, Outcome::Created), (301, Outcome::Failed)],
             halted: None,
+            denied: Vec::new(),
         },
     };
     shell.take(Turn::Input(failed), t0, true, &mut io);

@@ -29,7 +29,15 @@ fn each_outcome_of_a_halted_batch_is_folded_in_on_its_own() {
         (304, Outcome::NotAttempted),
     ];
     let halted = Some("stopped by the operator".to_string());
-    let taken = sync.take_results(ops, BatchOutcome::Done { results, halted }, t0);
+    let taken = sync.take_results(
+        ops,
+        BatchOutcome::Done {
+            results,
+            halted,
+            denied: Vec::new(),
+        },
+        t0,
+    );
     assert_eq!((taken.mirrored, taken.failures), (1, 2));
     assert_eq!((sync.status.mirrored, sync.status.failures), (1, 2));
     assert!(
@@ -75,6 +83,7 @@ fn other_labels_at_an_id_whose_object_sync_made_and_someone_deleted_are_a_new_ob
             .filter_map(|o| o.target_id.map(|t| (t, Outcome::Created)))
             .collect(),
         halted: None,
+        denied: Vec::new(),
     };
     sync.take_results(ops.clone(), done(ops), t0);
     // The cluster's GC deletes 256; the kvstore's takes 400; 401 (b) comes, also held
@@ -160,6 +169,7 @@ fn a_decided_create_of_an_object_sync_made_and_the_gc_deleted_is_refused_once() 
     let outcome = BatchOutcome::Done {
         results,
         halted: None,
+        denied: Vec::new(),
     };
     sync.take_results(ops, outcome, t0);
     // No node uses it any more, and the GC deletes it; the operator decides to create it.
@@ -201,6 +211,7 @@ fn an_object_sync_made_and_someone_deleted_is_made_again_once_and_only_while_use
             BatchOutcome::Done {
                 results,
                 halted: None,
+                denied: Vec::new(),
             },
             t0,
         );

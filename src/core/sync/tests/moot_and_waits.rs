@@ -98,50 +98,61 @@ fn cutover_always_says_what_it_waits_for() {
         kvstore_nodes: 2,
         ..Default::default()
     };
-    let none = (0, true, false);
+    let none = || (0, None, true, false);
     let wait = |st: &SyncStatus, since: Option<u64>, w, last| {
         cutover_wait(st, since.map(Duration::from_secs), grace, w, last)
     };
-    assert_eq!(wait(&st, None, none, None), Some(CutoverWait::Nodes(2)));
+    assert_eq!(wait(&st, None, none(), None), Some(CutoverWait::Nodes(2)));
     st.kvstore_nodes = 0;
     assert_eq!(
-        wait(&st, Some(20), none, None),
+        wait(&st, Some(20), none(), None),
         Some(CutoverWait::Grace {
             left: Duration::from_secs(100)
         })
     );
     assert!(
-        wait(&st, Some(20), none, None)
+        wait(&st, Some(20), none(), None)
             .unwrap()
             .to_string()
             .contains("100s")
     );
     assert_eq!(
-        wait(&st, Some(120), (0, false, false), None),
+        wait(&st, Some(120), (0, None, false, false), None),
         Some(CutoverWait::Lease)
     );
     st.pending = 3;
     assert_eq!(
-        wait(&st, Some(120), none, None),
+        wait(&st, Some(120), none(), None),
         Some(CutoverWait::Decisions(3))
     );
     st.pending = 0;
     assert_eq!(
-        wait(&st, Some(120), (4, true, false), None),
+        wait(&st, Some(120), (4, None, true, false), None),
         Some(CutoverWait::Writes(4))
     );
+    // A denied create is named with the server's words, after the writes still going.
+    let denied = Some((
+        1,
+        "300 at 300: admission webhook \"ids\" denied the request".into(),
+    ));
+    let said = wait(&st, Some(120), (0, denied, true, false), None).unwrap();
+    assert_eq!(said.reason(), "denied");
+    assert!(CutoverWait::REASONS.contains(&said.reason()));
+    for words in ["1 create", "admission webhook \"ids\" denied", "300 at 300"] {
+        assert!(said.to_string().contains(words), "{words}: {said}");
+    }
     assert_eq!(
-        wait(&st, Some(120), (0, true, true), None),
+        wait(&st, Some(120), (0, None, true, true), None),
         Some(CutoverWait::Checking)
     );
     // Nothing left but a check: none yet, or the last one's problems.
-    assert_eq!(wait(&st, Some(120), none, None), None);
+    assert_eq!(wait(&st, Some(120), none(), None), None);
     let failed = CutoverWait::Verify {
         problems: 2,
         first: "2203 different".into(),
     };
     assert_eq!(
-        wait(&st, Some(120), none, Some(&failed)),
+        wait(&st, Some(120), none(), Some(&failed)),
         Some(failed.clone())
     );
     assert_eq!(failed.reason(), "verify");
@@ -211,6 +222,7 @@ fn a_decision_wait_is_not_lag() {
             .map(|o| (o.target_id.unwrap(), Outcome::Created))
             .collect(),
         halted: None,
+        denied: Vec::new(),
     };
     sync.take_results(ops.clone(), done(&ops), t1);
     // The operator decides 35 s later: as proposed.

@@ -1,0 +1,271 @@
+//! The executor's rules over a scripted server: each request answered from a queue of
+//! answers per id, every wait and log line recorded.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+
+use super::*;
+use crate::core::at_once::at_once;
+use crate::core::planner::{DecidedBy, Kind};
+
+#[derive(Default)]
+struct Scripted {
+    /// Answers to creates, per id, in order; none left: created.
+    creates: RefCell<BTreeMap<u32, VecDeque<RequestError>>>,
+    /// What a read after a 409 finds.
+    existing: BTreeMap<u32, Existing>,
+    deletes: RefCell<BTreeMap<u32, VecDeque<RequestError>>>,
+    sent: RefCell<Vec<String>>,
+    slept: RefCell<Vec<Duration>>,
+    logged: RefCell<Vec<(String, Outcome)>>,
+    stopped: Cell<bool>,
+    /// The log refuses lines from now on.
+    log_full: bool,
+}
+
+impl IdentityWrites for Scripted {
+    async fn create(&self, id: u32, _labels: &SecurityLabels) -> Result<Written, RequestError> {
+        self.sent.borrow_mut().push(format!("create {id}"));
+        match self.creates.borrow_mut().entry(id).or_default().pop_front() {
+            Some(e) => Err(e),
+            None => Ok(Written {
+                uid: format!("u{id}"),
+                resource_version: "1".into(),
+            }),
+        }
+    }
+    async fn read(&self, id: u32) -> Result<Option<Existing>, RequestError> {
+        self.sent.borrow_mut().push(format!("get {id}"));
+        Ok(self.existing.get(&id).cloned())
+    }
+    async fn delete(&self, id: u32, _expected: &Written) -> Result<(), RequestError> {
+        self.sent.borrow_mut().push(format!("delete {id}"));
+        match self.deletes.borrow_mut().entry(id).or_default().pop_front() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+    async fn sleep(&self, d: Duration) {
+        self.slept.borrow_mut().push(d);
+    }
+    fn held_back(&self) -> Option<&'static str> {
+        self.stopped.get().then_some("stopped")
+    }
+    fn stop(&self) {
+        self.stopped.set(true);
+    }
+    fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
+        if self.log_full {
+            return Err(crate::Error::file("log.jsonl", "No space left on device"));
+        }
+        self.logged
+            .borrow_mut()
+            .push((op.id.clone(), result.outcome));
+        Ok(())
+    }
+    fn server(&self) -> String {
+        "https://api:6443".into()
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> RequestError {
+    RequestError::status(code, reason, message)
+}
+
+const LABELS: &str = "k8s:app=web;k8s:io.kubernetes.pod.namespace=shop;";
+
+fn create(id: u32) -> Op {
+    Op {
+        id: id.to_string(),
+        label_key: LABELS.into(),
+        kind: Kind::Create,
+        op: OpKind::Create,
+        target_id: Some(id),
+        decided_by: DecidedBy::Proposal,
+        expect: None,
+        reason: None,
+    }
+}
+
+fn one_at_a_time() -> ApplyOptions {
+    ApplyOptions {
+        concurrency: 1,
+        ..ApplyOptions::default()
+    }
+}
+
+fn run(io: &Scripted, ops: Vec<Op>) -> Result<ApplyReport> {
+    at_once(carry_out(io, ops, &one_at_a_time())).expect("answers at once")
+}
+
+fn outcomes(r: &ApplyReport) -> Vec<(u32, Outcome)> {
+    r.results
+        .iter()
+        .map(|r| (r.target_id.unwrap(), r.outcome))
+        .collect()
+}
+
+#[test]
+fn a_create_refused_by_rbac_is_refused_and_halts_the_batch() {
+    let io = Scripted::default();
+    let forbidden = status(
+        403,
+        "Forbidden",
+        "ciliumidentities.cilium.io is forbidden: User \"u\" cannot create resource",
+    );
+    io.creates.borrow_mut().insert(300, [forbidden].into());
+    let r = run(&io, vec![create(300), create(301)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [(300, Outcome::Failed), (301, Outcome::NotAttempted)]
+    );
+    assert!(r.results[0].refused, "the refusal is carried back");
+    assert!(r.results[0].error.as_ref().unwrap().contains("403"));
+    let stopped = r.stopped.as_deref().unwrap();
+    assert!(
+        stopped.contains("refused") && stopped.contains("403"),
+        "{stopped}"
+    );
+    // Never retried: waiting does not grant a permission.
+    assert_eq!(*io.sent.borrow(), ["create 300"]);
+    assert!(io.slept.borrow().is_empty());
+}
+
+#[test]
+fn a_webhooks_denial_is_that_objects_outcome_in_its_words_and_the_batch_goes_on() {
+    let io = Scripted::default();
+    let denied = status(
+        400,
+        "BadRequest",
+        "admission webhook \"ids.example.com\" denied the request: id 300 is held",
+    );
+    io.creates.borrow_mut().insert(300, [denied].into());
+    let r = run(&io, vec![create(300), create(301)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [(300, Outcome::Denied), (301, Outcome::Created)]
+    );
+    assert!(!r.results[0].refused);
+    assert!(r.results[0].problem().unwrap().contains("id 300 is held"));
+    assert_eq!(r.stopped, None);
+    assert_eq!(*io.sent.borrow(), ["create 300", "create 301"]);
+    assert_eq!(
+        *io.logged.borrow(),
+        [
+            ("300".to_string(), Outcome::Denied),
+            ("301".to_string(), Outcome::Created)
+        ]
+    );
+}
+
+#[test]
+fn a_409_reads_what_is_there_and_recognises_this_runs_own_object() {
+    let labels = to_security_labels(&parse_label_key(LABELS).unwrap());
+    let exists = status(409, "AlreadyExists", "exists");
+    let mut io = Scripted::default();
+    for id in [300, 301, 302] {
+        io.creates.borrow_mut().insert(id, [exists.clone()].into());
+    }
+    let found = |this_run, labels: SecurityLabels| Existing {
+        written: Written {
+            uid: "mine".into(),
+            resource_version: "7".into(),
+        },
+        labels,
+        this_run,
+    };
+    let mut other = labels.clone();
+    other.insert("k8s:app".into(), "db".into());
+    io.existing.insert(300, found(true, labels.clone()));
+    io.existing.insert(301, found(false, labels));
+    io.existing.insert(302, found(false, other));
+    let r = run(&io, vec![create(300), create(301), create(302)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [
+            (300, Outcome::Created),
+            (301, Outcome::AlreadyExisted),
+            (302, Outcome::Conflict)
+        ]
+    );
+    assert_eq!(r.results[0].uid.as_deref(), Some("mine"));
+    assert_eq!(r.results[1].uid, None);
+    assert!(r.results[2].existing.as_ref().unwrap().contains("app=db"));
+}
+
+#[test]
+fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
+    let io = Scripted::default();
+    let busy = RequestError::Status {
+        code: 429,
+        plain: false,
+        reason: "TooManyRequests".into(),
+        message: String::new(),
+        retry_after: Some(Duration::from_millis(250)),
+    };
+    io.creates
+        .borrow_mut()
+        .insert(300, [busy.clone(), busy].into());
+    let down = status(500, "InternalError", "etcdserver: leader changed");
+    io.creates
+        .borrow_mut()
+        .insert(301, std::iter::repeat_n(down, 20).collect());
+    let r = run(&io, vec![create(300), create(301), create(302)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [
+            (300, Outcome::Created),
+            (301, Outcome::Failed),
+            (302, Outcome::NotAttempted)
+        ]
+    );
+    assert_eq!(r.results[0].attempts, 1, "a 429 is not an attempt");
+    // 250 ms asked for, slept in steps of at most 100 ms, twice.
+    let slept = io.slept.borrow();
+    assert_eq!(
+        slept[..6].iter().map(|d| d.as_millis()).collect::<Vec<_>>(),
+        [100, 100, 50, 100, 100, 50]
+    );
+    let opts = ApplyOptions::default();
+    assert_eq!(r.results[1].attempts, opts.max_attempts);
+    assert_eq!(r.retries, u64::from(opts.max_attempts - 1));
+    assert!(!r.results[1].refused);
+    assert!(r.stopped.as_deref().unwrap().contains("kept failing"));
+}
+
+#[test]
+fn a_delete_refused_or_changed_is_said_so_and_a_log_that_refuses_ends_the_batch() {
+    let io = Scripted::default();
+    io.deletes
+        .borrow_mut()
+        .insert(300, [status(409, "Conflict", "precondition failed")].into());
+    io.deletes
+        .borrow_mut()
+        .insert(301, [status(403, "Forbidden", "cannot delete")].into());
+    let delete = |id: u32| Op {
+        op: OpKind::Delete,
+        expect: Some(("u".into(), "1".into())),
+        ..create(id)
+    };
+    let r = run(&io, vec![delete(300), delete(301), delete(302)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [
+            (300, Outcome::Kept),
+            (301, Outcome::Failed),
+            (302, Outcome::NotAttempted)
+        ]
+    );
+    assert!(r.results[1].refused);
+    let full = Scripted {
+        log_full: true,
+        ..Scripted::default()
+    };
+    let e = run(&full, vec![create(300), create(301)]).unwrap_err();
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert_eq!(
+        *full.sent.borrow(),
+        ["create 300"],
+        "no write after the log refused"
+    );
+}

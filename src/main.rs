@@ -81,6 +81,7 @@ fn main() -> ExitCode {
     match rt.block_on(commands::run(command, name)) {
         Ok(Exit::Ok) => ExitCode::SUCCESS,
         Ok(Exit::Failed) => ExitCode::from(1),
+        Ok(Exit::Refused) => ExitCode::from(2),
         // Output to a closed pipe (`... | head -1`): the reader has what it wanted.
         Err(e) if cli::out::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<cilium_idmig::Error>() {

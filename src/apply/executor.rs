@@ -160,6 +160,8 @@ impl IdentityWrites for Http<'_> {
         self.target.sent_with_old_token(e)
     }
 
+    type LogError = crate::Error;
+
     fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
         match self.log {
             Some(log) => log.append(record(op, Some(result))),

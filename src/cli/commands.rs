@@ -36,10 +36,36 @@ use local_cmd::{completions, log, man};
 use sync_cmd::{sync, sync_command};
 use tui_cmd::{Session, interactive, tui};
 
-/// Outcome of a command: exit code 0 or 1 (errors are 1 or 2, see `main`).
+/// Outcome of a command: exit code 0, 1, or 2 for writes the server refused to these
+/// credentials (errors are 1 or 2, see `main`).
 pub enum Exit {
     Ok,
     Failed,
+    Refused,
+}
+
+/// How a command that wrote through the executor ends: 2 when the server refused these
+/// credentials a write (said on stderr with the rule to grant, from the ClusterRole in
+/// `assets/` named by `role`), 1 when anything else is unfinished (`clean` false, or a
+/// stop), else 0.
+fn exit_of_writes(
+    report: &cilium_idmig::apply::outcome::ApplyReport,
+    clean: bool,
+    role: &str,
+) -> Exit {
+    if let Some(r) = report.results.iter().find(|r| r.refused) {
+        eprintln!(
+            "error: the API server refused a write of {} to these credentials ({}). Waiting will not fix this: grant what {role} names, then run this again",
+            r.target_id.map_or_else(|| r.id.clone(), |t| t.to_string()),
+            r.error.as_deref().unwrap_or("refused")
+        );
+        return Exit::Refused;
+    }
+    if clean && report.stopped.is_none() {
+        Exit::Ok
+    } else {
+        Exit::Failed
+    }
 }
 
 /// Runs one command; `bin_name` is how the operator invoked the tool (it may be a kubectl
@@ -310,11 +336,11 @@ async fn switch_prepare(
             Outcome::Created | Outcome::Deleted | Outcome::AlreadyGone
         )
     });
-    Ok(if clean && done.stopped.is_none() {
-        Exit::Ok
-    } else {
-        Exit::Failed
-    })
+    Ok(exit_of_writes(
+        &done,
+        clean,
+        "assets/clusterrole-switch.yaml",
+    ))
 }
 
 /// `audit`: both stores read and audited by labels; exit 1 when anything was found.
@@ -583,11 +609,11 @@ async fn apply(
     } else {
         outln!("decision log: {}", log_path.display())?;
     }
-    Ok(if run.report.succeeded() && run.report.stopped.is_none() {
-        Exit::Ok
-    } else {
-        Exit::Failed
-    })
+    Ok(exit_of_writes(
+        &run.report,
+        run.report.succeeded(),
+        "assets/clusterrole.yaml",
+    ))
 }
 
 fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
@@ -649,11 +675,11 @@ async fn rollback(
         .results
         .iter()
         .all(|r| matches!(r.outcome, Outcome::Deleted | Outcome::AlreadyGone));
-    Ok(if clean && run.report.stopped.is_none() {
-        Exit::Ok
-    } else {
-        Exit::Failed
-    })
+    Ok(exit_of_writes(
+        &run.report,
+        clean,
+        "assets/clusterrole-rollback.yaml",
+    ))
 }
 
 /// How a commit left unfinished in the TUI is finished afterwards.

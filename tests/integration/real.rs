@@ -190,6 +190,115 @@ async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
     assert!(cp.identities().is_empty());
 }
 
+/// sync's ClusterRole with `create` on ciliumidentities taken away (a trimmed role), bound
+/// to the test's user, with the Lease Role.
+const NO_CREATE: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: cilium-idmig-no-create
+rules:
+  - apiGroups: ["cilium.io"]
+    resources: ["ciliumidentities"]
+    verbs: ["list", "get", "watch"]
+  - apiGroups: ["apiextensions.k8s.io"]
+    resources: ["customresourcedefinitions"]
+    verbs: ["get"]
+  - apiGroups: ["authorization.k8s.io"]
+    resources: ["selfsubjectaccessreviews"]
+    verbs: ["create"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: cilium-idmig-no-create
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: cilium-idmig-no-create
+subjects:
+  - apiGroup: rbac.authorization.k8s.io
+    kind: User
+    name: limited-user
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_rbac_refuses_ends_sync_and_apply_with_exit_2_in_the_servers_words() {
+    let Some(cp) = ControlPlane::start("real::a_create_rbac_refuses") else {
+        return;
+    };
+    let role = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/assets/clusterrole.yaml"
+    ))
+    .unwrap();
+    cp.apply(role.split("\n---\n").nth(1).expect("the Lease Role"));
+    cp.apply(LEASE_ONLY);
+    for doc in NO_CREATE.split("\n---\n") {
+        cp.apply(doc);
+    }
+    let etcd = Etcd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Sync starts with nothing to write (what it may do, it does), then an identity arrives
+    // in the kvstore: its create is refused, and sync ends within the round.
+    let sync = {
+        let (dir, kc, etcd_endpoint) = (
+            dir.path().to_path_buf(),
+            cp.kubeconfig_user.clone(),
+            etcd.endpoint.clone(),
+        );
+        tokio::spawn(async move {
+            let args = ["sync", "--until-cutover", "--cutover-grace", "2s"];
+            run_bin(&dir, &kc, &args, &["--etcd-endpoints", &etcd_endpoint], 120).await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
+    etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
+    let arrived = Instant::now();
+    let (r, _) = sync.await.unwrap();
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        arrived.elapsed() < Duration::from_secs(30),
+        "{:?} after the identity arrived",
+        arrived.elapsed()
+    );
+    for what in [
+        "refused",
+        "forbidden",
+        "create",
+        "grant",
+        "clusterrole.yaml",
+    ] {
+        assert!(r.stderr.contains(what), "{what}: {}", r.stderr);
+    }
+    let holder = cp.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "kube-system",
+        "cilium-idmig-sync",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(holder.trim(), "", "the Lease is still held");
+    // apply with the same credentials: exit 2, the server's words, nothing written.
+    let (r, _) = cli(
+        dir.path(),
+        &cp.kubeconfig_user,
+        &etcd,
+        &["apply", "--yes"],
+        90,
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    let said = format!("{}{}", r.stdout, r.stderr);
+    for what in ["forbidden", "create", "clusterrole.yaml"] {
+        assert!(said.contains(what), "{what}: {said}");
+    }
+    assert!(cp.identities().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn audit_on_a_real_server_finds_what_the_sandbox_finds() {
     use crate::audit::{B, C, G, X, Y, check_findings, seed_kvstore};

@@ -19,7 +19,6 @@ use crate::core::labels::{SecurityLabels, canonical_key, parse_label_key, to_sec
 use crate::core::planner::{Op, OpKind};
 use crate::core::request::RequestError;
 use crate::core::retry::Policy;
-use crate::error::Result;
 
 /// Knobs of an apply. `concurrency`, `max_attempts` and `max_backoff` are the rules';
 /// the rest is how the binary's requests are sent (its rate limit and deadlines).
@@ -93,8 +92,10 @@ pub trait IdentityWrites {
     fn sent_with_old_token(&self, _e: &RequestError) -> bool {
         false
     }
+    /// Why the decision log refused a line.
+    type LogError: std::fmt::Display;
     /// Appends the operation's outcome to the decision log.
-    fn log(&self, op: &Op, result: &OpResult) -> Result<()>;
+    fn log(&self, op: &Op, result: &OpResult) -> Result<(), Self::LogError>;
     /// Tells the watchers an event of their own.
     async fn emit(&self, _event: ApplyEvent) {}
     /// Changes the running totals the watchers see.
@@ -134,7 +135,7 @@ pub async fn carry_out<W: IdentityWrites>(
     io: &W,
     ops: Vec<Op>,
     opts: &ApplyOptions,
-) -> Result<ApplyReport> {
+) -> Result<ApplyReport, W::LogError> {
     let ctx = Ctx {
         io,
         opts,
@@ -175,7 +176,7 @@ pub async fn carry_out<W: IdentityWrites>(
             if result.outcome.is_problem() {
                 ctx_ref.io.emit(ApplyEvent::Problem(result.clone())).await;
             }
-            Ok::<_, crate::Error>(result)
+            Ok::<_, W::LogError>(result)
         })
         .buffer_unordered(opts.concurrency.max(1));
     let mut report = ApplyReport::default();

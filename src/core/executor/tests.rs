@@ -54,9 +54,11 @@ impl IdentityWrites for Scripted {
     fn stop(&self) {
         self.stopped.set(true);
     }
-    fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
+    type LogError = String;
+
+    fn log(&self, op: &Op, result: &OpResult) -> Result<(), String> {
         if self.log_full {
-            return Err(crate::Error::file("log.jsonl", "No space left on device"));
+            return Err("log.jsonl: No space left on device".into());
         }
         self.logged
             .borrow_mut()
@@ -94,7 +96,7 @@ fn one_at_a_time() -> ApplyOptions {
     }
 }
 
-fn run(io: &Scripted, ops: Vec<Op>) -> Result<ApplyReport> {
+fn run(io: &Scripted, ops: Vec<Op>) -> Result<ApplyReport, String> {
     at_once(carry_out(io, ops, &one_at_a_time())).expect("answers at once")
 }
 

@@ -17,7 +17,7 @@ use crate::sim::log::LogLine;
 use crate::sim::report::{Failure, Trace};
 use crate::sim::world::World;
 
-use super::Faults;
+use super::io::Faults;
 
 /// The words of the webhook the simulation's denial fault plays.
 pub const WEBHOOK: &str = "ids.example.com";
@@ -181,7 +181,9 @@ impl IdentityWrites for SimWrites<'_> {
         self.stopped.set(true);
     }
 
-    fn log(&self, op: &Op, result: &OpResult) -> crate::error::Result<()> {
+    type LogError = String;
+
+    fn log(&self, op: &Op, result: &OpResult) -> Result<(), String> {
         if result.outcome.is_serving() {
             self.log.borrow_mut().push(LogLine::Outcome {
                 id: op.id.clone(),

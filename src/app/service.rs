@@ -186,19 +186,26 @@ impl Service {
             }
             ServiceRequest::Apply { generation, spec } => self.apply(generation, *spec, false),
             ServiceRequest::Stop => self.stop.stop(),
-            ServiceRequest::Export { path, items } => {
-                let ev = match super::export::export(
-                    &cfg.log,
-                    &cfg.target.server,
-                    cfg.scope.range,
-                    &path,
-                    &items,
-                ) {
-                    Ok(paths) => ServiceEvent::Exported { paths },
-                    Err(e) => ServiceEvent::failed(0, Task::Export, e),
-                };
-                let _ = self.tx.send(ev).await;
-            }
+            // A whole log read and written again: on a thread for blocking work, answered
+            // when done, so the service goes on taking requests meanwhile.
+            ServiceRequest::Export { path, items } => self.answer(|cfg| async move {
+                let export = tokio::task::spawn_blocking(move || {
+                    super::export::export(
+                        &cfg.log,
+                        &cfg.target.server,
+                        cfg.scope.range,
+                        &path,
+                        &items,
+                    )
+                });
+                match export.await {
+                    Ok(Ok(paths)) => ServiceEvent::Exported { paths },
+                    Ok(Err(e)) => ServiceEvent::failed(0, Task::Export, e),
+                    Err(e) => {
+                        ServiceEvent::failed(0, Task::Export, crate::Error::file("export", e))
+                    }
+                }
+            }),
         }
     }
 
@@ -235,7 +242,8 @@ impl Service {
     /// An operator's decision: logged, and handed to a running sync only once logged (sync
     /// never acts on a decision its log does not hold; the failure says to make it again).
     async fn decided(&self, name: &str, item: PlanItem) {
-        if let Err(e) = self.cfg.log.append(decision_record(name, &item)) {
+        let line = decision_record(name, &item);
+        if let Err(e) = crate::io::blocking::off_the_loop(|| self.cfg.log.append(line)) {
             let e = crate::Error::file(
                 self.cfg.log.path(),
                 format!(

@@ -164,7 +164,8 @@ impl IdentityWrites for Http<'_> {
 
     fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
         match self.log {
-            Some(log) => log.append(record(op, Some(result))),
+            // A slow disk holds this worker only, never the loop that carries the batch.
+            Some(log) => crate::io::blocking::off_the_loop(|| log.append(record(op, Some(result)))),
             None => Ok(()),
         }
     }

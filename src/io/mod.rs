@@ -1,6 +1,7 @@
 //! The only code that talks to the outside: etcd (read only), the Kubernetes API server,
 //! the files the tool writes (plan, decision log, exports) and the dumps it rehearses on.
 
+pub mod blocking;
 pub mod decision_log;
 pub mod endpoints;
 pub mod etcd;

@@ -18,13 +18,14 @@ use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
 
+use crate::core::sync::machine::cutover_verdict;
 use crate::core::sync::machine::{
     Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
 };
 use crate::core::sync::shell::{self, AfterFailure, Failed, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::split::{self, Named};
 use crate::core::sync::{BatchOutcome, CutoverWait};
-use crate::core::verify::{Expectations, verify};
+use crate::core::verify::Expectations;
 
 /// One sync instance: the binary's shell over the real machine, where it has read each side
 /// up to, and what the simulation keeps beside it to check it.
@@ -635,11 +636,10 @@ impl Instance {
     ) -> Option<Result<(), CutoverWait>> {
         let (reused, nowhere) = self.verify.take()?;
         // Read as the binary reads its decision log: core's one fold of a line.
-        let mut expect = Expectations::default();
+        let mut logged = Expectations::default();
         for line in log.iter().filter_map(LogLine::logged) {
-            expect.fold(line);
+            logged.fold(line);
         }
-        let expect = crate::core::sync::machine::cutover_expectations(expect, &reused, &nowhere);
         let masters: Vec<MasterEntry> = world
             .masters
             .iter()
@@ -650,15 +650,8 @@ impl Instance {
             .iter()
             .map(|(id, (l, _))| (*id, l.clone()))
             .collect();
-        let report = verify(&masters, &k8s, &expect, RANGE);
-        let problems: Vec<_> = report.problems.iter().collect();
-        Some(match problems.first() {
-            None => Ok(()),
-            Some(p) => Err(CutoverWait::Verify {
-                problems: problems.len(),
-                first: format!("{} {}", p.id, p.problem.as_str()),
-            }),
-        })
+        let sides = (masters.as_slice(), &k8s);
+        Some(cutover_verdict(logged, (&reused, &nowhere), sides, RANGE))
     }
 }
 

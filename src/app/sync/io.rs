@@ -19,6 +19,7 @@ use crate::apply::outcome::ApplyReport;
 use crate::core::outcome::Outcome;
 use crate::core::planner::{Kind, Op};
 use crate::core::sync::machine::SplitFound;
+use crate::core::sync::machine::cutover_verdict;
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line};
 use crate::core::sync::split::{self, Named};
@@ -65,10 +66,7 @@ impl shell::Io for AppIo<'_> {
         // The shell acts only on what the log took, so the appends are made here and now;
         // a slow disk then holds this worker only, while the watches, the writes and the
         // Lease go on on the others.
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(append),
-            _ => append(),
-        }
+        crate::io::blocking::off_the_loop(append)
     }
 
     fn say(&mut self, event: Event) {
@@ -215,7 +213,7 @@ async fn write(
     stop: StopFlag,
     gate: WriteGate,
 ) -> Result<ApplyReport> {
-    executor::log_decisions(&cfg.log, &ops)?;
+    crate::io::blocking::off_the_loop(|| executor::log_decisions(&cfg.log, &ops))?;
     // No request starts unless the lease is valid, with margin, at that moment.
     let batch = StopFlag::gated(gate);
     let relay = {
@@ -284,33 +282,15 @@ async fn cutover_verified(
         .await
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
-    let expect = crate::core::sync::machine::cutover_expectations(logged, reused, nowhere);
-    let report = flows::verify(&cfg.kv, &cfg.target, cfg.scope.range, &expect)
-        .await
-        .map_err(|e| failed(format!("verify could not run: {e}")))?;
-    let problems: Vec<_> = report.problems.iter().collect();
-    if problems.is_empty() {
-        return Ok(());
-    }
-    // The first few, each with its id and why: enough to act on, short enough for a line.
-    let first: Vec<String> = problems
-        .iter()
-        .take(3)
-        .map(|p| {
-            let at = p
-                .expected_at
-                .map_or(String::new(), |t| format!(" (at {t})"));
-            let found = p
-                .found_labels
-                .as_deref()
-                .map_or(String::new(), |l| format!(", Kubernetes holds {l}"));
-            format!("{} {}{at}{found}", p.id, p.problem.as_str())
-        })
-        .collect();
-    Err(CutoverWait::Verify {
-        problems: problems.len(),
-        first: first.join("; "),
-    })
+    // Both sides as verify reads them: a quorum read, never the cache.
+    let (kv, k8s) = tokio::try_join!(
+        cfg.kv.read_masters(),
+        cfg.target
+            .list_identities(crate::io::k8s::ReadMode::Consistent, None)
+    )
+    .map_err(|e| failed(format!("verify could not run: {e}")))?;
+    let sides = (kv.masters.as_slice(), &k8s.identities);
+    cutover_verdict(logged, (reused, nowhere), sides, cfg.scope.range)
 }
 
 /// Reports the splits the machine found, each once its kvstore labels' nodes can be named

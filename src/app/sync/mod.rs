@@ -476,7 +476,12 @@ impl Sync {
         if let Some(releasing) = self.releasing.take() {
             let _ = releasing.await;
         }
-        let unreleased = unreleased_in_logs(&self.cfg).map_err(Retry::Fatal)?;
+        // Whole logs read: on a thread for blocking work, never on the loop's.
+        let cfg = self.cfg.clone();
+        let unreleased = tokio::task::spawn_blocking(move || unreleased_in_logs(&cfg))
+            .await
+            .map_err(|e| Retry::Fatal(crate::Error::file("the decision logs", e)))?
+            .map_err(Retry::Fatal)?;
         let task = ReservationTask::spawn(started);
         self.reservations = Some(task);
         self.shell.writer_started(unreleased);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::decided::Decisions;
 use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
-use crate::core::kvstore::{NodeCounts, parse_id};
+use crate::core::kvstore::{MasterEntry, NodeCounts, parse_id};
 use crate::core::labels::LabelKey;
 use crate::core::outcome::Outcome;
 use crate::core::planner::resume::LoggedDecision;
@@ -722,6 +722,7 @@ fn made_objects(ops: &[Op], outcome: &BatchOutcome) -> Vec<(u32, LabelKey)> {
 }
 
 mod cutover;
+pub use cutover::cutover_verdict;
 
 #[cfg(test)]
 mod tests;

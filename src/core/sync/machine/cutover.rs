@@ -204,3 +204,40 @@ impl Machine {
         }
     }
 }
+
+/// The cutover check's verdict, the one both the binary and the simulation run: what the
+/// decision logs expect (`logged`), with the plan's reuses and the identities it serves
+/// nowhere, checked by a verify of both sides as read (`masters`, `k8s`). A failure names
+/// its first few problems, each with its id and why: enough to act on, short enough for a
+/// line.
+pub fn cutover_verdict(
+    logged: Expectations,
+    (reused, nowhere): (&BTreeMap<String, u32>, &BTreeSet<String>),
+    (masters, k8s): (&[MasterEntry], &BTreeMap<u32, LabelKey>),
+    range: IdRange,
+) -> Result<(), CutoverWait> {
+    let expect = cutover_expectations(logged, reused, nowhere);
+    let report = crate::core::verify::verify(masters, k8s, &expect, range);
+    if report.problems.is_empty() {
+        return Ok(());
+    }
+    let first: Vec<String> = report
+        .problems
+        .iter()
+        .take(3)
+        .map(|p| {
+            let at = p
+                .expected_at
+                .map_or(String::new(), |t| format!(" (at {t})"));
+            let found = p
+                .found_labels
+                .as_deref()
+                .map_or(String::new(), |l| format!(", Kubernetes holds {l}"));
+            format!("{} {}{at}{found}", p.id, p.problem.as_str())
+        })
+        .collect();
+    Err(CutoverWait::Verify {
+        problems: report.problems.len(),
+        first: first.join("; "),
+    })
+}

@@ -35,9 +35,7 @@ pub enum Said {
     Trouble(String),
 }
 
-/// The decisions a file (or a set of logs) holds in force, each with the line that
-/// decided it.
-pub type InForce = BTreeMap<String, (LoggedDecision, Record)>;
+pub use crate::core::decision_log::{InForce, in_force};
 
 /// The decisions file as it is now: its bytes and what they read as; `None` while there is
 /// no file (a ConfigMap not created yet: nothing decided there so far).
@@ -47,13 +45,6 @@ pub fn read(path: &Path) -> Result<Option<(Vec<u8>, LogContents)>> {
     };
     let contents = crate::io::decision_log::parse(path, &bytes)?;
     Ok(Some((bytes, contents)))
-}
-
-/// The decisions in force at the end of `logs`, each with its line, replayed in the order
-/// they were made.
-pub fn in_force(logs: &[&LogContents]) -> InForce {
-    let steps = crate::io::decision_log::steps_in_time(logs);
-    resume::replay_with(steps.into_iter().map(|(s, r)| (s, r.clone())))
 }
 
 /// The file's bytes; `None` while there is no file.

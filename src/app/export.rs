@@ -311,9 +311,14 @@ mod tests {
         );
         // A remap decided to 5000 and created: after the rescan it is a reuse of 5000, not
         // decided on screen; the log says it was.
-        let mut edited = line("271", ("create", "operator"), Some(Outcome::Created));
-        edited.target_id = Some(5000);
-        let done = Done::of(&[edited]);
+        // Its decision line, written before the create, then the create's outcome.
+        let mut decided = line("271", ("create", "operator"), None);
+        decided.target_id = Some(5000);
+        let edited = Record {
+            outcome: Some(Outcome::Created),
+            ..decided.clone()
+        };
+        let done = Done::of(&[decided, edited]);
         let item = PlanItem {
             id: "271".into(),
             labels: "k8s:app=a;".into(),

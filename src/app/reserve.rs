@@ -26,12 +26,10 @@ use super::config::ServiceConfig;
 use super::metrics::Metrics;
 use crate::apply::executor::WriteGate;
 use crate::core::labels::LabelKey;
-use crate::core::planner::Kind;
 use crate::core::sync::reserve::writer::{KvWrites, Released, Reserved, WriteLine, Writer};
 pub use crate::core::sync::reserve::{Earlier, Reply, Said, Unreleased};
-use crate::core::sync::reserve::{KeepAlive, Recorded, Request, note_unreleased};
+use crate::core::sync::reserve::{KeepAlive, Request};
 use crate::error::{Error, Result};
-use crate::io::decision_log::{LogContents, Record};
 use crate::io::kv_source::KvFollower;
 use crate::io::reservation::Reserver;
 
@@ -53,27 +51,16 @@ struct EtcdWrites {
     metrics: Arc<Metrics>,
 }
 
-/// A line about a kvstore write as the decision log records it.
-fn record(l: WriteLine) -> Record {
-    let mut r = Record::decision(
-        &l.id.to_string(),
-        &l.labels,
-        Kind::Create,
-        (l.action, "rule"),
-        Some(l.id),
-    );
-    r.kvstore = Some(l.kvstore);
-    r.kvstore_revision = l.revision;
-    r
-}
-
 impl KvWrites for EtcdWrites {
     fn may_write(&self) -> bool {
         self.gate.as_ref().is_none_or(|g| g.open())
     }
 
     fn log(&mut self, line: WriteLine) -> std::result::Result<(), String> {
-        self.cfg.log.append(record(line)).map_err(|e| e.to_string())
+        self.cfg
+            .log
+            .append(line.record())
+            .map_err(|e| e.to_string())
     }
 
     fn counted(&mut self, n: u64, held: usize) {
@@ -193,23 +180,7 @@ impl Reservations {
     }
 }
 
-/// Folds one decision log (logs in order) into the reservations recorded as made and not
-/// released (core's `note_unreleased`): what a sync restarted takes over.
-pub fn note_reservations(made: &mut Unreleased, log: &LogContents) {
-    let lines = log.records.iter().filter_map(|r| {
-        let id = r.id.parse::<u32>().ok()?;
-        match (r.action.as_deref(), r.kvstore_revision) {
-            (Some("reserve-in-kvstore"), Some(revision)) => Some(Recorded::Reserved {
-                id,
-                labels: r.labels.clone(),
-                revision,
-            }),
-            (Some("release-reservation"), _) => Some(Recorded::Released { id }),
-            _ => None,
-        }
-    });
-    note_unreleased(made, lines);
-}
+pub use crate::core::sync::reserve::note_reservations;
 
 /// Batches the channel to the writer holds: the one in flight (the queue sends the next
 /// only once it is answered) and the last one at the release.
@@ -343,6 +314,8 @@ async fn why_ended<T>(task: JoinHandle<T>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::planner::Kind;
+    use crate::io::decision_log::{LogContents, Record};
 
     #[test]
     fn a_reservation_released_since_is_not_taken_over_again_and_one_made_again_is() {
@@ -405,13 +378,14 @@ mod tests {
     }
 
     fn reservation(id: u32, labels: &str, action: &'static str, revision: Option<i64>) -> Record {
-        record(WriteLine {
+        WriteLine {
             id,
             labels: labels.into(),
             action,
             kvstore: String::new(),
             revision,
-        })
+        }
+        .record()
     }
 
     #[test]

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use super::outcome::{ApplyEvent, ApplyReport, OpResult, Progress};
+use super::outcome::{ApplyEvent, ApplyReport, Progress};
 use super::ratelimit::RateLimiter;
 pub use crate::core::executor::ApplyOptions;
+pub use crate::core::executor::record;
 use crate::core::executor::{self, Existing, IdentityWrites, Written};
 use crate::core::labels::SecurityLabels;
 use crate::core::lease::write_held_back;
@@ -162,10 +163,10 @@ impl IdentityWrites for Http<'_> {
 
     type LogError = crate::Error;
 
-    fn log(&self, op: &Op, result: &OpResult) -> Result<()> {
+    fn log(&self, line: Record) -> Result<()> {
         match self.log {
             // A slow disk holds this worker only, never the loop that carries the batch.
-            Some(log) => crate::io::blocking::off_the_loop(|| log.append(record(op, Some(result)))),
+            Some(log) => crate::io::blocking::off_the_loop(|| log.append(line)),
             None => Ok(()),
         }
     }
@@ -230,30 +231,6 @@ pub async fn apply(
         "apply finished"
     );
     Ok(report)
-}
-
-fn decision_name(op: &Op) -> &'static str {
-    match op.op {
-        OpKind::Create => "create",
-        OpKind::AlreadyDone => "none",
-        OpKind::Map => "map",
-        OpKind::Skip => "skip",
-        OpKind::Delete => "delete",
-        OpKind::Keep => "keep",
-    }
-}
-
-/// The log line for an operation: its decision, and its outcome once there is one.
-pub fn record(op: &Op, result: Option<&OpResult>) -> Record {
-    let decided = (decision_name(op), op.decided_by.as_str());
-    let mut r = Record::decision(&op.id, &op.label_key, op.kind, decided, op.target_id);
-    if let Some(res) = result {
-        r.outcome = Some(res.outcome);
-        r.error = res.problem();
-        r.uid = res.uid.clone();
-        r.resource_version = res.resource_version.clone();
-    }
-    r
 }
 
 fn log_decision(log: &DecisionLog, op: &Op) -> Result<()> {

@@ -2,6 +2,7 @@
 
 pub mod at_once;
 pub mod audit;
+pub mod decision_log;
 pub mod executor;
 pub mod identity;
 pub mod kvstore;

@@ -3,6 +3,7 @@
 //! reached sync must have ended in the log.
 
 use super::*;
+use crate::core::planner::resume::LogStep;
 
 impl Sim {
     /// A tick of the quiet end: everything the watches have delivered, each instance's
@@ -77,24 +78,20 @@ impl Sim {
     /// unless its identity left the kvstore (or changed labels) since, or a later decision
     /// or undo took it back. Read from the log and the world, not from the machine.
     fn check_decisions_carried_out(&self, i: usize) -> Result<(), Failure> {
-        let log = &self.logs[i];
+        let log = self.logs[i].records();
         for (at, line) in log.iter().enumerate() {
-            let LogLine::Decision(d) = line else {
+            // An operator's decision to create, as the binary's log records it.
+            let (Some("operator"), Some(LogStep::Decide(d))) =
+                (line.decided_by.as_deref(), line.step())
+            else {
                 continue;
             };
             if d.action != Action::Create {
                 continue;
             }
-            let later = &log[at + 1..];
-            let ended = later.iter().any(|l| match l {
-                LogLine::Decision(e) => e.id == d.id,
-                LogLine::Undo { id }
-                | LogLine::Write { id, .. }
-                | LogLine::Refused { id }
-                | LogLine::Moot { id, .. } => *id == d.id,
-                LogLine::Outcome { id, .. } => *id == d.id,
-                _ => false,
-            });
+            // Any later line about it: another decision, an undo, the write's decision
+            // line, a refusal, a moot closing, an outcome.
+            let ended = log[at + 1..].iter().any(|l| l.id == d.id);
             let still = self.world.masters.get(&d.id) == Some(&d.labels);
             // Served already: its target holds its labels (made before, by whoever).
             let served = d

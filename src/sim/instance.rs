@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use super::log::{LogLine, decisions_in_force, unreleased};
+pub use super::log::{SimLog, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
@@ -18,14 +18,13 @@ use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
 
-use crate::core::sync::machine::cutover_verdict;
+use crate::core::sync::machine::cutover::cutover_verdict;
 use crate::core::sync::machine::{
     Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
 };
 use crate::core::sync::shell::{self, AfterFailure, Failed, Refusal, RoundEnd, Shell, Turn};
 use crate::core::sync::split::{self, Named};
 use crate::core::sync::{BatchOutcome, CutoverWait};
-use crate::core::verify::Expectations;
 
 /// One sync instance: the binary's shell over the real machine, where it has read each side
 /// up to, and what the simulation keeps beside it to check it.
@@ -99,11 +98,17 @@ impl Instance {
     pub fn start(
         idx: usize,
         (settings, release_on_stop): (Settings, bool),
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Result<Self, Failure> {
-        let shell = Shell::new(settings, decisions_in_force(log), release_on_stop);
+        // Opened as the binary opens its log (a torn last line removed), then read back
+        // as its restart reads it.
+        if let Some(note) = log.repair() {
+            trace.line(world.now, format!("i{idx}: {note}"));
+        }
+        let read = log.contents().map_err(read_back)?;
+        let shell = Shell::new(settings, decisions_in_force(&[&read]), release_on_stop);
         let mut i = Instance {
             idx,
             shell,
@@ -148,7 +153,7 @@ impl Instance {
     fn fresh_round(
         &mut self,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
         first: bool,
     ) -> Result<(), Failure> {
@@ -185,7 +190,8 @@ impl Instance {
         self.verify = None;
         if self.shell.wants_writer() {
             self.reserver = Some(SimReservations::start(world, clock.at(world.now)));
-            self.shell.writer_started(unreleased(log));
+            let read = log.contents().map_err(read_back)?;
+            self.shell.writer_started(unreleased(&read));
         }
         let now = clock.at(world.now);
         let gate = world.lease_valid(self.idx);
@@ -300,7 +306,7 @@ impl Instance {
     pub fn read_again(
         &mut self,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
         if !self.unread || world.now < self.read_at {
@@ -373,7 +379,7 @@ impl Instance {
         &mut self,
         turn: Turn,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         ctx: (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
         let (clock, rng, faults, trace) = ctx;
@@ -443,7 +449,7 @@ impl Instance {
         &mut self,
         end: Option<RoundEnd>,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
         let i = self.idx;
@@ -503,7 +509,7 @@ impl Instance {
     pub fn stop(
         &mut self,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (clock, rng, faults, trace): (&Clock, &mut Rng, Faults, &mut Trace),
     ) -> Result<(), Failure> {
         if self.unread || self.ended {
@@ -559,7 +565,7 @@ impl Instance {
     fn with_io<T>(
         &mut self,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
         f: impl FnOnce(&mut Shell, &mut SimIo<'_>) -> T,
     ) -> Result<T, Failure> {
@@ -599,7 +605,7 @@ impl Instance {
     pub fn execute_batch(
         &mut self,
         world: &mut World,
-        log: &mut Vec<LogLine>,
+        log: &SimLog,
         (rng, faults, trace): (&mut Rng, Faults, &mut Trace),
     ) -> Result<(BatchOutcome, u32), Failure> {
         let Some(ops) = &self.batch else {
@@ -629,17 +635,16 @@ impl Instance {
 
     /// The cutover check: a verify of the world as it is, with what this instance's log and
     /// the machine expect.
-    pub fn run_verify(
-        &mut self,
-        world: &World,
-        log: &[LogLine],
-    ) -> Option<Result<(), CutoverWait>> {
+    pub fn run_verify(&mut self, world: &World, log: &SimLog) -> Option<Result<(), CutoverWait>> {
         let (reused, nowhere) = self.verify.take()?;
         // Read as the binary reads its decision log: core's one fold of a line.
-        let mut logged = Expectations::default();
-        for line in log.iter().filter_map(LogLine::logged) {
-            logged.fold(line);
-        }
+        let logged = match log.contents() {
+            Ok(read) => read.expectations(),
+            Err(why) => {
+                let first = format!("the decision logs cannot be read: {why}");
+                return Some(Err(CutoverWait::Verify { problems: 1, first }));
+            }
+        };
         let masters: Vec<MasterEntry> = world
             .masters
             .iter()
@@ -653,6 +658,11 @@ impl Instance {
         let sides = (masters.as_slice(), &k8s);
         Some(cutover_verdict(logged, (&reused, &nowhere), sides, RANGE))
     }
+}
+
+/// A log the binary's reader refuses: the writer wrote a line it cannot read back.
+fn read_back(why: String) -> Failure {
+    Failure::new("the decision log reads back as it was written", why)
 }
 
 /// What a refusal the shell ended sync on refused, as the trace says it.

@@ -1,148 +1,140 @@
-//! An instance's decision log as the simulation keeps it: it outlives a crash, and a
-//! restart reads its decisions and its reservations back from it.
+//! An instance's decision log as the simulation keeps it: bytes in memory behind core's
+//! `LogFile`, written through core's `Writer` and read back through core's reader, the very
+//! code the binary runs on its file. It outlives a crash (a torn last line, which the next
+//! start repairs as the binary's open does), and fills up with the disk (a full disk refuses
+//! each line).
 
-use crate::core::labels::LabelKey;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use crate::core::outcome::Outcome;
-use crate::core::planner::Kind;
-use crate::core::planner::resume::{self, LogStep, LoggedDecision};
-use crate::core::sync::reserve::{Recorded, Unreleased, note_unreleased};
-use crate::core::verify::expect::Logged;
+use crate::core::decision_log::{
+    LogContents, LogFile, Record, Writer, in_force, read_from, torn_note, torn_tail,
+};
+use crate::core::planner::resume::LoggedDecision;
+use crate::core::sync::reserve::{Unreleased, note_reservations};
 
-/// A line of an instance's decision log (it outlives a crash).
-#[derive(Debug, Clone)]
-pub enum LogLine {
-    Decision(LoggedDecision),
-    /// The operator took back the last decision on this id.
-    Undo {
-        id: String,
-    },
-    /// A decision sync could not carry out (logged with the reason).
-    Refused {
-        id: String,
-    },
-    /// A create's decision, written before the create.
-    Write {
-        id: String,
-        target: u32,
-    },
-    /// What became of an identity: serving at `target`, or skipped (`None`; malformed
-    /// entries).
-    Outcome {
-        id: String,
-        labels: String,
-        kind: Kind,
-        target: Option<u32>,
-    },
-    /// A conflict closed as moot (skipped, as the binary records it).
-    Moot {
-        id: String,
-        labels: String,
-        kind: Kind,
-    },
-    /// A reservation's write announced (`reserving`), before it is made.
-    Reserving {
-        id: u32,
-    },
-    /// A reservation made (`reserve-in-kvstore` with the master key's revision).
-    Reserved {
-        id: u32,
-        labels: LabelKey,
-        revision: i64,
-    },
-    /// A reservation released at cutover (`release-reservation`): its master key deleted, or
-    /// kept because a node uses it (or it changed), and no longer sync's either way.
-    Released {
-        id: u32,
-    },
+/// The bytes of one log, the simulated clock its lines are stamped with, and the disk.
+#[derive(Default)]
+pub struct MemFile {
+    bytes: RefCell<Vec<u8>>,
+    now: Cell<Duration>,
+    full: Cell<bool>,
+    /// Each whole line appended, read back by the binary's reader as it was written: what
+    /// the checks look at without reading the whole log again at every call.
+    records: RefCell<Vec<Record>>,
 }
 
-impl LogLine {
-    /// What the line says of its identity, as verify reads a decision log's line (core's
-    /// one reading, `Expectations::fold`): the cutover check expects what the binary's does.
-    pub fn logged(&self) -> Option<Logged<'_>> {
-        let line = |id, labels, kind, outcome, target, step| Logged {
-            id,
-            labels,
-            kind,
-            outcome,
-            target,
-            step,
-            by_switch_prepare: false,
-        };
-        Some(match self {
-            // A person's decision, written before anything is done about it.
-            LogLine::Decision(d) => line(
-                &d.id,
-                &d.labels,
-                Kind::Remap,
-                None,
-                d.target_id,
-                Some(LogStep::Decide(d.clone())),
-            ),
-            LogLine::Undo { id } => line(
-                id,
-                "",
-                Kind::Remap,
-                None,
-                None,
-                Some(LogStep::Undecided { id: id.clone() }),
-            ),
-            LogLine::Outcome {
-                id,
-                labels,
-                kind,
-                target,
-            } => {
-                let outcome = match target {
-                    Some(_) => Outcome::Created,
-                    None => Outcome::Skipped,
-                };
-                line(id, labels, *kind, Some(outcome), *target, None)
-            }
-            LogLine::Moot { id, labels, kind } => {
-                line(id, labels, *kind, Some(Outcome::Skipped), None, None)
-            }
-            // A rule's lines and the kvstore's: no decision, no outcome.
-            LogLine::Refused { .. }
-            | LogLine::Write { .. }
-            | LogLine::Reserving { .. }
-            | LogLine::Reserved { .. }
-            | LogLine::Released { .. } => return None,
-        })
+/// When the simulated rollout starts, on the log's clock.
+const EPOCH_SECS: i64 = 1_796_083_200; // 2026-12-01T00:00:00Z
+
+impl LogFile for MemFile {
+    type Error = String;
+
+    fn append_line(&self, line: &[u8]) -> Result<(), String> {
+        if self.full.get() {
+            return Err("No space left on device (os error 28)".into());
+        }
+        self.bytes.borrow_mut().extend_from_slice(line);
+        let read = read_from(line).map_err(|e| e.to_string())?;
+        self.records.borrow_mut().extend(read.records);
+        Ok(())
+    }
+
+    fn unencodable(&self, e: serde_json::Error) -> String {
+        e.to_string()
+    }
+
+    fn now(&self) -> String {
+        let at = self.now.get();
+        jiff::Timestamp::new(EPOCH_SECS + at.as_secs() as i64, at.subsec_nanos() as i32)
+            .map(|t| t.to_string())
+            .unwrap_or_default()
     }
 }
 
-/// The decisions in force after replaying `log`'s decisions and undos, as a restart (and
-/// the binary's resume) reads them.
-pub fn decisions_in_force(log: &[LogLine]) -> BTreeMap<String, LoggedDecision> {
-    let steps = log.iter().filter_map(|l| match l {
-        LogLine::Decision(d) => Some(LogStep::Decide(d.clone())),
-        // The simulation's undo is the binary's: back to undecided, nothing in force.
-        LogLine::Undo { id } => Some(LogStep::Undecided { id: id.clone() }),
-        _ => None,
-    });
-    resume::replay(steps)
+/// An instance's decision log.
+pub struct SimLog(Writer<MemFile>);
+
+impl Default for SimLog {
+    fn default() -> Self {
+        SimLog(Writer::new(MemFile::default(), "sim-operator".into()))
+    }
 }
 
-/// What `log` records as reserved and not released, read by core's `note_unreleased` as
+impl SimLog {
+    /// The writer, its clock set to `now` and its disk full or not.
+    pub fn at(&self, now: Duration, disk_full: bool) -> &Writer<MemFile> {
+        let f = self.0.file();
+        f.now.set(now);
+        f.full.set(disk_full);
+        &self.0
+    }
+
+    /// The lines appended so far, as the binary's reader read each.
+    pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
+        self.0.file().records.borrow()
+    }
+
+    /// The whole log, read by the binary's reader as a restart reads it; a damaged line
+    /// (never written by the writer) is the simulation's failure.
+    pub fn contents(&self) -> Result<LogContents, String> {
+        let bytes = self.0.file().bytes.borrow();
+        let c = read_from(&bytes[..]).map_err(|e| e.to_string())?;
+        match c.bad_lines.first() {
+            Some((n, why)) => Err(format!("line {n} of the log is damaged: {why}")),
+            None => Ok(c),
+        }
+    }
+
+    /// Killed while a line was being written: the last line cut short, `cut` bytes of it
+    /// lost (its newline at least).
+    pub fn tear(&self, cut: usize) {
+        let f = self.0.file();
+        let mut bytes = f.bytes.borrow_mut();
+        let Some(last_start) = bytes[..bytes.len().saturating_sub(1)]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map(|p| p + 1)
+            .or((!bytes.is_empty()).then_some(0))
+        else {
+            return;
+        };
+        let keep = bytes.len().saturating_sub(cut.max(1)).max(last_start + 1);
+        bytes.truncate(keep);
+        f.records.borrow_mut().pop();
+    }
+
+    /// Opened again at a start, as the binary opens its file: a torn last line removed
+    /// first; what the repair says.
+    pub fn repair(&self) -> Option<String> {
+        let mut bytes = self.0.file().bytes.borrow_mut();
+        let cut = torn_tail(&bytes, true)?;
+        let at = bytes.len() - cut;
+        let note = torn_note("of the instance", &bytes[at..]);
+        bytes.truncate(at);
+        Some(note)
+    }
+
+    /// How many lines the log holds.
+    pub fn lines(&self) -> usize {
+        self.records().len()
+    }
+}
+
+/// The decisions in force at the end of `logs`, replayed in the order they were made, as a
+/// restart of the binary's reads them (its `--resume` logs and its own).
+pub fn decisions_in_force(logs: &[&LogContents]) -> BTreeMap<String, LoggedDecision> {
+    in_force(logs)
+        .into_iter()
+        .map(|(id, (d, _))| (id, d))
+        .collect()
+}
+
+/// What `log` records as reserved and not released, read by core's `note_reservations` as
 /// the binary reads a decision log.
-pub fn unreleased(log: &[LogLine]) -> Unreleased {
+pub fn unreleased(log: &LogContents) -> Unreleased {
     let mut made = Unreleased::new();
-    let lines = log.iter().filter_map(|line| match line {
-        LogLine::Reserved {
-            id,
-            labels,
-            revision,
-        } => Some(Recorded::Reserved {
-            id: *id,
-            labels: labels.clone(),
-            revision: *revision,
-        }),
-        LogLine::Released { id } => Some(Recorded::Released { id: *id }),
-        _ => None,
-    });
-    note_unreleased(&mut made, lines);
+    note_reservations(&mut made, log);
     made
 }

@@ -34,13 +34,13 @@ pub use report::{Failure, Trace};
 use std::time::{Duration, Instant};
 
 use crate::core::lease::Writer as Elected;
-use crate::core::planner::Action;
 use crate::core::planner::resume::LoggedDecision;
+use crate::core::planner::{Action, Kind, PlanItem};
 use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{Input, LeaseHolder, Settings, VERIFY_EVERY};
 use crate::core::sync::reserve::{RETRY_AFTER_FAILURE, Reply};
 use crate::core::sync::shell::{Failed, Turn};
-use instance::{Clock, Faults, Instance, LogLine, SETTLE, STATUS};
+use instance::{Clock, Faults, Instance, SETTLE, STATUS, SimLog};
 use reserver::SimKv;
 use world::{LABEL_SETS, LEASE_DURATION, Mode, World, labels};
 
@@ -76,7 +76,7 @@ struct Sim {
     rng: Rng,
     world: World,
     instances: Vec<Instance>,
-    logs: Vec<Vec<LogLine>>,
+    logs: Vec<SimLog>,
     settings: Settings,
     /// `--release-reservations`.
     release_on_stop: bool,
@@ -104,8 +104,10 @@ struct Sim {
 /// What an operator does on a screen while sync runs.
 #[derive(Debug, Clone)]
 enum Decision {
-    Decide(LoggedDecision),
-    Undo(String),
+    /// The item as decided on the screen.
+    Decide(PlanItem),
+    /// The item as it is once the decision on it is taken back.
+    Undo(PlanItem),
 }
 
 /// A defect put in on purpose, to show that the checks catch it.
@@ -155,9 +157,13 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         released: sim
             .logs
             .iter()
-            .flatten()
-            .filter(|l| matches!(l, LogLine::Released { .. }))
-            .count(),
+            .map(|l| {
+                l.records()
+                    .iter()
+                    .filter(|r| r.action.as_deref() == Some("release-reservation"))
+                    .count()
+            })
+            .sum(),
     }
 }
 
@@ -179,14 +185,14 @@ impl Sim {
         let release_on_stop = settings.reserve_in_kvstore && rng.chance(0.5);
         let mut world = World::new(nodes);
         world.gates = vec![None; instances];
-        let mut logs = vec![Vec::new(); instances];
+        let logs: Vec<SimLog> = (0..instances).map(|_| SimLog::default()).collect();
         let clock = Clock(Instant::now());
         let mut trace = Trace::default();
         let started: Result<Vec<Instance>, Failure> = (0..instances)
             .map(|i| {
                 let ctx = (&clock, &mut rng, &mut trace);
                 let how = (settings.clone(), release_on_stop);
-                Instance::start(i, how, &mut logs[i], &mut world, ctx)
+                Instance::start(i, how, &logs[i], &mut world, ctx)
             })
             .collect();
         let started = started.map_err(|mut f| {
@@ -249,7 +255,7 @@ impl Sim {
         inst.feed(
             turn,
             &mut self.world,
-            &mut self.logs[i],
+            &self.logs[i],
             (&self.clock, &mut self.rng, self.faults, &mut self.trace),
         )?;
         match self.instances[i].refused_end.take() {
@@ -396,7 +402,7 @@ impl Sim {
             let inst = &mut self.instances[i];
             if inst.alive {
                 let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
-                inst.read_again(&mut self.world, &mut self.logs[i], ctx)?;
+                inst.read_again(&mut self.world, &self.logs[i], ctx)?;
             }
             // A refusal that waited for the read (the Lease's) ends it now.
             if let Some(why) = self.instances[i].refused_end.take() {
@@ -523,7 +529,7 @@ impl Sim {
         }
         let mut w = SimKv {
             world: &mut self.world,
-            log: &mut self.logs[i],
+            log: &self.logs[i],
             may_write,
             disk_full: self.faults.disk_full,
             flaky: self.faults.flaky,
@@ -569,7 +575,7 @@ impl Sim {
         };
         let (outcome, refusals) = inst.execute_batch(
             &mut self.world,
-            &mut self.logs[i],
+            &self.logs[i],
             (&mut self.rng, faults, &mut self.trace),
         )?;
         let ops = inst.batch.take().unwrap_or_default();
@@ -626,9 +632,15 @@ impl Sim {
         }
         let machine = inst.shell.machine();
         if self.rng.chance(0.1) {
-            let decided: Vec<String> = machine.decisions().in_force().keys().cloned().collect();
-            if let Some(id) = self.rng.pick(&decided).cloned() {
-                self.mail.push((i, Decision::Undo(id)));
+            let decided: Vec<LoggedDecision> =
+                machine.decisions().in_force().values().cloned().collect();
+            if let Some(d) = self.rng.pick(&decided).cloned() {
+                // The screen's row, no longer decided.
+                let item = PlanItem {
+                    decided: false,
+                    ..item_of(&d)
+                };
+                self.mail.push((i, Decision::Undo(item)));
             }
         } else if let Some(d) = self.decision(i) {
             self.mail.push((i, Decision::Decide(d)));
@@ -639,8 +651,9 @@ impl Sim {
         Ok(())
     }
 
-    /// A decision on a conflict instance `i` has waiting, as its plan proposes it now.
-    fn decision(&mut self, i: usize) -> Option<LoggedDecision> {
+    /// A decision on a conflict instance `i` has waiting, as its plan proposes it now: the
+    /// item as the screen shows it once decided.
+    fn decision(&mut self, i: usize) -> Option<PlanItem> {
         let state = self.instances[i].shell.machine().state();
         let (id, labels, _) = self.rng.pick(&state.waiting()).cloned()?;
         let item = state.planned_items().into_iter().find(|it| it.id == id)?;
@@ -649,11 +662,12 @@ impl Sim {
         } else {
             (Action::Skip, None)
         };
-        Some(LoggedDecision {
-            id,
+        Some(PlanItem {
             labels: labels.to_string(),
             action,
             target_id,
+            decided: true,
+            ..item
         })
     }
 
@@ -664,23 +678,57 @@ impl Sim {
         }
         let (i, d) = self.mail.remove(0);
         let now = self.world.now;
+        // Logged through the binary's writer first, as the service logs a screen's
+        // decision, and handed to sync only once logged.
+        let (name, item) = match &d {
+            Decision::Decide(item) if item.action == Action::Skip => ("skip", item),
+            Decision::Decide(item) => ("accept", item),
+            Decision::Undo(item) => ("undo", item),
+        };
+        let line = crate::core::decision_log::decision_record(name, item);
+        if let Err(why) = self.logs[i].at(now, self.faults.disk_full).append(line) {
+            self.trace.line(
+                now,
+                format!("operator's {name} on {} not logged: {why}", item.id),
+            );
+            return Ok(());
+        }
         let input = match d {
-            Decision::Decide(d) => {
+            Decision::Decide(item) => {
                 let text = format!(
                     "operator decides {}: {:?} {:?}",
-                    d.id, d.action, d.target_id
+                    item.id, item.action, item.target_id
                 );
                 self.trace.line(now, text);
-                self.logs[i].push(LogLine::Decision(d.clone()));
-                Input::Decided(d)
+                Input::Decided(LoggedDecision {
+                    id: item.id,
+                    labels: item.labels,
+                    action: item.action,
+                    target_id: item.target_id,
+                })
             }
-            Decision::Undo(id) => {
-                self.trace.line(now, format!("operator undoes {id}"));
-                self.logs[i].push(LogLine::Undo { id: id.clone() });
-                Input::Undone(id)
+            Decision::Undo(item) => {
+                self.trace.line(now, format!("operator undoes {}", item.id));
+                Input::Undone(item.id)
             }
         };
         self.feed(i, Turn::Input(input))
+    }
+}
+
+/// The row a screen shows for a decision in force.
+fn item_of(d: &LoggedDecision) -> PlanItem {
+    PlanItem {
+        id: d.id.clone(),
+        labels: d.labels.clone(),
+        kind: Kind::Remap,
+        action: d.action,
+        target_id: d.target_id,
+        existing_labels: None,
+        labels_present_at: None,
+        nodes: 0,
+        reason: std::borrow::Cow::Borrowed(""),
+        decided: true,
     }
 }
 

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::log::{LogLine, unreleased};
+use super::log::{SimLog, unreleased};
 use super::report::Failure;
 use super::world::{ResWrite, World};
 use crate::core::at_once::at_once;
@@ -37,7 +37,7 @@ pub struct SimReservations {
 /// What the writer meets beneath it: the world, the instance's log and gate, and the faults.
 pub struct SimKv<'a> {
     pub world: &'a mut World,
-    pub log: &'a mut Vec<LogLine>,
+    pub log: &'a SimLog,
     pub may_write: bool,
     /// The log cannot be written.
     pub disk_full: bool,
@@ -75,22 +75,10 @@ impl KvWrites for SimKv<'_> {
         self.may_write
     }
 
-    /// Each line as the simulation's log keeps it (what a restart and the checks read).
+    /// Each line as the binary's log records it, through its writer.
     fn log(&mut self, line: WriteLine) -> Result<(), String> {
-        if self.disk_full {
-            return Err("the decision log: disk full".into());
-        }
-        let id = line.id;
-        self.log.push(match (line.action, line.revision) {
-            ("reserve-in-kvstore", Some(revision)) => LogLine::Reserved {
-                id,
-                labels: line.labels,
-                revision,
-            },
-            ("release-reservation", _) => LogLine::Released { id },
-            _ => LogLine::Reserving { id },
-        });
-        Ok(())
+        let writer = self.log.at(self.world.now, self.disk_full);
+        writer.append(line.record())
     }
 
     async fn grant(&mut self) -> Result<i64, String> {
@@ -263,7 +251,11 @@ impl SimReservations {
         }
         // Held against the log, not the writer: what it records as reserved and not
         // released, still as written and used by no node, is left behind.
-        let left: Vec<String> = unreleased(kv.log)
+        let log = kv
+            .log
+            .contents()
+            .map_err(|why| Failure::new("the decision log reads back", why))?;
+        let left: Vec<String> = unreleased(&log)
             .into_iter()
             .filter(|(id, (labels, revision))| {
                 let key = id.to_string();

@@ -70,8 +70,10 @@ impl Sim {
             }
             note = format!(" mid-write ({made} of {} made)", ops.len());
             if made == 0 && self.rng.chance(0.5) {
-                // Killed while logging: the last line is torn, and the repair drops it.
-                self.logs[i].pop();
+                // Killed while logging: the last line is torn (a few of its bytes and its
+                // newline never written), and the next start's repair drops it.
+                let cut = 1 + self.rng.below(40) as usize;
+                self.logs[i].tear(cut);
                 note.push_str(", last log line torn");
             }
         }
@@ -89,7 +91,7 @@ impl Sim {
             return Ok(());
         }
         let ctx = (&self.clock, &mut self.rng, self.faults, &mut self.trace);
-        self.instances[i].stop(&mut self.world, &mut self.logs[i], ctx)?;
+        self.instances[i].stop(&mut self.world, &self.logs[i], ctx)?;
         // As the binary's end: with `--release-reservations`, a stop that ended cleanly
         // while holding the Lease releases, as cutover does (the shell says whether): the
         // writer finishes what it was sent, then releases, checked as cutover's release is.
@@ -149,7 +151,7 @@ impl Sim {
         let restarted = Instance::start(
             i,
             (self.settings.clone(), self.release_on_stop),
-            &mut self.logs[i],
+            &self.logs[i],
             &mut self.world,
             ctx,
         )?;

@@ -10,10 +10,8 @@ use tokio::sync::{mpsc, watch};
 use crate::app::flows::{self, ApplyRun, ApplySpec};
 use crate::apply::executor::{StopFlag, Watchers};
 use crate::apply::outcome::{ApplyEvent, Progress};
-use crate::core::planner::{PlanItem, describe};
 use crate::core::verify::VerifyReport;
 use crate::error::{Error, Result};
-use crate::io::decision_log::Record;
 use crate::io::etcd::{Drift, EtcdConnection};
 use crate::io::kv_source::KvSource;
 
@@ -26,21 +24,7 @@ use super::events::{ScanResult, ServiceEvent, Task};
 /// An undo is logged as what is in force after it: the earlier decision it brings back, or
 /// `undecided` (back to the proposal), so every line states its identity's decision and a
 /// replay never depends on how many lines an earlier decision left.
-pub fn decision_record(name: &str, item: &PlanItem) -> Record {
-    let action = if name == "undo" && !item.decided {
-        "undecided"
-    } else {
-        item.action.as_str()
-    };
-    Record::new(
-        &item.id,
-        &item.labels,
-        item.kind,
-        describe(name, item),
-        item.target_id,
-    )
-    .with_fields(crate::core::planner::DecidedBy::Operator.as_str(), action)
-}
+pub use crate::core::decision_log::decision_record;
 
 /// Starts a scan (resuming `paths` onto it, if any) with a fresh drift watch.
 pub(super) fn restart_drift(

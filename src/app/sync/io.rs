@@ -16,14 +16,13 @@ use crate::app::metrics::Metrics;
 use crate::app::reserve::{ReservationTask, Reservations};
 use crate::apply::executor::{self, StopFlag, Watchers, WriteGate};
 use crate::apply::outcome::ApplyReport;
-use crate::core::outcome::Outcome;
 use crate::core::planner::{Kind, Op};
 use crate::core::sync::machine::SplitFound;
-use crate::core::sync::machine::cutover_verdict;
+use crate::core::sync::machine::cutover::cutover_verdict;
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line};
 use crate::core::sync::split::{self, Named};
-use crate::core::sync::{CutoverWait, SyncReport, SyncStatus, Taken};
+use crate::core::sync::{CutoverWait, SyncStatus, Taken};
 use crate::error::Result;
 use crate::io::decision_log::Record;
 use crate::io::kv_source::KvFollower;
@@ -56,7 +55,7 @@ impl shell::Io for AppIo<'_> {
         let append = || {
             let mut written = 0;
             for line in lines {
-                if self.cfg.log.append(record(line)).is_err() {
+                if self.cfg.log.append(line.record()).is_err() {
                     break;
                 }
                 written += 1;
@@ -143,38 +142,6 @@ impl shell::Io for AppIo<'_> {
 }
 
 /// A line of the shell's as the decision log records it.
-fn record(line: Line) -> Record {
-    match line {
-        Line::Invalid { id, labels, reason } => {
-            let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
-            r.outcome = Some(Outcome::Skipped);
-            r.error = Some(reason);
-            r
-        }
-        Line::Moot { id, labels, kind } => {
-            let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
-            r.outcome = Some(Outcome::Skipped);
-            r.error = Some(
-                "no kvstore-mode node uses these labels any more: closed without a write".into(),
-            );
-            r
-        }
-        // No outcome: the identity waits for a decision again. A rule's line, so a resume
-        // does not read it as a decision; the decision it refuses stays in the log.
-        Line::Refused {
-            decision,
-            kind,
-            reason,
-        } => {
-            let text = SyncReport::refused_text(&decision, &reason);
-            let (id, labels) = (&decision.id, &decision.labels);
-            let mut r = Record::decision(id, labels, kind, ("refused", "rule"), decision.target_id);
-            r.error = Some(text);
-            r
-        }
-    }
-}
-
 /// Hands memory freed since the last status back to the system. A process that runs for days
 /// plans thousands of identities ten times a second; glibc keeps what it freed in its arenas
 /// and the resident size would creep up with fragmentation, not with data.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use self::outcome::{ApplyEvent, ApplyReport, OpResult, Outcome, Progress};
+use crate::core::decision_log::Record;
 use crate::core::labels::{SecurityLabels, canonical_key, parse_label_key, to_security_labels};
 use crate::core::planner::{Op, OpKind};
 use crate::core::request::RequestError;
@@ -94,14 +95,38 @@ pub trait IdentityWrites {
     }
     /// Why the decision log refused a line.
     type LogError: std::fmt::Display;
-    /// Appends the operation's outcome to the decision log.
-    fn log(&self, op: &Op, result: &OpResult) -> Result<(), Self::LogError>;
+    /// Appends a line (an operation's outcome, `record`) to the decision log.
+    fn log(&self, line: Record) -> Result<(), Self::LogError>;
     /// Tells the watchers an event of their own.
     async fn emit(&self, _event: ApplyEvent) {}
     /// Changes the running totals the watchers see.
     fn progress(&self, _change: impl FnOnce(&mut Progress)) {}
     /// The server, as its words name it.
     fn server(&self) -> String;
+}
+
+fn decision_name(op: &Op) -> &'static str {
+    match op.op {
+        OpKind::Create => "create",
+        OpKind::AlreadyDone => "none",
+        OpKind::Map => "map",
+        OpKind::Skip => "skip",
+        OpKind::Delete => "delete",
+        OpKind::Keep => "keep",
+    }
+}
+
+/// The log line for an operation: its decision, and its outcome once there is one.
+pub fn record(op: &Op, result: Option<&OpResult>) -> Record {
+    let decided = (decision_name(op), op.decided_by.as_str());
+    let mut r = Record::decision(&op.id, &op.label_key, op.kind, decided, op.target_id);
+    if let Some(res) = result {
+        r.outcome = Some(res.outcome);
+        r.error = res.problem();
+        r.uid = res.uid.clone();
+        r.resource_version = res.resource_version.clone();
+    }
+    r
 }
 
 struct Ctx<'a, W> {
@@ -162,7 +187,14 @@ pub async fn carry_out<W: IdentityWrites>(
     let mut stream = futures::stream::iter(ops)
         .map(|op| async move {
             let result = run_op(ctx_ref, &op).await;
-            ctx_ref.io.log(&op, &result)?;
+            if let Err(e) = ctx_ref.io.log(record(&op, Some(&result))) {
+                // A refusal heard is said as one even when its line could not be kept:
+                // it is what the operator must fix first.
+                return match result.refused {
+                    true => Ok(result),
+                    false => Err(e),
+                };
+            }
             ctx_ref.io.progress(|p| {
                 p.done += 1;
                 p.throttled = ctx_ref.io.throttled();
@@ -192,7 +224,9 @@ pub async fn carry_out<W: IdentityWrites>(
         }
     }
     drop(stream);
-    if let Some(e) = first_err {
+    if let Some(e) = first_err
+        && !report.results.iter().any(|r| r.refused)
+    {
         return Err(e);
     }
     report.retries = ctx.retries.load(Ordering::SeqCst);

@@ -56,13 +56,12 @@ impl IdentityWrites for Scripted {
     }
     type LogError = String;
 
-    fn log(&self, op: &Op, result: &OpResult) -> Result<(), String> {
+    fn log(&self, line: Record) -> Result<(), String> {
         if self.log_full {
             return Err("log.jsonl: No space left on device".into());
         }
-        self.logged
-            .borrow_mut()
-            .push((op.id.clone(), result.outcome));
+        let outcome = line.outcome.expect("an outcome's line");
+        self.logged.borrow_mut().push((line.id, outcome));
         Ok(())
     }
     fn server(&self) -> String {
@@ -270,4 +269,18 @@ fn a_delete_refused_or_changed_is_said_so_and_a_log_that_refuses_ends_the_batch(
         ["create 300"],
         "no write after the log refused"
     );
+}
+
+#[test]
+fn a_refusal_heard_is_said_even_when_the_log_cannot_keep_its_line() {
+    let full = Scripted {
+        log_full: true,
+        ..Scripted::default()
+    };
+    full.creates
+        .borrow_mut()
+        .insert(300, [status(403, "Forbidden", "cannot create")].into());
+    let r = run(&full, vec![create(300), create(301)]).expect("the refusal, not the log");
+    assert!(r.results[0].refused);
+    assert_eq!(*full.sent.borrow(), ["create 300"]);
 }

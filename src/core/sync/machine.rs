@@ -721,8 +721,7 @@ fn made_objects(ops: &[Op], outcome: &BatchOutcome) -> Vec<(u32, LabelKey)> {
         .collect()
 }
 
-mod cutover;
-pub use cutover::cutover_verdict;
+pub mod cutover;
 
 #[cfg(test)]
 mod tests;

@@ -31,6 +31,24 @@ pub enum Recorded {
     Released { id: u32 },
 }
 
+/// Folds one decision log (logs in order) into the reservations recorded as made and not
+/// released (`note_unreleased`): what a sync restarted takes over.
+pub fn note_reservations(made: &mut Unreleased, log: &crate::core::decision_log::LogContents) {
+    let lines = log.records.iter().filter_map(|r| {
+        let id = r.id.parse::<u32>().ok()?;
+        match (r.action.as_deref(), r.kvstore_revision) {
+            (Some("reserve-in-kvstore"), Some(revision)) => Some(Recorded::Reserved {
+                id,
+                labels: r.labels.clone(),
+                revision,
+            }),
+            (Some("release-reservation"), _) => Some(Recorded::Released { id }),
+            _ => None,
+        }
+    });
+    note_unreleased(made, lines);
+}
+
 /// Folds a decision log's reservation lines (logs in order) into `made`: what is recorded
 /// as reserved and not released, which a sync restarted (after a crash, an upgrade, or on
 /// another host) takes over. The binary reads its logs, the simulation its own, through it.

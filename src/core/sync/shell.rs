@@ -46,6 +46,45 @@ pub enum Line {
     },
 }
 
+impl Line {
+    /// The line as the decision log records it.
+    pub fn record(self) -> crate::core::decision_log::Record {
+        use crate::core::decision_log::Record;
+        use crate::core::outcome::Outcome;
+        match self {
+            Line::Invalid { id, labels, reason } => {
+                let mut r = Record::decision(&id, &labels, Kind::Invalid, ("skip", "rule"), None);
+                r.outcome = Some(Outcome::Skipped);
+                r.error = Some(reason);
+                r
+            }
+            Line::Moot { id, labels, kind } => {
+                let mut r = Record::decision(&id, &labels, kind, ("moot", "rule"), None);
+                r.outcome = Some(Outcome::Skipped);
+                r.error = Some(
+                    "no kvstore-mode node uses these labels any more: closed without a write"
+                        .into(),
+                );
+                r
+            }
+            // No outcome: the identity waits for a decision again. A rule's line, so a
+            // resume does not read it as a decision; the decision it refuses stays in the log.
+            Line::Refused {
+                decision,
+                kind,
+                reason,
+            } => {
+                let text = super::SyncReport::refused_text(&decision, &reason);
+                let (id, labels) = (&decision.id, &decision.labels);
+                let mut r =
+                    Record::decision(id, labels, kind, ("refused", "rule"), decision.target_id);
+                r.error = Some(text);
+                r
+            }
+        }
+    }
+}
+
 /// What the shell tells the operator (and the metrics).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {

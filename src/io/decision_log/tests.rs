@@ -2,7 +2,10 @@
 //! lock, expectations, and the merge of several logs in time.
 
 use super::*;
-use crate::core::planner::Action;
+use crate::core::outcome::Outcome;
+use crate::core::planner::resume::LogStep;
+use crate::core::planner::{Action, Kind};
+use crate::core::range::MaxConnectedClusters;
 use std::os::unix::fs::PermissionsExt;
 
 fn rec(id: &str, outcome: Option<Outcome>, target: Option<u32>) -> Record {

@@ -6,8 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::shadow::Shadow;
+use crate::core::decision_log::LogContents;
+use crate::core::executor::record;
 use crate::core::kvstore::{RESERVATION_NODE, parse_id};
 use crate::core::labels::valid_label_key;
+use crate::core::planner::resume::LogStep;
 use crate::core::planner::{DecidedBy, Kind, Op, OpKind};
 use crate::core::range::IdRange;
 use crate::core::rng::Rng;
@@ -15,7 +18,7 @@ use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{K8sChange, SplitFound};
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, Failed, Line};
-use crate::sim::log::{LogLine, decisions_in_force};
+use crate::sim::log::{SimLog, decisions_in_force};
 use crate::sim::report::{Failure, Trace};
 use crate::sim::reserver::{SimKv, SimReservations};
 use crate::sim::world::World;
@@ -115,7 +118,7 @@ pub fn failed(path: Path, fault: Fault, doing: &str, error: &str) -> Failed {
 pub struct SimIo<'a> {
     pub(super) idx: usize,
     pub(super) world: &'a mut World,
-    pub(super) log: &'a mut Vec<LogLine>,
+    pub(super) log: &'a SimLog,
     pub(super) rng: &'a mut Rng,
     pub(super) faults: Faults,
     pub(super) trace: &'a mut Trace,
@@ -168,17 +171,13 @@ impl SimIo<'_> {
             );
             self.line(text);
         }
-        *self.batch_unlogged = self.faults.disk_full;
-        if !self.faults.disk_full {
-            for op in &ops {
-                if let Some(target) = op.target_id {
-                    self.log.push(LogLine::Write {
-                        id: op.id.clone(),
-                        target,
-                    });
-                }
-            }
-        }
+        // The binary's `log_decisions`: each write's decision line before any write starts;
+        // the first line the disk refuses fails the batch whole.
+        let writer = self.log.at(self.world.now, self.faults.disk_full);
+        *self.batch_unlogged = ops
+            .iter()
+            .filter(|op| op.op.writes())
+            .any(|op| writer.append(record(op, None)).is_err());
         *self.batch = Some(ops);
         Ok(())
     }
@@ -216,7 +215,7 @@ impl SimIo<'_> {
         };
         let mut w = SimKv {
             world: &mut *self.world,
-            log: &mut *self.log,
+            log: self.log,
             may_write,
             disk_full: self.faults.disk_full,
             flaky: self.faults.flaky,
@@ -317,14 +316,16 @@ impl SimIo<'_> {
     /// in force, closed as moot, or was served and its object deleted since by a GC (the
     /// cluster's call, not sync's to undo); sync's own reservations are none.
     fn unserved(&self) -> Vec<String> {
-        let decided = decisions_in_force(self.log);
-        let moot: BTreeSet<&str> = self
-            .log
+        let records = self.log.records();
+        let log = LogContents {
+            records: records.clone(),
+            ..LogContents::default()
+        };
+        let decided = decisions_in_force(&[&log]);
+        let moot: BTreeSet<&str> = records
             .iter()
-            .filter_map(|l| match l {
-                LogLine::Moot { id, .. } => Some(id.as_str()),
-                _ => None,
-            })
+            .filter(|r| r.action.as_deref() == Some("moot"))
+            .map(|r| r.id.as_str())
             .collect();
         let w = &*self.world;
         let held: BTreeSet<&str> = w.objects.values().map(|(l, _)| l.as_str()).collect();
@@ -385,25 +386,17 @@ impl shell::Io for SimIo<'_> {
     fn log(&mut self, lines: Vec<Line>) -> usize {
         let mut written = 0;
         for line in lines {
-            // A full disk, or (now and then) a write that fails midway through the lines.
-            if self.faults.disk_full || (written > 0 && self.rng.chance(0.05)) {
+            // A full disk, or (now and then) a disk that fills midway through the lines.
+            let full = self.faults.disk_full || (written > 0 && self.rng.chance(0.05));
+            // The binary's line, through its writer.
+            if self
+                .log
+                .at(self.world.now, full)
+                .append(line.record())
+                .is_err()
+            {
                 break;
             }
-            self.log.push(match line {
-                // Logged as skipped, as `app::sync` does.
-                Line::Invalid { id, labels, .. } => LogLine::Outcome {
-                    id,
-                    labels,
-                    kind: Kind::Invalid,
-                    target: None,
-                },
-                Line::Moot { id, labels, kind } => LogLine::Moot {
-                    id,
-                    labels: labels.to_string(),
-                    kind,
-                },
-                Line::Refused { decision, .. } => LogLine::Refused { id: decision.id },
-            });
             written += 1;
         }
         written
@@ -413,21 +406,26 @@ impl shell::Io for SimIo<'_> {
         let i = self.idx;
         match event {
             Event::Moot { id, .. } => {
-                if !self
-                    .log
-                    .iter()
-                    .any(|l| matches!(l, LogLine::Moot { id: m, .. } if *m == id))
-                {
+                let logged = self.log.records().iter().any(|r| {
+                    r.id == id && r.action.as_deref() == Some("moot") && r.outcome.is_some()
+                });
+                if !logged {
                     self.fail(Err(Failure::new(
                         "no act without its log line first",
                         format!("i{i} closed {id} as moot without its line"),
                     )));
                 }
                 // Closed as waiting for a decision: not while one it was given is in force.
-                let decided = self.log.iter().rev().find_map(|l| match l {
-                    LogLine::Decision(d) if d.id == id => Some(true),
-                    LogLine::Undo { id: u } | LogLine::Refused { id: u } if *u == id => Some(false),
-                    _ => None,
+                let decided = self.log.records().iter().rev().find_map(|r| {
+                    if r.id != id {
+                        return None;
+                    }
+                    let by_operator = r.decided_by.as_deref() == Some("operator");
+                    match (r.step(), r.action.as_deref()) {
+                        (Some(LogStep::Decide(_)), _) if by_operator => Some(true),
+                        (Some(LogStep::Undecided { .. }), _) | (_, Some("refused")) => Some(false),
+                        _ => None,
+                    }
                 });
                 if decided == Some(true) {
                     self.fail(Err(Failure::new(

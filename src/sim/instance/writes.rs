@@ -6,14 +6,13 @@
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
-use crate::core::executor::outcome::OpResult;
+use crate::core::decision_log::Record;
 use crate::core::executor::{Existing, IdentityWrites, Written};
 use crate::core::labels::{SecurityLabels, canonical_key, parse_label_key, to_security_labels};
 use crate::core::lease::write_held_back;
-use crate::core::planner::Op;
 use crate::core::request::RequestError;
 use crate::core::rng::Rng;
-use crate::sim::log::LogLine;
+use crate::sim::log::SimLog;
 use crate::sim::report::{Failure, Trace};
 use crate::sim::world::World;
 
@@ -32,7 +31,7 @@ pub fn webhook_denies(faults: Faults, id: u32) -> bool {
 pub struct SimWrites<'a> {
     idx: usize,
     world: RefCell<&'a mut World>,
-    log: RefCell<&'a mut Vec<LogLine>>,
+    log: &'a SimLog,
     rng: RefCell<&'a mut Rng>,
     trace: RefCell<&'a mut Trace>,
     faults: Faults,
@@ -51,13 +50,13 @@ impl<'a> SimWrites<'a> {
     pub fn new(
         idx: usize,
         world: &'a mut World,
-        log: &'a mut Vec<LogLine>,
+        log: &'a SimLog,
         (rng, faults, trace): (&'a mut Rng, Faults, &'a mut Trace),
     ) -> Self {
         SimWrites {
             idx,
             world: RefCell::new(world),
-            log: RefCell::new(log),
+            log,
             rng: RefCell::new(rng),
             trace: RefCell::new(trace),
             faults,
@@ -183,16 +182,10 @@ impl IdentityWrites for SimWrites<'_> {
 
     type LogError = String;
 
-    fn log(&self, op: &Op, result: &OpResult) -> Result<(), String> {
-        if result.outcome.is_serving() {
-            self.log.borrow_mut().push(LogLine::Outcome {
-                id: op.id.clone(),
-                labels: op.label_key.to_string(),
-                kind: op.kind,
-                target: result.target_id,
-            });
-        }
-        Ok(())
+    /// Each outcome's line through the binary's writer, onto the disk as it is now.
+    fn log(&self, line: Record) -> Result<(), String> {
+        let now = self.world.borrow().now;
+        self.log.at(now, self.faults.disk_full).append(line)
     }
 
     fn server(&self) -> String {

@@ -45,6 +45,23 @@ pub struct WriteLine {
     pub revision: Option<i64>,
 }
 
+impl WriteLine {
+    /// The line as the decision log records it: a rule's decision on the id, with the
+    /// kvstore's keys and revision.
+    pub fn record(self) -> crate::core::decision_log::Record {
+        let mut r = crate::core::decision_log::Record::decision(
+            &self.id.to_string(),
+            &self.labels,
+            crate::core::planner::Kind::Create,
+            (self.action, "rule"),
+            Some(self.id),
+        );
+        r.kvstore = Some(self.kvstore);
+        r.kvstore_revision = self.revision;
+        r
+    }
+}
+
 /// What the writer needs beneath it: the decision log, the write gate, etcd's operations on
 /// the tool's own keys (each failure as the text to tell the operator), and the counters.
 ///

@@ -1,0 +1,490 @@
+//! The decision log's lines and their one reading, the same for every reader: the binary's
+//! commands, which read a log from disk (`io::decision_log`), and the simulation, which
+//! keeps its instances' logs in memory. JSON Lines: a record per decision and outcome, a
+//! session line opening each run, what the server said; a last line without its newline is
+//! torn (a write cut short), any other line that does not parse is damaged.
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::outcome::Outcome;
+use crate::core::planner::Kind;
+use crate::core::planner::decision::DecidedBy;
+use crate::core::planner::resume::{LogStep, step_of, step_of_fields};
+use crate::core::range::MaxConnectedClusters;
+use crate::core::server_said::ServerSaid;
+use crate::core::verify::Expectations;
+use crate::core::verify::expect::Logged;
+
+/// One line of the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub ts: String,
+    pub operator: String,
+    pub id: String,
+    pub labels: String,
+    pub kind: Kind,
+    /// The decision as text, for a person: `create (operator)`, or an operator's action in
+    /// the TUI, `edit (create 4000)`.
+    pub decision: String,
+    /// The same decision as fields, which a resume reads: who decided (`operator`,
+    /// `accept-proposals`, `proposal`, `rule`) and the action (`create`, `none`, `map`,
+    /// `skip`, `undo`, or what a rollback, a moot closing or a reservation did), the target
+    /// being `target_id`. Absent in logs written before; those are read from the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    pub target_id: Option<u32>,
+    /// Absent on a pure decision record.
+    pub outcome: Option<Outcome>,
+    pub error: Option<String>,
+    /// On `created`: the object's uid and resourceVersion as the API server returned them,
+    /// so `rollback` deletes exactly that object (absent in logs written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// A write or delete in the kvstore (`sync --reserve-in-kvstore` only): the keys, the
+    /// revision and what happened. Such a line carries no outcome: it serves no identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore: Option<String>,
+    /// For a reservation: the revision its master key was written at, so that a later sync
+    /// can tell the key is still the one written (and its own to keep or release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore_revision: Option<i64>,
+}
+
+impl Record {
+    /// What this line says of its identity, as verify reads it.
+    pub fn logged(&self) -> Logged<'_> {
+        Logged {
+            id: &self.id,
+            labels: &self.labels,
+            kind: self.kind,
+            outcome: self.outcome,
+            target: self.target_id,
+            step: self.step(),
+            by_switch_prepare: self.decided_by.as_deref()
+                == Some(DecidedBy::SwitchPrepare.as_str()),
+        }
+    }
+
+    /// A line about identity `id` (the time and operator are filled in on append).
+    pub fn new(
+        id: &str,
+        labels: &str,
+        kind: Kind,
+        decision: String,
+        target_id: Option<u32>,
+    ) -> Self {
+        Record {
+            ts: String::new(),
+            operator: String::new(),
+            id: id.to_string(),
+            labels: labels.to_string(),
+            kind,
+            decision,
+            target_id,
+            outcome: None,
+            error: None,
+            uid: None,
+            resource_version: None,
+            kvstore: None,
+            kvstore_revision: None,
+            decided_by: None,
+            action: None,
+        }
+    }
+
+    /// A decision line: the text `"<action> (<decided_by>)"` and the same as fields.
+    pub fn decision(
+        id: &str,
+        labels: &str,
+        kind: Kind,
+        (action, decided_by): (&str, &str),
+        target_id: Option<u32>,
+    ) -> Self {
+        let text = format!("{action} ({decided_by})");
+        Record::new(id, labels, kind, text, target_id).with_fields(decided_by, action)
+    }
+
+    /// This line's decision alone (who, when, what, on which identity), without an outcome
+    /// or what a write or the kvstore returned.
+    pub fn decision_only(&self) -> Self {
+        Record {
+            ts: self.ts.clone(),
+            operator: self.operator.clone(),
+            decided_by: self.decided_by.clone(),
+            action: self.action.clone(),
+            ..Record::new(
+                &self.id,
+                &self.labels,
+                self.kind,
+                self.decision.clone(),
+                self.target_id,
+            )
+        }
+    }
+
+    /// Sets the structured fields of the decision.
+    pub fn with_fields(mut self, decided_by: &str, action: &str) -> Self {
+        self.decided_by = Some(decided_by.to_string());
+        self.action = Some(action.to_string());
+        self
+    }
+
+    /// Whether this line records a decision worth keeping the log for although nothing was
+    /// written: a person's decision (or `--accept-proposals`), an undo, a skip or a mapping
+    /// (which `verify` reads back). An identity found where it belongs is not one.
+    pub fn is_decision(&self) -> bool {
+        self.step().is_some()
+            || matches!(self.outcome, Some(Outcome::Skipped | Outcome::Mapped))
+            || matches!(self.action.as_deref(), Some("skip" | "map"))
+    }
+
+    /// What this line means for a resume: from the fields, or from the text in logs
+    /// written before the fields.
+    pub fn step(&self) -> Option<LogStep> {
+        // A write's outcome line restates the decision its decision line recorded before
+        // the write began: not a decision of its own. Read as one, the outcome of a batch
+        // still in flight when the operator took the decision back would bring it back at
+        // the next resume (found by the simulation once it kept the binary's log).
+        let writes = matches!(self.action.as_deref(), Some("create" | "delete"));
+        if writes && self.outcome.is_some() {
+            return None;
+        }
+        match (&self.decided_by, &self.action) {
+            (Some(by), Some(action)) => {
+                step_of_fields(&self.id, &self.labels, by, action, self.target_id)
+            }
+            _ => step_of(&self.id, &self.labels, &self.decision, self.target_id),
+        }
+    }
+}
+
+/// What a run worked on: written as the first line of each run, so a later run (a resume,
+/// a rollback, an auditor) knows which cluster and kvstore the lines after it are about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// `tui`, `apply`, `rollback`, ...
+    pub command: String,
+    pub server: String,
+    #[serde(default)]
+    pub context: Option<String>,
+    pub kvstore_endpoints: Vec<String>,
+    pub kvstore_prefix: String,
+    pub cluster_id: u32,
+    pub max_connected_clusters: MaxConnectedClusters,
+    /// This run's id, also on every object it creates (`RUN_ANNOTATION`); absent in logs
+    /// written before runs had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
+/// A session line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLine {
+    pub ts: String,
+    pub operator: String,
+    pub session: Session,
+}
+
+/// What the API server said over part of a run (how often it pushed back, its warnings):
+/// the run's record of how the server met it, for an auditor reading why a run was slow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerLine {
+    pub ts: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    pub server_said: ServerSaid,
+}
+
+/// What a read of a log found.
+#[derive(Debug, Default)]
+pub struct LogContents {
+    pub records: Vec<Record>,
+    /// The session lines, in order.
+    pub sessions: Vec<SessionLine>,
+    /// What the API server said over the runs (429s, warnings), in order.
+    pub server_said: Vec<ServerLine>,
+    /// A last line without its newline that does not parse: a write cut short by a crash.
+    pub torn_tail: bool,
+    /// Complete lines that do not parse, with their line numbers.
+    pub bad_lines: Vec<(usize, String)>,
+}
+
+impl LogContents {
+    /// What `verify` expects, from this log: the latest serving or skip per id (its target
+    /// and labels), and the ids a rollback deleted and nothing served again since.
+    pub fn expectations(&self) -> Expectations {
+        let mut e = Expectations::default();
+        for r in &self.records {
+            expect(&mut e, r);
+        }
+        e
+    }
+
+    /// Every decision and undo, in order, as a resume replays them.
+    pub fn steps(&self) -> impl Iterator<Item = LogStep> + '_ {
+        self.records.iter().filter_map(Record::step)
+    }
+
+    /// Decisions made and never followed by an outcome for their identity: a review that
+    /// ended before its commit.
+    pub fn uncommitted_decisions(&self) -> usize {
+        let mut pending: BTreeSet<&str> = BTreeSet::new();
+        for r in &self.records {
+            if r.outcome.is_some() {
+                pending.remove(r.id.as_str());
+            } else if r.step().is_some() {
+                pending.insert(r.id.as_str());
+            }
+        }
+        pending.len()
+    }
+}
+
+/// Every decision and undo of `logs`, each with its line, in the order they were made: by
+/// each line's time, so that of two logs (a `--resume` log, a decisions file, this run's
+/// own) the newer decision on an identity wins whichever file is named first. A line whose
+/// time does not read keeps its place after the line before it in its own log; lines of
+/// the same time keep the order of `logs` and of their lines.
+pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)> {
+    let mut all: Vec<(Option<jiff::Timestamp>, usize, usize, LogStep, &'a Record)> = Vec::new();
+    for (n, log) in logs.iter().enumerate() {
+        let mut at: Option<jiff::Timestamp> = None;
+        for (k, r) in log.records.iter().enumerate() {
+            if let Ok(t) = r.ts.parse::<jiff::Timestamp>() {
+                at = Some(at.map_or(t, |a| a.max(t)));
+            }
+            if let Some(step) = r.step() {
+                all.push((at, n, k, step, r));
+            }
+        }
+    }
+    all.sort_by_key(|a| (a.0, a.1, a.2));
+    all.into_iter().map(|(_, _, _, s, r)| (s, r)).collect()
+}
+
+/// Reads every line of a log (see the module).
+pub fn read_from(r: impl BufRead) -> std::io::Result<LogContents> {
+    let mut records = Vec::new();
+    let mut out = fold_from(r, |rec| records.push(rec))?;
+    out.records = records;
+    Ok(out)
+}
+
+/// Folds one record into what `verify` expects (core's one reading of a line).
+pub fn expect(e: &mut Expectations, r: &Record) {
+    e.fold(r.logged());
+}
+
+/// Reads every line, handing each record to `on_record`; the sessions, and what did not
+/// parse, are returned (with no records).
+pub fn fold_from(
+    mut r: impl BufRead,
+    mut on_record: impl FnMut(Record),
+) -> std::io::Result<LogContents> {
+    let mut out = LogContents::default();
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        if r.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        n += 1;
+        let complete = buf.last() == Some(&b'\n');
+        let text = String::from_utf8_lossy(&buf);
+        if text.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Record>(text.trim_end()) {
+            Ok(rec) => on_record(rec),
+            Err(e) => match serde_json::from_str::<SessionLine>(text.trim_end()) {
+                Ok(s) => out.sessions.push(s),
+                Err(_) => match serde_json::from_str::<ServerLine>(text.trim_end()) {
+                    Ok(s) => out.server_said.push(s),
+                    Err(_) if !complete => out.torn_tail = true,
+                    Err(_) => out.bad_lines.push((n, e.to_string())),
+                },
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// The decisions in force at the end of some logs, each with its line.
+pub type InForce =
+    std::collections::BTreeMap<String, (crate::core::planner::resume::LoggedDecision, Record)>;
+
+/// The decisions in force at the end of `logs`, each with its line, replayed in the order
+/// they were made (`steps_in_time`): how every restart reads its logs.
+pub fn in_force(logs: &[&LogContents]) -> InForce {
+    let steps = steps_in_time(logs);
+    crate::core::planner::resume::replay_with(steps.into_iter().map(|(s, r)| (s, r.clone())))
+}
+
+/// Where a log's lines go: the file on disk (`io::decision_log`) or the simulation's bytes
+/// in memory. An append is one whole line, written at once.
+pub trait LogFile {
+    /// Why a line was not written, in the file's own terms.
+    type Error: std::fmt::Display;
+    /// Appends `line` (with its newline) in one write.
+    fn append_line(&self, line: &[u8]) -> Result<(), Self::Error>;
+    /// A line that cannot be encoded, in the file's terms.
+    fn unencodable(&self, e: serde_json::Error) -> Self::Error;
+    /// The time of a line written now (RFC 3339, UTC).
+    fn now(&self) -> String;
+}
+
+/// The log's writer, the one every command and the simulation write through: each record
+/// stamped with its time and operator and appended as one line, and whether this run has
+/// recorded anything, or a decision, so far.
+pub struct Writer<F> {
+    file: F,
+    operator: String,
+    /// A decision or an outcome was recorded (session lines do not count).
+    recorded: std::sync::atomic::AtomicBool,
+    /// A decision was recorded (`Record::is_decision`): the log is the record of it.
+    decided: std::sync::atomic::AtomicBool,
+}
+
+impl<F: LogFile> Writer<F> {
+    pub fn new(file: F, operator: String) -> Self {
+        Writer {
+            file,
+            operator,
+            recorded: Default::default(),
+            decided: Default::default(),
+        }
+    }
+
+    pub fn file(&self) -> &F {
+        &self.file
+    }
+
+    pub fn operator(&self) -> &str {
+        &self.operator
+    }
+
+    /// A decision or an outcome was recorded.
+    pub fn recorded(&self) -> bool {
+        self.recorded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A decision was recorded.
+    pub fn decided(&self) -> bool {
+        self.decided.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Fills in `ts` and `operator` and appends the record as one line.
+    pub fn append(&self, mut record: Record) -> Result<(), F::Error> {
+        record.ts = self.file.now();
+        record.operator = self.operator.clone();
+        self.recorded
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.append_line(&record)?;
+        // Only once the line is written: a decision whose line failed is no record.
+        if record.is_decision() {
+            self.decided
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Records what the API server said over a span of run `run` (nothing when it said
+    /// nothing: no 429, no warning).
+    pub fn note_server(&self, said: &ServerSaid, run: &str) -> Result<(), F::Error> {
+        if said.is_empty() {
+            return Ok(());
+        }
+        self.append_line(&ServerLine {
+            ts: self.file.now(),
+            operator: self.operator.clone(),
+            run: Some(run.to_string()),
+            server_said: said.clone(),
+        })
+    }
+
+    /// Appends the session line that opens a run.
+    pub fn begin_session(&self, session: Session) -> Result<(), F::Error> {
+        self.append_line(&SessionLine {
+            ts: self.file.now(),
+            operator: self.operator.clone(),
+            session,
+        })
+    }
+
+    fn append_line(&self, value: &impl Serialize) -> Result<(), F::Error> {
+        let mut line = serde_json::to_vec(value).map_err(|e| self.file.unencodable(e))?;
+        line.push(b'\n');
+        self.file.append_line(&line)
+    }
+}
+
+/// How many bytes at the end of a log are a torn line (a write that never finished: no
+/// newline after it), to remove before the next append; `tail` is the log's last bytes,
+/// `whole` whether it is all of it (a tail with no newline in it at all cannot tell).
+pub fn torn_tail(tail: &[u8], whole: bool) -> Option<usize> {
+    match tail.iter().rposition(|b| *b == b'\n') {
+        Some(last) if last + 1 == tail.len() => None,
+        Some(last) => Some(tail.len() - last - 1),
+        None if whole && !tail.is_empty() => Some(tail.len()),
+        None => None,
+    }
+}
+
+/// What a repair of a torn last line says, quoting the start of what it removed.
+pub fn torn_note(log: &str, torn: &[u8]) -> String {
+    let shown: String = String::from_utf8_lossy(torn).chars().take(60).collect();
+    format!(
+        "decision log {log}: its last line was cut short ({} bytes, a write that never finished: {shown:?}...); removed it, every whole line is kept",
+        torn.len()
+    )
+}
+
+/// An operator's decision on a screen, or its undo (`name` "undo" on an item no longer
+/// decided), as the log records it.
+pub fn decision_record(name: &str, item: &crate::core::planner::PlanItem) -> Record {
+    let action = if name == "undo" && !item.decided {
+        "undecided"
+    } else {
+        item.action.as_str()
+    };
+    Record::new(
+        &item.id,
+        &item.labels,
+        item.kind,
+        crate::core::planner::describe(name, item),
+        item.target_id,
+    )
+    .with_fields(DecidedBy::Operator.as_str(), action)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_last_line_is_found_and_a_whole_one_is_not() {
+        assert_eq!(torn_tail(b"{\"a\":1}\n{\"b\"", true), Some(4));
+        assert_eq!(torn_tail(b"{\"a\":1}\n", true), None);
+        assert_eq!(torn_tail(b"{\"b\"", true), Some(4));
+        assert_eq!(
+            torn_tail(b"{\"b\"", false),
+            None,
+            "a tail with no newline cannot tell"
+        );
+        assert_eq!(torn_tail(b"", true), None);
+        let note = torn_note("log.jsonl", b"{\"b\"");
+        assert!(
+            note.contains("4 bytes") && note.contains("log.jsonl"),
+            "{note}"
+        );
+    }
+}

@@ -78,6 +78,16 @@ impl Sim {
     /// unless its identity left the kvstore (or changed labels) since, or a later decision
     /// or undo took it back. Read from the log and the world, not from the machine.
     fn check_decisions_carried_out(&self, i: usize) -> Result<(), Failure> {
+        // Each log read whole from its bytes, as the binary reads a file, is what every
+        // start and check read line by line.
+        for (n, log) in self.logs.iter().enumerate() {
+            log.reads_back().map_err(|why| {
+                Failure::new(
+                    "the decision log reads back as it was written",
+                    format!("i{n}: {why}"),
+                )
+            })?;
+        }
         let log = self.logs[i].records();
         for (at, line) in log.iter().enumerate() {
             // An operator's decision to create, as the binary's log records it.

@@ -108,7 +108,7 @@ impl Instance {
             trace.line(world.now, format!("i{idx}: {note}"));
         }
         let read = log.contents().map_err(read_back)?;
-        let shell = Shell::new(settings, decisions_in_force(&[&read]), release_on_stop);
+        let shell = Shell::new(settings, decisions_in_force(&[&*read]), release_on_stop);
         let mut i = Instance {
             idx,
             shell,

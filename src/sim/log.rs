@@ -21,8 +21,9 @@ pub struct MemFile {
     now: Cell<Duration>,
     full: Cell<bool>,
     /// Each whole line appended, read back by the binary's reader as it was written: what
-    /// the checks look at without reading the whole log again at every call.
-    records: RefCell<Vec<Record>>,
+    /// a start and the checks read, without reading the whole log again at every call
+    /// (`SimLog::reads_back` holds the two readings equal).
+    read: RefCell<LogContents>,
 }
 
 /// When the simulated rollout starts, on the log's clock.
@@ -36,8 +37,12 @@ impl LogFile for MemFile {
             return Err("No space left on device (os error 28)".into());
         }
         self.bytes.borrow_mut().extend_from_slice(line);
-        let read = read_from(line).map_err(|e| e.to_string())?;
-        self.records.borrow_mut().extend(read.records);
+        let line = read_from(line).map_err(|e| e.to_string())?;
+        let mut read = self.read.borrow_mut();
+        read.records.extend(line.records);
+        read.sessions.extend(line.sessions);
+        read.server_said.extend(line.server_said);
+        read.bad_lines.extend(line.bad_lines);
         Ok(())
     }
 
@@ -71,20 +76,38 @@ impl SimLog {
         &self.0
     }
 
-    /// The lines appended so far, as the binary's reader read each.
+    /// The records appended so far, as the binary's reader read each.
     pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
-        self.0.file().records.borrow()
+        std::cell::Ref::map(self.0.file().read.borrow(), |c| &c.records)
     }
 
-    /// The whole log, read by the binary's reader as a restart reads it; a damaged line
-    /// (never written by the writer) is the simulation's failure.
-    pub fn contents(&self) -> Result<LogContents, String> {
-        let bytes = self.0.file().bytes.borrow();
-        let c = read_from(&bytes[..]).map_err(|e| e.to_string())?;
-        match c.bad_lines.first() {
+    /// The log as the binary's reader reads it, line by line as it was written; a damaged
+    /// line (never written by the writer) is the simulation's failure.
+    pub fn contents(&self) -> Result<std::cell::Ref<'_, LogContents>, String> {
+        let read = self.0.file().read.borrow();
+        match read.bad_lines.first() {
             Some((n, why)) => Err(format!("line {n} of the log is damaged: {why}")),
-            None => Ok(c),
+            None => Ok(read),
         }
+    }
+
+    /// The whole log read again from its bytes, as the binary reads a file, is what was read
+    /// line by line: the same records, no torn or damaged line.
+    pub fn reads_back(&self) -> Result<(), String> {
+        let f = self.0.file();
+        let bytes = f.bytes.borrow();
+        let whole = read_from(&bytes[..]).map_err(|e| e.to_string())?;
+        let lines = f.read.borrow();
+        if whole.records != lines.records || whole.torn_tail || !whole.bad_lines.is_empty() {
+            return Err(format!(
+                "{} records read whole, {} line by line (torn {}, damaged {})",
+                whole.records.len(),
+                lines.records.len(),
+                whole.torn_tail,
+                whole.bad_lines.len()
+            ));
+        }
+        Ok(())
     }
 
     /// Killed while a line was being written: the last line cut short, `cut` bytes of it
@@ -102,7 +125,7 @@ impl SimLog {
         };
         let keep = bytes.len().saturating_sub(cut.max(1)).max(last_start + 1);
         bytes.truncate(keep);
-        f.records.borrow_mut().pop();
+        f.read.borrow_mut().records.pop();
     }
 
     /// Opened again at a start, as the binary opens its file: a torn last line removed

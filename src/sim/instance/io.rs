@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::shadow::Shadow;
-use crate::core::decision_log::LogContents;
 use crate::core::executor::record;
 use crate::core::kvstore::{RESERVATION_NODE, parse_id};
 use crate::core::labels::valid_label_key;
@@ -316,13 +315,12 @@ impl SimIo<'_> {
     /// in force, closed as moot, or was served and its object deleted since by a GC (the
     /// cluster's call, not sync's to undo); sync's own reservations are none.
     fn unserved(&self) -> Vec<String> {
-        let records = self.log.records();
-        let log = LogContents {
-            records: records.clone(),
-            ..LogContents::default()
+        let Ok(log) = self.log.contents() else {
+            return vec!["the decision log does not read back".into()];
         };
-        let decided = decisions_in_force(&[&log]);
-        let moot: BTreeSet<&str> = records
+        let decided = decisions_in_force(&[&*log]);
+        let moot: BTreeSet<&str> = log
+            .records
             .iter()
             .filter(|r| r.action.as_deref() == Some("moot"))
             .map(|r| r.id.as_str())

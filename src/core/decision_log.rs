@@ -339,6 +339,44 @@ pub fn in_force(logs: &[&LogContents]) -> InForce {
     crate::core::planner::resume::replay_with(steps.into_iter().map(|(s, r)| (s, r.clone())))
 }
 
+/// The decisions in force at the end of `logs` and a decisions file read beside them (a
+/// restart's `--decisions`). The file's lines carry the clock of whoever wrote the file,
+/// which may run ahead of this machine's: a decision the logs already carried counts from
+/// when the logs first recorded it, not from the file's time, so a later decision made on
+/// this machine stays in force; a decision the logs never carried counts from the file's
+/// time, as a change made while sync was not running.
+pub fn in_force_with_file(logs: &[&LogContents], file: &LogContents) -> InForce {
+    use std::collections::BTreeMap;
+    let mut carried: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (step, r) in steps_in_time(logs) {
+        carried
+            .entry(step_key(&step))
+            .or_insert_with(|| r.ts.clone());
+    }
+    let mut as_carried = LogContents {
+        records: file.records.clone(),
+        ..LogContents::default()
+    };
+    for r in &mut as_carried.records {
+        if let Some(ts) = r.step().and_then(|s| carried.get(&step_key(&s))) {
+            r.ts = ts.clone();
+        }
+    }
+    let mut all = logs.to_vec();
+    all.push(&as_carried);
+    in_force(&all)
+}
+
+/// A decision as what it decides (id, and the action and target as text), so that the same
+/// decision written in two places is one.
+fn step_key(step: &LogStep) -> (String, String) {
+    match step {
+        LogStep::Decide(d) => (d.id.clone(), format!("{:?} {:?}", d.action, d.target_id)),
+        LogStep::Undo { id } => (id.clone(), "undo".into()),
+        LogStep::Undecided { id } => (id.clone(), "undecided".into()),
+    }
+}
+
 /// Where a log's lines go: the file on disk (`io::decision_log`) or the simulation's bytes
 /// in memory. An append is one whole line, written at once.
 pub trait LogFile {
@@ -536,6 +574,41 @@ mod resume_tests {
         skip.outcome = Some(Outcome::Skipped);
         assert!(skip.step().is_some());
         assert!(decided.step().is_some());
+    }
+
+    #[test]
+    fn a_decisions_file_dated_ahead_does_not_undo_a_later_decision_made_here() {
+        let at = |ts: &str, id: &str, action: &str, target: Option<u32>| Record {
+            ts: ts.into(),
+            ..Record::decision(id, "k8s:a=b;", Kind::Remap, (action, "operator"), target)
+        };
+        // The file's clock runs ten minutes ahead of this machine's.
+        let file = LogContents {
+            records: vec![
+                at("2026-12-01T00:10:00Z", "300", "skip", None),
+                at("2026-12-01T00:10:00Z", "301", "skip", None),
+            ],
+            ..LogContents::default()
+        };
+        // Sync carried the file's skip of 300 at 00:00:01, then a person decided 300 on a
+        // screen here at 00:05:00; 301's skip was never carried (sync was down).
+        let log = LogContents {
+            records: vec![
+                at("2026-12-01T00:00:01Z", "300", "skip", None),
+                at("2026-12-01T00:05:00Z", "300", "create", Some(4000)),
+            ],
+            ..LogContents::default()
+        };
+        let now = in_force_with_file(&[&log], &file);
+        assert_eq!(
+            now["300"].0.target_id,
+            Some(4000),
+            "the later decision here stands"
+        );
+        assert_eq!(now["301"].0.action, crate::core::planner::Action::Skip);
+        // Merged by the file's own time, the file would have won: the defect this mends.
+        let naive = in_force(&[&log, &file]);
+        assert_eq!(naive["300"].0.action, crate::core::planner::Action::Skip);
     }
 
     #[test]

@@ -192,9 +192,9 @@ fn resume_decisions(
     let Some(file) = file else {
         return Ok((plain(&recorded), Default::default()));
     };
-    let mut all: Vec<_> = logs.iter().collect();
-    all.push(file);
-    let with_file = decisions_file::in_force(&all);
+    // The file's lines count from when the logs carried them (its clock may run ahead).
+    let logged: Vec<_> = logs.iter().collect();
+    let with_file = crate::core::decision_log::in_force_with_file(&logged, file);
     let (_, not_logged) = decisions_file::log_changes(&cfg.log, &mut recorded, &with_file);
     if let Some(why) = not_logged {
         return Err(crate::Error::file(cfg.log.path(), why));

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::core::planner::resume::LogStep;
+use crate::sim::log::from_a_screen;
 
 impl Sim {
     /// A tick of the quiet end: everything the watches have delivered, each instance's
@@ -90,10 +91,9 @@ impl Sim {
         }
         let log = self.logs[i].records();
         for (at, line) in log.iter().enumerate() {
-            // An operator's decision to create, as the binary's log records it.
-            let (Some("operator"), Some(LogStep::Decide(d))) =
-                (line.decided_by.as_deref(), line.step())
-            else {
+            // An operator's decision to create, made on a screen, as the binary's log
+            // records it (not the line sync writes before carrying a decision out).
+            let (true, Some(LogStep::Decide(d))) = (from_a_screen(line), line.step()) else {
                 continue;
             };
             if d.action != Action::Create {

@@ -145,6 +145,16 @@ impl SimLog {
     }
 }
 
+/// Whether `r` is a person's decision made on a screen (`decision_record`'s line), not the
+/// line sync writes before a write it carries out for a decision (`executor::record`'s,
+/// whose text is its action and who decided).
+pub fn from_a_screen(r: &Record) -> bool {
+    match (r.decided_by.as_deref(), r.action.as_deref()) {
+        (Some(by @ "operator"), Some(action)) => r.decision != format!("{action} ({by})"),
+        _ => false,
+    }
+}
+
 /// The decisions in force at the end of `logs`, replayed in the order they were made, as a
 /// restart of the binary's reads them (its `--resume` logs and its own).
 pub fn decisions_in_force(logs: &[&LogContents]) -> BTreeMap<String, LoggedDecision> {

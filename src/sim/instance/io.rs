@@ -17,7 +17,7 @@ use crate::core::sync::failure::{Fault, Path};
 use crate::core::sync::machine::{K8sChange, SplitFound};
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, Failed, Line};
-use crate::sim::log::{SimLog, decisions_in_force};
+use crate::sim::log::{SimLog, decisions_in_force, from_a_screen};
 use crate::sim::report::{Failure, Trace};
 use crate::sim::reserver::{SimKv, SimReservations};
 use crate::sim::world::World;
@@ -418,9 +418,8 @@ impl shell::Io for SimIo<'_> {
                     if r.id != id {
                         return None;
                     }
-                    let by_operator = r.decided_by.as_deref() == Some("operator");
                     match (r.step(), r.action.as_deref()) {
-                        (Some(LogStep::Decide(_)), _) if by_operator => Some(true),
+                        (Some(LogStep::Decide(_)), _) if from_a_screen(r) => Some(true),
                         (Some(LogStep::Undecided { .. }), _) | (_, Some("refused")) => Some(false),
                         _ => None,
                     }

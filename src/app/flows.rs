@@ -340,12 +340,24 @@ pub async fn verify(
     range: IdRange,
     expect: &Expectations,
 ) -> Result<VerifyReport> {
-    // A verdict must see the latest state: a quorum read, never the cache.
+    let (masters, identities) = read_for_verify(kv, target).await?;
+    Ok(verify::verify(&masters, &identities, expect, range))
+}
+
+/// Both sides as a verdict reads them (`verify`, sync's cutover check): the latest state,
+/// a quorum read, never the cache.
+pub async fn read_for_verify(
+    kv: &KvSource,
+    target: &K8sTarget,
+) -> Result<(
+    Vec<crate::core::kvstore::MasterEntry>,
+    BTreeMap<u32, crate::core::labels::LabelKey>,
+)> {
     let (kv, k8s) = tokio::try_join!(
         kv.read_masters(),
         target.list_identities(ReadMode::Consistent, None)
     )?;
-    Ok(verify::verify(&kv.masters, &k8s.identities, expect, range))
+    Ok((kv.masters, k8s.identities))
 }
 
 /// What one or more decision logs expect (later files win).

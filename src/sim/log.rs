@@ -138,11 +138,6 @@ impl SimLog {
         bytes.truncate(at);
         Some(note)
     }
-
-    /// How many lines the log holds.
-    pub fn lines(&self) -> usize {
-        self.records().len()
-    }
 }
 
 /// Whether `r` is a person's decision made on a screen (`decision_record`'s line), not the

@@ -152,19 +152,38 @@ subjects:
     name: limited-user
 "#;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
-    let Some(cp) = ControlPlane::start("real::sync_that_rbac_refuses") else {
-        return;
-    };
+/// The test's user may hold sync's Lease (the Lease Role of `assets/clusterrole.yaml`,
+/// bound to it) and nothing else yet.
+fn grant_the_lease_only(cp: &ControlPlane) {
     let role = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/assets/clusterrole.yaml"
     ))
     .unwrap();
-    let lease_role = role.split("\n---\n").nth(1).expect("the Lease Role");
-    cp.apply(lease_role);
+    cp.apply(role.split("\n---\n").nth(1).expect("the Lease Role"));
     cp.apply(LEASE_ONLY);
+}
+
+/// Who holds sync's Lease now (empty: nobody).
+fn lease_holder(cp: &ControlPlane) -> String {
+    let holder = cp.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "kube-system",
+        "cilium-idmig-sync",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    holder.trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
+    let Some(cp) = ControlPlane::start("real::sync_that_rbac_refuses") else {
+        return;
+    };
+    grant_the_lease_only(&cp);
     let etcd = Etcd::start().await;
     etcd.put(&format!("{P}/id/300"), A.as_bytes()).await;
     etcd.put(&format!("{P}/value/{A}/node-1"), b"300").await;
@@ -177,16 +196,7 @@ async fn sync_that_rbac_refuses_ends_with_exit_2_and_gives_its_lease_up() {
         assert!(r.stderr.contains(what), "{what}: {}", r.stderr);
     }
     // It took the Lease (that much it may) and gave it up before it ended.
-    let holder = cp.kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        "kube-system",
-        "cilium-idmig-sync",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
-    assert_eq!(holder.trim(), "", "the Lease is still held");
+    assert_eq!(lease_holder(&cp), "", "the Lease is still held");
     assert!(cp.identities().is_empty());
 }
 
@@ -227,13 +237,7 @@ async fn a_create_rbac_refuses_ends_sync_and_apply_with_exit_2_in_the_servers_wo
     let Some(cp) = ControlPlane::start("real::a_create_rbac_refuses") else {
         return;
     };
-    let role = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/assets/clusterrole.yaml"
-    ))
-    .unwrap();
-    cp.apply(role.split("\n---\n").nth(1).expect("the Lease Role"));
-    cp.apply(LEASE_ONLY);
+    grant_the_lease_only(&cp);
     for doc in NO_CREATE.split("\n---\n") {
         cp.apply(doc);
     }
@@ -272,16 +276,7 @@ async fn a_create_rbac_refuses_ends_sync_and_apply_with_exit_2_in_the_servers_wo
     ] {
         assert!(r.stderr.contains(what), "{what}: {}", r.stderr);
     }
-    let holder = cp.kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        "kube-system",
-        "cilium-idmig-sync",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
-    assert_eq!(holder.trim(), "", "the Lease is still held");
+    assert_eq!(lease_holder(&cp), "", "the Lease is still held");
     // apply with the same credentials: exit 2, the server's words, nothing written.
     let (r, _) = cli(
         dir.path(),

@@ -249,14 +249,10 @@ async fn cutover_verified(
         .await
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?
         .map_err(|e| failed(format!("the decision logs cannot be read: {e}")))?;
-    // Both sides as verify reads them: a quorum read, never the cache.
-    let (kv, k8s) = tokio::try_join!(
-        cfg.kv.read_masters(),
-        cfg.target
-            .list_identities(crate::io::k8s::ReadMode::Consistent, None)
-    )
-    .map_err(|e| failed(format!("verify could not run: {e}")))?;
-    let sides = (kv.masters.as_slice(), &k8s.identities);
+    let (masters, identities) = flows::read_for_verify(&cfg.kv, &cfg.target)
+        .await
+        .map_err(|e| failed(format!("verify could not run: {e}")))?;
+    let sides = (masters.as_slice(), &identities);
     cutover_verdict(logged, (reused, nowhere), sides, cfg.scope.range)
 }
 

@@ -812,3 +812,53 @@ async fn log_prints_whole_lines_and_refuses_what_does_not_read_as_a_log() {
         "nothing printed of a damaged log"
     );
 }
+
+/// Only a remap may choose another id: a plain create edited to 6000, an identity already
+/// migrated at its own id given a second create, and a kind changed by hand are each refused
+/// by name, and nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hand_edit_moves_no_identity_off_its_own_id() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/1001"), b"k8s:app=a;").await;
+    w.etcd.put(&format!("{P}/id/1002"), b"k8s:app=b;").await;
+    w.etcd.put(&format!("{P}/id/1003"), b"k8s:app=c;").await;
+    w.sb.seed_identity(
+        1002,
+        &cilium_idmig::core::labels::to_security_labels(
+            &cilium_idmig::core::labels::parse_label_key("k8s:app=b;").unwrap(),
+        ),
+    );
+    let p = w.path("p.json");
+    let r = w.cli(&["plan", "--output", &p]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let mut plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    for item in plan["items"].as_array_mut().unwrap() {
+        match item["id"].as_str().unwrap() {
+            "1001" => {
+                item["target_id"] = 6000.into();
+                item["decided"] = true.into();
+            }
+            "1002" => {
+                item["action"] = "create".into();
+                item["target_id"] = 6001.into();
+                item["decided"] = true.into();
+            }
+            "1003" => item["kind"] = "remap".into(),
+            _ => {}
+        }
+    }
+    std::fs::write(&p, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+    w.sb.reset_counts();
+    let r = w.cli(&["apply", "--plan", &p, "--yes"]).await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    for said in [
+        "item 1001: is created at its own id 1001 (that id is free in Kubernetes); only a remap",
+        "item 1002: is created at its own id 1002 (Kubernetes already holds these labels there)",
+        "item 1003: the plan says it is a remap, but it is a create now",
+    ] {
+        assert!(r.stderr.contains(said), "{said:?} not in:\n{}", r.stderr);
+    }
+    assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
+    assert_eq!(w.sb.objects().len(), 1, "only the seeded 1002");
+}

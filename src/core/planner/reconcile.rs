@@ -282,6 +282,12 @@ fn decide(
         expect: None,
         reason: None,
     };
+    if !kind_may_have_become(d.kind, l.kind) {
+        return Err(format!(
+            "the plan says it is a {}, but it is a {} now: a kind is what the tool found, not a choice. If the plan was edited, put the kind back; if the cluster changed since the plan, make a new plan",
+            d.kind, l.kind
+        ));
+    }
     if l.kind == Kind::Invalid {
         if d.action != Action::Skip {
             return Err(format!("is invalid and is never written ({})", l.reason));
@@ -313,6 +319,7 @@ fn decide(
         Action::Create => {
             let t = d.target_id.unwrap_or(own);
             op.target_id = Some(t);
+            may_move(own, t, &l.labels, k8s.get(&own))?;
             if check_create_target(own, t, &l.labels, range, is_kv_id, k8s.get(&t))? {
                 op.op = OpKind::AlreadyDone;
                 return Ok(op);
@@ -327,6 +334,39 @@ fn decide(
             Ok(op)
         }
     }
+}
+
+/// Whether an item the plan calls `planned` may be `live` now without a hand edit: what
+/// applying the plan itself changes (a create now in Kubernetes, a remap's labels now at
+/// their new id), or nothing.
+fn kind_may_have_become(planned: Kind, live: Kind) -> bool {
+    planned == live
+        || matches!(
+            (planned, live),
+            (Kind::Create | Kind::Duplicate, Kind::AlreadyMigrated) | (Kind::Remap, Kind::Reuse)
+        )
+}
+
+/// Checks that kvstore identity `own` may be created at another id `t` at all: only a remap
+/// may, when Kubernetes holds `own` for other labels. Anywhere else, kvstore-mode nodes keep
+/// tagging the traffic as `own` while CRD-mode nodes would see `t`, and where `own` already
+/// holds these labels a second object with them would be a duplicate nobody decided.
+pub fn may_move(
+    own: u32,
+    t: u32,
+    labels: &str,
+    k8s_at_own: Option<&LabelKey>,
+) -> Result<(), String> {
+    if t == own || k8s_at_own.is_some_and(|l| l.as_str() != labels) {
+        return Ok(());
+    }
+    let at_own = match k8s_at_own {
+        Some(_) => "Kubernetes already holds these labels there",
+        None => "that id is free in Kubernetes",
+    };
+    Err(format!(
+        "is created at its own id {own} ({at_own}); only a remap, whose id Kubernetes holds for other labels, may take another id such as {t}, since kvstore-mode nodes keep tagging this traffic as {own}. Set its target_id back to {own}, or skip it"
+    ))
 }
 
 /// Checks that kvstore identity `own` may be created at `t`: in range, not another kvstore
@@ -347,7 +387,7 @@ pub fn check_create_target(
     }
     if t != own && is_kv_id(t) {
         return Err(format!(
-            "target id {t} belongs to another kvstore identity that kvstore-mode nodes still use"
+            "target id {t} belongs to another kvstore identity (the kvstore's id/{t}): an agent in kvstore mode may be given it at any time"
         ));
     }
     match k8s_at_t {
@@ -374,6 +414,7 @@ pub fn validate_new_target(
         .ok_or("an invalid item cannot be created")?;
     parse_label_key(&item.labels).map_err(|e| format!("labels do not parse: {e}"))?;
     let labels = item.labels.as_str();
+    may_move(own, t, labels, k8s.get(&own))?;
     let kv_ids: HashSet<u32> = items.iter().filter_map(|i| i.numeric_id()).collect();
     check_create_target(own, t, labels, range, &|n| kv_ids.contains(&n), k8s.get(&t))?;
     if let Some((_, other)) = items

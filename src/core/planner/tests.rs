@@ -259,16 +259,47 @@ fn reconcile_refuses_bad_edits_naming_the_item() {
     let live = plan(&m, &HashMap::new(), &k8s, range0());
     type Edit = Box<dyn Fn(&mut PlanItem)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
-        ("301", Box::new(|i| i.target_id = Some(70000)), "outside"),
+        ("302", Box::new(|i| i.target_id = Some(70000)), "outside"),
         (
-            "301",
-            Box::new(|i| i.target_id = Some(300)),
+            "302",
+            Box::new(|i| i.target_id = Some(301)),
             "another kvstore identity",
         ),
         (
-            "301",
+            "302",
             Box::new(|i| i.target_id = Some(900)),
             "taken in Kubernetes",
+        ),
+        // A plain create moved off its own free id, a duplicate moved, an identity
+        // Kubernetes already holds at its own id created a second time elsewhere.
+        (
+            "301",
+            Box::new(|i| i.target_id = Some(6000)),
+            "only a remap",
+        ),
+        (
+            "303",
+            Box::new(|i| i.target_id = Some(6000)),
+            "only a remap",
+        ),
+        (
+            "300",
+            Box::new(|i| {
+                i.action = Action::Create;
+                i.target_id = Some(6000)
+            }),
+            "Kubernetes already holds these labels there",
+        ),
+        // A kind is found, not chosen.
+        (
+            "301",
+            Box::new(|i| i.kind = Kind::Remap),
+            "put the kind back",
+        ),
+        (
+            "303",
+            Box::new(|i| i.kind = Kind::Create),
+            "put the kind back",
         ),
         (
             "301",
@@ -306,13 +337,16 @@ fn reconcile_refuses_bad_edits_naming_the_item() {
             "{id}: expected {expect:?} in {errs:?}"
         );
     }
-    // Two creates on one id.
+    // Two creates on one id (two remaps: 301's id taken too).
+    let mut k8s = k8s;
+    k8s.insert(301, sl("k8s:app=another;"));
+    let live = plan(&m, &HashMap::new(), &k8s, range0());
     let mut saved = live.clone();
     for s in &mut saved {
         s.decided = true;
     }
+    saved.iter_mut().find(|i| i.id == "301").unwrap().target_id = Some(5000);
     saved.iter_mut().find(|i| i.id == "302").unwrap().target_id = Some(5000);
-    saved.iter_mut().find(|i| i.id == "303").unwrap().target_id = Some(5000);
     let errs = reconcile(&saved, &live, &k8s, range0(), false).unwrap_err();
     assert!(
         errs.iter()
@@ -450,7 +484,8 @@ fn a_refused_item_names_itself_and_why() {
 
 #[test]
 fn a_new_target_another_create_claims_is_refused_and_ones_own_is_not() {
-    let (m, k8s) = sample();
+    let (m, mut k8s) = sample();
+    k8s.insert(301, sl("k8s:app=another;")); // 301 a remap too
     let mut items = plan(&m, &HashMap::new(), &k8s, range0());
     let at = |items: &[PlanItem], id: &str| items.iter().position(|i| i.id == id).unwrap();
     let (i301, i302) = (at(&items, "301"), at(&items, "302"));
@@ -460,6 +495,11 @@ fn a_new_target_another_create_claims_is_refused_and_ones_own_is_not() {
     assert!(err.contains("already the target of identity 302"), "{err}");
     // Its own target is not another's.
     assert!(validate_new_target(&items, i302, 5000, &k8s, range0()).is_ok());
+    // No id but a remap's moves: 303 (a duplicate, its own id free) stays at 303.
+    let i303 = at(&items, "303");
+    let err = validate_new_target(&items, i303, 6000, &k8s, range0()).unwrap_err();
+    assert!(err.contains("only a remap"), "{err}");
+    assert!(validate_new_target(&items, i303, 303, &k8s, range0()).is_ok());
 }
 
 #[test]

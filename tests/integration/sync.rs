@@ -276,6 +276,9 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
             "1s",
         ],
     );
+    // The splits still there are named again, with the node to roll (runbook step 6).
+    let split = s.wait_for_line("split allocation at id 305", 20).await;
+    assert!(split.contains("roll 10.0.0.9 to CRD mode next"), "{split}");
     wait_for(20, "remaps written", || {
         let o = w.sb.objects();
         (o.len() >= 5).then_some(())

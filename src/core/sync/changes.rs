@@ -235,11 +235,16 @@ impl SyncState {
             .collect();
         self.status.splits = self.splits.len();
         self.splits_to_report = old.splits_to_report;
+        self.find_splits(now);
+        self.cache = None;
+    }
+
+    /// Every split of a fresh read: each id both sides hold looked at once.
+    pub(in crate::core::sync) fn find_splits(&mut self, now: Instant) {
         let both: Vec<u32> = self.k8s.keys().copied().collect();
         for id in both {
             self.check_split(id, now);
         }
-        self.cache = None;
     }
 
     /// Whether `id` is split now: Kubernetes holds it for other labels than the kvstore.

@@ -313,8 +313,11 @@ impl Shell {
         gate: bool,
         io: &mut impl Io,
     ) -> Option<RoundEnd> {
-        if let Some(old) = self.carried.take() {
-            state.carry_over(old, now);
+        match self.carried.take() {
+            Some(old) => state.carry_over(old, now),
+            // A split already there when sync starts (a restart, or one made before any
+            // sync ran) is one now, and reported with its nodes as any other.
+            None => state.find_splits(now),
         }
         // The first plan already knows the master keys that are sync's own (at a start,
         // what the logs record, before the writer has taken them over).

@@ -953,3 +953,21 @@ fn a_restart_counts_what_the_logs_record_as_its_own_until_the_writer_answers_the
     assert!(io.writes.is_empty(), "made again: {:?}", io.writes);
     assert_eq!(shell.machine().state().own_masters, BTreeSet::from([4003]));
 }
+
+#[test]
+fn a_split_there_when_sync_starts_is_counted_and_reported_with_its_nodes() {
+    // A restarted sync (its log resumed) reads a split an earlier sync saw: it is one now,
+    // and reported, as runbook step 6 needs the nodes to roll next.
+    let t0 = Instant::now();
+    let (mut shell, mut io) = shell(settings(false, false), false);
+    following(
+        &mut shell,
+        read(&[("300", A)], &[(300, B)], t0),
+        t0,
+        &mut io,
+    );
+    assert_eq!(shell.machine.state().status().splits, 1);
+    assert_eq!(shell.machine.state().status().splits_found, 1);
+    settle(&mut shell, t0 + Duration::from_secs(120), &mut io);
+    assert_eq!(io.splits, vec![300]);
+}

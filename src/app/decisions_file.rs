@@ -56,11 +56,24 @@ fn bytes_of(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-/// The line sync's log records for a change: the decision as the file words it (with this
-/// run's time and operator), or an undo back to undecided.
-pub fn line_of(change: &DecisionChange, before: Option<&Record>, now: Option<&Record>) -> Record {
+/// The line sync's log records for a change: the decision as `from` (the decisions file, a
+/// log it resumed) words it, saying who decided it there and when (the line itself takes
+/// this run's time and operator), or an undo back to undecided.
+pub fn line_of(
+    change: &DecisionChange,
+    before: Option<&Record>,
+    now: Option<&Record>,
+    from: &str,
+) -> Record {
     match (change, now, before) {
-        (DecisionChange::Decided(_), Some(r), _) => r.decision_only(),
+        (DecisionChange::Decided(_), Some(r), _) => {
+            let mut line = r.decision_only();
+            line.decision = format!(
+                "{} (carried from {from}: decided by {} at {})",
+                r.decision, r.operator, r.ts
+            );
+            line
+        }
         (DecisionChange::Decided(d), None, _) => Record::decision(
             &d.id,
             &d.labels,
@@ -78,13 +91,17 @@ pub fn line_of(change: &DecisionChange, before: Option<&Record>, now: Option<&Re
     }
 }
 
-/// Logs each change from `before` to `after` in `log`, in id order: the changes logged, in
-/// order, and a trouble line naming those that could not be (carried nowhere, left in
-/// `before`'s state so the file's next change offers them again).
+/// The decisions file, as a carried line names where its decision came from.
+pub const FROM_FILE: &str = "the decisions file";
+
+/// Logs each change from `before` to `after` (what `from` holds) in `log`, in id order: the
+/// changes logged, in order, and a trouble line naming those that could not be (carried
+/// nowhere, left in `before`'s state so the file's next change offers them again).
 pub fn log_changes(
     log: &DecisionLog,
     before: &mut InForce,
     after: &InForce,
+    from: &str,
 ) -> (Vec<DecisionChange>, Option<String>) {
     let plain = |m: &InForce| -> BTreeMap<String, LoggedDecision> {
         m.iter()
@@ -108,6 +125,7 @@ pub fn log_changes(
             &change,
             before.get(&id).map(|(_, r)| r),
             after.get(&id).map(|(_, r)| r),
+            from,
         );
         match log.append(line) {
             Ok(()) => {
@@ -125,7 +143,7 @@ pub fn log_changes(
     }
     let trouble = error.map(|e| {
         format!(
-            "{} from the decisions file could not be logged ({e}): not carried to sync; make {} again once the log can be written",
+            "{} from {from} could not be logged ({e}): not carried to sync; make {} again once the log can be written",
             crate::core::words::count(failed.len(), "decision"),
             if failed.len() == 1 { "it" } else { "them" },
         ) + &format!(" ({})", failed.join(", "))
@@ -176,7 +194,7 @@ pub fn follow<E: From<Said> + Send + 'static>(
                 }
             };
             let after = in_force(&[&contents]);
-            let (logged, not_logged) = log_changes(&log, &mut decisions, &after);
+            let (logged, not_logged) = log_changes(&log, &mut decisions, &after, FROM_FILE);
             let decided_n = logged
                 .iter()
                 .filter(|c| matches!(c, DecisionChange::Decided(_)))

@@ -4,6 +4,8 @@
 //! session line opening each run, what the server said; a last line without its newline is
 //! torn (a write cut short), any other line that does not parse is damaged.
 
+pub mod carry;
+
 use std::collections::BTreeSet;
 use std::io::BufRead;
 

@@ -957,3 +957,79 @@ async fn a_front_end_that_reads_nothing_never_holds_sync_up() {
     assert_eq!(end.unwritten, 0);
     drop(unread);
 }
+
+/// The runbook as printed: apply with its own log, sync resuming it to cutover with
+/// `--decision-log rollout.jsonl`, then README step 9's `verify --decision-log rollout.jsonl`
+/// passes: sync's log carries the decisions it resumed, each saying who decided it and when.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_runbooks_verify_with_syncs_log_alone_passes_after_cutover() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd.put(&format!("{P}/id/301"), b"k8s:app=b;").await;
+    // 301 is taken in Kubernetes by other labels: a remap, decided by apply.
+    w.sb.seed_identity(301, &labels("k8s:app=squatter;"));
+    let apply_log = w.path("apply.jsonl");
+    let r = w.apply_accepting(&apply_log).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let mut s = Sync::start_with_log(
+        &w,
+        "rollout.jsonl",
+        &[
+            "--resume",
+            &apply_log,
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+        ],
+    );
+    let (code, text) = s.exits_within(60).await;
+    assert_eq!(code, 0, "sync reaches cutover:\n{text}");
+    let rollout = w.path("rollout.jsonl");
+    let r = w.cli(&["verify", "--decision-log", &rollout]).await;
+    assert_eq!(
+        r.code,
+        0,
+        "{}{}\n{}\n{}",
+        r.stdout,
+        r.stderr,
+        std::fs::read_to_string(&apply_log).unwrap(),
+        std::fs::read_to_string(&rollout).unwrap()
+    );
+    // The carried line says whose decision it is.
+    let carried = crate::e2e::log_records(std::path::Path::new(&rollout))
+        .into_iter()
+        .find(|l| l["id"] == "301" && l["decided_by"] == "accept-proposals")
+        .expect("the remap's decision in sync's log");
+    assert!(
+        carried["decision"]
+            .as_str()
+            .unwrap()
+            .contains("carried from a log it resumed"),
+        "{carried}"
+    );
+    // A second restart carries nothing again.
+    let before = std::fs::read_to_string(&rollout).unwrap().lines().count();
+    let mut s = Sync::start_with_log(
+        &w,
+        "rollout.jsonl",
+        &[
+            "--resume",
+            &apply_log,
+            "--until-cutover",
+            "--cutover-grace",
+            "1s",
+        ],
+    );
+    let (code, text) = s.exits_within(60).await;
+    assert_eq!(code, 0, "{text}");
+    let again: Vec<serde_json::Value> = crate::e2e::log_records(std::path::Path::new(&rollout))
+        .into_iter()
+        .skip(before)
+        .filter(|l| {
+            l["decision"]
+                .as_str()
+                .is_some_and(|d| d.contains("carried"))
+        })
+        .collect();
+    assert!(again.is_empty(), "{again:?}");
+}

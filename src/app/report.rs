@@ -175,9 +175,20 @@ pub fn verify_summary(r: &VerifyReport) -> String {
             "skipped", s.id, s.labels
         );
     }
+    for s in &r.removed_before_switch {
+        let _ = writeln!(
+            out,
+            "{:<11} id {} by switch-prepare (no endpoint used it): {}",
+            "removed", s.id, s.labels
+        );
+    }
+    let removed = match r.removed_before_switch.len() {
+        0 => String::new(),
+        n => format!(", {n} removed by switch-prepare"),
+    };
     let _ = writeln!(
         out,
-        "verified {} identities: {} ok ({} via a recorded mapping), {} skipped by decision, {}; {} invalid kvstore entries not checked",
+        "verified {} identities: {} ok ({} via a recorded mapping), {} skipped by decision{removed}, {}; {} invalid kvstore entries not checked",
         r.checked,
         r.ok,
         r.mapped,

@@ -47,6 +47,9 @@ pub struct Expectations {
     /// `--accept-proposals`), with their labels: a second object for those labels on
     /// purpose, which the audit shows as decided rather than as a finding.
     pub duplicates_decided: BTreeMap<String, String>,
+    /// Ids whose object `switch-prepare` removed (this tool's, used by no endpoint) and
+    /// nothing served again since.
+    pub removed_before_switch: BTreeSet<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -75,6 +78,9 @@ pub struct VerifyReport {
     pub invalid_ignored: usize,
     /// Skipped by a recorded decision: checked, and where the record says (nowhere).
     pub skipped: Vec<SkippedByDecision>,
+    /// Whose object `switch-prepare` removed as unused before the switch to
+    /// operator-managed identities: on purpose, so not a problem; listed.
+    pub removed_before_switch: Vec<SkippedByDecision>,
     pub problems: Vec<Problem>,
 }
 
@@ -122,6 +128,12 @@ pub fn verify(
             continue;
         };
         match k8s.get(&target) {
+            None if expect.removed_before_switch.contains(&target) => {
+                report.removed_before_switch.push(SkippedByDecision {
+                    id,
+                    labels: labels.to_string(),
+                });
+            }
             Some(found) if found.as_str() == labels => {
                 report.ok += 1;
                 if target != id {
@@ -236,5 +248,40 @@ mod tests {
         let r = verify(&masters, &k8s, &expect, IdRange::for_cluster(0).unwrap());
         assert_eq!(r.problems[0].problem, ProblemKind::RolledBack);
         assert_eq!(r.problems[1].problem, ProblemKind::Different);
+    }
+
+    #[test]
+    fn what_switch_prepare_removed_is_said_as_removed_and_is_no_problem_until_served_again() {
+        use crate::core::outcome::Outcome;
+        use crate::core::planner::Kind;
+        use crate::core::verify::expect::Logged;
+        let masters = vec![
+            MasterEntry::new("300", "k8s:a=1;"),
+            MasterEntry::new("301", "k8s:a=2;"),
+        ];
+        let k8s = BTreeMap::new();
+        let line = |outcome| Logged {
+            id: "300",
+            labels: "k8s:a=1;",
+            kind: Kind::Create,
+            outcome: Some(outcome),
+            target: Some(300),
+            step: None,
+            by_switch_prepare: true,
+        };
+        let mut expect = Expectations::default();
+        expect.fold(line(Outcome::Deleted));
+        let range = IdRange::for_cluster(0).unwrap();
+        let r = verify(&masters, &k8s, &expect, range);
+        assert_eq!(r.removed_before_switch.len(), 1);
+        assert_eq!(r.removed_before_switch[0].id, 300);
+        // 301 was not removed: missing, a problem.
+        let ids: Vec<u32> = r.problems.iter().map(|p| p.id).collect();
+        assert_eq!(ids, [301]);
+        // Made again by switch-prepare: expected at its id again.
+        expect.fold(line(Outcome::Created));
+        let r = verify(&masters, &k8s, &expect, range);
+        assert!(r.removed_before_switch.is_empty());
+        assert_eq!(r.problems.len(), 2);
     }
 }

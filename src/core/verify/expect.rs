@@ -28,13 +28,29 @@ impl Expectations {
     /// Folds one line in, in the log's order.
     pub fn fold(&mut self, l: Logged<'_>) {
         // What switch-prepare made serves pods, not a kvstore identity: nothing to expect.
+        // What it removed (this tool's identity, used by no endpoint) is no longer expected
+        // at that id, and is said as removed rather than missing.
         if l.by_switch_prepare {
+            if let Some(t) = l.target {
+                match l.outcome {
+                    Some(Outcome::Deleted | Outcome::AlreadyGone) => {
+                        self.removed_before_switch.insert(t);
+                    }
+                    Some(o) if o.is_serving() => {
+                        self.removed_before_switch.remove(&t);
+                    }
+                    _ => {}
+                }
+            }
             return;
         }
         let id = l.id.to_string();
         match l.outcome {
             None => self.decided(id, l.labels, l.step),
             Some(o) if o.is_serving() => {
+                if let Some(t) = l.target {
+                    self.removed_before_switch.remove(&t);
+                }
                 self.mappings.insert(id.clone(), l.target);
                 self.mapped_labels.insert(id.clone(), l.labels.to_string());
                 self.rolled_back.remove(&id);
@@ -79,6 +95,9 @@ impl Expectations {
     /// then the run's own): its word on an identity wins, and serving an id again takes back
     /// an earlier rollback.
     pub fn then(&mut self, later: Expectations) {
+        for t in later.mappings.values().flatten() {
+            self.removed_before_switch.remove(t);
+        }
         for id in later.mappings.keys() {
             if !later.rolled_back.contains(id) {
                 self.rolled_back.remove(id);
@@ -88,5 +107,7 @@ impl Expectations {
         self.mapped_labels.extend(later.mapped_labels);
         self.rolled_back.extend(later.rolled_back);
         self.duplicates_decided.extend(later.duplicates_decided);
+        self.removed_before_switch
+            .extend(later.removed_before_switch);
     }
 }

@@ -694,3 +694,46 @@ async fn the_switch_role_is_all_a_user_bound_by_rbac_needs() {
     let r = run_as_user(vec!["switch-report".into()]).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_after_switch_prepare_says_what_it_removed_as_removed_not_missing() {
+    let test = "real::switch::verify_after_switch_prepare_says_what_it_removed";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let d = sc.dir.path();
+    let log = d.join("prepare.jsonl").display().to_string();
+    let r = sc
+        .run(&[
+            "switch-prepare",
+            "--remove-unused-after",
+            "0s",
+            "--decision-log",
+            &log,
+            "--yes",
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let migrate = d.join("migrate.jsonl").display().to_string();
+    let r = sc.run(&["verify", "--decision-log", &migrate, &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // The identities no endpoint used (old-0 .. old-39, db's) were removed, each said so.
+    let removed = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("removed "))
+        .count();
+    assert!(removed > 40, "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains(&format!("{removed} removed by switch-prepare, 0 problems")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("removed     id 2000 by switch-prepare"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("missing"), "{}", r.stdout);
+}

@@ -203,6 +203,12 @@ fn open_to_read(path: &Path) -> Result<File> {
     })
 }
 
+/// Checks that a log given to read can be opened, before a run starts on it (the TUI, whose
+/// screen would otherwise be the first to hear of a mistyped path).
+pub fn check_readable(path: &Path) -> Result<()> {
+    open_to_read(path).map(drop)
+}
+
 /// A log's bytes, as `read` opens it (a log that does not exist named as such).
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();

@@ -579,6 +579,18 @@ async fn the_mistakes_people_make_get_a_clear_answer() {
         "{}",
         r.stderr
     );
+    // A log to resume in the TUI that is not there: refused as the headless commands do,
+    // before the terminal is taken.
+    for flag in ["--resume", "--rollback"] {
+        let r = w.cli(&["tui", flag, "/tmp/nope/review.jsonl"]).await;
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("/tmp/nope/review.jsonl: no such decision log; check the path"),
+            "{}",
+            r.stderr
+        );
+    }
     // A plan onto an existing file is refused before anything is read or printed.
     let out = w.path("plan.json");
     std::fs::write(&out, "mine").unwrap();

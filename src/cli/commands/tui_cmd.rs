@@ -13,6 +13,11 @@ pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
         reserve_in_kvstore,
         ..
     } = args;
+    // A log to resume or roll back that cannot be read is refused before the terminal is
+    // taken, as the headless commands refuse it (exit 2).
+    for path in resume.iter().chain(&rollback) {
+        cilium_idmig::io::decision_log::check_readable(path)?;
+    }
     let world = World::of(&conn).await?;
     let finish = Finish::Apply {
         bin_name: bin_name.to_string(),

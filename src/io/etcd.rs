@@ -36,6 +36,22 @@ impl Default for EtcdOptions {
     }
 }
 
+impl EtcdOptions {
+    /// The endpoints a connection reaches: `--etcd-endpoints`, or else the config file's
+    /// (what the decision log's session line and the Preflight screen name). Empty when
+    /// neither says (a file that cannot be read is said by the connection itself).
+    pub fn endpoints_used(&self) -> Vec<String> {
+        if !self.endpoints.is_empty() {
+            return self.endpoints.clone();
+        }
+        self.config_file
+            .as_deref()
+            .and_then(|p| EtcdConfigFile::load(p).ok())
+            .map(|f| f.endpoints)
+            .unwrap_or_default()
+    }
+}
+
 /// Cilium's etcd config file (the one passed as `--kvstore-opt etcd.config=`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -23,7 +23,7 @@ impl KvSource {
     /// The endpoints this source reads, as a plan and a decision log record them.
     pub fn endpoints(&self) -> Vec<String> {
         match self {
-            KvSource::Etcd(o) => o.endpoints.clone(),
+            KvSource::Etcd(o) => o.endpoints_used(),
             KvSource::Memory(s) => s.source.endpoints.clone(),
             KvSource::Live(kv) => vec![kv.name().into()],
         }

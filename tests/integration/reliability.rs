@@ -284,6 +284,13 @@ async fn read_only_etcd_user_over_tls_suffices_and_secrets_stay_out_of_files() {
     let r = run(d, &apply).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(sb.objects().len(), 2);
+    // The session line names the kvstore the config file pointed at.
+    let session = &crate::e2e::log_records(&d.join("d.jsonl"))[0]["session"];
+    assert_eq!(
+        session["kvstore_endpoints"],
+        serde_json::json!([etcd.endpoint]),
+        "{session}"
+    );
     // Read-only credentials cannot reserve: sync says what to grant and writes nothing.
     let mut reserve = vec!["sync", "--reserve-in-kvstore", "--decision-log", "s.jsonl"];
     reserve.extend(common);

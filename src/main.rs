@@ -129,8 +129,12 @@ fn init_logging(
             // clear line, not as the client library's log.
             let filter =
                 tracing_subscriber::EnvFilter::try_new("cilium_idmig=warn").unwrap_or(filter);
+            // Colour only on a terminal, and not when NO_COLOR asks for none.
+            let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
             tracing_subscriber::fmt()
                 .with_env_filter(filter)
+                .with_ansi(colour)
                 .with_writer(std::io::stderr)
                 .init();
             Ok(None)

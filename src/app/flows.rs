@@ -362,12 +362,25 @@ pub async fn read_for_verify(
 
 /// What one or more decision logs expect (later files win).
 pub fn expectations_from_logs(paths: &[PathBuf]) -> Result<Expectations> {
-    let mut e = Expectations::default();
-    for p in paths {
-        // Folded as it is read: the log's records are never all held at once.
-        e.then(crate::io::decision_log::read_expectations(p)?);
+    let (e, notes) = expectations_and_notes(paths)?;
+    for note in notes {
+        tracing::info!("{note}");
     }
     Ok(e)
+}
+
+/// `expectations_from_logs`, with what a person should hear of the reading: each log whose
+/// torn last line was left out.
+pub fn expectations_and_notes(paths: &[PathBuf]) -> Result<(Expectations, Vec<String>)> {
+    let mut e = Expectations::default();
+    let mut notes = Vec::new();
+    for p in paths {
+        // Folded as it is read: the log's records are never all held at once.
+        let (read, torn) = crate::io::decision_log::read_expectations(p)?;
+        e.then(read);
+        notes.extend(torn);
+    }
+    Ok((e, notes))
 }
 
 /// Reads a decision log, warning about a torn last line.

@@ -209,7 +209,10 @@ async fn verify(
     output: super::args::Output,
 ) -> anyhow::Result<Exit> {
     let range = conn.scope()?.range;
-    let mappings = flows::expectations_from_logs(&decision_log)?;
+    let (mappings, notes) = flows::expectations_and_notes(&decision_log)?;
+    for note in notes {
+        eprintln!("{note}");
+    }
     let target = conn.target().await?;
     let kv = KvSource::Etcd(conn.etcd());
     let report = printer::reading(

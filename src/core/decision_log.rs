@@ -498,6 +498,14 @@ pub fn torn_note(log: &str, torn: &[u8]) -> String {
     )
 }
 
+/// What a command that only reads a log says of a torn last line it left out (it may be a
+/// write still going on: reading never repairs).
+pub fn torn_left_out(log: &str) -> String {
+    format!(
+        "note: {log} ends in a torn line (a write cut short, or one still being written); it was left out, every whole line was read"
+    )
+}
+
 /// An operator's decision on a screen, or its undo (`name` "undo" on an item no longer
 /// decided), as the log records it.
 pub fn decision_record(name: &str, item: &crate::core::planner::PlanItem) -> Record {

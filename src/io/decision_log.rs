@@ -244,16 +244,16 @@ fn refuse_damaged(path: &Path, c: &LogContents) -> Result<()> {
 /// What `verify` expects from the log at `path`, folded line by line as `read` reads it
 /// (damaged lines refused alike) without keeping its records: a log of a 65,280-identity
 /// migration holds 130,000 of them, and verify needs only these maps.
-pub fn read_expectations(path: &Path) -> Result<Expectations> {
+pub fn read_expectations(path: &Path) -> Result<(Expectations, Option<String>)> {
     let f = open_to_read(path)?;
     let mut e = Expectations::default();
     let c = fold_from(BufReader::new(f), |rec| expect(&mut e, &rec))
         .map_err(|err| Error::file_cause(path, err))?;
     refuse_damaged(path, &c)?;
-    if c.torn_tail {
-        tracing::warn!(path = %path.display(), "decision log ends in a torn line (a write cut short); it was ignored");
-    }
-    Ok(e)
+    let torn = c
+        .torn_tail
+        .then(|| crate::core::decision_log::torn_left_out(&path.display().to_string()));
+    Ok((e, torn))
 }
 
 /// The current time, RFC 3339 in UTC.

@@ -874,3 +874,42 @@ async fn a_hand_edit_moves_no_identity_off_its_own_id() {
     assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
     assert_eq!(w.sb.objects().len(), 1, "only the seeded 1002");
 }
+
+/// A server with no streaming lists (1.19) is read in pages without a warning: an expected
+/// fallback is no warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expected_fallback_warns_of_nothing_and_a_pipe_gets_no_colour() {
+    let w = World::new(SandboxConfig::answering_as(
+        cilium_idmig::sandbox::Release::V1_19,
+    ))
+    .await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    let r = w.cli(&["plan"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stderr.contains("WARN"), "{}", r.stderr);
+    assert!(!r.stderr.contains("streaming list"), "{}", r.stderr);
+}
+
+/// A torn last line (a write cut short) is left out by `log` and `verify`, and each says so
+/// on stderr in a line of its own, without colour codes in a pipe; stdout keeps only whole
+/// lines.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_torn_last_line_is_said_by_log_and_verify() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    let log = w.path("a.jsonl");
+    let r = w.apply_accepting(&log).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.extend_from_slice(br#"{"ts":"2026-12-06T07:28:09.786Z","operator":"ro"#);
+    std::fs::write(&log, &bytes).unwrap();
+    let said = "a.jsonl ends in a torn line (a write cut short, or one still being written); it was left out";
+    let r = crate::harness::run(w.dir.path(), &["log", &log]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains(said), "{}", r.stderr);
+    assert!(r.stdout.ends_with('\n') && !r.stdout.contains("07:28:09.786Z"));
+    let r = w.cli(&["verify", "--decision-log", &log]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains(said), "{}", r.stderr);
+    assert!(!r.stderr.contains('\u{1b}'), "{:?}", r.stderr);
+}

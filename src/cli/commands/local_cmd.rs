@@ -17,6 +17,12 @@ pub(super) async fn log(
     for f in &files {
         let bytes = decision_log::read_bytes(f)?;
         let contents = decision_log::parse(f, &bytes)?;
+        if contents.torn_tail {
+            eprintln!(
+                "{}",
+                cilium_idmig::core::decision_log::torn_left_out(&f.display().to_string())
+            );
+        }
         logs.push((bytes, contents));
     }
     if hold {

@@ -169,7 +169,9 @@ impl K8sTarget {
             Ok(body) => body,
             // Throttled or unreachable: the server said nothing about streaming lists.
             Err(e @ RequestError::Status { code: 429, .. }) => return Err(ListError::Request(e)),
-            Err(e @ RequestError::Status { .. }) => return Err(self.stop_streaming(&e)),
+            // Refused at the start: a server without the feature (1.19 to 1.31 as set up by
+            // default; 1.36 over etcd 3.4), as expected as it is common. Said at info.
+            Err(e @ RequestError::Status { .. }) => return Err(self.stop_streaming(&e, true)),
             Err(e) => return Err(ListError::Request(e)),
         };
         match self.read_stream(body, listed).await {
@@ -177,7 +179,8 @@ impl K8sTarget {
                 self.watch_list.store(WATCH_LIST_YES, Ordering::Relaxed);
                 Ok(snap)
             }
-            Err(e) => Err(self.stop_streaming(&e)),
+            // Accepted, then cut short: not what a server that serves it does. A warning.
+            Err(e) => Err(self.stop_streaming(&e, false)),
         }
     }
 
@@ -186,12 +189,19 @@ impl K8sTarget {
     /// for the rest of the process, as client-go's reflector falls back, said once. On 1.36
     /// over etcd 3.4 the server refuses the stream with a 500 (`RequestWatchProgress` is
     /// missing) every time: trying it again would only fail again.
-    fn stop_streaming(&self, e: &RequestError) -> ListError {
+    fn stop_streaming(&self, e: &RequestError, refused: bool) -> ListError {
         if self.watch_list.swap(WATCH_LIST_NO, Ordering::Relaxed) != WATCH_LIST_NO {
-            tracing::warn!(
-                "{}: the streaming list (sendInitialEvents) failed before its last bookmark ({e}); reading lists in pages from now on",
-                self.server
-            );
+            if refused {
+                tracing::info!(
+                    "{}: no streaming list (sendInitialEvents) here ({e}); reading lists in pages",
+                    self.server
+                );
+            } else {
+                tracing::warn!(
+                    "{}: the streaming list (sendInitialEvents) failed before its last bookmark ({e}); reading lists in pages from now on",
+                    self.server
+                );
+            }
         }
         ListError::Unsupported
     }

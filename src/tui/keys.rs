@@ -455,6 +455,14 @@ pub const BINDINGS: &[Binding] = &[
         help: "page up",
     },
     Binding {
+        scope: ROLLBACK,
+        keys: &[(Char('R'), S), (Char('R'), N)],
+        label: "R",
+        short: "read again",
+        action: KeyAction::Rescan,
+        help: "read the logs' objects again and plan the rollback anew",
+    },
+    Binding {
         scope: COMMIT,
         keys: &[(Char('y'), N)],
         label: "y",
@@ -687,6 +695,17 @@ fn scope_matches(scope: Scope, screen: Screen) -> bool {
     }
 }
 
+/// Whether a global binding works on `screen`: a rollback is a screen of its own, with no
+/// other screen to go to and no plan to export, so those keys do nothing there (and its help
+/// does not list them).
+fn global_works_on(b: &Binding, screen: Screen) -> bool {
+    let elsewhere = matches!(
+        b.action,
+        KeyAction::Go(_) | KeyAction::NextScreen | KeyAction::Export
+    );
+    !(screen == Screen::Rollback && elsewhere)
+}
+
 /// The action bound to a key on a screen; screen bindings win over global ones.
 pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<KeyAction> {
     let hit = |b: &&Binding| {
@@ -702,7 +721,7 @@ pub fn action_for(screen: Screen, key: &KeyEvent) -> Option<KeyAction> {
         .or_else(|| {
             BINDINGS
                 .iter()
-                .filter(|b| b.scope == Scope::Global)
+                .filter(|b| b.scope == Scope::Global && global_works_on(b, screen))
                 .find(hit)
         })
         .map(|b| b.action)
@@ -718,9 +737,9 @@ pub fn bindings_for(screen: Screen) -> impl Iterator<Item = &'static Binding> {
     };
     let shadowed = move |g: &Binding| g.keys.iter().all(|k| own().any(|b| b.keys.contains(k)));
     own().chain(
-        BINDINGS
-            .iter()
-            .filter(move |b| b.scope == Scope::Global && !shadowed(b)),
+        BINDINGS.iter().filter(move |b| {
+            b.scope == Scope::Global && !shadowed(b) && global_works_on(b, screen)
+        }),
     )
 }
 
@@ -769,6 +788,25 @@ mod tests {
                 .iter()
                 .all(|b| !b.help.is_empty() && !b.short.is_empty() && !b.keys.is_empty())
         );
+    }
+
+    #[test]
+    fn a_rollback_lists_and_takes_no_key_of_the_other_screens() {
+        let labels: Vec<&str> = bindings_for(Screen::Rollback).map(|b| b.label).collect();
+        for gone in ["1", "7", "Tab", "x"] {
+            assert!(!labels.contains(&gone), "{gone} in {labels:?}");
+        }
+        let k = |c| KeyEvent::new(c, KeyModifiers::NONE);
+        assert_eq!(action_for(Screen::Rollback, &k(Char('x'))), None);
+        assert_eq!(action_for(Screen::Rollback, &k(Tab)), None);
+        assert_eq!(
+            action_for(Screen::Rollback, &k(Char('q'))),
+            Some(KeyAction::Quit)
+        );
+        let r = bindings_for(Screen::Rollback)
+            .find(|b| b.label == "R")
+            .unwrap();
+        assert!(r.help.contains("rollback"), "{}", r.help);
     }
 
     #[test]

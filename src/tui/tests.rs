@@ -761,6 +761,54 @@ pub(super) fn committed(generation: u64, report: ApplyReport) -> Msg {
     })
 }
 
+#[test]
+fn a_failed_export_opens_its_prompt_again_and_what_is_typed_next_goes_there() {
+    let mut m = scanned_model();
+    m.screen = Screen::Conflicts;
+    update(&mut m, key('x'));
+    for _ in 0.."cilium-idmig-export".len() {
+        update(&mut m, code(KeyCode::Backspace));
+    }
+    for c in "/nope/x".chars() {
+        update(&mut m, key(c));
+    }
+    let cmds = update(&mut m, code(KeyCode::Enter));
+    assert!(matches!(
+        cmds.as_slice(),
+        [Command::Send(Request::Export { path, .. })] if path.as_os_str() == "/nope/x"
+    ));
+    update(
+        &mut m,
+        Msg::Engine(Event::Failed {
+            generation: 0,
+            task: crate::app::service::Task::Export,
+            error: std::sync::Arc::new(crate::Error::Config("no such directory".into())),
+        }),
+    );
+    match &m.modal {
+        Some(Modal::Export { input, error }) => {
+            assert_eq!(input.text(), "/nope/x");
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("no such directory"))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let picture = render(&m);
+    assert!(picture.contains("no such directory"), "{picture}");
+    // The operator, thinking the prompt still open, types on: nothing is decided.
+    let mut logged_now = Vec::new();
+    for c in "e5000".chars() {
+        logged_now.extend(logged(&update(&mut m, key(c))));
+    }
+    assert!(logged_now.is_empty(), "{logged_now:?}");
+    assert!(
+        matches!(&m.modal, Some(Modal::Export { input, .. }) if input.text().ends_with("e5000"))
+    );
+}
+
 pub(super) fn key(c: char) -> Msg {
     Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
 }

@@ -133,8 +133,11 @@ pub enum Modal {
     ConfirmIncludeInUse {
         typed: TextField,
     },
+    /// The export's path being typed; `error`: why the last export of it failed (the
+    /// prompt comes back with the path kept, so what is typed next goes into it).
     Export {
         input: TextField,
+        error: Option<String>,
     },
     /// Everything about one identity (an index into the items), with the nodes that use it
     /// once read (`None`: being read; `Some(None)`: the source keeps no names).
@@ -272,6 +275,8 @@ pub struct Model {
     pub preflight_scroll: u16,
     /// The help's first key shown: a screen's keys can outgrow a small terminal.
     pub help_scroll: u16,
+    /// The path of the export under way, for its prompt again if it fails.
+    pub exporting: Option<String>,
 }
 
 impl Model {
@@ -303,6 +308,7 @@ impl Model {
             quit_after_commit: false,
             preflight_scroll: 0,
             help_scroll: 0,
+            exporting: None,
         }
     }
 

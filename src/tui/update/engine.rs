@@ -122,6 +122,7 @@ fn on_audited(model: &mut Model, generation: u64, run: Box<crate::app::audit::Au
 
 /// An export's files, named in a message.
 fn on_exported(model: &mut Model, paths: &[std::path::PathBuf]) {
+    model.exporting = None;
     let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     model.modal = Some(Modal::Message(format!("exported {}", list.join(" and "))));
 }
@@ -428,7 +429,17 @@ fn failed(
         Task::Audit => model.audit.running = false,
         Task::Switch if generation != model.switch.generation => return vec![],
         Task::Switch => model.switch.running = false,
-        Task::DecisionLog | Task::DriftWatch | Task::Export | Task::Resume => {}
+        // The prompt again, its path kept and why it failed said: what the operator types
+        // next goes into it, never to the screen behind as commands.
+        Task::Export => {
+            let path = model.exporting.take().unwrap_or_default();
+            model.modal = Some(Modal::Export {
+                input: crate::tui::model::TextField::new(path),
+                error: Some(format!("{task} failed: {error}")),
+            });
+            return vec![];
+        }
+        Task::DecisionLog | Task::DriftWatch | Task::Resume => {}
     }
     model.modal = Some(Modal::Message(format!("{task} failed: {error}")));
     vec![]

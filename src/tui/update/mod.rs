@@ -482,6 +482,7 @@ fn work_key(model: &mut Model, action: KeyAction) -> Vec<Command> {
         KeyAction::Export => {
             model.modal = Some(Modal::Export {
                 input: TextField::new("cilium-idmig-export"),
+                error: None,
             });
             vec![]
         }

@@ -78,17 +78,19 @@ pub(super) fn on_modal_key(model: &mut Model, modal: Modal, key: KeyEvent) -> Ve
             |typed| Modal::ConfirmIncludeInUse { typed },
             super::commit::include_in_use,
         ),
-        Modal::Export { mut input } => match key.code {
+        Modal::Export { mut input, .. } => match key.code {
             KeyCode::Esc => vec![],
             KeyCode::Enter if !input.text().trim().is_empty() => {
+                let path = input.text().trim().to_string();
+                model.exporting = Some(path.clone());
                 vec![Command::Send(ServiceRequest::Export {
-                    path: input.text().trim().into(),
+                    path: path.into(),
                     items: model.cluster.items.clone(),
                 })]
             }
             _ => {
                 input.on_key(&key, |_| true);
-                model.modal = Some(Modal::Export { input });
+                model.modal = Some(Modal::Export { input, error: None });
                 vec![]
             }
         },

@@ -344,16 +344,20 @@ pub fn draw(model: &Model, modal: &Modal, frame: &mut Frame, area: Rect) {
             ),
             7,
         ),
-        Modal::Export { input } => (
-            " Export ",
-            vec![
+        Modal::Export { input, error } => {
+            let mut lines = vec![
                 Line::raw(
                     "Writes <path>.jsonl (the decision log) and <path>.md (a summary); existing files are kept.",
                 ),
                 Line::raw(format!("path: {}", with_cursor(input))),
-            ],
-            4,
-        ),
+            ];
+            if let Some(e) = error {
+                lines.push(Line::styled(e.clone(), t.bad()));
+                lines.push(Line::raw("Enter tries again · Esc closes"));
+            }
+            let h = lines.len() as u16 + 2;
+            (" Export ", lines, h)
+        }
         Modal::ConfirmBulk { targets } => confirm_bulk(model, targets),
         Modal::Detail { index, nodes } => detail(model, *index, nodes.as_ref(), area),
         Modal::ResumeOffer {

@@ -556,7 +556,7 @@ async fn apply(
     }
     for id in &run.not_in_plan {
         outln!(
-            "note: kvstore identity {id} appeared after the plan was made; left alone (make a new plan)"
+            "note: kvstore identity {id} is not in the plan (it appeared after the plan was made, or its item was taken out of the plan): left alone, nothing written for it; make a new plan to carry it over"
         )?;
     }
     for id in &run.gone_from_kvstore {

@@ -873,6 +873,26 @@ async fn a_hand_edit_moves_no_identity_off_its_own_id() {
     }
     assert_eq!(w.sb.request_count("POST ciliumidentities"), 0);
     assert_eq!(w.sb.objects().len(), 1, "only the seeded 1002");
+    // An item taken out of the plan by hand is not said to have appeared since.
+    plan["items"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|i| i["id"] == "1003");
+    std::fs::write(&p, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+    let r = w.cli(&["apply", "--plan", &p, "--yes"]).await;
+    assert!(r.code != 0, "1003's kind is still changed: {}", r.stderr);
+    plan["items"][0]["kind"] = "create".into();
+    std::fs::write(&p, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+    let r = w.cli(&["apply", "--plan", &p, "--yes"]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains(
+            "note: kvstore identity 1001 is not in the plan (it appeared after the plan was made, or its item was taken out of the plan)"
+        ),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("appeared after the plan was made;"));
 }
 
 /// A server with no streaming lists (1.19) is read in pages without a warning: an expected

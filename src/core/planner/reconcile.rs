@@ -68,7 +68,8 @@ impl std::fmt::Display for ReconcileError {
 #[derive(Debug, Clone, Default)]
 pub struct Reconciled {
     pub ops: Vec<Op>,
-    /// Kvstore identities that appeared after the plan was made: left alone.
+    /// Kvstore identities the plan has no item for (they appeared after it was made, or their
+    /// item was taken out by hand): left alone.
     pub not_in_plan: Vec<String>,
     /// Plan items whose identity is no longer in the kvstore: left alone.
     pub gone_from_kvstore: Vec<String>,

@@ -181,6 +181,7 @@ async fn main() {
             command: "bench",
             resume: Vec::new(),
             sync_reserve_in_kvstore: false,
+            cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
         });
         let service::Handle {
             requests,

@@ -23,6 +23,8 @@ pub struct ServiceConfig {
     pub resume: Vec<PathBuf>,
     /// A sync started from the TUI reserves in the kvstore (`--reserve-in-kvstore`).
     pub sync_reserve_in_kvstore: bool,
+    /// The namespace Cilium runs in, whose `cilium-config` the Switch screen reads.
+    pub cilium_namespace: String,
 }
 
 impl ServiceConfig {

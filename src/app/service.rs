@@ -154,8 +154,7 @@ impl Service {
                 }
             }),
             ServiceRequest::Switch { generation } => self.answer(|cfg| async move {
-                let namespace = super::switch::CILIUM_NAMESPACE;
-                match super::switch::read_report(&cfg.target, namespace).await {
+                match super::switch::read_report(&cfg.target, &cfg.cilium_namespace).await {
                     Ok(report) => ServiceEvent::SwitchRead {
                         generation,
                         report: Box::new(report),

@@ -101,6 +101,9 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
             "{from}: {e}: Cilium itself refuses this pattern; fix `labels` there first"
         ))
     })?;
+    if config.is_none() && !namespaces.contains_key(cilium_namespace) {
+        settings.namespace_missing(cilium_namespace);
+    }
     let range = IdRange::for_cluster(settings.cluster_id)
         .map_err(|e| Error::Config(format!("{from}: cluster-id {}: {e}", settings.cluster_id)))?;
     let mut endpoints: BTreeMap<String, u32> = ceps
@@ -317,9 +320,11 @@ const SHOWN: usize = 20;
 
 /// Whether the switch, made now, draws no id and finds no duplicate (endpoints whose pods'
 /// labels are not their identity's still move: that is the labels' doing, not the switch's).
+/// A pod whose namespace is gone draws nothing: the operator computes no labels for it, and
+/// it goes with its namespace; nothing could be prepared for it either.
 pub fn is_safe(report: &SwitchReport) -> bool {
     let c = &report.counts;
-    c.re_minted + c.no_identity + c.duplicate + c.no_namespace == 0
+    c.re_minted + c.no_identity + c.duplicate == 0
 }
 
 /// The report as text: the settings, the counts, each pod that does not simply keep its id,
@@ -381,11 +386,17 @@ pub fn text(report: &SwitchReport) -> String {
     ));
     if c.label_sets_drawn > 0 {
         out.push_str(&format!(
-            "at the switch {} label sets draw a new id at random from {} ids no pod has claimed yet: expect about {:.1} unused identities rewritten to other labels and up to {:.1} identities of pods not handled yet taken over\n",
+            "at the switch {} label sets each draw a new id at random from the whole range, where {} identities stand that no pod has claimed yet: expect about {:.1} unused identities rewritten to other labels and up to {:.1} identities of pods not handled yet taken over\n",
             c.label_sets_drawn,
             c.unreserved_identities,
             c.expected_unused_rewritten,
             c.expected_live_taken_over_at_most
+        ));
+    }
+    if c.no_namespace > 0 {
+        out.push_str(&format!(
+            "{} in a namespace that is gone: the operator computes no identity for them and they go with it; nothing to prepare\n",
+            crate::core::words::count(c.no_namespace, "pod")
         ));
     }
     if is_safe(report) {

@@ -162,6 +162,10 @@ pub struct TuiArgs {
     /// and it does not (see `sync --reserve-in-kvstore`); preflight checks the write right.
     #[arg(long, conflicts_with = "rollback")]
     pub reserve_in_kvstore: bool,
+    /// The namespace Cilium runs in: the Switch screen reads its cilium-config, as
+    /// switch-report does.
+    #[arg(long, default_value = "kube-system")]
+    pub cilium_namespace: String,
 }
 
 #[derive(Subcommand)]

@@ -272,7 +272,9 @@ async fn switch_prepare(
     how: PrepareHow,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::switch;
-    let World { kv, target, scope } = World::of(&conn).await?;
+    let World {
+        kv, target, scope, ..
+    } = World::of(&conn).await?;
     let prep = printer::reading(
         "reading pods, namespaces, identities, endpoints and the kvstore",
         switch::read_preparation(&target, &kv, &cilium_namespace, options),
@@ -353,7 +355,9 @@ async fn audit(
     decision_log: Vec<PathBuf>,
 ) -> anyhow::Result<Exit> {
     let decisions = cilium_idmig::app::audit::decisions_from_logs(&decision_log)?;
-    let World { kv, target, scope } = World::of(&conn).await?;
+    let World {
+        kv, target, scope, ..
+    } = World::of(&conn).await?;
     let mut run = printer::reading(
         "reading the kvstore and Kubernetes",
         cilium_idmig::app::audit::run(&kv, &target, scope.range),
@@ -381,7 +385,9 @@ async fn audit_watch(
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::audit::{AuditMetrics, counts_line, run};
     let decisions = cilium_idmig::app::audit::decisions_from_logs(&decision_log)?;
-    let World { kv, target, scope } = World::of(&conn).await?;
+    let World {
+        kv, target, scope, ..
+    } = World::of(&conn).await?;
     let range = scope.range;
     let metrics = Arc::new(AuditMetrics::new()?);
     let _server = match status_addr {
@@ -434,6 +440,8 @@ struct World {
     kv: KvSource,
     target: K8sTarget,
     scope: ClusterScope,
+    /// The namespace Cilium runs in (`--cilium-namespace`), for the TUI's Switch screen.
+    cilium_namespace: String,
 }
 
 impl World {
@@ -443,6 +451,7 @@ impl World {
             kv: KvSource::Etcd(conn.etcd()),
             target: conn.target().await?,
             scope: conn.scope()?,
+            cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
         })
     }
 
@@ -463,6 +472,7 @@ impl World {
             command,
             resume,
             sync_reserve_in_kvstore,
+            cilium_namespace: self.cilium_namespace,
         })
     }
 }
@@ -661,6 +671,7 @@ async fn rollback(
         kv: KvSource::Memory(Default::default()),
         target,
         scope: conn.scope()?,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     };
     let mut handle = world.service("rollback", log, tuning.options(), Vec::new(), false);
     let req = ServiceRequest::Rollback {

@@ -809,6 +809,18 @@ fn a_failed_export_opens_its_prompt_again_and_what_is_typed_next_goes_there() {
     );
 }
 
+#[test]
+fn every_screens_tab_shows_at_80_columns() {
+    let m = scanned_model();
+    let top = render_at(&m, 80, 24).lines().next().unwrap().to_string();
+    assert!(top.contains("7 Switch"), "{top}");
+    let wide = render_at(&m, 120, 24).lines().next().unwrap().to_string();
+    assert!(
+        wide.contains("cilium-idmig") && wide.contains("7 Switch"),
+        "{wide}"
+    );
+}
+
 pub(super) fn key(c: char) -> Msg {
     Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
 }

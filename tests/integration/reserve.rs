@@ -66,6 +66,7 @@ async fn started_writer(w: &World) -> (Arc<ServiceConfig>, Reservations, String)
         command: "test",
         resume: Vec::new(),
         sync_reserve_in_kvstore: true,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     });
     let conn = kv.follower().await.unwrap();
     let metrics = Arc::new(Metrics::new().unwrap());

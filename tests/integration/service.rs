@@ -68,6 +68,7 @@ async fn preflight_scan_drift_commit_and_export() {
         command: "test",
         resume: Vec::new(),
         sync_reserve_in_kvstore: false,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     });
 
     tx.send(Request::Preflight).await.unwrap();
@@ -295,6 +296,7 @@ async fn sync_in_place_takes_decisions_made_while_it_runs() {
         command: "test",
         resume: Vec::new(),
         sync_reserve_in_kvstore: false,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     });
     tx.send(Request::StartSync {
         accept_proposals: false,
@@ -388,6 +390,7 @@ async fn preflight_checks_the_kvstore_write_right_only_when_sync_will_reserve() 
             command: "test",
             resume: Vec::new(),
             sync_reserve_in_kvstore: reserve,
+            cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
         });
         tx.send(Request::Preflight).await.unwrap();
         let Event::Preflight(p) =

@@ -401,6 +401,7 @@ pub fn sync_config(
         command,
         resume: Vec::new(),
         sync_reserve_in_kvstore: reserve,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     })
 }
 

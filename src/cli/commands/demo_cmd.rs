@@ -47,6 +47,7 @@ pub(super) async fn demo_command(args: DemoArgs) -> anyhow::Result<Exit> {
             target: K8sTarget::from_url(&demo.sandbox.url())?,
             scope: ClusterScope::new(0, MaxConnectedClusters::default())
                 .map_err(cilium_idmig::Error::Config)?,
+            cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
         })
     };
     // The rollout plays once sync follows the kvstore (`y` after a commit, or --sync).

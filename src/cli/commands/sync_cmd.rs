@@ -69,6 +69,7 @@ pub(super) async fn sync(
         command: "sync",
         resume,
         sync_reserve_in_kvstore: opts.reserve_in_kvstore,
+        cilium_namespace: cilium_idmig::app::switch::CILIUM_NAMESPACE.into(),
     });
     // One writer per log, before its first line: a second sync on this log is refused
     // without writing anything into the first one's.

@@ -11,6 +11,7 @@ pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
         resume,
         rollback,
         reserve_in_kvstore,
+        cilium_namespace,
         ..
     } = args;
     // A log to resume or roll back that cannot be read is refused before the terminal is
@@ -18,7 +19,10 @@ pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
     for path in resume.iter().chain(&rollback) {
         cilium_idmig::io::decision_log::check_readable(path)?;
     }
-    let world = World::of(&conn).await?;
+    let world = World {
+        cilium_namespace,
+        ..World::of(&conn).await?
+    };
     let finish = Finish::Apply {
         bin_name: bin_name.to_string(),
     };

@@ -37,6 +37,17 @@ pub struct ShownSettings {
 pub const DEFAULT_CLUSTER_NAME: &str = "default";
 
 impl Settings {
+    /// Says that `cilium-config` was not found because its `namespace` does not exist (a
+    /// mistyped `--cilium-namespace`), not as a ConfigMap missing from Cilium's namespace.
+    pub fn namespace_missing(&mut self, namespace: &str) {
+        let missing = |s: &String| s.contains(" was not found: ");
+        if let Some(s) = self.shown.cannot_know.iter_mut().find(|s| missing(s)) {
+            *s = format!(
+                "namespace {namespace} does not exist, so no cilium-config was read: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); pass --cilium-namespace with the namespace Cilium runs in"
+            );
+        }
+    }
+
     /// The settings of a cluster whose `cilium-config` reads `data` (`None`: not found, so
     /// Cilium's defaults). `from` names where it was read.
     pub fn from_config(
@@ -136,9 +147,17 @@ mod tests {
 
     #[test]
     fn what_cannot_be_known_is_said() {
-        let s = Settings::from_config("kube-system/cilium-config", None).expect("settings");
+        let mut s = Settings::from_config("kube-system/cilium-config", None).expect("settings");
         assert_eq!(s.cluster_name, "default");
         assert!(s.shown.cannot_know[0].contains("was not found"));
+        // A namespace that does not exist is said as one, not as a ConfigMap missing.
+        s.namespace_missing("kube-sytem");
+        assert_eq!(s.shown.cannot_know.len(), 1);
+        assert!(
+            s.shown.cannot_know[0].starts_with("namespace kube-sytem does not exist"),
+            "{:?}",
+            s.shown.cannot_know
+        );
         let d = data(&[
             ("label-prefix-file", "/etc/cilium/prefixes.json"),
             ("cluster-id", "x"),

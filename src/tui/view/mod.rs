@@ -79,12 +79,23 @@ pub fn view(model: &Model, frame: &mut Frame) {
 
 fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
     let t = Theme::of(model);
-    let mut tabs = vec![Span::styled(
-        " cilium-idmig ",
-        Style::default().add_modifier(Modifier::BOLD),
-    )];
-    for (n, s) in model.tabs.iter().enumerate() {
-        let label = format!(" {} {} ", n + 1, s.title());
+    const BRAND: &str = " cilium-idmig ";
+    let labels: Vec<String> = model
+        .tabs
+        .iter()
+        .enumerate()
+        .map(|(n, s)| format!(" {} {} ", n + 1, s.title()))
+        .collect();
+    // Every screen's tab shows: at 80 columns the name of the tool gives way to them.
+    let width: usize = labels.iter().map(|l| l.chars().count()).sum();
+    let mut tabs = Vec::new();
+    if width + BRAND.len() <= usize::from(area.width) {
+        tabs.push(Span::styled(
+            BRAND,
+            Style::default().add_modifier(Modifier::BOLD),
+        ));
+    }
+    for (label, s) in labels.into_iter().zip(model.tabs) {
         tabs.push(if *s == model.screen {
             Span::styled(label, t.selected())
         } else {

@@ -58,14 +58,7 @@ fn head_lines(report: &SwitchReport, running: bool, t: &Theme) -> Vec<Line<'stat
         ]),
         Line::from(vec![
             Span::styled("pods   ", bold),
-            Span::raw(format!(
-                "{} adopted · {} re-minted · {} no identity · {} duplicate · {} endpoints move",
-                c.adopted,
-                c.re_minted,
-                c.no_identity + c.no_namespace,
-                c.duplicate,
-                c.endpoints_moving
-            )),
+            Span::raw(pods_counts(c)),
         ]),
         Line::from(vec![
             Span::styled("draws  ", bold),
@@ -211,4 +204,22 @@ fn draw_details(model: &Model, frame: &mut Frame, area: Rect, t: &Theme) {
             .wrap(Wrap { trim: false }),
         area,
     );
+}
+
+/// The pods' counts as `switch-report` gives them, those that are rare (duplicates, pods in
+/// a namespace that is gone) only when there are some: the line fits 80 columns.
+fn pods_counts(c: &crate::core::switch::report::SwitchCounts) -> String {
+    let mut parts = vec![
+        format!("{} adopted", c.adopted),
+        format!("{} re-minted", c.re_minted),
+        format!("{} no identity", c.no_identity),
+    ];
+    if c.duplicate > 0 {
+        parts.push(format!("{} duplicate", c.duplicate));
+    }
+    if c.no_namespace > 0 {
+        parts.push(format!("{} no namespace", c.no_namespace));
+    }
+    parts.push(format!("{} endpoints move", c.endpoints_moving));
+    parts.join(" · ")
 }

@@ -13,6 +13,7 @@ use cilium_idmig::app::flows::{ApplyRun, ApplySpec};
 use cilium_idmig::app::service::{Handle, ServiceEvent, ServiceRequest};
 use cilium_idmig::app::signals::StopSignals;
 use cilium_idmig::apply::outcome::{ApplyEvent, Progress};
+use cilium_idmig::core::outcome::Outcome;
 use cilium_idmig::error::Error;
 
 /// How often a running apply prints its totals.
@@ -177,13 +178,21 @@ fn event_line(ev: &ApplyEvent) -> Option<String> {
         ApplyEvent::Started {
             writes,
             deletes,
+            already_gone,
             total,
         } => match (writes - deletes, deletes) {
             (_, 0) => format!("applying {total} items ({writes} to create)"),
-            (0, d) => format!("rolling back {total} objects ({d} to delete)"),
+            // As the rollback's plan counts them.
+            (0, d) => format!(
+                "rolling back: {} to delete, {already_gone} already gone, {} kept",
+                d - already_gone,
+                total - d
+            ),
             (c, d) => format!("applying {total} items ({c} to create, {d} to delete)"),
         },
         ApplyEvent::Stopping { reason } => format!("stopping: {reason}"),
+        // A rollback's kept object was known from its plan: its summary names it, once.
+        ApplyEvent::Problem(r) if r.outcome == Outcome::Kept => return None,
         ApplyEvent::Problem(r) => format!(
             "  {} -> {}: {}: {}",
             r.id,

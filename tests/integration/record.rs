@@ -155,11 +155,21 @@ async fn rollback_deletes_exactly_what_the_run_created() {
         r.stdout, r.stderr
     );
     assert!(r.stdout.contains("kept 2"), "{}", r.stdout);
+    // Its progress counts as its plan counted, and each kept object is said once.
     assert!(
-        r.stderr.contains("rolling back") && r.stderr.contains("to delete)"),
+        r.stderr.contains("rolling back: ")
+            && r.stderr.contains(" to delete, 1 already gone, 2 kept"),
         "a rollback's progress speaks of deletes: {}",
         r.stderr
     );
+    let said = format!("{}{}", r.stdout, r.stderr);
+    for id in ["1001", "1002"] {
+        let lines = said
+            .lines()
+            .filter(|l| l.contains(id) && l.contains("kept"))
+            .count();
+        assert_eq!(lines, 1, "{id} said once as kept:\n{said}");
+    }
     // Neither a log nor a run: both ways to name what to roll back are offered.
     let none = w.cli(&["rollback"]).await;
     assert_eq!(none.code, 2, "{}", none.stderr);

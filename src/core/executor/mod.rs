@@ -177,9 +177,16 @@ pub async fn carry_out<W: IdentityWrites>(
             ..Progress::default()
         }
     });
+    let already_gone = ops
+        .iter()
+        .filter(|o| {
+            o.op == OpKind::Delete && o.expect.as_ref().is_some_and(|(_, rv)| rv.is_empty())
+        })
+        .count();
     io.emit(ApplyEvent::Started {
         writes,
         deletes: writes - creates,
+        already_gone,
         total,
     })
     .await;

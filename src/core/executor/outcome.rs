@@ -84,6 +84,9 @@ pub enum ApplyEvent {
         writes: usize,
         /// Of the writes, deletes (a rollback's); the rest are creates.
         deletes: usize,
+        /// Of the deletes, objects already gone when the plan was read: no request is
+        /// sent for them (a rollback's plan counts them apart).
+        already_gone: usize,
         total: usize,
     },
     Retrying {

@@ -50,6 +50,7 @@ fn progress_signal_and_stale_commit_results() {
         &mut m,
         Msg::Engine(Event::Apply(ApplyEvent::Started {
             deletes: 0,
+            already_gone: 0,
             writes: 4,
             total: 7,
         })),

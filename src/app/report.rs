@@ -117,7 +117,13 @@ pub fn rollback_plan(ops: &[Op], json: bool) -> serde_json::Result<String> {
     }
     let mut out = String::new();
     for (what, target, id, detail) in &rows {
-        let _ = writeln!(out, "{what:<12} {target:<8} (kvstore id {id})  {detail}");
+        // Only a remap's object stands at another id than the kvstore's; what switch-prepare
+        // made serves pods and has no kvstore id at all.
+        let of = match *id == target.to_string() {
+            true => String::new(),
+            false => format!(" (kvstore id {id})"),
+        };
+        let _ = writeln!(out, "{what:<12} {target:<8}{of}  {detail}");
     }
     let s = crate::app::rollback::summarize(ops);
     let _ = writeln!(
@@ -213,6 +219,25 @@ pub fn pushed_back(throttled: u64) -> String {
 mod tests {
     use super::*;
     use crate::core::verify::{Problem, ProblemKind};
+
+    #[test]
+    fn a_rollback_plan_names_a_kvstore_id_only_for_an_object_at_another_id() {
+        let op = |id: &str, target: u32| Op {
+            id: id.into(),
+            label_key: "k8s:app=a;".into(),
+            kind: crate::core::planner::Kind::Create,
+            op: OpKind::Delete,
+            target_id: Some(target),
+            decided_by: crate::core::planner::DecidedBy::Operator,
+            expect: Some(("uid".into(), "7".into())),
+            reason: None,
+        };
+        // A remap's object, and one switch-prepare made (no kvstore identity behind it).
+        let text = rollback_plan(&[op("301", 256), op("65534", 65534)], false).unwrap();
+        assert!(text.contains("delete       256      (kvstore id 301)"), "{text}");
+        assert!(text.contains("delete       65534     k8s:app=a;"), "{text}");
+        assert!(!text.contains("kvstore id 65534"), "{text}");
+    }
 
     #[test]
     fn summaries_name_what_happened() {

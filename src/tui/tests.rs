@@ -153,6 +153,15 @@ fn decisions_are_logged_at_once_and_undo_restores() {
     assert_eq!(item(&m, "303").action, Action::None);
     assert!(!item(&m, "303").decided);
     assert_eq!(m.cluster.items[m.review.conflict.unwrap()].id, "303");
+    // Four lines logged (302 accepted; 303 skipped, undone, then skipped again): the quit
+    // prompt counts the two identities decided now, not the lines.
+    update(&mut m, key('s'));
+    update(&mut m, key('q'));
+    assert!(
+        matches!(m.modal, Some(Modal::ConfirmQuit { uncommitted: 2 })),
+        "{:?}",
+        m.modal
+    );
 }
 
 #[test]

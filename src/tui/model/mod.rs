@@ -196,9 +196,10 @@ pub struct ReviewState {
     pub proposals: std::collections::HashMap<String, (PlanAction, Option<u32>)>,
     /// The label panes' first row shown (PgUp/PgDn): a label set can outgrow them.
     pub label_scroll: u16,
-    /// Decisions logged since the last commit started: in the log, not written yet. `q`
-    /// asks before it leaves them (the next start offers to resume them).
-    pub uncommitted: usize,
+    /// The identities decided (or undone) since the last commit started: in the log, not
+    /// written yet. `q` asks before it leaves them (the next start offers to resume them);
+    /// an identity decided twice is one decision in force, as a resume replays it.
+    pub uncommitted: std::collections::BTreeSet<String>,
 }
 
 /// `sync` in the TUI: whether it runs, its latest status, and what it reported.

@@ -174,8 +174,10 @@ fn move_selection(model: &mut Model, delta: isize) {
 fn count_uncommitted(model: &mut Model, cmds: &[Command]) {
     for c in cmds {
         match c {
-            Command::Send(ServiceRequest::Decided { .. }) => model.review.uncommitted += 1,
-            Command::Send(ServiceRequest::Commit { .. }) => model.review.uncommitted = 0,
+            Command::Send(ServiceRequest::Decided { item, .. }) => {
+                model.review.uncommitted.insert(item.id.clone());
+            }
+            Command::Send(ServiceRequest::Commit { .. }) => model.review.uncommitted.clear(),
             _ => {}
         }
     }
@@ -296,11 +298,17 @@ fn on_quit(model: &mut Model, key: &KeyEvent) -> Vec<Command> {
         });
         return vec![];
     }
-    if model.review.uncommitted > 0 && !model.sync.running {
+    // The identities decided since the last commit and still decided now (one undone back
+    // to its proposal leaves nothing to resume).
+    let uncommitted = model
+        .cluster
+        .items
+        .iter()
+        .filter(|i| i.decided && model.review.uncommitted.contains(&i.id))
+        .count();
+    if uncommitted > 0 && !model.sync.running {
         // Decided and not committed: in the log, not in the cluster. Ask first.
-        model.modal = Some(Modal::ConfirmQuit {
-            uncommitted: model.review.uncommitted,
-        });
+        model.modal = Some(Modal::ConfirmQuit { uncommitted });
         return vec![];
     }
     model.quit = true;

@@ -229,6 +229,12 @@ fn refuse_damaged(path: &Path, c: &LogContents) -> Result<()> {
     let Some((line, why)) = c.bad_lines.first() else {
         return Ok(());
     };
+    if *line == 1 && is_a_plan(path) {
+        return Err(Error::file(
+            path,
+            "this is a plan file, not a decision log: give it to --plan (apply --plan PLAN --yes)",
+        ));
+    }
     let more = match c.bad_lines.len() {
         1 => String::new(),
         n => format!(" (and {} more lines)", n - 1),
@@ -239,6 +245,15 @@ fn refuse_damaged(path: &Path, c: &LogContents) -> Result<()> {
             "line {line} of the decision log is damaged{more}: {why}; repair or remove it and run again (nothing was done)"
         ),
     ))
+}
+
+/// Whether the file at `path` reads as a plan (`plan`'s JSON document): said when one is
+/// given where a log belongs, the one mix-up its first line cannot tell apart.
+fn is_a_plan(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|b| {
+        serde_json::from_slice::<serde_json::Value>(&b)
+            .is_ok_and(|v| v.get("version").is_some() && v.get("items").is_some())
+    })
 }
 
 /// What `verify` expects from the log at `path`, folded line by line as `read` reads it

@@ -117,6 +117,17 @@ impl PlanFile {
     }
 
     pub fn from_slice(text: &[u8]) -> Result<Self, String> {
+        // A decision log given as a plan: a line of its own per record, each with its time.
+        let is_log = || {
+            let first = text.split(|b| *b == b'\n').next().unwrap_or_default();
+            serde_json::from_slice::<serde_json::Value>(first)
+                .is_ok_and(|v| v.get("ts").is_some() && v.get("version").is_none())
+        };
+        if is_log() {
+            return Err(
+                "this is a decision log, not a plan: give it to --resume (apply --resume LOG --yes)".into(),
+            );
+        }
         let raw: serde_json::Value =
             serde_json::from_slice(text).map_err(|e| format!("not valid JSON: {e}"))?;
         match raw.get("version").and_then(serde_json::Value::as_u64) {

@@ -617,6 +617,26 @@ async fn the_mistakes_people_make_get_a_clear_answer() {
     args.extend(logs.iter().map(String::as_str));
     let r = w.cli(&args).await;
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // A plan given as a log, and a log as a plan: each names the flag it belongs to.
+    let plan = w.path("p2.json");
+    let r = w.cli(&["plan", "--output", &plan]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = w.cli(&["apply", "--resume", &plan, "--yes"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("this is a plan file, not a decision log: give it to --plan"),
+        "{}",
+        r.stderr
+    );
+    let r = w.cli(&["apply", "--plan", &logs[0], "--yes"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("this is a decision log, not a plan: give it to --resume"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// Each command lists only the flags it uses: `--operator` where decisions are recorded,

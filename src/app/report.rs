@@ -234,7 +234,10 @@ mod tests {
         };
         // A remap's object, and one switch-prepare made (no kvstore identity behind it).
         let text = rollback_plan(&[op("301", 256), op("65534", 65534)], false).unwrap();
-        assert!(text.contains("delete       256      (kvstore id 301)"), "{text}");
+        assert!(
+            text.contains("delete       256      (kvstore id 301)"),
+            "{text}"
+        );
         assert!(text.contains("delete       65534     k8s:app=a;"), "{text}");
         assert!(!text.contains("kvstore id 65534"), "{text}");
     }

@@ -488,11 +488,13 @@ pub const RECREATE_SETTLE: Duration = Duration::from_secs(2);
 /// What a round reports besides its writes (once per identity).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyncReport {
-    /// A malformed kvstore entry, never written.
+    /// A malformed kvstore entry, never written. `at_read`: found reading the whole
+    /// kvstore (a start, a fresh read), not arriving while sync follows it.
     Invalid {
         id: String,
         labels: String,
         reason: String,
+        at_read: bool,
     },
     /// A conflict that waits for a decision.
     Conflict {

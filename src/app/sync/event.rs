@@ -21,10 +21,12 @@ pub enum SyncEvent {
         reason: String,
     },
     Split(SplitAllocation),
-    /// A malformed kvstore entry, never written (once per identity).
+    /// A malformed kvstore entry, never written (once per identity); `at_read`: found in
+    /// a read of the whole kvstore, not arriving while sync follows it.
     Invalid {
         id: String,
         reason: String,
+        at_read: bool,
     },
     /// Both watches are established: sync follows both sides from here (once per snapshot).
     Following,

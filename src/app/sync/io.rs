@@ -74,7 +74,15 @@ impl shell::Io for AppIo<'_> {
             Event::Note(n) => SyncEvent::Note(n),
             Event::Trouble(t) => SyncEvent::Trouble(t),
             Event::Conflict { id, kind, reason } => SyncEvent::Conflict { id, kind, reason },
-            Event::Invalid { id, reason } => SyncEvent::Invalid { id, reason },
+            Event::Invalid {
+                id,
+                reason,
+                at_read,
+            } => SyncEvent::Invalid {
+                id,
+                reason,
+                at_read,
+            },
             Event::Moot { id, labels } => SyncEvent::Moot { id, labels },
             Event::Status(mut status) => {
                 status.throttled = self.cfg.target.notes().throttled();

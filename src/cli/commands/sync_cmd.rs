@@ -133,6 +133,10 @@ impl Shown {
     /// Prints one event of sync: a status line when it changed (or every 30 s), a line per
     /// conflict, split allocation, malformed entry or note, troubles on stderr.
     fn show(&mut self, ev: cilium_idmig::app::sync::SyncEvent) {
+        let invalid = matches!(ev, cilium_idmig::app::sync::SyncEvent::Invalid { .. });
+        if self.following && !invalid {
+            self.say_invalid_read();
+        }
         use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
         match ev {
             SyncEvent::Status(s) => {
@@ -154,10 +158,15 @@ impl Shown {
                     let _ = outln!("{line}");
                 }
             }
-            SyncEvent::Invalid { id, reason } if !self.following => {
+            // Those of a whole read are one count, said once the next thing is.
+            SyncEvent::Invalid {
+                id,
+                reason,
+                at_read,
+            } if at_read || !self.following => {
                 self.invalid_at_start.push((id, reason));
             }
-            SyncEvent::Invalid { id, reason } => {
+            SyncEvent::Invalid { id, reason, .. } => {
                 let _ = outln!("invalid: {id}: {reason}");
             }
             SyncEvent::Following => self.following(),
@@ -179,9 +188,16 @@ impl Shown {
         }
     }
 
-    /// Both sides are read: the first read's malformed entries as one count, then following.
+    /// Both sides are read: the malformed entries of a read so far as one count, then
+    /// following.
     fn following(&mut self) {
         self.following = true;
+        self.say_invalid_read();
+        let _ = outln!("sync started: following both sides");
+    }
+
+    /// The malformed entries a whole read found, as one count (`plan` lists each).
+    fn say_invalid_read(&mut self) {
         if let Some((id, reason)) = self.invalid_at_start.first() {
             let n = self.invalid_at_start.len();
             let _ = outln!(
@@ -190,7 +206,6 @@ impl Shown {
             );
             self.invalid_at_start.clear();
         }
-        let _ = outln!("sync started: following both sides");
     }
 }
 

@@ -173,6 +173,7 @@ impl SyncState {
                         id: item.id.clone(),
                         labels: item.labels.clone(),
                         reason: item.reason.to_string(),
+                        at_read: whole,
                     });
                 }
                 continue;

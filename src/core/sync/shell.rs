@@ -98,10 +98,12 @@ pub enum Event {
         kind: Kind,
         reason: String,
     },
-    /// A malformed kvstore entry, logged as skipped (once per identity).
+    /// A malformed kvstore entry, logged as skipped (once per identity); `at_read`: found
+    /// in a read of the whole kvstore (said as one count with the others), not arriving.
     Invalid {
         id: String,
         reason: String,
+        at_read: bool,
     },
     /// A conflict closed as moot (logged).
     Moot {
@@ -542,7 +544,12 @@ impl Shell {
 /// the machine (the input returned), to be reported and logged again at a later round.
 fn report(report: SyncReport, io: &mut impl Io) -> Option<Input> {
     match report {
-        SyncReport::Invalid { id, labels, reason } => {
+        SyncReport::Invalid {
+            id,
+            labels,
+            reason,
+            at_read,
+        } => {
             let line = Line::Invalid {
                 id: id.clone(),
                 labels,
@@ -551,7 +558,11 @@ fn report(report: SyncReport, io: &mut impl Io) -> Option<Input> {
             if io.log(vec![line]) == 0 {
                 return Some(Input::InvalidNotLogged(id));
             }
-            io.say(Event::Invalid { id, reason });
+            io.say(Event::Invalid {
+                id,
+                reason,
+                at_read,
+            });
         }
         SyncReport::Conflict { id, kind, reason } => io.say(Event::Conflict { id, kind, reason }),
         SyncReport::Refused {

@@ -246,7 +246,7 @@ fn on_sync(model: &mut Model, ev: crate::app::sync::SyncEvent) -> Vec<Command> {
             model.sync.push(split.to_string());
             vec![]
         }
-        SyncEvent::Invalid { id, reason } => {
+        SyncEvent::Invalid { id, reason, .. } => {
             model.sync.push(if reason.contains("never written") {
                 format!("invalid: {id}: {reason}")
             } else {

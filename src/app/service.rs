@@ -163,7 +163,7 @@ impl Service {
                 }
             }),
             ServiceRequest::NodesUsing { id, labels } => self.answer(|cfg| async move {
-                match cfg.kv.nodes_using(labels.as_bytes()).await {
+                match cfg.kv.nodes_using(labels.as_bytes(), id.as_bytes()).await {
                     Ok(nodes) => ServiceEvent::NodesUsing { id, nodes },
                     Err(e) => ServiceEvent::failed(0, Task::NodeCount, e),
                 }

@@ -206,18 +206,24 @@ struct Stores<'a> {
     k8s: BTreeMap<u32, &'a AuditObject>,
     kv_by_labels: BTreeMap<&'a str, BTreeSet<u32>>,
     k8s_by_labels: BTreeMap<&'a str, BTreeSet<u32>>,
-    nodes_by_labels: BTreeMap<&'a str, BTreeSet<&'a str>>,
+    /// The nodes whose `value/` key for a label set names an id: a node uses that id, not
+    /// every id the kvstore holds those labels under.
+    nodes_by_identity: BTreeMap<(&'a str, u32), BTreeSet<&'a str>>,
     endpoints: Option<&'a BTreeMap<u32, Vec<String>>>,
     /// Ids `sync --reserve-in-kvstore` holds in the kvstore (its own `value/` keys).
     reserved: BTreeSet<u32>,
 }
 
 impl<'a> Stores<'a> {
-    fn nodes(&self, labels: &str) -> Vec<String> {
-        self.nodes_by_labels
-            .get(labels)
-            .map(|n| n.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_default()
+    /// The nodes using `labels` at any of `ids`.
+    fn nodes(&self, labels: &str, ids: impl IntoIterator<Item = u32>) -> Vec<String> {
+        let mut out: BTreeSet<&str> = BTreeSet::new();
+        for id in ids {
+            if let Some(n) = self.nodes_by_identity.get(&(labels, id)) {
+                out.extend(n.iter().copied());
+            }
+        }
+        out.into_iter().map(str::to_string).collect()
     }
 
     fn endpoints(&self, ids: impl IntoIterator<Item = u32>) -> Vec<String> {
@@ -244,7 +250,7 @@ pub fn audit(input: &AuditInput) -> AuditReport {
         k8s: BTreeMap::new(),
         kv_by_labels: BTreeMap::new(),
         k8s_by_labels: BTreeMap::new(),
-        nodes_by_labels: BTreeMap::new(),
+        nodes_by_identity: BTreeMap::new(),
         endpoints: input.endpoints,
         reserved: input
             .values
@@ -270,8 +276,11 @@ pub fn audit(input: &AuditInput) -> AuditReport {
             .insert(o.id);
     }
     for v in input.values {
-        s.nodes_by_labels
-            .entry(v.label_key.as_str())
+        let Ok(id) = v.id.parse::<u32>() else {
+            continue;
+        };
+        s.nodes_by_identity
+            .entry((v.label_key.as_str(), id))
             .or_default()
             .insert(v.node.as_str());
     }
@@ -325,7 +334,7 @@ fn list(names: &[String]) -> String {
 /// Ids both sides hold for different labels, and ids only one side holds.
 fn splits_and_one_side(s: &Stores, out: &mut Vec<Finding>) {
     for (&id, &kv_labels) in &s.kv {
-        let nodes = s.nodes(kv_labels);
+        let nodes = s.nodes(kv_labels, [id]);
         match s.k8s.get(&id) {
             Some(o) if o.labels.as_str() == kv_labels => {}
             Some(o) => {
@@ -391,7 +400,7 @@ fn doubles_and_duplicates(s: &Stores, out: &mut Vec<Finding>) {
             && kv_ids.is_disjoint(k8s_ids)
         {
             let (k, c) = (first(kv_ids), first(k8s_ids));
-            let nodes = s.nodes(labels);
+            let nodes = s.nodes(labels, kv_ids.iter().copied());
             let endpoints = s.endpoints(k8s_ids.iter().copied());
             out.push(Finding {
                 other_id: Some(c),
@@ -434,7 +443,7 @@ fn doubles_and_duplicates(s: &Stores, out: &mut Vec<Finding>) {
             out.push(Finding {
                 side: Some(Side::Kvstore),
                 other_id: ids.get(1).copied(),
-                nodes: s.nodes(labels),
+                nodes: s.nodes(labels, ids.iter().copied()),
                 action,
                 ..finding(FindingKind::Duplicate, ids[0], labels)
             });
@@ -494,7 +503,7 @@ fn gc_marked(s: &Stores, values: &[ValueKey], out: &mut Vec<Finding>) {
         if !o.gc_marked {
             continue;
         }
-        let nodes = s.nodes(&o.labels);
+        let nodes = s.nodes(&o.labels, [id]);
         let endpoints = s.endpoints([id]);
         if nodes.is_empty() && endpoints.is_empty() && !used_ids.contains(&id) {
             continue;

@@ -114,6 +114,9 @@ pub struct KvSnapshot {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeCounts {
     by_label: HashMap<u64, u32>,
+    /// `value/` keys per identity (label key and the id the key holds): what a plan shows
+    /// for an id. Two kvstore ids with one label set are used by different nodes.
+    by_identity: HashMap<u64, u32>,
     /// `value/` keys per node: the nodes still in kvstore mode (their keys live on leases
     /// that lapse once an agent leaves kvstore mode).
     by_node: BTreeMap<String, u32>,
@@ -128,11 +131,28 @@ impl NodeCounts {
         h.finish()
     }
 
+    fn identity_hash(label_key: &[u8], id: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        label_key.hash(&mut h);
+        id.hash(&mut h);
+        h.finish()
+    }
+
     pub fn with_capacity(n: usize) -> Self {
         NodeCounts {
             by_label: HashMap::with_capacity(n),
+            by_identity: HashMap::with_capacity(n),
             by_node: BTreeMap::new(),
         }
+    }
+
+    /// Nodes whose `value/` key for `label_key` holds `id` (0 when none).
+    pub fn of_identity(&self, label_key: &[u8], id: &[u8]) -> u32 {
+        self.by_identity
+            .get(&Self::identity_hash(label_key, id))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Nodes using `label_key` (0 when none).
@@ -143,17 +163,22 @@ impl NodeCounts {
             .unwrap_or(0)
     }
 
-    /// Adds `n` nodes to `label_key` (node names unknown, as in generated data).
-    pub fn add(&mut self, label_key: &[u8], n: u32) {
+    /// Adds `n` nodes to `label_key` at `id` (node names unknown, as in generated data).
+    pub fn add(&mut self, label_key: &[u8], id: &[u8], n: u32) {
         *self.by_label.entry(Self::hash(label_key)).or_default() += n;
+        *self
+            .by_identity
+            .entry(Self::identity_hash(label_key, id))
+            .or_default() += n;
     }
 
-    /// One `value/` key: `node` uses `label_key` (sync's own reservations are no node's use).
-    pub fn add_key(&mut self, label_key: &[u8], node: &[u8]) {
+    /// One `value/` key: `node` uses `label_key`, the key holding `id` (sync's own
+    /// reservations are no node's use).
+    pub fn add_key(&mut self, label_key: &[u8], node: &[u8], id: &[u8]) {
         if node == RESERVATION_NODE.as_bytes() {
             return;
         }
-        self.add(label_key, 1);
+        self.add(label_key, id, 1);
         // A node is named by most keys of a read: its name is allocated once, not per key.
         let name = String::from_utf8_lossy(node);
         match self.by_node.get_mut(name.as_ref()) {
@@ -164,8 +189,9 @@ impl NodeCounts {
         }
     }
 
-    /// One `value/` key gone (its lease lapsed, or the agent released the identity).
-    pub fn remove_key(&mut self, label_key: &[u8], node: &[u8]) {
+    /// One `value/` key gone (its lease lapsed, or the agent released the identity); `id`:
+    /// what it held, where the watch says (etcd's previous value of a deleted key).
+    pub fn remove_key(&mut self, label_key: &[u8], node: &[u8], id: Option<&[u8]>) {
         if node == RESERVATION_NODE.as_bytes() {
             return;
         }
@@ -174,6 +200,15 @@ impl NodeCounts {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 self.by_label.remove(&h);
+            }
+        }
+        if let Some(id) = id {
+            let h = Self::identity_hash(label_key, id);
+            if let Some(n) = self.by_identity.get_mut(&h) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.by_identity.remove(&h);
+                }
             }
         }
         let node = String::from_utf8_lossy(node);
@@ -208,28 +243,20 @@ impl NodeCounts {
 /// Node counts as the planner reads them: a snapshot's, or a plain map in tests and
 /// generated data.
 pub trait NodesOf {
-    fn nodes_of(&self, label_key: &[u8]) -> u32;
+    /// Nodes whose `value/` key for `label_key` holds `id`.
+    fn nodes_of(&self, label_key: &[u8], id: &[u8]) -> u32;
 }
 
 impl NodesOf for NodeCounts {
-    fn nodes_of(&self, label_key: &[u8]) -> u32 {
-        self.get(label_key)
+    fn nodes_of(&self, label_key: &[u8], id: &[u8]) -> u32 {
+        self.of_identity(label_key, id)
     }
 }
 
+/// Counts per label set (tests and generated data, where each set has one id).
 impl NodesOf for HashMap<Vec<u8>, u32> {
-    fn nodes_of(&self, label_key: &[u8]) -> u32 {
+    fn nodes_of(&self, label_key: &[u8], _id: &[u8]) -> u32 {
         self.get(label_key).copied().unwrap_or(0)
-    }
-}
-
-impl From<&HashMap<Vec<u8>, u32>> for NodeCounts {
-    fn from(m: &HashMap<Vec<u8>, u32>) -> Self {
-        let mut out = NodeCounts::with_capacity(m.len());
-        for (k, n) in m {
-            out.add(k, *n);
-        }
-        out
     }
 }
 
@@ -257,18 +284,18 @@ mod tests {
     fn a_node_stays_in_kvstore_mode_until_its_last_key_goes() {
         let mut c = NodeCounts::with_capacity(4);
         assert!(c.is_empty());
-        c.add_key(b"k8s:a=1;", b"node-1");
-        c.add_key(b"k8s:b=1;", b"node-1");
-        c.add_key(b"k8s:a=1;", RESERVATION_NODE.as_bytes());
+        c.add_key(b"k8s:a=1;", b"node-1", b"300");
+        c.add_key(b"k8s:b=1;", b"node-1", b"301");
+        c.add_key(b"k8s:a=1;", RESERVATION_NODE.as_bytes(), b"300");
         assert!(!c.is_empty());
         assert_eq!(
             c.nodes().collect::<Vec<_>>(),
             ["node-1"],
             "sync's reservations are no node"
         );
-        c.remove_key(b"k8s:a=1;", b"node-1");
+        c.remove_key(b"k8s:a=1;", b"node-1", Some(b"300"));
         assert_eq!(c.nodes().collect::<Vec<_>>(), ["node-1"]);
-        c.remove_key(b"k8s:b=1;", b"node-1");
+        c.remove_key(b"k8s:b=1;", b"node-1", None);
         assert_eq!(c.nodes().count(), 0);
         assert!(c.is_empty());
     }
@@ -276,9 +303,9 @@ mod tests {
     #[test]
     fn node_counts_are_kept_per_label_key_without_copying_it() {
         let mut c = NodeCounts::default();
-        c.add(b"k8s:a=1;", 1);
-        c.add(b"k8s:a=1;", 2);
-        c.add(b"k8s:a=2;", 1);
+        c.add(b"k8s:a=1;", b"300", 1);
+        c.add(b"k8s:a=1;", b"300", 2);
+        c.add(b"k8s:a=2;", b"301", 1);
         assert_eq!(
             (c.get(b"k8s:a=1;"), c.get(b"k8s:a=2;"), c.get(b"k8s:a=3;")),
             (3, 1, 0)
@@ -286,19 +313,36 @@ mod tests {
         assert_eq!((c.len(), c.total()), (2, 4));
         // Keys with their nodes: the nodes still in kvstore mode, and what lapses.
         let mut k = NodeCounts::default();
-        k.add_key(b"k8s:a=1;", b"10.0.0.1");
-        k.add_key(b"k8s:a=2;", b"10.0.0.1");
-        k.add_key(b"k8s:a=1;", b"10.0.0.2");
+        k.add_key(b"k8s:a=1;", b"10.0.0.1", b"300");
+        k.add_key(b"k8s:a=2;", b"10.0.0.1", b"301");
+        k.add_key(b"k8s:a=1;", b"10.0.0.2", b"300");
         assert_eq!(k.nodes().collect::<Vec<_>>(), ["10.0.0.1", "10.0.0.2"]);
-        k.remove_key(b"k8s:a=1;", b"10.0.0.2");
+        k.remove_key(b"k8s:a=1;", b"10.0.0.2", Some(b"300"));
         assert_eq!((k.get(b"k8s:a=1;"), k.nodes().count()), (1, 1));
-        k.remove_key(b"k8s:a=1;", b"10.0.0.1");
-        k.remove_key(b"k8s:a=2;", b"10.0.0.1");
+        k.remove_key(b"k8s:a=1;", b"10.0.0.1", Some(b"300"));
+        k.remove_key(b"k8s:a=2;", b"10.0.0.1", Some(b"301"));
         assert!(k.is_empty() && k.nodes().next().is_none());
         let m: HashMap<Vec<u8>, u32> =
             [(b"k8s:a=1;".to_vec(), 3), (b"k8s:a=2;".to_vec(), 1)].into();
-        assert_eq!(NodeCounts::from(&m), c);
-        assert_eq!(m.nodes_of(b"k8s:a=1;"), c.nodes_of(b"k8s:a=1;"));
+        assert_eq!(
+            m.nodes_of(b"k8s:a=1;", b"300"),
+            c.nodes_of(b"k8s:a=1;", b"300")
+        );
+    }
+
+    #[test]
+    fn nodes_are_counted_per_id_where_one_label_set_has_two() {
+        // The kvstore holds k8s:a=1; under 1100 and 1101: node 1's key names 1100, node 2's
+        // 1101. Each id is used by one node; the label set by two.
+        let mut c = NodeCounts::default();
+        c.add_key(b"k8s:a=1;", b"10.0.0.1", b"1100");
+        c.add_key(b"k8s:a=1;", b"10.0.0.2", b"1101");
+        assert_eq!(c.nodes_of(b"k8s:a=1;", b"1101"), 1);
+        assert_eq!(c.nodes_of(b"k8s:a=1;", b"1100"), 1);
+        assert_eq!(c.get(b"k8s:a=1;"), 2);
+        c.remove_key(b"k8s:a=1;", b"10.0.0.2", Some(b"1101"));
+        assert_eq!(c.nodes_of(b"k8s:a=1;", b"1101"), 0);
+        assert_eq!(c.nodes_of(b"k8s:a=1;", b"1100"), 1);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub enum KvChange {
         label_key: Vec<u8>,
         node: Vec<u8>,
         present: bool,
+        /// The id the key holds (or held, for a delete, where the watch says: etcd's
+        /// previous value): what the node counts of that id follow.
+        id: Option<Vec<u8>>,
     },
 }
 
@@ -61,7 +64,7 @@ impl KvChange {
 pub fn kv_change(
     prefix: &str,
     key: &[u8],
-    value: Option<&[u8]>,
+    (value, prev): (Option<&[u8]>, Option<&[u8]>),
     created: bool,
 ) -> Option<KvChange> {
     let delete = value.is_none();
@@ -75,6 +78,7 @@ pub fn kv_change(
             label_key: label_key.to_vec(),
             node: node.to_vec(),
             present: !delete,
+            id: value.or(prev).map(<[u8]>::to_vec),
         }),
         _ => None,
     }

@@ -257,7 +257,7 @@ impl EtcdConnection {
         let mut counts = NodeCounts::with_capacity(snap.masters.len());
         let mut count_into = |item: &etcd_client::KeyValue| {
             if let KeyKind::Slave { label_key, node } = classify_key(&prefix, item.key()) {
-                counts.add_key(label_key, node);
+                counts.add_key(label_key, node, item.value());
             }
         };
         let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
@@ -267,8 +267,17 @@ impl EtcdConnection {
                 .get(next)
                 .map(|b| [value_prefix.as_slice(), *b].concat())
                 .unwrap_or_else(|| value_end.clone());
+            // With values: a node uses the id its key names (a few bytes a key).
             let keys = self
-                .page_range(&mut kv, lo, &hi, revision, true, page_size, &mut count_into)
+                .page_range(
+                    &mut kv,
+                    lo,
+                    &hi,
+                    revision,
+                    false,
+                    page_size,
+                    &mut count_into,
+                )
                 .await?;
             if hi == value_end {
                 break;
@@ -456,6 +465,8 @@ impl EtcdConnection {
             Some(
                 etcd_client::WatchOptions::new()
                     .with_prefix()
+                    // A deleted `value/` key's id: the node counts of that id follow it.
+                    .with_prev_key()
                     .with_progress_notify()
                     .with_start_revision(revision + 1),
             ),
@@ -511,8 +522,9 @@ impl EtcdConnection {
                 rev = rev.max(kv.mod_revision());
                 let delete = ev.event_type() == etcd_client::EventType::Delete;
                 let value = (!delete).then(|| kv.value());
+                let prev = ev.prev_kv().map(|p| p.value());
                 let created = kv.create_revision() == kv.mod_revision();
-                changes.extend(kv_change(&prefix, kv.key(), value, created));
+                changes.extend(kv_change(&prefix, kv.key(), (value, prev), created));
             }
             let ev = if changes.is_empty() {
                 // A progress notification (no events) vouches for everything up to its
@@ -534,23 +546,26 @@ impl EtcdConnection {
         }
     }
 
-    /// The nodes whose `value/` keys use `label_key`, now (keys only).
-    pub async fn nodes_using(&self, prefix: &str, label_key: &[u8]) -> Result<Vec<String>> {
+    /// The nodes whose `value/` keys for `label_key` name `id`, now.
+    pub async fn nodes_using(
+        &self,
+        prefix: &str,
+        label_key: &[u8],
+        id: &[u8],
+    ) -> Result<Vec<String>> {
         let prefix = normalize_prefix(prefix);
         let mut key = format!("{prefix}value/").into_bytes();
         key.extend_from_slice(label_key);
         key.push(b'/');
         let mut kv = self.client.kv_client();
         let resp = kv
-            .get(
-                key.clone(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
+            .get(key.clone(), Some(GetOptions::new().with_prefix()))
             .await
             .map_err(|e| self.err("range request", e))?;
         Ok(resp
             .kvs()
             .iter()
+            .filter(|k| k.value() == id)
             .map(|k| String::from_utf8_lossy(&k.key()[key.len()..]).into_owned())
             .filter(|node| node != crate::core::kvstore::RESERVATION_NODE)
             .collect())

@@ -82,7 +82,7 @@ impl KvSource {
 
     /// The nodes whose `value/` keys use `label_key` now; `None` where the source keeps no
     /// names (a rehearsal's snapshot keeps node counts only).
-    pub async fn nodes_using(&self, label_key: &[u8]) -> Result<Option<Vec<String>>> {
+    pub async fn nodes_using(&self, label_key: &[u8], id: &[u8]) -> Result<Option<Vec<String>>> {
         match self {
             KvSource::Memory(_) => Ok(None),
             _ => {
@@ -90,7 +90,7 @@ impl KvSource {
                 Ok(Some(
                     self.follower()
                         .await?
-                        .nodes_using(&prefix, label_key)
+                        .nodes_using(&prefix, label_key, id)
                         .await?,
                 ))
             }
@@ -193,11 +193,16 @@ impl KvFollower {
         }
     }
 
-    /// The nodes whose `value/` keys use `label_key`, now.
-    pub async fn nodes_using(&self, prefix: &str, label_key: &[u8]) -> Result<Vec<String>> {
+    /// The nodes whose `value/` keys for `label_key` name `id`, now.
+    pub async fn nodes_using(
+        &self,
+        prefix: &str,
+        label_key: &[u8],
+        id: &[u8],
+    ) -> Result<Vec<String>> {
         match self {
-            KvFollower::Etcd { conn, .. } => conn.nodes_using(prefix, label_key).await,
-            KvFollower::Live(kv) => Ok(kv.nodes_using(prefix, label_key)),
+            KvFollower::Etcd { conn, .. } => conn.nodes_using(prefix, label_key, id).await,
+            KvFollower::Live(kv) => Ok(kv.nodes_using(prefix, label_key, id)),
         }
     }
 }

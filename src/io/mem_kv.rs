@@ -32,6 +32,8 @@ struct KeyEvent {
     key: Vec<u8>,
     /// `None` for a delete.
     value: Option<Vec<u8>>,
+    /// For a delete, what the key held (as an etcd watch with `prev_kv` says).
+    prev: Option<Vec<u8>>,
     created: bool,
 }
 
@@ -145,6 +147,7 @@ impl MemKv {
             rev,
             key: key.to_vec(),
             value: Some(value.to_vec()),
+            prev: None,
             created,
         };
         self.record(inner, ev);
@@ -208,6 +211,7 @@ impl MemKv {
             rev: inner.rev,
             key: key.to_vec(),
             value: None,
+            prev: Some(entry.value),
             created: false,
         };
         self.record(inner, ev);
@@ -311,7 +315,7 @@ impl MemKv {
         {
             match classify_key(&prefix, k) {
                 KeyKind::Master { id } => masters.push(MasterEntry::new(id, e.value.clone())),
-                KeyKind::Slave { label_key, node } => counts.add_key(label_key, node),
+                KeyKind::Slave { label_key, node } => counts.add_key(label_key, node, &e.value),
                 _ => {}
             }
         }
@@ -327,13 +331,14 @@ impl MemKv {
     }
 
     /// The nodes whose `value/` keys use `label_key`, now.
-    pub fn nodes_using(&self, prefix: &str, label_key: &[u8]) -> Vec<String> {
+    pub fn nodes_using(&self, prefix: &str, label_key: &[u8], id: &[u8]) -> Vec<String> {
         let mut key = format!("{}value/", normalize_prefix(prefix)).into_bytes();
         key.extend_from_slice(label_key);
         key.push(b'/');
         self.range(&key)
             .0
             .into_iter()
+            .filter(|(_, v)| v.as_slice() == id)
             .map(|(k, _)| String::from_utf8_lossy(&k[key.len()..]).into_owned())
             .filter(|node| node != RESERVATION_NODE)
             .collect()
@@ -427,7 +432,8 @@ impl Drop for WatcherCount<'_> {
 
 /// Sends one event as the etcd watch would; false once the receiver is gone.
 async fn forward(prefix: &str, ev: KeyEvent, tx: &mpsc::Sender<KvWatchEvent>) -> bool {
-    let Some(change) = kv_change(prefix, &ev.key, ev.value.as_deref(), ev.created) else {
+    let values = (ev.value.as_deref(), ev.prev.as_deref());
+    let Some(change) = kv_change(prefix, &ev.key, values, ev.created) else {
         return true;
     };
     tx.send(KvWatchEvent::Changes {
@@ -495,16 +501,19 @@ mod tests {
             rx.recv().await,
             Some(KvWatchEvent::Changes { .. })
         ));
-        // A revoked lease deletes its keys, and the watch sees it.
+        // A node uses the id its key names, not every id of the labels.
+        assert_eq!(kv.nodes_using(P, b"k8s:app=b;", b"301"), ["node-1"]);
+        assert!(kv.nodes_using(P, b"k8s:app=b;", b"300").is_empty());
+        // A revoked lease deletes its keys, and the watch sees it, with the id it held.
         assert_eq!(kv.revoke_lease(lease), 1);
         let Some(KvWatchEvent::Changes { changes, .. }) = rx.recv().await else {
             panic!()
         };
         assert!(matches!(
             &changes[0],
-            crate::io::etcd::KvChange::Slave { present: false, .. }
+            crate::io::etcd::KvChange::Slave { present: false, id: Some(id), .. } if id == b"301"
         ));
-        assert!(kv.nodes_using(P, b"k8s:app=b;").is_empty());
+        assert!(kv.nodes_using(P, b"k8s:app=b;", b"301").is_empty());
         let snap = kv.snapshot(P);
         assert_eq!(snap.masters.len(), 2);
         assert_eq!(snap.source.revision, kv.revision());

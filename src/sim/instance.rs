@@ -548,7 +548,7 @@ impl Instance {
     fn name_splits(&mut self, world: &World, now: Instant, trace: &mut Trace) {
         let i = self.idx;
         for f in std::mem::take(&mut self.naming) {
-            let nodes = world.nodes_using(&f.kv_value);
+            let nodes = world.nodes_using(&f.kv_value, f.id);
             match split::named(&f, nodes, now) {
                 Named::Report(s) => trace.line(
                     world.now,

@@ -160,17 +160,14 @@ impl World {
     }
 
     fn delete_value(&mut self, labels: &str, node: &str) -> bool {
-        if self
-            .values
-            .remove(&(labels.to_string(), node.to_string()))
-            .is_none()
-        {
+        let Some((id, _)) = self.values.remove(&(labels.to_string(), node.to_string())) else {
             return false;
-        }
+        };
         self.kv_put(KvChange::Slave {
             label_key: labels.as_bytes().to_vec(),
             node: node.as_bytes().to_vec(),
             present: false,
+            id: Some(id.to_string().into_bytes()),
         });
         true
     }
@@ -180,6 +177,7 @@ impl World {
             label_key: labels.as_bytes().to_vec(),
             node: node.as_bytes().to_vec(),
             present: true,
+            id: Some(id.to_string().into_bytes()),
         });
         self.values
             .insert((labels.to_string(), node.to_string()), (id, self.kv_rev));
@@ -404,11 +402,15 @@ impl World {
             .cloned()
             .collect();
         for key in gone {
-            self.values.remove(&key);
+            let id = self
+                .values
+                .remove(&key)
+                .map(|(id, _)| id.to_string().into_bytes());
             self.kv_put(KvChange::Slave {
                 label_key: key.0.into_bytes(),
                 node: key.1.into_bytes(),
                 present: false,
+                id,
             });
         }
     }
@@ -494,16 +496,15 @@ impl World {
     /// resourceVersion the list was at.
     /// The nodes whose `value/` keys use `labels`, sync's own left out: the world's answer to
     /// the binary's `nodes_using` (one prefix read, `value/{labels}/`), in the same order.
-    pub fn nodes_using(&self, labels: &[u8]) -> Vec<String> {
+    pub fn nodes_using(&self, labels: &[u8], id: u32) -> Vec<String> {
         let Ok(labels) = std::str::from_utf8(labels) else {
             return Vec::new();
         };
         self.values
             .range((labels.to_string(), String::new())..)
-            .map(|((l, node), _)| (l, node))
-            .take_while(|(l, _)| l.as_str() == labels)
-            .filter(|(_, node)| node.as_str() != RESERVATION_NODE)
-            .map(|(_, node)| node.clone())
+            .take_while(|((l, _), _)| l.as_str() == labels)
+            .filter(|((_, node), (at, _))| node.as_str() != RESERVATION_NODE && *at == id)
+            .map(|((_, node), _)| node.clone())
             .collect()
     }
 
@@ -525,8 +526,12 @@ impl World {
             .map(|(id, v)| (id.clone().into_bytes(), v.clone().into_bytes()))
             .collect();
         let mut counts = NodeCounts::default();
-        for (labels, node) in self.values.keys() {
-            counts.add_key(labels.as_bytes(), node.as_bytes());
+        for ((labels, node), (id, _)) in &self.values {
+            counts.add_key(
+                labels.as_bytes(),
+                node.as_bytes(),
+                id.to_string().as_bytes(),
+            );
         }
         SyncState::from_kvstore(masters, counts, self.kv_rev)
     }

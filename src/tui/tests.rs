@@ -105,7 +105,7 @@ pub(super) fn scanned_model() -> Model {
 fn counts_event(generation: u64) -> Event {
     let (masters, _) = world();
     let mut counts = crate::core::kvstore::NodeCounts::default();
-    counts.add(&masters[1].value, 4);
+    counts.add(&masters[1].value, &masters[1].id, 4);
     Event::NodeCounts { generation, counts }
 }
 

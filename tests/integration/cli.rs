@@ -953,3 +953,40 @@ async fn a_torn_last_line_is_said_by_log_and_verify() {
     assert!(r.stderr.contains(said), "{}", r.stderr);
     assert!(!r.stderr.contains('\u{1b}'), "{:?}", r.stderr);
 }
+
+/// A node uses the id its `value/` key names: where the kvstore holds one label set under
+/// two ids, each id is used by its own node, in `plan` and in `audit`.
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_are_counted_per_id_in_plan_and_audit() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/1100"), b"k8s:app=a;").await;
+    w.etcd.put(&format!("{P}/id/1101"), b"k8s:app=a;").await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/10.0.0.1"), b"1100")
+        .await;
+    w.etcd
+        .put(&format!("{P}/value/k8s:app=a;/10.0.0.2"), b"1101")
+        .await;
+    let r = w.cli(&["plan", "--output", "json"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    for item in plan["items"].as_array().unwrap() {
+        assert_eq!(item["nodes"], 1, "{item}");
+    }
+    // Kubernetes holds 1101 for other labels: the node to roll is 10.0.0.2 alone.
+    w.sb.seed_identity(
+        1101,
+        &cilium_idmig::core::labels::to_security_labels(
+            &cilium_idmig::core::labels::parse_label_key("k8s:app=other;").unwrap(),
+        ),
+    );
+    let r = w.cli(&["audit", "--output", "json"]).await;
+    let audit: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+    let split = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "split")
+        .expect("a split");
+    assert_eq!(split["nodes"], serde_json::json!(["10.0.0.2"]), "{split}");
+}

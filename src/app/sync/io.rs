@@ -280,7 +280,7 @@ fn report_splits(
         for f in found {
             let named = loop {
                 let nodes = conn
-                    .nodes_using(&prefix, &f.kv_value)
+                    .nodes_using(&prefix, &f.kv_value, f.id.to_string().as_bytes())
                     .await
                     .unwrap_or_default();
                 match split::named(&f, nodes, Instant::now()) {

@@ -455,3 +455,32 @@ fn a_duplicate_created_at_its_own_id_by_decision_is_shown_as_decided() {
         r.decided
     );
 }
+
+#[test]
+fn nodes_are_those_whose_value_key_names_the_id_not_every_id_of_the_labels() {
+    // The kvstore holds k8s:app=a; at 1100 and 1101; Kubernetes holds 1101 for other labels
+    // (a split). Only 10.0.0.2's key names 1101: it is the node to roll.
+    let r = run(
+        &[("1100", "k8s:app=a;"), ("1101", "k8s:app=a;")],
+        &[
+            value("k8s:app=a;", "10.0.0.1", 1100),
+            value("k8s:app=a;", "10.0.0.2", 1101),
+        ],
+        &[obj(1100, "k8s:app=a;"), obj(1101, "k8s:app=other;")],
+        None,
+    );
+    let split = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Split)
+        .expect("a split");
+    assert_eq!(split.id, 1101);
+    assert_eq!(split.nodes, ["10.0.0.2"]);
+    // The kvstore's duplicate is used by both, each at its own id.
+    let dup = r
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::Duplicate && f.side == Some(Side::Kvstore))
+        .expect("the kvstore's duplicate");
+    assert_eq!(dup.nodes, ["10.0.0.1", "10.0.0.2"]);
+}

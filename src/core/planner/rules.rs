@@ -157,7 +157,7 @@ fn blank_item(p: &Parsed<'_>, node_counts: &impl NodesOf) -> PlanItem {
         target_id: None,
         existing_labels: None,
         labels_present_at: None,
-        nodes: node_counts.nodes_of(&p.entry.value),
+        nodes: node_counts.nodes_of(&p.entry.value, &p.entry.id),
         reason: Cow::Borrowed(""),
         decided: false,
     }

@@ -520,3 +520,15 @@ fn a_proposal_moved_off_a_taken_target_with_no_free_id_left_is_no_remap() {
     assert_eq!((moved.action, moved.target_id), (Action::None, None));
     assert!(moved.reason.contains("no id in"), "{}", moved.reason);
 }
+
+#[test]
+fn an_items_nodes_are_those_whose_value_key_names_its_id() {
+    let masters = vec![MasterEntry::new("1100", A), MasterEntry::new("1101", A)];
+    let mut counts = crate::core::kvstore::NodeCounts::default();
+    counts.add_key(A.as_bytes(), b"10.0.0.1", b"1100");
+    counts.add_key(A.as_bytes(), b"10.0.0.2", b"1100");
+    counts.add_key(A.as_bytes(), b"10.0.0.3", b"1101");
+    let items = plan(&masters, &counts, &BTreeMap::new(), range0());
+    assert_eq!(by_id(&items, "1100").nodes, 2);
+    assert_eq!(by_id(&items, "1101").nodes, 1);
+}

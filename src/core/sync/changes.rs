@@ -74,8 +74,10 @@ impl SyncState {
                 label_key,
                 node,
                 present: true,
+                id,
             } => {
-                self.counts.add_key(&label_key, &node);
+                self.counts
+                    .add_key(&label_key, &node, id.as_deref().unwrap_or_default());
                 self.counts_changed = true;
                 self.look_at_labels(&label_key);
             }
@@ -83,8 +85,9 @@ impl SyncState {
                 label_key,
                 node,
                 present: false,
+                id,
             } => {
-                self.counts.remove_key(&label_key, &node);
+                self.counts.remove_key(&label_key, &node, id.as_deref());
                 self.counts_changed = true;
                 self.look_at_labels(&label_key);
             }

@@ -526,7 +526,12 @@ fn every_change_keeps_the_plan_up_to_date() {
 fn a_key_event_is_a_change_only_where_it_changes_what_sync_follows() {
     let p = "cilium/state/identities/v1/";
     let master = |value: Option<&[u8]>, created| {
-        kv_change(p, b"cilium/state/identities/v1/id/300", value, created)
+        kv_change(
+            p,
+            b"cilium/state/identities/v1/id/300",
+            (value, None),
+            created,
+        )
     };
     let at_300 = |value: Option<&[u8]>, created| {
         Some(KvChange::Master {
@@ -550,28 +555,45 @@ fn a_key_event_is_a_change_only_where_it_changes_what_sync_follows() {
         kv_change(
             p,
             b"cilium/state/identities/v1/value/k8s:app=a;/10.0.0.1",
-            value,
+            (value, None),
             created,
         )
     };
-    let used = |present| {
+    let used = |present, id: Option<&[u8]>| {
         Some(KvChange::Slave {
             label_key: b"k8s:app=a;".to_vec(),
             node: b"10.0.0.1".to_vec(),
             present,
+            id: id.map(<[u8]>::to_vec),
         })
     };
-    assert_eq!(slave(Some(b"300"), true), used(true));
-    assert_eq!(slave(None, false), used(false));
-    assert_eq!(slave(None, true), used(false));
+    assert_eq!(slave(Some(b"300"), true), used(true, Some(b"300")));
+    assert_eq!(slave(None, false), used(false, None));
+    assert_eq!(slave(None, true), used(false, None));
+    // A delete names the id the key held where the watch says (etcd's previous value).
+    let deleted = kv_change(
+        p,
+        b"cilium/state/identities/v1/value/k8s:app=a;/10.0.0.1",
+        (None, Some(b"300")),
+        false,
+    );
+    assert_eq!(deleted, used(false, Some(b"300")));
     // A node rewriting its own `value/` key (a lease renewal, a periodic sync) changes
     // nobody's use.
     assert_eq!(slave(Some(b"300"), false), None);
     assert_eq!(
-        kv_change(p, b"cilium/state/identities/v1/locks/x", None, false),
+        kv_change(
+            p,
+            b"cilium/state/identities/v1/locks/x",
+            (None, None),
+            false
+        ),
         None
     );
-    assert_eq!(kv_change(p, b"elsewhere/id/300", Some(b"x"), true), None);
+    assert_eq!(
+        kv_change(p, b"elsewhere/id/300", (Some(b"x"), None), true),
+        None
+    );
 }
 
 #[test]
@@ -649,7 +671,7 @@ fn the_overlay_is_touched_by_what_its_decisions_name_and_nothing_else() {
 #[test]
 fn a_state_from_a_snapshot_holds_its_identities_uses_and_revision() {
     let mut counts = NodeCounts::default();
-    counts.add_key(b"k8s:app=a;", b"node-1");
+    counts.add_key(b"k8s:app=a;", b"node-1", b"300");
     let snap = KvSnapshot {
         source: crate::core::kvstore::SourceInfo {
             revision: 42,
@@ -840,6 +862,7 @@ fn following(ids: &[u32], t0: Instant) -> SyncState {
                 label_key: labels.into_bytes(),
                 node: b"node-1".to_vec(),
                 present: true,
+                id: None,
             },
             t0,
         );

@@ -34,7 +34,7 @@ fn node_counts_while_sync_runs_are_syncs_on_every_screen() {
     assert_eq!(item(&m, "301").nodes, 4);
     let (masters, _) = world();
     let mut live = crate::core::kvstore::NodeCounts::default();
-    live.add(&masters[1].value, 1);
+    live.add(&masters[1].value, &masters[1].id, 1);
     update(
         &mut m,
         Msg::Engine(Event::Sync(SyncEvent::NodeCounts(live))),

@@ -384,7 +384,7 @@ fn scanned(
 /// conflicts all read them from the items (rebuild the view after).
 fn set_node_counts(items: &mut [PlanItem], counts: &crate::core::kvstore::NodeCounts) {
     for item in items {
-        item.nodes = counts.get(item.labels.as_bytes());
+        item.nodes = counts.of_identity(item.labels.as_bytes(), item.id.as_bytes());
     }
 }
 

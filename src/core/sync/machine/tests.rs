@@ -92,6 +92,7 @@ fn slave(present: bool) -> KvChange {
         label_key: A.as_bytes().to_vec(),
         node: b"10.0.0.1".to_vec(),
         present,
+        id: None,
     }
 }
 
@@ -719,6 +720,7 @@ fn sync_s_own_reservation_keys_coming_and_going_never_keep_cutover_waiting() {
         label_key: A.as_bytes().to_vec(),
         node: crate::core::kvstore::RESERVATION_NODE.as_bytes().to_vec(),
         present,
+        id: None,
     };
     assert!(own(true).is_own_reservation() && !slave(true).is_own_reservation());
     for present in [true, false] {

@@ -120,6 +120,7 @@ fn node(labels: &str, present: bool) -> KvChange {
         label_key: labels.as_bytes().to_vec(),
         node: b"10.0.0.1".to_vec(),
         present,
+        id: None,
     }
 }
 

@@ -9,6 +9,7 @@ fn unused_and_deleted(sync: &mut SyncState, id: u32, t0: Instant) {
         label_key: format!("k8s:app=a{id};").into_bytes(),
         node: b"node-1".to_vec(),
         present: false,
+        id: None,
     };
     sync.apply_kv_change(slave, t0);
     sync.k8s_delete(id, String::new(), t0);
@@ -94,6 +95,7 @@ fn other_labels_at_an_id_whose_object_sync_made_and_someone_deleted_are_a_new_ob
             label_key: b"k8s:app=a400;".to_vec(),
             node: b"node-1".to_vec(),
             present: false,
+            id: None,
         },
         KvChange::Master {
             id: b"400".to_vec(),
@@ -269,6 +271,7 @@ fn an_object_sync_made_and_someone_deleted_is_made_again_once_and_only_while_use
         label_key: b"k8s:app=a300;".to_vec(),
         node: b"node-1".to_vec(),
         present,
+        id: None,
     };
     sync.apply_kv_change(node_key(false), t0);
     sync.k8s_delete(300, String::new(), t0);

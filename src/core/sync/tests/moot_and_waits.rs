@@ -11,6 +11,7 @@ fn a_mapping_to_a_proposal_never_written_is_moot_once_no_node_uses_it() {
         label_key: b"k8s:app=r;".to_vec(),
         node: b"node-1".to_vec(),
         present,
+        id: None,
     };
     // Two kvstore agents allocated `r` at 300 and 301, and CRD-mode agents hold both ids
     // for other labels: 300 gets a remap proposal, 301 is mapped to where it would go.
@@ -63,6 +64,7 @@ fn an_id_the_kvstore_frees_and_gives_to_other_labels_is_no_longer_moot() {
         label_key: labels.as_bytes().to_vec(),
         node: b"node-1".to_vec(),
         present,
+        id: None,
     };
     // 300 `r` is a remap no node uses any more: closed as moot.
     sync.k8s_upsert(300, "k8s:app=x;".into(), String::new(), t0);
@@ -185,6 +187,7 @@ fn syncs_own_reservation_is_never_a_reason_to_create() {
             label_key: b"k8s:app=b;".to_vec(),
             node: b"node-1".to_vec(),
             present: true,
+            id: None,
         },
         t0,
     );

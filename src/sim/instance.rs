@@ -18,7 +18,7 @@ use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
 
-use crate::core::sync::machine::cutover::cutover_verdict;
+use crate::core::sync::machine::cutover::{cutover_verdict, logged_verdict};
 use crate::core::sync::machine::{
     Input, K8sChange, KvWatchEvent, LeaseHolder, Settings, SplitFound,
 };
@@ -635,7 +635,12 @@ impl Instance {
 
     /// The cutover check: a verify of the world as it is, with what this instance's log and
     /// the machine expect.
-    pub fn run_verify(&mut self, world: &World, log: &SimLog) -> Option<Result<(), CutoverWait>> {
+    pub fn run_verify(
+        &mut self,
+        world: &World,
+        log: &SimLog,
+        disk_full: bool,
+    ) -> Option<Result<(), CutoverWait>> {
         let (reused, nowhere) = self.verify.take()?;
         // Read as the binary reads its decision log: core's one fold of a line.
         let logged = match log.contents() {
@@ -656,7 +661,9 @@ impl Instance {
             .map(|(id, (l, _))| (*id, l.clone()))
             .collect();
         let sides = (masters.as_slice(), &k8s);
-        Some(cutover_verdict(logged, (&reused, &nowhere), sides, RANGE))
+        let verdict = cutover_verdict(logged, (&reused, &nowhere), sides, RANGE);
+        let writer = log.at(world.now, disk_full);
+        Some(logged_verdict(verdict, |line| writer.append(line)))
     }
 }
 

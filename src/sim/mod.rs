@@ -601,7 +601,8 @@ impl Sim {
         if !self.instances[i].alive {
             return Ok(());
         }
-        let Some(verdict) = self.instances[i].run_verify(&self.world, &self.logs[i]) else {
+        let full = self.faults.disk_full;
+        let Some(verdict) = self.instances[i].run_verify(&self.world, &self.logs[i], full) else {
             return Ok(());
         };
         self.trace.line(

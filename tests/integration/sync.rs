@@ -1059,3 +1059,45 @@ async fn the_first_reads_malformed_entries_are_one_count_and_a_later_one_its_own
     let (code, _) = s.stop().await;
     assert_eq!(code, 0);
 }
+
+/// README's steps as printed: apply, then `sync --decision-log rollout.jsonl --until-cutover`
+/// with no `--resume`, then step 9's `verify --decision-log rollout.jsonl`: the remap apply
+/// made is a reuse to sync, which records the mapping its cutover relied on in its own log.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readmes_steps_as_printed_verify_with_syncs_log() {
+    let w = World::new(SandboxConfig::default()).await;
+    w.etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    w.etcd.put(&format!("{P}/id/301"), b"k8s:app=b;").await;
+    w.sb.seed_identity(301, &labels("k8s:app=squatter;"));
+    let r = w.apply_accepting(&w.path("apply.jsonl")).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let mut s = Sync::start_with_log(
+        &w,
+        "rollout.jsonl",
+        &["--until-cutover", "--cutover-grace", "1s"],
+    );
+    let (code, text) = s.exits_within(60).await;
+    assert_eq!(code, 0, "sync reaches cutover:\n{text}");
+    let rollout = w.path("rollout.jsonl");
+    let r = w.cli(&["verify", "--decision-log", &rollout]).await;
+    assert_eq!(
+        r.code,
+        0,
+        "{}{}\n{}",
+        r.stdout,
+        r.stderr,
+        std::fs::read_to_string(&rollout).unwrap()
+    );
+    assert!(
+        r.stdout.contains("1 via a recorded mapping"),
+        "{}",
+        r.stdout
+    );
+    // The line is a record of a proposal carried out, never a decision to resume.
+    let mapped = crate::e2e::log_records(std::path::Path::new(&rollout))
+        .into_iter()
+        .find(|l| l["id"] == "301" && l["outcome"] == "mapped")
+        .expect("the mapping in sync's log");
+    assert_eq!(mapped["decided_by"], "proposal", "{mapped}");
+    assert_eq!(mapped["target_id"], 256, "{mapped}");
+}

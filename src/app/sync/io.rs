@@ -18,7 +18,7 @@ use crate::apply::executor::{self, StopFlag, Watchers, WriteGate};
 use crate::apply::outcome::ApplyReport;
 use crate::core::planner::{Kind, Op};
 use crate::core::sync::machine::SplitFound;
-use crate::core::sync::machine::cutover::cutover_verdict;
+use crate::core::sync::machine::cutover::{cutover_verdict, logged_verdict};
 use crate::core::sync::reserve::Request;
 use crate::core::sync::shell::{self, Event, FINISH_WAIT, Line};
 use crate::core::sync::split::{self, Named};
@@ -261,7 +261,12 @@ async fn cutover_verified(
         .await
         .map_err(|e| failed(format!("verify could not run: {e}")))?;
     let sides = (masters.as_slice(), &identities);
-    cutover_verdict(logged, (reused, nowhere), sides, cfg.scope.range)
+    let verdict = cutover_verdict(logged, (reused, nowhere), sides, cfg.scope.range);
+    // A few lines at most (the plan's reuses no log holds): on a thread for blocking work.
+    let log = cfg.log.clone();
+    tokio::task::spawn_blocking(move || logged_verdict(verdict, |line| log.append(line)))
+        .await
+        .map_err(|e| failed(format!("recording the verdict stopped: {e}")))?
 }
 
 /// Reports the splits the machine found, each once its kvstore labels' nodes can be named

@@ -2,6 +2,7 @@
 //! node, when the rollout is over, what cutover still waits for, and the check's verdict.
 
 use super::*;
+use crate::core::decision_log::Record;
 
 impl Machine {
     /// The status tick: retries whose wait is over, the status, moot conflicts and, once
@@ -209,17 +210,20 @@ impl Machine {
 /// decision logs expect (`logged`), with the plan's reuses and the identities it serves
 /// nowhere, checked by a verify of both sides as read (`masters`, `k8s`). A failure names
 /// its first few problems, each with its id and why: enough to act on, short enough for a
-/// line.
+/// line. A pass comes with the lines the logs lack for `verify --decision-log` to expect
+/// what the check expected (the plan's reuses and skips no log records): to be logged
+/// before cutover is announced, so that sync's log is the whole record of the rollout.
 pub fn cutover_verdict(
     logged: Expectations,
     (reused, nowhere): (&BTreeMap<String, u32>, &BTreeSet<String>),
     (masters, k8s): (&[MasterEntry], &BTreeMap<u32, LabelKey>),
     range: IdRange,
-) -> Result<(), CutoverWait> {
+) -> Result<Vec<Record>, CutoverWait> {
+    let unlogged = unlogged_lines(&logged, (reused, nowhere), masters);
     let expect = cutover_expectations(logged, reused, nowhere);
     let report = crate::core::verify::verify(masters, k8s, &expect, range);
     if report.problems.is_empty() {
-        return Ok(());
+        return Ok(unlogged);
     }
     let first: Vec<String> = report
         .problems
@@ -240,4 +244,64 @@ pub fn cutover_verdict(
         problems: report.problems.len(),
         first: first.join("; "),
     })
+}
+
+/// A line for each reuse or skip of the plan that `logged` does not expect already, with
+/// the labels the kvstore holds for it: a mapping (`mapped`) or a skip (`skipped`), never
+/// read as a decision (decided by the proposal, not a person).
+fn unlogged_lines(
+    logged: &Expectations,
+    (reused, nowhere): (&BTreeMap<String, u32>, &BTreeSet<String>),
+    masters: &[MasterEntry],
+) -> Vec<Record> {
+    let labels_of = |id: &str| {
+        masters
+            .iter()
+            .find(|m| m.id == id.as_bytes())
+            .map(|m| String::from_utf8_lossy(&m.value).into_owned())
+    };
+    let wanted = reused
+        .iter()
+        .map(|(id, t)| (id, Some(*t)))
+        .chain(nowhere.iter().map(|id| (id, None)));
+    let mut lines = Vec::new();
+    for (id, target) in wanted {
+        let Some(labels) = labels_of(id) else {
+            continue;
+        };
+        let already = logged.mappings.get(id) == Some(&target)
+            && logged.mapped_labels.get(id) == Some(&labels);
+        if already {
+            continue;
+        }
+        let (outcome, kind, action, text) = match target {
+            Some(t) => (
+                Outcome::Mapped,
+                Kind::Reuse,
+                "map",
+                format!("map (proposal): served at {t}, where Kubernetes holds its labels"),
+            ),
+            None => (Outcome::Skipped, Kind::Create, "skip", "skip".to_string()),
+        };
+        let mut line = Record::new(id, &labels, kind, text, target).with_fields("proposal", action);
+        line.outcome = Some(outcome);
+        lines.push(line);
+    }
+    lines
+}
+
+/// A verdict as the machine takes it, once the lines a pass comes with are in the log
+/// (`append`, the binary's file or the simulation's): a line the log refuses turns the pass
+/// into a wait, so cutover is never announced on a log that does not hold the whole record.
+pub fn logged_verdict<E: std::fmt::Display>(
+    verdict: Result<Vec<Record>, CutoverWait>,
+    mut append: impl FnMut(Record) -> Result<(), E>,
+) -> Result<(), CutoverWait> {
+    for line in verdict? {
+        append(line).map_err(|e| CutoverWait::Verify {
+            problems: 1,
+            first: format!("the decision log cannot be written ({e}): its record of the mappings cutover relies on is missing"),
+        })?;
+    }
+    Ok(())
 }

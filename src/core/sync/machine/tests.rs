@@ -800,3 +800,54 @@ fn a_deleted_object_waiting_to_be_made_again_is_a_write_cutover_waits_for() {
 }
 
 mod reserve;
+
+#[test]
+fn a_passing_cutover_check_brings_the_mappings_no_log_holds_and_a_refused_line_is_a_wait() {
+    use crate::core::sync::machine::cutover::{cutover_verdict, logged_verdict};
+    let masters = vec![
+        MasterEntry::new("300", "k8s:app=a;"),
+        MasterEntry::new("301", "k8s:app=b;"),
+    ];
+    let k8s: BTreeMap<u32, LabelKey> = [
+        (300, "k8s:app=a;".to_string()),
+        (301, "k8s:app=squatter;".to_string()),
+        (256, "k8s:app=b;".to_string()),
+    ]
+    .into();
+    let reused: BTreeMap<String, u32> = [("301".to_string(), 256)].into();
+    let range = IdRange::for_cluster(0).unwrap();
+    let sides = (masters.as_slice(), &k8s);
+    let lines = cutover_verdict(
+        Expectations::default(),
+        (&reused, &BTreeSet::new()),
+        sides,
+        range,
+    )
+    .expect("passes");
+    assert_eq!(lines.len(), 1);
+    let line = &lines[0];
+    assert_eq!((line.id.as_str(), line.target_id), ("301", Some(256)));
+    assert!(line.step().is_none(), "never read as a decision");
+    // What verify then reads from the line alone passes.
+    let mut logged = Expectations::default();
+    for l in &lines {
+        logged.fold(l.logged());
+    }
+    let alone = crate::core::verify::verify(&masters, &k8s, &logged, range);
+    assert!(alone.passed(), "{:?}", alone.problems);
+    // Logged already: nothing more.
+    let again = cutover_verdict(logged, (&reused, &BTreeSet::new()), sides, range).unwrap();
+    assert!(again.is_empty());
+    // A log that refuses the line makes the pass a wait.
+    let verdict = cutover_verdict(
+        Expectations::default(),
+        (&reused, &BTreeSet::new()),
+        sides,
+        range,
+    );
+    let taken = logged_verdict(verdict, |_| Err("disk full"));
+    assert!(
+        matches!(taken, Err(CutoverWait::Verify { .. })),
+        "{taken:?}"
+    );
+}

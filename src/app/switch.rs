@@ -318,15 +318,6 @@ pub fn carried_out_text(done: &ApplyReport) -> String {
 /// Pods of one outcome printed in full; the rest are counted (JSON lists every one).
 const SHOWN: usize = 20;
 
-/// Whether the switch, made now, draws no id and finds no duplicate (endpoints whose pods'
-/// labels are not their identity's still move: that is the labels' doing, not the switch's).
-/// A pod whose namespace is gone draws nothing: the operator computes no labels for it, and
-/// it goes with its namespace; nothing could be prepared for it either.
-pub fn is_safe(report: &SwitchReport) -> bool {
-    let c = &report.counts;
-    c.re_minted + c.no_identity + c.duplicate == 0
-}
-
 /// The report as text: the settings, the counts, each pod that does not simply keep its id,
 /// the unused identities, and what the draws are expected to rewrite.
 pub fn text(report: &SwitchReport) -> String {
@@ -399,7 +390,7 @@ pub fn text(report: &SwitchReport) -> String {
             crate::core::words::count(c.no_namespace, "pod")
         ));
     }
-    if is_safe(report) {
+    if report.is_safe() {
         out.push_str(
             "safe: every pod is adopted by exactly one identity; the switch draws nothing\n",
         );
@@ -470,4 +461,59 @@ fn join_ids(ids: &[u32]) -> String {
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::switch::report::SwitchCounts;
+    use crate::core::switch::settings::ShownSettings;
+
+    fn report(counts: SwitchCounts) -> SwitchReport {
+        SwitchReport {
+            rules: crate::core::switch::report::RULES,
+            releases: &[],
+            settings: ShownSettings {
+                from: "kube-system/cilium-config".into(),
+                cluster_name: "default".into(),
+                cluster_id: 0,
+                labels: Vec::new(),
+                identity_management_mode: None,
+                cannot_know: Vec::new(),
+            },
+            counts,
+            pods: Vec::new(),
+            unused: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_text_says_the_draw_is_from_the_whole_range_and_a_gone_namespace_apart() {
+        let r = report(SwitchCounts {
+            no_identity: 10,
+            no_namespace: 1,
+            label_sets_drawn: 10,
+            unreserved_identities: 100,
+            ..Default::default()
+        });
+        let text = text(&r);
+        assert!(text.contains("at random from the whole range"), "{text}");
+        assert!(
+            text.contains(
+                "1 pod in a namespace that is gone: the operator computes no identity for them"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("not safe yet"), "{text}");
+        let gone_only = report(SwitchCounts {
+            adopted: 1,
+            no_namespace: 1,
+            ..Default::default()
+        });
+        assert!(text_of_safe(&gone_only), "{}", super::text(&gone_only));
+    }
+
+    fn text_of_safe(r: &SwitchReport) -> bool {
+        text(r).contains("\nsafe: ")
+    }
 }

@@ -249,7 +249,7 @@ async fn switch_report(
         super::args::Output::Json => super::out::json(&report)?,
         super::args::Output::Text => out!("{}", switch::text(&report))?,
     }
-    Ok(if switch::is_safe(&report) {
+    Ok(if report.is_safe() {
         Exit::Ok
     } else {
         Exit::Failed

@@ -501,15 +501,32 @@ async fn the_demo_plays_a_whole_rollout_to_cutover() {
         "{last_status}"
     );
     // As with Cilium's allocators (a random free id each), most new identities are simply
-    // mirrored and a few split; blind agents taking the lowest free id split them all.
-    let count_of = |what: &str| -> u64 {
-        last_status
-            .split(" · ")
+    // mirrored and a few split; blind agents taking the lowest free id split them all. The
+    // splits the generated world held before sync started (its remaps) count from the
+    // first status line on: the rollout's are those added since.
+    let count_of = |line: &str, what: &str| -> u64 {
+        line.split(" · ")
             .find_map(|part| part.strip_suffix(what)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{what} in {last_status}"))
+            .unwrap_or_else(|| panic!("{what} in {line}"))
     };
-    let (mirrored, split) = (count_of(" mirrored"), count_of(" split"));
-    assert!(split > 0 && split * 3 < mirrored, "{last_status}");
+    let first_status = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("sync: ") && l.contains(" split · "))
+        .unwrap_or_default();
+    let at_start = count_of(first_status, " split");
+    let (mirrored, split) = (
+        count_of(last_status, " mirrored"),
+        count_of(last_status, " split"),
+    );
+    assert!(
+        at_start > 0,
+        "the world's remaps are splits: {first_status}"
+    );
+    assert!(
+        (split - at_start) * 3 < mirrored,
+        "{first_status}\n{last_status}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -168,6 +168,17 @@ pub struct SwitchCounts {
     pub expected_live_taken_over_at_most: f64,
 }
 
+impl SwitchReport {
+    /// Whether the switch, made now, draws no id and finds no duplicate (endpoints whose
+    /// pods' labels are not their identity's still move: that is the labels' doing, not the
+    /// switch's). A pod whose namespace is gone draws nothing: the operator computes no
+    /// labels for it, and it goes with its namespace; nothing could be prepared for it.
+    pub fn is_safe(&self) -> bool {
+        let c = &self.counts;
+        c.re_minted + c.no_identity + c.duplicate == 0
+    }
+}
+
 /// The whole report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SwitchReport {

@@ -9,7 +9,6 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
 use super::theme::Theme;
-use crate::app::switch::is_safe;
 use crate::core::switch::report::{Outcome, PodOutcome, SwitchReport, difference_text};
 use crate::tui::model::{Model, needs_something};
 
@@ -68,7 +67,7 @@ fn head_lines(report: &SwitchReport, running: bool, t: &Theme) -> Vec<Line<'stat
             )),
         ]),
     ];
-    lines.push(if is_safe(report) {
+    lines.push(if report.is_safe() {
         Line::styled(
             "safe: every pod is adopted by exactly one identity; the switch draws nothing",
             t.good(),

@@ -189,26 +189,14 @@ fn unused_identities_are_listed_and_the_expected_rewrites_follow_the_draws() {
     let r = report(&pods, &ids, &[]);
     assert_eq!(r.counts.no_identity, 10);
     assert_eq!(r.counts.no_namespace, 1);
-    // The draw is from the whole range, and a pod whose namespace is gone draws nothing.
-    let text = crate::app::switch::text(&r);
-    assert!(text.contains("at random from the whole range"), "{text}");
-    assert!(
-        text.contains(
-            "1 pod in a namespace that is gone: the operator computes no identity for them"
-        ),
-        "{text}"
-    );
+    // A pod whose namespace is gone draws nothing.
     let gone_only = report(
         &[pod("shop", "web-1", "web"), pod("gone", "x-1", "x")],
         &ids,
         &[],
     );
     assert_eq!(gone_only.counts.no_namespace, 1);
-    assert!(
-        crate::app::switch::is_safe(&gone_only),
-        "{:?}",
-        gone_only.counts
-    );
+    assert!(gone_only.is_safe(), "{:?}", gone_only.counts);
     assert_eq!(r.counts.label_sets_drawn, 10);
     assert_eq!(r.counts.unused_identities, 100);
     assert_eq!(r.unused.iter().filter(|u| u.run.is_some()).count(), 50);

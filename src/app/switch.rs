@@ -104,8 +104,12 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
     if config.is_none() && !namespaces.contains_key(cilium_namespace) {
         settings.namespace_missing(cilium_namespace);
     }
-    let range = IdRange::for_cluster(settings.cluster_id)
-        .map_err(|e| Error::Config(format!("{from}: cluster-id {}: {e}", settings.cluster_id)))?;
+    // The cluster's own range, as its agents and operator allocate: its id in the mesh's
+    // layout (255 or 511 clusters).
+    let range =
+        crate::core::range::ClusterScope::new(settings.cluster_id, settings.max_connected_clusters)
+            .map_err(|e| Error::Config(format!("{from}: cluster-id {}: {e}", settings.cluster_id)))?
+            .range;
     let mut endpoints: BTreeMap<String, u32> = ceps
         .unwrap_or_default()
         .into_iter()
@@ -244,6 +248,10 @@ pub async fn carry_out(
 pub fn plan_text(p: &Preparation) -> String {
     let plan = &p.plan;
     let mut out = String::new();
+    // What the plan was made on without knowing it: said first, as the report says it.
+    for n in &p.report.settings.cannot_know {
+        out.push_str(&format!("cannot know: {n}\n"));
+    }
     for c in plan.creates.iter().take(SHOWN) {
         out.push_str(&format!(
             "create {} {} for {} ({})\n",
@@ -477,9 +485,11 @@ mod tests {
                 from: "kube-system/cilium-config".into(),
                 cluster_name: "default".into(),
                 cluster_id: 0,
+                max_connected_clusters: 255,
                 labels: Vec::new(),
                 identity_management_mode: None,
                 cannot_know: Vec::new(),
+                guessed: Vec::new(),
             },
             counts,
             pods: Vec::new(),

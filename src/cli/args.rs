@@ -329,6 +329,10 @@ pub enum CliCommand {
         /// Required to create or remove anything.
         #[arg(long)]
         yes: bool,
+        /// Prepare even though something that decides ids or labels was assumed (no
+        /// cilium-config found, a label-prefix-file): --yes refuses without it, naming each.
+        #[arg(long)]
+        assume_defaults: bool,
         /// Also remove the identities this tool created that no pod and no endpoint uses,
         /// once they are at least this old (e.g. 24h).
         #[arg(long, value_parser = parse_duration)]

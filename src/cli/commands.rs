@@ -124,6 +124,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             conn,
             cilium_namespace,
             yes,
+            assume_defaults,
             remove_unused_after,
             decision_log,
             tuning,
@@ -133,6 +134,7 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             let options = prepare_options(remove_unused_after);
             let how = PrepareHow {
                 yes,
+                assume_defaults,
                 decision_log,
                 tuning,
                 json: output == super::args::Output::Json,
@@ -245,6 +247,12 @@ async fn switch_report(
         switch::read_report(&target, &cilium_namespace),
     )
     .await?;
+    if let Some(why) = report
+        .settings
+        .contradicted_by(k8s.cluster_id, k8s.max_connected_clusters)
+    {
+        return Err(cilium_idmig::Error::Config(why).into());
+    }
     match output {
         super::args::Output::Json => super::out::json(&report)?,
         super::args::Output::Text => out!("{}", switch::text(&report))?,
@@ -259,6 +267,8 @@ async fn switch_report(
 /// How `switch-prepare` was asked to run.
 struct PrepareHow {
     yes: bool,
+    /// Write even on settings assumed rather than read.
+    assume_defaults: bool,
     decision_log: Option<PathBuf>,
     tuning: super::args::Tuning,
     json: bool,
@@ -272,14 +282,33 @@ async fn switch_prepare(
     how: PrepareHow,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::switch;
-    let World {
-        kv, target, scope, ..
-    } = World::of(&conn).await?;
+    let World { kv, target, .. } = World::of(&conn).await?;
     let prep = printer::reading(
         "reading pods, namespaces, identities, endpoints and the kvstore",
         switch::read_preparation(&target, &kv, &cilium_namespace, options),
     )
     .await?;
+    let settings = &prep.report.settings;
+    let k8s = &conn.k8s;
+    if let Some(why) = settings.contradicted_by(k8s.cluster_id, k8s.max_connected_clusters) {
+        return Err(cilium_idmig::Error::Config(why).into());
+    }
+    // The cluster's own range, as cilium-config sets it: what the session line records.
+    let scope = cilium_idmig::core::range::ClusterScope::new(
+        settings.cluster_id,
+        settings
+            .max_connected_clusters
+            .try_into()
+            .unwrap_or_default(),
+    )
+    .map_err(cilium_idmig::Error::Config)?;
+    if how.yes
+        && !how.assume_defaults
+        && !prep.plan.is_empty()
+        && let Some(why) = settings.refuse_guesses()
+    {
+        return Err(cilium_idmig::Error::Config(why).into());
+    }
     if !how.yes || prep.plan.is_empty() {
         match how.json {
             true => super::out::json(&prep)?,

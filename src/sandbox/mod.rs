@@ -199,6 +199,23 @@ impl Sandbox {
         self.store().namespaces.insert(name.to_string(), namespace);
     }
 
+    /// Adds a ConfigMap with `data` (Cilium's `cilium-config`, say).
+    pub fn add_config_map(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let cm = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": data,
+        });
+        self.store()
+            .config_maps
+            .insert((namespace.to_string(), name.to_string()), cm);
+    }
+
     /// Every Lease, by namespace and name.
     pub fn leases(&self) -> BTreeMap<(String, String), Value> {
         self.store().leases.clone()

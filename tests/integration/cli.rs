@@ -1007,3 +1007,86 @@ async fn nodes_are_counted_per_id_in_plan_and_audit() {
         .expect("a split");
     assert_eq!(split["nodes"], serde_json::json!(["10.0.0.2"]), "{split}");
 }
+
+/// The switch in a mesh cluster prepares in that cluster's own range, as cilium-config sets
+/// it; a flag that contradicts the ConfigMap is refused naming both; and nothing is written
+/// on a guess (no cilium-config found) unless the operator says to assume the defaults.
+#[tokio::test(flavor = "multi_thread")]
+async fn switch_prepare_uses_the_meshs_range_and_writes_nothing_on_a_guess() {
+    use cilium_idmig::sandbox::pods::{namespace_object, pod_object};
+    let w = World::new(SandboxConfig::default()).await;
+    let labels = |app: &str| -> std::collections::BTreeMap<String, String> {
+        [("app".to_string(), app.to_string())].into()
+    };
+    w.sb.add_namespace("shop", namespace_object("shop", &Default::default()));
+    w.sb.add_pod(pod_object("shop", "new-1", &labels("new"), "default"));
+    w.sb.add_config_map(
+        "kube-system",
+        "cilium-config",
+        &[("cluster-id", "3"), ("max-connected-clusters", "511")],
+    );
+    // A flag that contradicts the ConfigMap: refused, both named, nothing written.
+    let r = w
+        .cli(&["switch-prepare", "--cluster-id", "5", "--yes"])
+        .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("--cluster-id 5 contradicts kube-system/cilium-config (cluster-id 3)"),
+        "{}",
+        r.stderr
+    );
+    assert!(w.sb.objects().is_empty());
+    // Cluster 3 with 511 clusters owns 98304..=131071: the identity lands there.
+    let log = w.path("prepare.jsonl");
+    let r = w
+        .cli(&["switch-prepare", "--decision-log", &log, "--yes"])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let ids: Vec<u32> = w.sb.objects().keys().map(|k| k.parse().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!((98304..=131071).contains(&ids[0]), "{ids:?}");
+    let session = &crate::e2e::log_records(std::path::Path::new(&log))[0]["session"];
+    assert_eq!(
+        (&session["cluster_id"], &session["max_connected_clusters"]),
+        (&serde_json::json!(3), &serde_json::json!(511)),
+        "{session}"
+    );
+    // Cilium elsewhere, the namespace mistyped: the plan says what it cannot know, and
+    // --yes writes nothing until the operator names the namespace or assumes the defaults.
+    w.sb.add_pod(pod_object("shop", "new-2", &labels("other"), "default"));
+    let r = w
+        .cli(&["switch-prepare", "--cilium-namespace", "cilium"])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("cannot know: namespace cilium does not exist"),
+        "{}",
+        r.stdout
+    );
+    let before = w.sb.objects().len();
+    let r = w
+        .cli(&["switch-prepare", "--cilium-namespace", "cilium", "--yes"])
+        .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("nothing is written on a guess")
+            && r.stderr.contains("--cilium-namespace")
+            && r.stderr.contains("--assume-defaults"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(w.sb.objects().len(), before);
+    let r = w
+        .cli(&[
+            "switch-prepare",
+            "--cilium-namespace",
+            "cilium",
+            "--yes",
+            "--assume-defaults",
+        ])
+        .await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert_eq!(w.sb.objects().len(), before + 1);
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::core::range::MaxConnectedClusters;
 use crate::core::switch::filter::{BadPattern, LabelFilter};
 
 /// The settings the report computes with, and where each came from.
@@ -15,6 +16,9 @@ pub struct Settings {
     pub filter: LabelFilter,
     pub cluster_name: String,
     pub cluster_id: u32,
+    /// `max-connected-clusters` (255 unless the mesh was installed with 511): with the
+    /// cluster id, the range the operator allocates from.
+    pub max_connected_clusters: MaxConnectedClusters,
     /// What the settings are, as the report shows them.
     pub shown: ShownSettings,
 }
@@ -26,11 +30,67 @@ pub struct ShownSettings {
     pub from: String,
     pub cluster_name: String,
     pub cluster_id: u32,
+    pub max_connected_clusters: u32,
     /// The operator's own label patterns (`labels`), after Cilium 1.18's defaults.
     pub labels: Vec<String>,
     pub identity_management_mode: Option<String>,
     /// What the report cannot know from the settings, each a sentence.
     pub cannot_know: Vec<String>,
+    /// What was assumed because it could not be read, each with what settles it: nothing
+    /// that decides ids or labels is written on such a guess (`switch-prepare --yes`).
+    pub guessed: Vec<Guess>,
+}
+
+/// A setting that decides ids or labels, assumed because it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Guess {
+    /// What was assumed, and why.
+    pub what: String,
+    /// What settles it.
+    pub settle: String,
+}
+
+impl ShownSettings {
+    /// Why `--cluster-id` or `--max-connected-clusters` (each counted as given when not its
+    /// default) cannot stand beside what `cilium-config` says: the agents allocate in the
+    /// range the ConfigMap sets, and an identity made in another is another cluster's.
+    pub fn contradicted_by(&self, cluster_id: u32, mcc: MaxConnectedClusters) -> Option<String> {
+        let mcc = u32::from(mcc);
+        let mut said = Vec::new();
+        if cluster_id != 0 && cluster_id != self.cluster_id {
+            said.push(format!(
+                "--cluster-id {cluster_id} contradicts {} (cluster-id {})",
+                self.from, self.cluster_id
+            ));
+        }
+        if mcc != 255 && mcc != self.max_connected_clusters {
+            said.push(format!(
+                "--max-connected-clusters {mcc} contradicts {} (max-connected-clusters {})",
+                self.from, self.max_connected_clusters
+            ));
+        }
+        (!said.is_empty()).then(|| {
+            format!(
+                "{}: the agents allocate in the range the ConfigMap sets; drop the flag, or fix the ConfigMap",
+                said.join(", and ")
+            )
+        })
+    }
+
+    /// Why `--yes` writes nothing while something that decides ids or labels was guessed.
+    pub fn refuse_guesses(&self) -> Option<String> {
+        let listed: Vec<String> = self
+            .guessed
+            .iter()
+            .map(|g| format!("{} ({})", g.what, g.settle))
+            .collect();
+        (!listed.is_empty()).then(|| {
+            format!(
+                "nothing is written on a guess: {}; or pass --assume-defaults to prepare with what the report assumed",
+                listed.join("; ")
+            )
+        })
+    }
 }
 
 /// Cilium's default cluster name.
@@ -40,6 +100,10 @@ impl Settings {
     /// Says that `cilium-config` was not found because its `namespace` does not exist (a
     /// mistyped `--cilium-namespace`), not as a ConfigMap missing from Cilium's namespace.
     pub fn namespace_missing(&mut self, namespace: &str) {
+        let guessed = &mut self.shown.guessed;
+        if let Some(g) = guessed.first_mut().filter(|g| g.what.contains("not found")) {
+            g.what = format!("namespace {namespace} does not exist, so no cilium-config was read");
+        }
         let missing = |s: &String| s.contains(" was not found: ");
         if let Some(s) = self.shown.cannot_know.iter_mut().find(|s| missing(s)) {
             *s = format!(
@@ -55,6 +119,7 @@ impl Settings {
         data: Option<&BTreeMap<String, String>>,
     ) -> Result<Settings, BadPattern> {
         let mut cannot_know = Vec::new();
+        let mut guessed = Vec::new();
         let empty = BTreeMap::new();
         let data = match data {
             Some(d) => d,
@@ -62,6 +127,10 @@ impl Settings {
                 cannot_know.push(format!(
                     "{from} was not found: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); pass --cilium-namespace where Cilium runs elsewhere"
                 ));
+                guessed.push(Guess {
+                    what: format!("{from} was not found"),
+                    settle: "pass --cilium-namespace with the namespace Cilium runs in".into(),
+                });
                 &empty
             }
         };
@@ -74,6 +143,14 @@ impl Settings {
             cannot_know.push(format!(
                 "label-prefix-file is set ({file}): the operator reads its patterns from a file inside its pod instead of Cilium's defaults; this report uses the defaults, so check the outcomes of labels that file names"
             ));
+            guessed.push(Guess {
+                what: format!(
+                    "label-prefix-file {file} (read inside the operator's pod) decides the labels"
+                ),
+                settle:
+                    "check the outcomes of the labels that file names, then pass --assume-defaults"
+                        .into(),
+            });
         }
         let cluster_name = get("cluster-name")
             .unwrap_or(DEFAULT_CLUSTER_NAME)
@@ -86,7 +163,28 @@ impl Settings {
                     cannot_know.push(format!(
                         "cluster-id is {v:?}, not a number: id 0 is assumed"
                     ));
+                    guessed.push(Guess {
+                        what: format!("cluster-id {v:?} in cilium-config is not a number"),
+                        settle: "fix cluster-id in cilium-config (Cilium's agents refuse it too)"
+                            .into(),
+                    });
                     0
+                }
+            },
+        };
+        let max_connected_clusters = match get("max-connected-clusters") {
+            None => MaxConnectedClusters::default(),
+            Some(v) => match v.parse::<MaxConnectedClusters>() {
+                Ok(m) => m,
+                Err(e) => {
+                    cannot_know.push(format!(
+                        "max-connected-clusters is {v:?} ({e}): 255 is assumed"
+                    ));
+                    guessed.push(Guess {
+                        what: format!("max-connected-clusters {v:?} in cilium-config is not 255 or 511"),
+                        settle: "fix max-connected-clusters in cilium-config (Cilium's agents refuse it too)".into(),
+                    });
+                    MaxConnectedClusters::default()
                 }
             },
         };
@@ -106,13 +204,16 @@ impl Settings {
             filter,
             cluster_name: cluster_name.clone(),
             cluster_id,
+            max_connected_clusters,
             shown: ShownSettings {
                 from: from.to_string(),
                 cluster_name,
                 cluster_id,
+                max_connected_clusters: max_connected_clusters.into(),
                 labels,
                 identity_management_mode: get("identity-management-mode").map(str::to_string),
                 cannot_know,
+                guessed,
             },
         })
     }
@@ -174,5 +275,69 @@ mod tests {
     fn a_pattern_cilium_cannot_compile_is_an_error() {
         let d = data(&[("labels", "k8s:(")]);
         assert!(Settings::from_config("x", Some(&d)).is_err());
+    }
+
+    #[test]
+    fn a_mesh_cluster_has_its_own_layout_and_what_is_guessed_is_named_with_what_settles_it() {
+        let d = data(&[("cluster-id", "3"), ("max-connected-clusters", "511")]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        assert_eq!(
+            (s.cluster_id, s.max_connected_clusters),
+            (3, MaxConnectedClusters::C511)
+        );
+        assert!(s.shown.guessed.is_empty());
+        let s = Settings::from_config("kube-system/cilium-config", None).expect("settings");
+        assert!(s.shown.guessed[0].settle.contains("--cilium-namespace"));
+        let d = data(&[
+            ("cluster-id", "five"),
+            ("max-connected-clusters", "300"),
+            ("label-prefix-file", "/p.json"),
+        ]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        let what: Vec<&str> = s.shown.guessed.iter().map(|g| g.what.as_str()).collect();
+        assert_eq!(what.len(), 3, "{what:?}");
+        assert!(
+            what.iter().any(|w| w.contains("label-prefix-file")),
+            "{what:?}"
+        );
+        assert!(
+            what.iter().any(|w| w.contains("cluster-id \"five\"")),
+            "{what:?}"
+        );
+        assert!(
+            what.iter()
+                .any(|w| w.contains("max-connected-clusters \"300\"")),
+            "{what:?}"
+        );
+    }
+
+    #[test]
+    fn a_flag_that_contradicts_the_config_is_named_beside_it() {
+        let d = data(&[("cluster-id", "3"), ("max-connected-clusters", "511")]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        assert_eq!(s.shown.contradicted_by(0, MaxConnectedClusters::C255), None);
+        assert_eq!(s.shown.contradicted_by(3, MaxConnectedClusters::C511), None);
+        let why = s
+            .shown
+            .contradicted_by(5, MaxConnectedClusters::C255)
+            .expect("refused");
+        assert!(
+            why.starts_with("--cluster-id 5 contradicts kube-system/cilium-config (cluster-id 3)"),
+            "{why}"
+        );
+        let d = data(&[("cluster-id", "3")]);
+        let s = Settings::from_config("kube-system/cilium-config", Some(&d)).expect("settings");
+        let why = s
+            .shown
+            .contradicted_by(3, MaxConnectedClusters::C511)
+            .expect("refused");
+        assert!(why.contains("(max-connected-clusters 255)"), "{why}");
+        assert!(s.shown.refuse_guesses().is_none());
+        let s = Settings::from_config("x/cilium-config", None).expect("settings");
+        let why = s.shown.refuse_guesses().expect("refused");
+        assert!(
+            why.contains("--cilium-namespace") && why.contains("--assume-defaults"),
+            "{why}"
+        );
     }
 }

@@ -42,6 +42,10 @@ fn operator_set(app: &str, ns: &str, ns_name_label: bool) -> BTreeMap<String, St
 
 /// A namespace with its `default` ServiceAccount (no controller-manager runs here to make it,
 /// and the ServiceAccount admission plugin wants it) and pods that mount no token.
+/// Cilium's ConfigMap as a cluster running it on its defaults has one: switch-prepare writes
+/// nothing on settings it could only assume.
+const CILIUM_CONFIG: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cilium-config, namespace: kube-system}\ndata: {cluster-name: default, identity-allocation-mode: crd}\n";
+
 fn namespace_with_pods(ns: &str, pods: &[(&str, &str)]) -> String {
     let mut out = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {ns}}}\n"
@@ -165,6 +169,7 @@ impl Scenario {
             skip(test, &why);
             return None;
         }
+        cp.apply(CILIUM_CONFIG);
         // Servers since 1.21 label every namespace with its name; agents that ran there put
         // it in their identities, agents that ran on older servers did not.
         let labels_ns_name = !cp.version().starts_with("v1.19");
@@ -505,6 +510,7 @@ async fn bulk_cluster(test: &str, exact: u32, new: u32, unused: u32) -> Option<S
         skip(test, &why);
         return None;
     }
+    cp.apply(CILIUM_CONFIG);
     let labels_ns_name = !cp.version().starts_with("v1.19");
     let pods: Vec<(String, String)> = (0..exact)
         .map(|i| (format!("exact-{i}"), format!("exact-{i}")))

@@ -485,7 +485,7 @@ mod tests {
                 from: "kube-system/cilium-config".into(),
                 cluster_name: "default".into(),
                 cluster_id: 0,
-                max_connected_clusters: 255,
+                max_connected_clusters: Default::default(),
                 labels: Vec::new(),
                 identity_management_mode: None,
                 cannot_know: Vec::new(),

@@ -296,10 +296,7 @@ async fn switch_prepare(
     // The cluster's own range, as cilium-config sets it: what the session line records.
     let scope = cilium_idmig::core::range::ClusterScope::new(
         settings.cluster_id,
-        settings
-            .max_connected_clusters
-            .try_into()
-            .unwrap_or_default(),
+        settings.max_connected_clusters,
     )
     .map_err(cilium_idmig::Error::Config)?;
     if how.yes

@@ -74,6 +74,26 @@ impl Record {
         }
     }
 
+    /// A line that says where identity `id` is served (`target`, outcome `mapped`) or that
+    /// it is served nowhere (`None`, `skipped`), by neither a person nor a write: what verify
+    /// reads, and never a decision to resume (`decided_by` is no person's).
+    pub fn serving(
+        id: &str,
+        labels: &str,
+        kind: Kind,
+        target: Option<u32>,
+        decision: String,
+        (decided_by, action): (&str, &str),
+    ) -> Self {
+        let mut line =
+            Record::new(id, labels, kind, decision, target).with_fields(decided_by, action);
+        line.outcome = Some(match target {
+            Some(_) => Outcome::Mapped,
+            None => Outcome::Skipped,
+        });
+        line
+    }
+
     /// A line about identity `id` (the time and operator are filled in on append).
     pub fn new(
         id: &str,

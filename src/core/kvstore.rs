@@ -123,20 +123,23 @@ pub struct NodeCounts {
 }
 
 impl NodeCounts {
-    fn hash(label_key: &[u8]) -> u64 {
-        use std::hash::{Hash, Hasher};
+    /// A label key's hash, or an identity's (`(label key, id)`).
+    fn hash(key: impl std::hash::Hash) -> u64 {
+        use std::hash::Hasher;
         // SipHash with fixed keys: the same hash in every process.
         let mut h = std::hash::DefaultHasher::new();
-        label_key.hash(&mut h);
+        key.hash(&mut h);
         h.finish()
     }
 
-    fn identity_hash(label_key: &[u8], id: &[u8]) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        label_key.hash(&mut h);
-        id.hash(&mut h);
-        h.finish()
+    /// One fewer at `h`; a count that reaches 0 goes.
+    fn one_less(counts: &mut HashMap<u64, u32>, h: u64) {
+        if let Some(n) = counts.get_mut(&h) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&h);
+            }
+        }
     }
 
     pub fn with_capacity(n: usize) -> Self {
@@ -150,7 +153,7 @@ impl NodeCounts {
     /// Nodes whose `value/` key for `label_key` holds `id` (0 when none).
     pub fn of_identity(&self, label_key: &[u8], id: &[u8]) -> u32 {
         self.by_identity
-            .get(&Self::identity_hash(label_key, id))
+            .get(&Self::hash((label_key, id)))
             .copied()
             .unwrap_or(0)
     }
@@ -168,7 +171,7 @@ impl NodeCounts {
         *self.by_label.entry(Self::hash(label_key)).or_default() += n;
         *self
             .by_identity
-            .entry(Self::identity_hash(label_key, id))
+            .entry(Self::hash((label_key, id)))
             .or_default() += n;
     }
 
@@ -195,21 +198,9 @@ impl NodeCounts {
         if node == RESERVATION_NODE.as_bytes() {
             return;
         }
-        let h = Self::hash(label_key);
-        if let Some(n) = self.by_label.get_mut(&h) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.by_label.remove(&h);
-            }
-        }
+        Self::one_less(&mut self.by_label, Self::hash(label_key));
         if let Some(id) = id {
-            let h = Self::identity_hash(label_key, id);
-            if let Some(n) = self.by_identity.get_mut(&h) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.by_identity.remove(&h);
-                }
-            }
+            Self::one_less(&mut self.by_identity, Self::hash((label_key, id)));
         }
         let node = String::from_utf8_lossy(node);
         if let Some(n) = self.by_node.get_mut(node.as_ref()) {

@@ -192,21 +192,19 @@ fn resume_decisions(
     // This run's log carries what the logs it resumed decided, so that it alone replays to
     // the decisions sync acts on: `verify --decision-log` with it passes after cutover, and
     // a later restart need not be given the other logs again.
-    if !cfg.resume.is_empty() {
-        let own = logs.last().map(|l| decisions_file::in_force(&[l]));
+    if let Some((own, resumed)) = logs.split_last().filter(|(_, r)| !r.is_empty()) {
+        let mut own_in_force = decisions_file::in_force(&[own]);
         let (_, not_logged) =
-            decisions_file::log_changes(&cfg.log, &mut own.unwrap_or_default(), &recorded, RESUMED);
+            decisions_file::log_changes(&cfg.log, &mut own_in_force, &recorded, RESUMED);
         if let Some(why) = not_logged {
             return Err(crate::Error::file(cfg.log.path(), why));
         }
         // And where they record identities served, or skipped: what verify expects.
-        if let Some((own, resumed)) = logs.split_last() {
-            let resumed: Vec<_> = resumed.iter().collect();
-            for line in crate::core::decision_log::carry::served_lines(&resumed, own) {
-                cfg.log
-                    .append(line)
-                    .map_err(|e| crate::Error::file(cfg.log.path(), e.to_string()))?;
-            }
+        let resumed: Vec<_> = resumed.iter().collect();
+        for line in crate::core::decision_log::carry::served_lines(&resumed, own) {
+            cfg.log
+                .append(line)
+                .map_err(|e| crate::Error::file(cfg.log.path(), e.to_string()))?;
         }
     }
     let Some(file) = file else {

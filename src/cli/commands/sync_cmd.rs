@@ -133,11 +133,10 @@ impl Shown {
     /// Prints one event of sync: a status line when it changed (or every 30 s), a line per
     /// conflict, split allocation, malformed entry or note, troubles on stderr.
     fn show(&mut self, ev: cilium_idmig::app::sync::SyncEvent) {
-        let invalid = matches!(ev, cilium_idmig::app::sync::SyncEvent::Invalid { .. });
-        if self.following && !invalid {
+        use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
+        if self.following && !matches!(ev, SyncEvent::Invalid { .. }) {
             self.say_invalid_read();
         }
-        use cilium_idmig::app::sync::{self as sync_engine, SyncEvent};
         match ev {
             SyncEvent::Status(s) => {
                 let line = status_line(self.following, &s);

@@ -3,7 +3,6 @@
 //! resumed logs record as served elsewhere, or skipped, that its own log says nothing of.
 
 use super::{LogContents, Record};
-use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
 use crate::core::verify::Expectations;
 
@@ -27,20 +26,12 @@ pub fn served_lines(resumed: &[&LogContents], own: &LogContents) -> Vec<Record> 
         .map(|(id, target)| {
             let labels = expect.mapped_labels.get(id).cloned().unwrap_or_default();
             let kind = kinds.get(id.as_str()).copied().unwrap_or(Kind::Reuse);
-            let (outcome, text) = match target {
-                Some(t) => (Outcome::Mapped, format!("served at {t}")),
-                None => (Outcome::Skipped, "skipped".to_string()),
+            let text = match target {
+                Some(t) => format!("served at {t}"),
+                None => "skipped".to_string(),
             };
-            let mut line = Record::new(
-                id,
-                &labels,
-                kind,
-                format!("{text} (carried from a log it resumed)"),
-                *target,
-            )
-            .with_fields("rule", CARRIED);
-            line.outcome = Some(outcome);
-            line
+            let text = format!("{text} (carried from a log it resumed)");
+            Record::serving(id, &labels, kind, *target, text, ("rule", CARRIED))
         })
         .collect()
 }
@@ -56,6 +47,7 @@ fn last_kinds<'a>(logs: &[&'a LogContents]) -> std::collections::BTreeMap<&'a st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::outcome::Outcome;
 
     fn line(id: &str, kind: Kind, target: u32, outcome: Outcome) -> Record {
         let mut r = Record::new(

@@ -19,6 +19,9 @@ pub struct Settings {
     /// `max-connected-clusters` (255 unless the mesh was installed with 511): with the
     /// cluster id, the range the operator allocates from.
     pub max_connected_clusters: MaxConnectedClusters,
+    /// Whether a `cilium-config` was read: when not, what the report cannot know and what
+    /// it guessed each begin with that.
+    config_read: bool,
     /// What the settings are, as the report shows them.
     pub shown: ShownSettings,
 }
@@ -30,7 +33,8 @@ pub struct ShownSettings {
     pub from: String,
     pub cluster_name: String,
     pub cluster_id: u32,
-    pub max_connected_clusters: u32,
+    /// Serialized as its number, 255 or 511.
+    pub max_connected_clusters: MaxConnectedClusters,
     /// The operator's own label patterns (`labels`), after Cilium 1.18's defaults.
     pub labels: Vec<String>,
     pub identity_management_mode: Option<String>,
@@ -55,7 +59,6 @@ impl ShownSettings {
     /// default) cannot stand beside what `cilium-config` says: the agents allocate in the
     /// range the ConfigMap sets, and an identity made in another is another cluster's.
     pub fn contradicted_by(&self, cluster_id: u32, mcc: MaxConnectedClusters) -> Option<String> {
-        let mcc = u32::from(mcc);
         let mut said = Vec::new();
         if cluster_id != 0 && cluster_id != self.cluster_id {
             said.push(format!(
@@ -63,7 +66,7 @@ impl ShownSettings {
                 self.from, self.cluster_id
             ));
         }
-        if mcc != 255 && mcc != self.max_connected_clusters {
+        if mcc != MaxConnectedClusters::default() && mcc != self.max_connected_clusters {
             said.push(format!(
                 "--max-connected-clusters {mcc} contradicts {} (max-connected-clusters {})",
                 self.from, self.max_connected_clusters
@@ -93,6 +96,22 @@ impl ShownSettings {
     }
 }
 
+/// What settles a `cilium-config` that could not be read.
+const SETTLE_NAMESPACE: &str = "pass --cilium-namespace with the namespace Cilium runs in";
+
+/// What the report says when no `cilium-config` was read (`why`, and `settle` in its
+/// words), and the guess that stands for it.
+fn not_read(why: String, settle: &str) -> (String, Guess) {
+    let said = format!(
+        "{why}: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); {settle}"
+    );
+    let guess = Guess {
+        what: why,
+        settle: SETTLE_NAMESPACE.into(),
+    };
+    (said, guess)
+}
+
 /// Cilium's default cluster name.
 pub const DEFAULT_CLUSTER_NAME: &str = "default";
 
@@ -100,16 +119,13 @@ impl Settings {
     /// Says that `cilium-config` was not found because its `namespace` does not exist (a
     /// mistyped `--cilium-namespace`), not as a ConfigMap missing from Cilium's namespace.
     pub fn namespace_missing(&mut self, namespace: &str) {
-        let guessed = &mut self.shown.guessed;
-        if let Some(g) = guessed.first_mut().filter(|g| g.what.contains("not found")) {
-            g.what = format!("namespace {namespace} does not exist, so no cilium-config was read");
+        if self.config_read {
+            return;
         }
-        let missing = |s: &String| s.contains(" was not found: ");
-        if let Some(s) = self.shown.cannot_know.iter_mut().find(|s| missing(s)) {
-            *s = format!(
-                "namespace {namespace} does not exist, so no cilium-config was read: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); pass --cilium-namespace with the namespace Cilium runs in"
-            );
-        }
+        let why = format!("namespace {namespace} does not exist, so no cilium-config was read");
+        let (said, guess) = not_read(why, SETTLE_NAMESPACE);
+        self.shown.cannot_know[0] = said;
+        self.shown.guessed[0] = guess;
     }
 
     /// The settings of a cluster whose `cilium-config` reads `data` (`None`: not found, so
@@ -121,16 +137,16 @@ impl Settings {
         let mut cannot_know = Vec::new();
         let mut guessed = Vec::new();
         let empty = BTreeMap::new();
+        let data_read = data.is_some();
         let data = match data {
             Some(d) => d,
             None => {
-                cannot_know.push(format!(
-                    "{from} was not found: Cilium's defaults are assumed (cluster name `default`, id 0, the default label filter); pass --cilium-namespace where Cilium runs elsewhere"
-                ));
-                guessed.push(Guess {
-                    what: format!("{from} was not found"),
-                    settle: "pass --cilium-namespace with the namespace Cilium runs in".into(),
-                });
+                let (said, guess) = not_read(
+                    format!("{from} was not found"),
+                    "pass --cilium-namespace where Cilium runs elsewhere",
+                );
+                cannot_know.push(said);
+                guessed.push(guess);
                 &empty
             }
         };
@@ -205,11 +221,12 @@ impl Settings {
             cluster_name: cluster_name.clone(),
             cluster_id,
             max_connected_clusters,
+            config_read: data_read,
             shown: ShownSettings {
                 from: from.to_string(),
                 cluster_name,
                 cluster_id,
-                max_connected_clusters: max_connected_clusters.into(),
+                max_connected_clusters,
                 labels,
                 identity_management_mode: get("identity-management-mode").map(str::to_string),
                 cannot_know,

@@ -248,44 +248,43 @@ pub fn cutover_verdict(
 
 /// A line for each reuse or skip of the plan that `logged` does not expect already, with
 /// the labels the kvstore holds for it: a mapping (`mapped`) or a skip (`skipped`), never
-/// read as a decision (decided by the proposal, not a person).
+/// read as a decision (decided by the proposal, not a person). One pass over the kvstore's
+/// identities: at 65,280 of them the check runs every 30 s near cutover.
 fn unlogged_lines(
     logged: &Expectations,
     (reused, nowhere): (&BTreeMap<String, u32>, &BTreeSet<String>),
     masters: &[MasterEntry],
 ) -> Vec<Record> {
-    let labels_of = |id: &str| {
-        masters
-            .iter()
-            .find(|m| m.id == id.as_bytes())
-            .map(|m| String::from_utf8_lossy(&m.value).into_owned())
-    };
-    let wanted = reused
-        .iter()
-        .map(|(id, t)| (id, Some(*t)))
-        .chain(nowhere.iter().map(|id| (id, None)));
+    if reused.is_empty() && nowhere.is_empty() {
+        return Vec::new();
+    }
     let mut lines = Vec::new();
-    for (id, target) in wanted {
-        let Some(labels) = labels_of(id) else {
+    for m in masters {
+        let Ok(id) = std::str::from_utf8(&m.id) else {
             continue;
         };
+        // As `cutover_expectations` folds them: served nowhere wins over a reuse.
+        let target = match (nowhere.contains(id), reused.get(id)) {
+            (true, _) => None,
+            (false, Some(t)) => Some(*t),
+            (false, None) => continue,
+        };
+        let labels = String::from_utf8_lossy(&m.value);
         let already = logged.mappings.get(id) == Some(&target)
-            && logged.mapped_labels.get(id) == Some(&labels);
+            && logged.mapped_labels.get(id).map(String::as_str) == Some(labels.as_ref());
         if already {
             continue;
         }
-        let (outcome, kind, action, text) = match target {
+        let (kind, action, text) = match target {
             Some(t) => (
-                Outcome::Mapped,
                 Kind::Reuse,
                 "map",
                 format!("map (proposal): served at {t}, where Kubernetes holds its labels"),
             ),
-            None => (Outcome::Skipped, Kind::Create, "skip", "skip".to_string()),
+            None => (Kind::Create, "skip", "skip".to_string()),
         };
-        let mut line = Record::new(id, &labels, kind, text, target).with_fields("proposal", action);
-        line.outcome = Some(outcome);
-        lines.push(line);
+        let by = ("proposal", action);
+        lines.push(Record::serving(id, &labels, kind, target, text, by));
     }
     lines
 }

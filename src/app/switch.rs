@@ -16,7 +16,10 @@ use crate::core::planner::reconcile::{Op, OpKind};
 use crate::core::planner::{DecidedBy, Kind};
 use crate::core::range::IdRange;
 use crate::core::switch::computed::PodFacts;
-use crate::core::switch::prepare::{PrepareInput, PrepareOptions, PreparePlan, prepare};
+use crate::core::switch::endpoints::{EndpointUse, endpoint_use};
+use crate::core::switch::prepare::{
+    KvstoreHolds, PrepareInput, PrepareOptions, PreparePlan, prepare,
+};
 use crate::core::switch::report::{
     ExistingIdentity, Outcome, SwitchInput, SwitchReport, difference_text, switch_report,
 };
@@ -36,10 +39,8 @@ pub struct SwitchFacts {
     pub pods: Vec<PodFacts>,
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     pub identities: Vec<ExistingIdentity>,
-    /// `namespace/name` of each `CiliumEndpoint` (or endpoint of a slice) -> the id it uses.
-    pub endpoints: BTreeMap<String, u32>,
-    /// Whether endpoints could be read at all (CiliumEndpoints or their slices served).
-    pub endpoints_known: bool,
+    /// The ids `CiliumEndpoint`s and slice entries use, and whether that is known.
+    pub endpoints: EndpointUse,
     pub range: IdRange,
 }
 
@@ -95,7 +96,6 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
         },
     )?;
     let (ceps, slices) = endpoints;
-    let endpoints_known = ceps.is_some() || slices.is_some();
     let mut settings = Settings::from_config(&from, config.as_ref()).map_err(|e| {
         Error::Config(format!(
             "{from}: {e}: Cilium itself refuses this pattern; fix `labels` there first"
@@ -110,17 +110,16 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
         crate::core::range::ClusterScope::new(settings.cluster_id, settings.max_connected_clusters)
             .map_err(|e| Error::Config(format!("{from}: cluster-id {}: {e}", settings.cluster_id)))?
             .range;
-    let mut endpoints: BTreeMap<String, u32> = ceps
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|(id, users)| users.into_iter().map(move |u| (u, id)))
-        .collect();
-    endpoints.extend(slices.unwrap_or_default());
-    if !endpoints_known {
-        settings
-            .shown
-            .cannot_know
-            .push(ENDPOINTS_UNKNOWN.to_string());
+    let ceps = ceps.map(|by_id| {
+        by_id
+            .into_iter()
+            .flat_map(|(id, users)| users.into_iter().map(move |u| (u, id)))
+            .collect()
+    });
+    let with_endpoint = pods.iter().filter(|p| !p.host_network).count();
+    let endpoints = endpoint_use(ceps, slices, with_endpoint);
+    if let Some(why) = &endpoints.unknown {
+        settings.shown.cannot_know.push(why.clone());
     }
     Ok(SwitchFacts {
         settings,
@@ -128,13 +127,9 @@ pub async fn read_facts(target: &K8sTarget, cilium_namespace: &str) -> Result<Sw
         namespaces,
         identities,
         endpoints,
-        endpoints_known,
         range,
     })
 }
-
-/// Said when neither kind of endpoint object is served.
-pub const ENDPOINTS_UNKNOWN: &str = "which identities endpoints use: neither ciliumendpoints.cilium.io nor ciliumendpointslices.cilium.io is served, so no endpoint is known; switch-prepare removes nothing while that is so";
 
 /// A list of a kind the server may not serve (its CRD not installed): `None` then.
 fn served<T>(
@@ -160,7 +155,7 @@ pub struct Preparation {
 }
 
 /// Reads Kubernetes and the kvstore (whose ids, sync's reservations among them, a prepared
-/// identity must not take) and plans the preparation.
+/// identity must not take, and whose nodes still allocate there) and plans the preparation.
 pub async fn read_preparation(
     target: &K8sTarget,
     kv: &KvSource,
@@ -168,27 +163,39 @@ pub async fn read_preparation(
     options: PrepareOptions,
 ) -> Result<Preparation> {
     let (facts, kvstore) =
-        tokio::try_join!(read_facts(target, cilium_namespace), kv.read_masters())?;
-    let kvstore_ids: BTreeSet<u32> = kvstore
-        .masters
-        .iter()
-        .filter_map(|m| parse_id(&m.id).ok())
-        .collect();
-    let endpoint_ids: BTreeSet<u32> = facts.endpoints.values().copied().collect();
+        tokio::try_join!(read_facts(target, cilium_namespace), read_kvstore_holds(kv))?;
     let report = facts.report();
     let plan = prepare(&PrepareInput {
         report: &report,
         identities: &facts.identities,
-        kvstore_ids: &kvstore_ids,
-        endpoint_ids: &endpoint_ids,
+        kvstore: &kvstore,
+        endpoint_ids: &facts.endpoints.ids,
         range: facts.range,
         options: PrepareOptions {
             // Unknown endpoints could use any identity: nothing is removed then.
-            endpoints_unknown: !facts.endpoints_known,
+            endpoints_unknown: !facts.endpoints.known(),
             ..options
         },
     });
     Ok(Preparation { report, plan })
+}
+
+/// The ids the kvstore holds and the nodes still allocating there, read at one revision.
+pub async fn read_kvstore_holds(kv: &KvSource) -> Result<KvstoreHolds> {
+    let snap = kv.read_masters().await?;
+    let mut holds = KvstoreHolds {
+        ids: snap
+            .masters
+            .iter()
+            .filter_map(|m| parse_id(&m.id).ok())
+            .collect(),
+        nodes: BTreeSet::new(),
+    };
+    for key in kv.read_value_keys(&snap).await?.unwrap_or_default() {
+        holds.ids.extend(parse_id(key.id.as_bytes()).ok());
+        holds.nodes.insert(key.node);
+    }
+    Ok(holds)
 }
 
 /// The preparation as the executor's operations: creates at the chosen ids, deletes of
@@ -218,6 +225,17 @@ pub fn operations(plan: &PreparePlan) -> Vec<Op> {
         )
     });
     creates.chain(removals).collect()
+}
+
+/// Whether the kvstore, read again now, still lets the preparation be written (no agent
+/// allocating there, no id to create taken there since the plan): checked just before the
+/// writes, as the last read before them.
+pub async fn kvstore_still_clear(kv: &KvSource, plan: &PreparePlan) -> Result<()> {
+    let now = read_kvstore_holds(kv).await?;
+    match plan.kvstore_moved(&now) {
+        Some(why) => Err(Error::Config(why)),
+        None => Ok(()),
+    }
 }
 
 /// Carries the preparation out: every decision logged first, then the writes (never an
@@ -274,6 +292,13 @@ pub fn plan_text(p: &Preparation) -> String {
         out.push_str(&format!(
             "remove: {} more (--output json lists every one)\n",
             plan.removals.len() - SHOWN
+        ));
+    }
+    if !plan.kvstore_nodes.is_empty() {
+        out.push_str(&format!(
+            "kvstore: {} still allocate there ({}): --yes writes nothing until every agent is in CRD mode\n",
+            crate::core::words::count(plan.kvstore_nodes.len(), "node"),
+            crate::core::audit::names_list(&plan.kvstore_nodes, 5)
         ));
     }
     if plan.no_free_id > 0 {

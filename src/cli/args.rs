@@ -313,8 +313,9 @@ pub enum CliCommand {
     /// label set the operator will compute that no identity holds exactly, create one at an
     /// id nothing holds (no identity, endpoint or kvstore key, sync's reservations
     /// included); of duplicates this tool created, keep the one endpoints use and remove the
-    /// others. Never touches an identity it did not create. Without --yes it prints the plan
-    /// and changes nothing.
+    /// others. Never touches an identity it did not create, and writes nothing while a node
+    /// still allocates from the kvstore. Without --yes it prints the plan and changes
+    /// nothing.
     #[command(after_long_help = examples::SWITCH_PREPARE)]
     SwitchPrepare {
         #[command(flatten)]
@@ -334,7 +335,8 @@ pub enum CliCommand {
         #[arg(long)]
         assume_defaults: bool,
         /// Also remove the identities this tool created that no pod and no endpoint uses,
-        /// once they are at least this old (e.g. 24h).
+        /// once they are at least this old (e.g. 24h); also the age a duplicate of this tool
+        /// must reach before it goes (else 1h).
         #[arg(long, value_parser = parse_duration)]
         remove_unused_after: Option<Duration>,
         /// Where decisions and outcomes go (appended; created with mode 0600); default
@@ -504,7 +506,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{s:?} is not a duration this tool can count (too long or negative)"))
 }
 
 impl Conn {

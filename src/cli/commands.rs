@@ -198,7 +198,9 @@ fn prepare_options(
     remove_unused_after: Option<std::time::Duration>,
 ) -> cilium_idmig::core::switch::prepare::PrepareOptions {
     cilium_idmig::core::switch::prepare::PrepareOptions {
-        remove_unused_after: remove_unused_after.map(|d| d.as_secs() as i64),
+        // Past i64's seconds is for ever: nothing that old exists.
+        remove_unused_after: remove_unused_after
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
         endpoints_unknown: false,
         now: jiff::Timestamp::now().as_second(),
     }
@@ -306,23 +308,40 @@ async fn switch_prepare(
     {
         return Err(cilium_idmig::Error::Config(why).into());
     }
+    if how.yes
+        && let Some(why) = prep.plan.refuse_while_agents_on_kvstore()
+    {
+        return Err(cilium_idmig::Error::Config(why).into());
+    }
+    // Label sets the range has no id for: the switch still draws for them.
+    let short = if prep.plan.no_free_id > 0 {
+        Exit::Failed
+    } else {
+        Exit::Ok
+    };
     if !how.yes || prep.plan.is_empty() {
         match how.json {
             true => super::out::json(&prep)?,
             false => out!("{}", switch::plan_text(&prep))?,
         }
-        let note = if prep.plan.is_empty() {
-            "nothing to prepare"
-        } else {
-            "nothing was changed; pass --yes to create and remove what is listed"
+        let note = match (prep.plan.is_empty(), &short) {
+            (true, Exit::Ok) => "nothing to prepare",
+            (true, _) => "nothing can be prepared: no id of the range is free",
+            _ => "nothing was changed; pass --yes to create and remove what is listed",
         };
         // JSON on stdout stays one document.
         match how.json {
             true => eprintln!("{note}"),
             false => outln!("{note}")?,
         }
-        return Ok(Exit::Ok);
+        return Ok(short);
     }
+    // The last read before the writes: no agent came to the kvstore, no id was taken there.
+    printer::reading(
+        "reading the kvstore again",
+        switch::kvstore_still_clear(&kv, &prep.plan),
+    )
+    .await?;
     let log_path = how.decision_log.unwrap_or_else(decision_log::default_path);
     let log = open_log(&log_path)?;
     log.begin_session(cilium_idmig::io::decision_log::Session {
@@ -367,11 +386,12 @@ async fn switch_prepare(
             Outcome::Created | Outcome::Deleted | Outcome::AlreadyGone
         )
     });
-    Ok(exit_of_writes(
-        &done,
-        clean,
-        "assets/clusterrole-switch.yaml",
-    ))
+    Ok(
+        match exit_of_writes(&done, clean, "assets/clusterrole-switch.yaml") {
+            Exit::Ok => short,
+            other => other,
+        },
+    )
 }
 
 /// `audit`: both stores read and audited by labels; exit 1 when anything was found.

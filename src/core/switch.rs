@@ -3,6 +3,7 @@
 //! does to every pod and identity, before it is made.
 
 pub mod computed;
+pub mod endpoints;
 pub mod filter;
 pub mod prepare;
 pub mod report;

@@ -13,13 +13,11 @@ use super::k8s::{K8sTarget, RequestError, for_each_listed};
 /// The endpoints (`namespace/name`) of every `CiliumEndpointSlice` (`cilium.io/v2alpha1`,
 /// cluster-scoped: with `enable-cilium-endpoint-slice` Cilium keeps its endpoints there
 /// instead of in CiliumEndpoints), each with the identity it uses (`endpoints[].id`).
-pub async fn endpoints_in_slices(
-    target: &K8sTarget,
-) -> Result<BTreeMap<String, u32>, RequestError> {
+pub async fn endpoints_in_slices(target: &K8sTarget) -> Result<Vec<(String, u32)>, RequestError> {
     let gvk = GroupVersionKind::gvk("cilium.io", "v2alpha1", "CiliumEndpointSlice");
     let resource = ApiResource::from_gvk_with_plural(&gvk, "ciliumendpointslices");
     let api: Api<DynamicObject> = Api::all_with(target.kube_client(), &resource);
-    let mut out = BTreeMap::new();
+    let mut out = Vec::new();
     for_each_listed(
         &api,
         || {},
@@ -38,7 +36,7 @@ pub async fn endpoints_in_slices(
                     .and_then(serde_json::Value::as_u64)
                     .and_then(|id| u32::try_from(id).ok());
                 if let Some(id) = id {
-                    out.insert(format!("{ns}/{name}"), id);
+                    out.push((format!("{ns}/{name}"), id));
                 }
             }
         },

@@ -1090,3 +1090,57 @@ async fn switch_prepare_uses_the_meshs_range_and_writes_nothing_on_a_guess() {
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert_eq!(w.sb.objects().len(), before + 1);
 }
+
+/// A range with no free id leaves the switch drawing: said, and a failure (exit 1), never
+/// "nothing to prepare"; a grace past counting is refused by name, not wrapped.
+#[tokio::test(flavor = "multi_thread")]
+async fn switch_prepare_with_no_free_id_fails_and_a_grace_past_counting_is_refused() {
+    use cilium_idmig::sandbox::pods::{namespace_object, pod_object};
+    let w = World::new(SandboxConfig::default()).await;
+    w.sb.add_namespace("shop", namespace_object("shop", &Default::default()));
+    let app: std::collections::BTreeMap<String, String> =
+        [("app".to_string(), "new".to_string())].into();
+    w.sb.add_pod(pod_object("shop", "new-1", &app, "default"));
+    // Cluster 3 of 511 owns 98304..=131071: every id held by an identity of other labels.
+    w.sb.add_config_map(
+        "kube-system",
+        "cilium-config",
+        &[("cluster-id", "3"), ("max-connected-clusters", "511")],
+    );
+    for id in 98304..=131071u32 {
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("k8s:app".to_string(), format!("held-{id}")),
+            (
+                "k8s:io.kubernetes.pod.namespace".to_string(),
+                "shop".to_string(),
+            ),
+        ]
+        .into();
+        w.sb.seed_identity(id, &labels);
+    }
+    for yes in [false, true] {
+        let args: &[&str] = if yes {
+            &["switch-prepare", "--yes"]
+        } else {
+            &["switch-prepare"]
+        };
+        let r = w.cli(args).await;
+        assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout.contains("1 label sets get no identity"),
+            "{}",
+            r.stdout
+        );
+        assert!(!r.stdout.contains("nothing to prepare"), "{}", r.stdout);
+    }
+    assert_eq!(w.sb.objects().len(), 32768, "nothing written");
+    let r = w
+        .cli(&[
+            "switch-prepare",
+            "--remove-unused-after",
+            "100000000000000000000h",
+        ])
+        .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("too long"), "{}", r.stderr);
+}

@@ -25,10 +25,21 @@ pub struct PreparedCreate {
     pub because: String,
 }
 
+/// Why one of this tool's identities goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemovalOf {
+    /// Another identity holds its labels and is kept.
+    Duplicate,
+    /// No pod and no endpoint uses it (`--remove-unused-after`).
+    Unused,
+}
+
 /// One of this tool's identities to remove, exactly as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PreparedRemoval {
     pub id: u32,
+    pub of: RemovalOf,
     pub labels: SecurityLabels,
     #[serde(skip)]
     pub uid: String,
@@ -41,13 +52,19 @@ pub struct PreparedRemoval {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrepareOptions {
     /// Remove this tool's identities no pod and no endpoint uses, once created at least this
-    /// many seconds before `now`.
+    /// many seconds before `now`; also the grace of this tool's duplicates (else
+    /// `DUPLICATE_GRACE`).
     pub remove_unused_after: Option<i64>,
     /// Seconds since the epoch.
     pub now: i64,
     /// No endpoint could be read: any identity may be in use, so none is removed.
     pub endpoints_unknown: bool,
 }
+
+/// How long a duplicate this tool created is kept at least, when the operator named no
+/// grace: an agent in CRD mode may have just taken it, its endpoint not written yet. Two
+/// heartbeat timeouts, as Cilium's identity GC waits.
+pub const DUPLICATE_GRACE: i64 = 3600;
 
 /// The preparation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -58,20 +75,72 @@ pub struct PreparePlan {
     pub advice: Vec<String>,
     /// Label sets left without an identity because the range has no free id.
     pub no_free_id: usize,
+    /// Nodes whose agents still allocate from the kvstore (they hold `value/` keys): nothing
+    /// is written while there is one.
+    pub kvstore_nodes: Vec<String>,
 }
 
 impl PreparePlan {
     pub fn is_empty(&self) -> bool {
         self.creates.is_empty() && self.removals.is_empty()
     }
+
+    /// Why nothing may be written now: an agent still on the kvstore draws ids there at any
+    /// moment, and this tool does not write the kvstore to hold its ids against it (only
+    /// sync does, when asked). The operator's controller runs only once every agent is in
+    /// CRD mode; so does this.
+    pub fn refuse_while_agents_on_kvstore(&self) -> Option<String> {
+        let nodes = &self.kvstore_nodes;
+        (!nodes.is_empty() && !self.is_empty()).then(|| {
+            format!(
+                "{} still allocate from the kvstore ({}): an agent there may draw any id between this read and a create, so nothing is written while one does; move every agent to CRD mode (identity-allocation-mode: crd; `sync` reaches cutover when none is left), then run switch-prepare again",
+                crate::core::words::count(nodes.len(), "node"),
+                crate::core::audit::names_list(nodes, 5)
+            )
+        })
+    }
+}
+
+impl PreparePlan {
+    /// Why the kvstore, read again just before the writes, forbids them: an agent came to
+    /// allocate there, or an id to create was taken there since the plan was made.
+    pub fn kvstore_moved(&self, now: &KvstoreHolds) -> Option<String> {
+        let again = PreparePlan {
+            kvstore_nodes: now.nodes.iter().cloned().collect(),
+            ..self.clone()
+        };
+        if let Some(why) = again.refuse_while_agents_on_kvstore() {
+            return Some(why);
+        }
+        let taken: Vec<u32> = self
+            .creates
+            .iter()
+            .map(|c| c.id)
+            .filter(|id| now.ids.contains(id))
+            .collect();
+        (!taken.is_empty()).then(|| {
+            format!(
+                "the kvstore took {} after the plan was made: nothing was written; run switch-prepare again for other ids",
+                join(&taken)
+            )
+        })
+    }
+}
+
+/// What the kvstore holds now: ids (`id/` keys, sync's reservations among them, and the ids
+/// `value/` keys name) and the nodes whose agents still allocate there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvstoreHolds {
+    pub ids: BTreeSet<u32>,
+    pub nodes: BTreeSet<String>,
 }
 
 /// What the preparation reads besides the report.
 pub struct PrepareInput<'a> {
     pub report: &'a SwitchReport,
     pub identities: &'a [ExistingIdentity],
-    /// Ids the kvstore holds (`id/` keys, sync's reservations among them).
-    pub kvstore_ids: &'a BTreeSet<u32>,
+    /// What the kvstore holds.
+    pub kvstore: &'a KvstoreHolds,
     /// Ids `CiliumEndpoint`s use, those of pods gone or not yet listed too.
     pub endpoint_ids: &'a BTreeSet<u32>,
     pub range: IdRange,
@@ -107,8 +176,11 @@ pub fn prepare(input: &PrepareInput) -> PreparePlan {
     let endpoint_ids = input.endpoint_ids;
     let mut taken: BTreeSet<u32> = by_id.keys().copied().collect();
     taken.extend(endpoint_ids);
-    taken.extend(input.kvstore_ids);
-    let mut plan = PreparePlan::default();
+    taken.extend(&input.kvstore.ids);
+    let mut plan = PreparePlan {
+        kvstore_nodes: input.kvstore.nodes.iter().cloned().collect(),
+        ..PreparePlan::default()
+    };
 
     // One create per label set, in label order, with the pods that will adopt it.
     let mut drawn: BTreeMap<&SecurityLabels, (String, Vec<String>)> = BTreeMap::new();
@@ -162,17 +234,15 @@ pub fn prepare(input: &PrepareInput) -> PreparePlan {
         );
     }
 
-    if let Some(grace) = input.options.remove_unused_after {
+    if input.options.remove_unused_after.is_some() {
         for u in &input.report.unused {
             let Some(i) = by_id.get(&u.id) else { continue };
             if i.run.is_none() || removed.contains(&i.id) {
                 continue;
             }
-            if input.options.now - i.created < grace {
-                continue;
-            }
             plan.removals.push(removal(
                 i,
+                RemovalOf::Unused,
                 format!(
                     "this tool created it ({}) and no pod or endpoint uses it",
                     i.run.as_deref().unwrap_or_default()
@@ -180,6 +250,7 @@ pub fn prepare(input: &PrepareInput) -> PreparePlan {
             ));
         }
     }
+    hold_back(&mut plan, input, &by_id);
     let theirs = input
         .report
         .unused
@@ -194,9 +265,60 @@ pub fn prepare(input: &PrepareInput) -> PreparePlan {
     plan
 }
 
-fn removal(i: &ExistingIdentity, why: String) -> PreparedRemoval {
+/// Removals not made now, each said: of an id the kvstore holds while an agent still
+/// allocates there (it may take the id again by its labels, and a CRD-mode agent would then
+/// draw it anew), or of an identity younger than the grace (an agent may have just taken
+/// it, its endpoint not written yet).
+fn hold_back(
+    plan: &mut PreparePlan,
+    input: &PrepareInput,
+    by_id: &BTreeMap<u32, &ExistingIdentity>,
+) {
+    let opts = input.options;
+    let agents_on_kvstore = !input.kvstore.nodes.is_empty();
+    let (mut kvstore_held, mut young) = (Vec::new(), Vec::new());
+    plan.removals.retain(|r| {
+        if agents_on_kvstore && input.kvstore.ids.contains(&r.id) {
+            kvstore_held.push(r.id);
+            return false;
+        }
+        let grace = match r.of {
+            RemovalOf::Duplicate => opts.remove_unused_after.unwrap_or(DUPLICATE_GRACE),
+            RemovalOf::Unused => opts.remove_unused_after.unwrap_or(i64::MAX),
+        };
+        let created = by_id.get(&r.id).map_or(opts.now, |i| i.created);
+        if opts.now.saturating_sub(created) < grace {
+            young.push(r.id);
+            return false;
+        }
+        true
+    });
+    if !kvstore_held.is_empty() {
+        plan.advice.push(format!(
+            "identities {} are kept while agents still allocate from the kvstore, which holds their ids: remove them once every agent is in CRD mode",
+            join(&kvstore_held)
+        ));
+    }
+    if !young.is_empty() {
+        plan.advice.push(format!(
+            "identities {} are younger than the grace ({}): kept, since an agent may have just taken one; run again later, or pass a shorter --remove-unused-after",
+            join(&young),
+            grace_text(opts.remove_unused_after)
+        ));
+    }
+}
+
+fn grace_text(asked: Option<i64>) -> String {
+    match asked {
+        Some(s) => format!("{s} s, --remove-unused-after"),
+        None => format!("{DUPLICATE_GRACE} s for a duplicate"),
+    }
+}
+
+fn removal(i: &ExistingIdentity, of: RemovalOf, why: String) -> PreparedRemoval {
     PreparedRemoval {
         id: i.id,
+        of,
         labels: i.labels.clone(),
         uid: i.uid.clone(),
         resource_version: i.resource_version.clone(),
@@ -240,6 +362,7 @@ fn settle_duplicate(
                 removed.insert(id);
                 plan.removals.push(removal(
                     i,
+                    RemovalOf::Duplicate,
                     format!(
                         "a duplicate of {keep} ({key}), which is kept: {}",
                         if used.is_empty() {

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::core::labels::{LabelKey, SecurityLabels, canonical_key};
 use crate::core::range::IdRange;
 use crate::core::switch::computed::{PodFacts, operator_labels};
+use crate::core::switch::endpoints::EndpointUse;
 use crate::core::switch::filter::LabelFilter;
 use crate::core::switch::settings::{Settings, ShownSettings};
 
@@ -35,8 +36,8 @@ pub struct SwitchInput<'a> {
     /// Each namespace's labels, by name.
     pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
     pub identities: &'a [ExistingIdentity],
-    /// The id each `CiliumEndpoint` (`namespace/name`, named as its pod) uses.
-    pub endpoints: &'a BTreeMap<String, u32>,
+    /// The ids endpoints and slice entries use, and each pod's.
+    pub endpoints: &'a EndpointUse,
     pub range: IdRange,
 }
 
@@ -320,7 +321,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
     let mut drawn: BTreeSet<&SecurityLabels> = BTreeSet::new();
     for pod in input.pods {
         let key = format!("{}/{}", pod.namespace, pod.name);
-        let endpoint_id = input.endpoints.get(&key).copied();
+        let endpoint_id = input.endpoints.by_pod.get(&key).copied();
         let (labels, outcome) = match input.namespaces.get(&pod.namespace) {
             _ if pod.host_network => (SecurityLabels::new(), Outcome::HostNetwork),
             None => (SecurityLabels::new(), Outcome::NoNamespace),
@@ -371,7 +372,7 @@ pub fn switch_report(input: &SwitchInput) -> SwitchReport {
         }
     }
     counts.label_sets_drawn = drawn.len();
-    let used_by_endpoints: BTreeSet<u32> = input.endpoints.values().copied().collect();
+    let used_by_endpoints = &input.endpoints.ids;
     let mut unused: Vec<UnusedIdentity> = input
         .identities
         .iter()

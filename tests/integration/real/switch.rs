@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod beyond;
+
 use super::{apply_everything, cli, cli_no_etcd};
 use crate::harness::Etcd;
 use crate::support::control_plane::{ControlPlane, cilium_bin, skip};
@@ -236,6 +238,20 @@ impl Scenario {
         cli(self.dir.path(), &self.cp.kubeconfig, &self.etcd, args, 120)
             .await
             .0
+    }
+
+    /// The plan of `switch-prepare --remove-unused-after 0s` (nothing written), as JSON.
+    async fn plan_removing_unused(&self) -> serde_json::Value {
+        let args = [
+            "switch-prepare",
+            "--remove-unused-after",
+            "0s",
+            "--output",
+            "json",
+        ];
+        let r = self.run(&args).await;
+        assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+        serde_json::from_str(&r.stdout).expect(&r.stdout)
     }
 }
 
@@ -636,23 +652,8 @@ async fn endpoints_in_slices_count_and_with_no_endpoint_known_nothing_is_removed
     // No kind of endpoint served: nothing is known to be unused, and nothing is removed.
     cp.kubectl(&["delete", "crd", "ciliumendpointslices.cilium.io"]);
     cp.kubectl(&["delete", "crd", "ciliumendpoints.cilium.io"]);
-    let r = sc
-        .run(&[
-            "switch-prepare",
-            "--remove-unused-after",
-            "0s",
-            "--output",
-            "json",
-        ])
-        .await;
-    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    let prep: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
-    assert_eq!(
-        prep["plan"]["removals"],
-        serde_json::json!([]),
-        "{}",
-        r.stdout
-    );
+    let prep = sc.plan_removing_unused().await;
+    assert_eq!(prep["plan"]["removals"], serde_json::json!([]), "{prep}");
     let known = prep["report"]["settings"]["cannot_know"].to_string();
     assert!(known.contains("no endpoint is known"), "{known}");
 }

@@ -18,11 +18,18 @@ impl Cluster {
     }
 
     fn prepare(&self, kvstore_ids: &[u32], options: PrepareOptions) -> PreparePlan {
-        let kv: BTreeSet<u32> = kvstore_ids.iter().copied().collect();
+        let kv = KvstoreHolds {
+            ids: kvstore_ids.iter().copied().collect(),
+            nodes: BTreeSet::new(),
+        };
+        self.prepare_with(&kv, options)
+    }
+
+    fn prepare_with(&self, kv: &KvstoreHolds, options: PrepareOptions) -> PreparePlan {
         prepare(&PrepareInput {
             report: &self.report(),
             identities: &self.identities,
-            kvstore_ids: &kv,
+            kvstore: kv,
             endpoint_ids: &self.endpoints.values().copied().collect(),
             range: range(),
             options,
@@ -124,7 +131,11 @@ fn a_duplicate_keeps_what_the_endpoints_use_and_removes_only_this_tools_others()
         ],
         endpoints: [("shop/web-1".to_string(), 1001)].into(),
     };
-    let plan = c.prepare(&[], PrepareOptions::default());
+    let later = PrepareOptions {
+        now: OLD + 7200,
+        ..PrepareOptions::default()
+    };
+    let plan = c.prepare(&[], later);
     let removed: Vec<u32> = plan.removals.iter().map(|r| r.id).collect();
     // web: the endpoint uses this tool's 1001, and 1000 is not this tool's: nothing removed
     // there, and the operator is told what may happen. db: none is used, the oldest (2000)
@@ -194,12 +205,12 @@ fn a_full_range_says_how_many_label_sets_are_left_without() {
         identities: vec![],
         endpoints: BTreeMap::new(),
     };
-    let kv = BTreeSet::new();
+    let kv = KvstoreHolds::default();
     let plan = prepare(&PrepareInput {
         report: &c.report(),
         identities: &c.identities,
-        kvstore_ids: &kv,
-        endpoint_ids: &kv,
+        kvstore: &kv,
+        endpoint_ids: &BTreeSet::new(),
         range: small,
         options: PrepareOptions::default(),
     });
@@ -239,4 +250,98 @@ fn with_no_endpoint_known_nothing_is_removed() {
     );
     let ids: Vec<u32> = known.removals.iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![2001, 3000], "the duplicate and the unused one");
+}
+
+#[test]
+fn nothing_is_written_while_an_agent_allocates_from_the_kvstore_and_its_ids_stay() {
+    let c = Cluster {
+        pods: vec![pod("shop", "new-1", "new"), pod("shop", "db-1", "db")],
+        identities: vec![
+            identity(2000, full_set("db"), OLD, true),
+            identity(2001, full_set("db"), OLD + 10, true),
+        ],
+        endpoints: BTreeMap::new(),
+    };
+    let options = PrepareOptions {
+        remove_unused_after: Some(0),
+        now: OLD + 7200,
+        endpoints_unknown: false,
+    };
+    // An agent on the kvstore (node 10.0.0.9) holds 65535 by its value/ key.
+    let kv = KvstoreHolds {
+        ids: BTreeSet::from([2001, 65535]),
+        nodes: BTreeSet::from(["10.0.0.9".to_string()]),
+    };
+    let plan = c.prepare_with(&kv, options);
+    assert_eq!(
+        plan.creates[0].id, 65534,
+        "not on the id its value/ key names"
+    );
+    assert!(plan.removals.is_empty(), "2001 is the kvstore's: {plan:?}");
+    assert!(
+        plan.advice
+            .join("\n")
+            .contains("identities 2001 are kept while agents")
+    );
+    let why = plan.refuse_while_agents_on_kvstore().expect("refused");
+    assert!(
+        why.contains("1 node still allocate from the kvstore (10.0.0.9)"),
+        "{why}"
+    );
+    // Every agent in CRD mode: the duplicate goes, and nothing is refused.
+    let clear = KvstoreHolds {
+        nodes: BTreeSet::new(),
+        ..kv.clone()
+    };
+    let plan = c.prepare_with(&clear, options);
+    assert_eq!(plan.removals.len(), 1);
+    assert_eq!(plan.removals[0].of, RemovalOf::Duplicate);
+    assert_eq!(plan.refuse_while_agents_on_kvstore(), None);
+    // Read again just before the writes: an agent came, or took an id to create.
+    assert_eq!(plan.kvstore_moved(&clear), None);
+    assert!(plan.kvstore_moved(&kv).is_some());
+    let taken = KvstoreHolds {
+        ids: BTreeSet::from([plan.creates[0].id]),
+        nodes: BTreeSet::new(),
+    };
+    let why = plan.kvstore_moved(&taken).expect("taken");
+    assert!(why.contains("the kvstore took 65534"), "{why}");
+}
+
+#[test]
+fn a_duplicate_younger_than_the_grace_is_kept_and_a_grace_past_any_age_removes_nothing() {
+    let now = OLD + 7200;
+    let c = Cluster {
+        pods: vec![pod("shop", "db-1", "db")],
+        identities: vec![
+            identity(2000, full_set("db"), OLD, true),
+            identity(2001, full_set("db"), now - 60, true),
+            identity(3000, full_set("a"), OLD, true),
+        ],
+        endpoints: BTreeMap::new(),
+    };
+    let default = PrepareOptions {
+        now,
+        ..PrepareOptions::default()
+    };
+    let plan = c.prepare(&[], default);
+    assert!(plan.removals.is_empty(), "{:?}", plan.removals);
+    assert!(
+        plan.advice
+            .join("\n")
+            .contains("identities 2001 are younger than the grace (3600 s for a duplicate)")
+    );
+    let asked = |secs| PrepareOptions {
+        remove_unused_after: Some(secs),
+        ..default
+    };
+    let ids = |p: PreparePlan| p.removals.iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(c.prepare(&[], asked(30))), vec![2001, 3000]);
+    assert_eq!(ids(c.prepare(&[], asked(i64::MAX))), Vec::<u32>::new());
+    // A creation time ahead of this clock is young, not a wrap.
+    let odd = PrepareOptions {
+        now: i64::MIN + 1,
+        ..asked(i64::MAX)
+    };
+    assert!(c.prepare(&[], odd).removals.is_empty());
 }

@@ -70,6 +70,12 @@ pub(crate) fn report_with(
     identities: &[ExistingIdentity],
     endpoints: &BTreeMap<String, u32>,
 ) -> SwitchReport {
+    // Known: the tests that need endpoints unknown say so to the preparation.
+    let endpoints = crate::core::switch::endpoints::endpoint_use(
+        Some(endpoints.iter().map(|(k, v)| (k.clone(), *v)).collect()),
+        None,
+        0,
+    );
     let settings = Settings::from_config("kube-system/cilium-config", Some(&BTreeMap::new()))
         .expect("settings");
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = [(
@@ -82,7 +88,7 @@ pub(crate) fn report_with(
         pods,
         namespaces: &namespaces,
         identities,
-        endpoints,
+        endpoints: &endpoints,
         range: IdRange::for_cluster(0).expect("range"),
     })
 }

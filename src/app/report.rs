@@ -44,6 +44,8 @@ pub fn plan_summary(plan: &PlanFile) -> String {
             Kind::Reuse => "map to the id that already has the labels",
             Kind::Duplicate => "create anyway (needs a decision)",
             Kind::Invalid => "never written",
+            // switch-prepare's steps are never a plan's kind.
+            Kind::SwitchCreate | Kind::SwitchRemoveDuplicate | Kind::SwitchRemoveUnused => "",
         };
         let _ = writeln!(out, "  {:<17} {n:>6}   {note}", kind.as_str());
     }
@@ -97,6 +99,7 @@ pub fn rollback_plan(ops: &[Op], json: bool) -> serde_json::Result<String> {
                     ("already-gone", target, op.id.as_str(), op.label_key.clone())
                 }
                 (OpKind::Delete, _) => ("delete", target, op.id.as_str(), op.label_key.clone()),
+                (OpKind::Create, _) => ("restore", target, op.id.as_str(), op.label_key.clone()),
                 _ => (
                     "keep",
                     target,
@@ -128,8 +131,14 @@ pub fn rollback_plan(ops: &[Op], json: bool) -> serde_json::Result<String> {
     let s = crate::app::rollback::summarize(ops);
     let _ = writeln!(
         out,
-        "rollback plan: {} to delete, {} already gone, {} kept (changed since this tool created it, or not its object)",
-        s.delete, s.gone, s.keep
+        "rollback plan: {} to delete, {} already gone, {} kept (changed since this tool created it, or not its object){}",
+        s.delete,
+        s.gone,
+        s.keep,
+        match s.restore {
+            0 => String::new(),
+            n => format!(", {n} to restore (removed by switch-prepare)"),
+        }
     );
     Ok(out)
 }
@@ -145,9 +154,21 @@ pub fn rollback_summary(r: &ApplyReport) -> String {
             res.error.as_deref().unwrap_or("")
         );
     }
+    for res in r.results.iter().filter(|x| x.outcome == Outcome::Conflict) {
+        let _ = writeln!(
+            out,
+            "not restored {}: the id holds another object now ({})",
+            res.target_id.map_or("-".into(), |t| t.to_string()),
+            res.existing.as_deref().unwrap_or("labels unknown")
+        );
+    }
+    let restored = match r.count(Outcome::Created) {
+        0 => String::new(),
+        n => format!("restored {n}, "),
+    };
     let _ = writeln!(
         out,
-        "deleted {}, already gone {}, kept {}, failed {}, not attempted {}; {} retries; {} ms",
+        "{restored}deleted {}, already gone {}, kept {}, failed {}, not attempted {}; {} retries; {} ms",
         r.count(Outcome::Deleted),
         r.count(Outcome::AlreadyGone),
         r.count(Outcome::Kept),

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use futures::StreamExt;
 
+use crate::core::decision_log::undo::Undoable;
 use crate::core::labels::canonical_key;
 use crate::core::outcome::Outcome;
 use crate::core::planner::{DecidedBy, Op, OpKind};
@@ -19,25 +20,23 @@ use crate::io::k8s::K8sTarget;
 /// Reads to check the objects, in flight at once.
 const READS_IN_FLIGHT: usize = 32;
 
+/// What the logs leave to undo: per object name, the `created` line of each object this
+/// tool created and has not rolled back yet, and the `deleted` line of each identity
+/// `switch-prepare` removed.
+pub fn undoable_by_runs(paths: &[PathBuf]) -> Result<Undoable> {
+    let mut undo = Undoable::default();
+    for p in paths {
+        for r in super::flows::read_log(p)?.records {
+            undo.fold(r);
+        }
+    }
+    Ok(undo)
+}
+
 /// What the logs say this tool created and has not rolled back yet: per object name, the
 /// `created` record.
 pub fn created_by_runs(paths: &[PathBuf]) -> Result<BTreeMap<u32, Record>> {
-    let mut created: BTreeMap<u32, Record> = BTreeMap::new();
-    for p in paths {
-        for r in super::flows::read_log(p)?.records {
-            let Some(target) = r.target_id else { continue };
-            match r.outcome {
-                Some(Outcome::Created) => {
-                    created.insert(target, r);
-                }
-                Some(Outcome::Deleted | Outcome::AlreadyGone) => {
-                    created.remove(&target);
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(created)
+    Ok(undoable_by_runs(paths)?.created)
 }
 
 /// What to roll back: the runs of these decision logs, and the runs with these ids (found
@@ -51,11 +50,12 @@ pub struct RollbackSpec {
 }
 
 /// The objects runs created: from their logs, and from their annotation for `runs`.
-async fn created_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<BTreeMap<u32, Record>> {
-    let mut created = created_by_runs(&spec.logs)?;
+async fn undoable_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<Undoable> {
+    let mut undo = undoable_by_runs(&spec.logs)?;
     if spec.runs.is_empty() {
-        return Ok(created);
+        return Ok(undo);
     }
+    let created = &mut undo.created;
     let runs = spec.runs.iter().cloned().collect();
     let found = crate::io::runs::objects_of_runs(target, &runs)
         .await
@@ -100,7 +100,7 @@ async fn created_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<BTreeMap<
             r
         });
     }
-    Ok(created)
+    Ok(undo)
 }
 
 /// One operation per object the runs created: delete it if it is still exactly that
@@ -108,7 +108,7 @@ async fn created_by(target: &K8sTarget, spec: &RollbackSpec) -> Result<BTreeMap<
 /// once, now, and the endpoints once. `include_in_use` deletes in-use identities too (the
 /// operator's explicit choice), without reading the endpoints.
 pub async fn plan(target: &K8sTarget, spec: &RollbackSpec) -> Result<Vec<Op>> {
-    let created = created_by(target, spec).await?;
+    let Undoable { created, removed } = undoable_by(target, spec).await?;
     let include_in_use = spec.include_in_use;
     let in_use = if include_in_use || created.is_empty() {
         BTreeMap::new()
@@ -143,6 +143,20 @@ pub async fn plan(target: &K8sTarget, spec: &RollbackSpec) -> Result<Vec<Op>> {
         .await
         .into_iter()
         .collect::<Result<_>>()?;
+    // What switch-prepare removed is restored where its id is still free.
+    let restores: Vec<Op> = futures::stream::iter(removed)
+        .map(|(name, rec)| async move {
+            let found = target_ref.get_identity_object(name).await.map_err(|e| {
+                crate::Error::kube(target_ref.server.clone(), &format!("reading {name}"), e)
+            })?;
+            Ok::<_, crate::Error>(restore(name, rec, found.map(|(_, labels)| labels)))
+        })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    ops.extend(restores);
     for op in &mut ops {
         let Some(users) = op.target_id.and_then(|t| in_use.get(&t)) else {
             continue;
@@ -244,12 +258,38 @@ fn decide(
     }
 }
 
+/// The undo of one removal by `switch-prepare`: the identity created again at its id with
+/// its labels, unless something holds the id now (a create never overwrites either way).
+fn restore(name: u32, rec: Record, found: Option<crate::core::labels::SecurityLabels>) -> Op {
+    let mut op = Op {
+        id: rec.id.clone(),
+        label_key: rec.labels.clone(),
+        kind: rec.kind,
+        op: OpKind::Create,
+        target_id: Some(name),
+        decided_by: DecidedBy::Operator,
+        expect: None,
+        reason: Some("switch-prepare removed it: created again at its id with its labels".into()),
+    };
+    if let Some(labels) = found {
+        op.op = OpKind::Keep;
+        op.decided_by = DecidedBy::Rule;
+        op.reason = Some(format!(
+            "switch-prepare removed it, and id {name} holds an object again ({}): not restored",
+            canonical_key(&labels)
+        ));
+    }
+    op
+}
+
 /// Counts of a rollback plan, for the review before `--yes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RollbackSummary {
     pub delete: usize,
     pub gone: usize,
     pub keep: usize,
+    /// Identities `switch-prepare` removed, to create again.
+    pub restore: usize,
 }
 
 pub fn summarize(ops: &[Op]) -> RollbackSummary {
@@ -258,6 +298,7 @@ pub fn summarize(ops: &[Op]) -> RollbackSummary {
         match (op.op, &op.expect) {
             (OpKind::Delete, Some((_, rv))) if rv.is_empty() => s.gone += 1,
             (OpKind::Delete, _) => s.delete += 1,
+            (OpKind::Create, _) => s.restore += 1,
             _ => s.keep += 1,
         }
     }
@@ -331,7 +372,8 @@ mod tests {
             RollbackSummary {
                 delete: 0,
                 gone: 1,
-                keep: 1
+                keep: 1,
+                restore: 0
             }
         );
     }

@@ -198,28 +198,33 @@ pub async fn read_kvstore_holds(kv: &KvSource) -> Result<KvstoreHolds> {
     Ok(holds)
 }
 
-/// The preparation as the executor's operations: creates at the chosen ids, deletes of
-/// exactly the objects read.
+/// The preparation as the executor's operations, each of its own kind in the decision log
+/// (`switch-create`, `switch-remove-duplicate`, `switch-remove-unused`): creates at the
+/// chosen ids, deletes of exactly the objects read.
 pub fn operations(plan: &PreparePlan) -> Vec<Op> {
-    let op =
-        |id: u32, labels: &SecurityLabels, kind: OpKind, expect: Option<(String, String)>| Op {
-            id: id.to_string(),
-            label_key: canonical_key(labels),
-            kind: Kind::Create,
-            op: kind,
-            target_id: Some(id),
-            decided_by: DecidedBy::SwitchPrepare,
-            expect,
-            reason: None,
-        };
+    let op = |id: u32,
+              labels: &SecurityLabels,
+              kind: Kind,
+              write: OpKind,
+              expect: Option<(String, String)>| Op {
+        id: id.to_string(),
+        label_key: canonical_key(labels),
+        kind,
+        op: write,
+        target_id: Some(id),
+        decided_by: DecidedBy::SwitchPrepare,
+        expect,
+        reason: None,
+    };
     let creates = plan
         .creates
         .iter()
-        .map(|c| op(c.id, &c.labels, OpKind::Create, None));
+        .map(|c| op(c.id, &c.labels, Kind::SwitchCreate, OpKind::Create, None));
     let removals = plan.removals.iter().map(|r| {
         op(
             r.id,
             &r.labels,
+            r.of.kind(),
             OpKind::Delete,
             Some((r.uid.clone(), r.resource_version.clone())),
         )

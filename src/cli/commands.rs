@@ -730,11 +730,12 @@ async fn rollback(
         false => out!("{}", report::rollback_summary(&run.report))?,
     }
     outln!("decision log: {}", log_path.display())?;
-    let clean = run
-        .report
-        .results
-        .iter()
-        .all(|r| matches!(r.outcome, Outcome::Deleted | Outcome::AlreadyGone));
+    let clean = run.report.results.iter().all(|r| {
+        matches!(
+            r.outcome,
+            Outcome::Deleted | Outcome::AlreadyGone | Outcome::Created
+        )
+    });
     Ok(exit_of_writes(
         &run.report,
         clean,

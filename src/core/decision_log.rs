@@ -5,6 +5,7 @@
 //! torn (a write cut short), any other line that does not parse is damaged.
 
 pub mod carry;
+pub mod undo;
 
 use std::collections::BTreeSet;
 use std::io::BufRead;
@@ -69,8 +70,9 @@ impl Record {
             outcome: self.outcome,
             target: self.target_id,
             step: self.step(),
-            by_switch_prepare: self.decided_by.as_deref()
-                == Some(DecidedBy::SwitchPrepare.as_str()),
+            // Logs written before the step had kinds of its own name it by who decided.
+            by_switch_prepare: self.kind.is_switch_step()
+                || self.decided_by.as_deref() == Some(DecidedBy::SwitchPrepare.as_str()),
         }
     }
 
@@ -176,6 +178,11 @@ impl Record {
         // the next resume (found by the simulation once it kept the binary's log).
         let writes = matches!(self.action.as_deref(), Some("create" | "delete"));
         if writes && self.outcome.is_some() {
+            return None;
+        }
+        // switch-prepare's steps, and a rollback's restore of one, serve pods: never a
+        // decision on a kvstore identity to resume.
+        if self.kind.is_switch_step() {
             return None;
         }
         match (&self.decided_by, &self.action) {

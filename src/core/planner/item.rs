@@ -19,6 +19,14 @@ pub enum Kind {
     Reuse,
     Duplicate,
     Invalid,
+    /// `switch-prepare`'s own steps, never a plan's (not in `ALL`): they serve pods before
+    /// the switch to operator-managed identities, not a kvstore identity. An identity made
+    /// for a label set the operator would otherwise draw an id for.
+    SwitchCreate,
+    /// One of this tool's identities removed: another holds its labels and is kept.
+    SwitchRemoveDuplicate,
+    /// One of this tool's identities removed: no pod and no endpoint uses it.
+    SwitchRemoveUnused,
 }
 
 impl Kind {
@@ -39,7 +47,18 @@ impl Kind {
             Kind::Reuse => "reuse",
             Kind::Duplicate => "duplicate",
             Kind::Invalid => "invalid",
+            Kind::SwitchCreate => "switch-create",
+            Kind::SwitchRemoveDuplicate => "switch-remove-duplicate",
+            Kind::SwitchRemoveUnused => "switch-remove-unused",
         }
+    }
+
+    /// A step of `switch-prepare`: it serves pods, not a kvstore identity.
+    pub fn is_switch_step(self) -> bool {
+        matches!(
+            self,
+            Kind::SwitchCreate | Kind::SwitchRemoveDuplicate | Kind::SwitchRemoveUnused
+        )
     }
 
     /// Kinds an operator must look at: the default action is not a plain copy.

@@ -35,6 +35,16 @@ pub enum RemovalOf {
     Unused,
 }
 
+impl RemovalOf {
+    /// Its kind of decision in the decision log.
+    pub fn kind(self) -> crate::core::planner::Kind {
+        match self {
+            RemovalOf::Duplicate => crate::core::planner::Kind::SwitchRemoveDuplicate,
+            RemovalOf::Unused => crate::core::planner::Kind::SwitchRemoveUnused,
+        }
+    }
+}
+
 /// One of this tool's identities to remove, exactly as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PreparedRemoval {

@@ -33,6 +33,9 @@ impl Expectations {
         if l.by_switch_prepare {
             if let Some(t) = l.target {
                 match l.outcome {
+                    // A rollback's delete of what the step created: that served pods only.
+                    Some(Outcome::Deleted | Outcome::AlreadyGone)
+                        if l.kind == Kind::SwitchCreate => {}
                     Some(Outcome::Deleted | Outcome::AlreadyGone) => {
                         self.removed_before_switch.insert(t);
                     }

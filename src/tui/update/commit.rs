@@ -129,7 +129,7 @@ pub(super) fn confirm_rollback(model: &mut Model) -> Vec<Command> {
         return vec![];
     };
     let s = crate::app::rollback::summarize(ops);
-    model.modal = Some(if s.delete + s.gone == 0 {
+    model.modal = Some(if s.delete + s.gone + s.restore == 0 {
         Modal::Message("nothing to delete: every object these runs created is gone or kept".into())
     } else {
         Modal::ConfirmRollback {

@@ -209,8 +209,14 @@ fn on_rollback_planned(model: &mut Model, generation: u64, ops: Vec<crate::core:
     }
     let s = crate::app::rollback::summarize(&ops);
     model.status = format!(
-        "rollback plan: {} to delete, {} already gone, {} kept",
-        s.delete, s.gone, s.keep
+        "rollback plan: {} to delete, {} already gone, {} kept{}",
+        s.delete,
+        s.gone,
+        s.keep,
+        match s.restore {
+            0 => String::new(),
+            n => format!(", {n} to restore"),
+        }
     );
     rb.ops = Some(ops);
     rb.offset = 0;

@@ -206,8 +206,15 @@ fn confirm_rollback(model: &Model, typed: &TextField) -> (&'static str, Vec<Line
         .unwrap_or_default();
     let lines = vec![
         Line::raw(format!(
-            "This deletes up to {} CiliumIdentity objects these runs created ({} are already gone), each only if it is still that object.",
-            s.delete, s.gone
+            "This deletes up to {} CiliumIdentity objects these runs created ({} are already gone), each only if it is still that object.{}",
+            s.delete,
+            s.gone,
+            match s.restore {
+                0 => String::new(),
+                n => format!(
+                    " It creates again {n} that switch-prepare removed, where the id is free."
+                ),
+            }
         )),
         Line::raw("Type yes and press Enter (Esc cancels)."),
     ];

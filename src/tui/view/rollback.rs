@@ -43,8 +43,12 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
         Line::from(vec![
             Span::styled(format!("{:>6} to delete", s.delete), t.bad()),
             Span::raw(format!(
-                " · {} already gone · {} kept ({})",
+                " · {} already gone · {}{} kept ({})",
                 s.gone,
+                match s.restore {
+                    0 => String::new(),
+                    n => format!("{n} to restore (switch-prepare removed them) · "),
+                },
                 s.keep,
                 if rb.include_in_use {
                     "not the object this tool created; identities in use included"
@@ -54,7 +58,7 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
             )),
         ]),
         Line::styled(
-            if s.delete + s.gone > 0 {
+            if s.delete + s.gone + s.restore > 0 {
                 "Enter deletes them (you type yes), each only if its uid and labels are as recorded"
             } else {
                 "nothing to delete"
@@ -82,6 +86,10 @@ pub fn draw(model: &Model, frame: &mut Frame, area: Rect) {
                 (OpKind::Keep, _) => Line::from(vec![
                     Span::styled(format!("keep    {name:<8} "), t.good()),
                     Span::raw(op.reason.clone().unwrap_or_default()),
+                ]),
+                (OpKind::Create, _) => Line::from(vec![
+                    Span::styled(format!("restore {name:<8} "), t.good()),
+                    Span::raw(op.label_key.clone()),
                 ]),
                 (_, Some((_, rv))) if rv.is_empty() => Line::from(vec![
                     Span::styled(format!("gone    {name:<8} "), t.dim()),

@@ -33,6 +33,10 @@ impl Theme {
             Kind::Reuse => self.fg(Color::Cyan).add_modifier(Modifier::BOLD),
             Kind::Duplicate => self.fg(Color::Magenta).add_modifier(Modifier::BOLD),
             Kind::Invalid => self.fg(Color::Red),
+            // A rollback's lines of switch-prepare: they serve pods, no plan shows them.
+            Kind::SwitchCreate | Kind::SwitchRemoveDuplicate | Kind::SwitchRemoveUnused => {
+                Style::default()
+            }
         }
     }
     pub fn selected(&self) -> Style {
@@ -65,6 +69,7 @@ pub fn symbol(kind: Kind) -> &'static str {
         Kind::Reuse => ">",
         Kind::Duplicate => "!",
         Kind::Invalid => "x",
+        Kind::SwitchCreate | Kind::SwitchRemoveDuplicate | Kind::SwitchRemoveUnused => "s",
     }
 }
 

@@ -221,8 +221,9 @@ pub enum CliCommand {
         json: bool,
     },
     /// Delete exactly the CiliumIdentity objects that earlier runs created (from their
-    /// decision logs), each only if it is still the object the run created. Without --yes it
-    /// prints the plan and changes nothing.
+    /// decision logs), each only if it is still the object the run created; create again,
+    /// at its id, what switch-prepare removed, where the id is free. Without --yes it prints
+    /// the plan and changes nothing.
     #[command(
         group(clap::ArgGroup::new("runs").required(true).multiple(true)),
         after_long_help = examples::ROLLBACK

@@ -4,6 +4,7 @@ pub mod at_once;
 pub mod audit;
 pub mod decision_log;
 pub mod executor;
+pub mod fleet;
 pub mod identity;
 pub mod kvstore;
 pub mod labels;

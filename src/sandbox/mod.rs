@@ -4,6 +4,7 @@
 //! discovery and server-side tables for kubectl) and can inject faults. Tests and
 //! `cilium-idmig demo` run against it exactly as against a real cluster.
 
+mod config_maps;
 pub mod demo;
 mod discovery;
 pub mod endpoints;
@@ -214,6 +215,15 @@ impl Sandbox {
         self.store()
             .config_maps
             .insert((namespace.to_string(), name.to_string()), cm);
+    }
+
+    /// A ConfigMap's data, if it exists (sync's published standing, say).
+    pub fn config_map_data(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        let store = self.store();
+        let cm = store
+            .config_maps
+            .get(&(namespace.to_string(), name.to_string()))?;
+        serde_json::from_value(cm["data"].clone()).ok()
     }
 
     /// Every Lease, by namespace and name.

@@ -235,6 +235,10 @@ fn route(
     body: &[u8],
 ) -> Response<Body> {
     let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    // A write: answered once (a second call would find its own object).
+    if let Some(written) = super::config_maps::route(shared, &method, path, body) {
+        return written;
+    }
     // Discovery documents only; every other path under /api and /apis has its own route.
     let discovery_doc = if method == Method::GET && path.starts_with("/api") {
         discovery::document(path, shared.store().crd_established())

@@ -255,6 +255,21 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Where it stands, published beside its Lease (at most every 5 s): decisions wait,
+    // three nodes are left, two ids are split.
+    let standing = wait_for(15, "the standing published", || {
+        let d =
+            w.sb.config_map_data("kube-system", "cilium-idmig-sync-status")?;
+        let now = (d["kvstore-nodes"].as_str(), d["splits"].as_str());
+        (d["phase"] == "waiting-for-decisions" && now == ("3", "2")).then_some(d)
+    })
+    .await;
+    assert_eq!(
+        standing["waiting"],
+        "waits for 3 kvstore-mode nodes to move"
+    );
+    assert_eq!(standing["version"], env!("CARGO_PKG_VERSION"));
+    assert!(standing["updated"].ends_with('Z'), "{standing:?}");
     let objects = w.sb.objects();
     assert_eq!(
         objects["302"]["security-labels"]["k8s:app"], "squatter",
@@ -296,6 +311,13 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         .expect("sync ends at cutover")
         .unwrap();
     assert_eq!(status.status.code(), Some(0));
+    let standing =
+        w.sb.config_map_data("kube-system", "cilium-idmig-sync-status")
+            .expect("published");
+    assert_eq!(
+        (standing["phase"].as_str(), standing["error"].as_str()),
+        ("cutover-reached", "")
+    );
     let mut by_labels: std::collections::BTreeMap<String, u32> = Default::default();
     for o in w.sb.objects().values() {
         let key = cilium_idmig::core::labels::canonical_key(

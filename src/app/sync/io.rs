@@ -47,6 +47,7 @@ pub struct AppIo<'a> {
     pub answers: &'a Answers,
     pub reservations: &'a mut Option<ReservationTask>,
     pub releasing: &'a mut Option<tokio::task::JoinHandle<()>>,
+    pub standings: &'a super::publish::Standings,
     pub said: Vec<SyncEvent>,
 }
 
@@ -139,6 +140,7 @@ impl shell::Io for AppIo<'_> {
     }
 
     fn stands(&mut self, status: &SyncStatus) {
+        self.standings.status(status);
         let m = self.metrics;
         m.kvstore_nodes.set(status.kvstore_nodes as i64);
         m.pending.set(status.pending as i64);

@@ -17,6 +17,7 @@ mod event;
 mod fatal;
 mod io;
 mod outbox;
+pub mod publish;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -132,7 +133,18 @@ pub async fn run(
     // Who holds the Lease now, known before the first round (said when the keeper says it).
     shell.know_holder(holder_of(lease.writer.borrow().clone()));
     let outbox = outbox::Outbox::new(events.clone());
+    // Where it stands, published beside its Lease for `kubectl` and `fleet`.
+    let publisher = publish::Publisher::start(
+        cfg.target.clone(),
+        opts.lease.namespace.clone(),
+        &opts.lease.name,
+        crate::core::fleet::About {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            decision_log: cfg.log.path().display().to_string(),
+        },
+    );
     let sync = Sync {
+        standings: publisher.standings(),
         outbox,
         writer: lease.writer.clone(),
         lease,
@@ -147,7 +159,12 @@ pub async fn run(
         releasing: None,
         heard_from,
     };
-    sync.rounds().await
+    let ended = sync.rounds().await;
+    match &ended {
+        Ok(end) => publisher.end(end.cutover, None).await,
+        Err(e) => publisher.end(false, Some(e.to_string())).await,
+    }
+    ended
 }
 
 /// What the machine is set to, from the options.
@@ -267,6 +284,8 @@ struct Sync {
     /// What the API server had said when sync started: its 429s and warnings since go into
     /// the decision log's record of the run.
     heard_from: crate::io::k8s::Mark,
+    /// Where it stands, for the ConfigMap beside the Lease.
+    standings: publish::Standings,
 }
 
 /// The error sync ends with on a refusal the shell ended it on (exit 2).
@@ -530,6 +549,7 @@ impl Sync {
             answers,
             reservations: &mut self.reservations,
             releasing: &mut self.releasing,
+            standings: &self.standings,
             said: Vec::new(),
         };
         let out = f(&mut self.shell, &mut io);

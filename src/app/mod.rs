@@ -5,6 +5,7 @@ pub mod audit;
 pub mod config;
 pub mod decisions_file;
 pub mod export;
+pub mod fleet;
 pub mod flows;
 pub mod lease;
 pub mod metrics;

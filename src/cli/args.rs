@@ -32,6 +32,7 @@ pub mod examples {
     pub const APPLY: &str = "Examples:\n  # Apply a reviewed plan\n  cilium-idmig apply --etcd-config etcd.yaml --plan plan.json --yes\n  # Apply the decisions made in the TUI\n  cilium-idmig apply --etcd-config etcd.yaml --resume review.jsonl --yes\n  # Plan and apply in one go, every proposal accepted\n  cilium-idmig apply --etcd-config etcd.yaml --yes --accept-proposals\n\nExit status:\n  0  every write made or already there\n  1  writes failed or not attempted (a rerun finishes them)\n  2  usage or configuration: no --yes, a refused plan, undecided conflicts, missing permissions";
     pub const ROLLBACK: &str = "Examples:\n  # What a rollback would delete; changes nothing\n  cilium-idmig rollback --decision-log rollout.jsonl\n  # Delete exactly what that run created\n  cilium-idmig rollback --decision-log rollout.jsonl --yes\n  # A run whose log is lost, by the annotation on its objects\n  cilium-idmig rollback --run 20261201T010203Z-4f2a --yes\n\nExit status:\n  0  everything planned deleted or already gone (without --yes: the plan printed)\n  1  an object kept or a delete failed\n  2  usage or configuration, including a missing rollback role";
     pub const AUDIT: &str = "Examples:\n  # Each finding with its nodes, endpoints and what to do\n  cilium-idmig audit --etcd-config etcd.yaml\n  # The same as JSON, for a script\n  cilium-idmig audit --etcd-config etcd.yaml --output json\n  # Watch a double-write rollout from a dashboard\n  cilium-idmig audit --etcd-config etcd.yaml --watch --status-addr 127.0.0.1:9465\n\nExit status:\n  0  the stores agree (with --watch: stopped by a signal)\n  1  findings\n  2  usage or configuration";
+    pub const FLEET: &str = "Examples:\n  # Every context of the kubeconfig, one row each\n  cilium-idmig fleet --all-contexts\n  # Two clusters of two files, with what the switch would do, as JSON\n  cilium-idmig fleet --kubeconfig east.yaml --kubeconfig west.yaml --switch --output json\n\nExit status:\n  0  every cluster's sync reached cutover\n  1  some cluster needs attention (or could not be read)\n  2  usage or configuration: a context that does not exist, an unreadable kubeconfig";
     pub const SWITCH_REPORT: &str = "Examples:\n  # What Cilium 1.18's operator would do to every pod if it managed identities now\n  cilium-idmig switch-report\n  # Cilium runs in its own namespace; every pod as JSON\n  cilium-idmig switch-report --cilium-namespace cilium --output json\n\nExit status:\n  0  safe: every pod is adopted by exactly one identity; the switch draws nothing\n  1  pods would be re-minted or drawn, or duplicates found\n  2  usage or configuration: a label pattern Cilium refuses, the API server unreachable";
     pub const SWITCH_PREPARE: &str = "Examples:\n  # What the preparation would create and remove; changes nothing\n  cilium-idmig switch-prepare --etcd-config etcd.yaml\n  # Do it, recorded in a decision log that rollback can undo\n  cilium-idmig switch-prepare --etcd-config etcd.yaml --decision-log switch.jsonl --yes\n  # Also remove this tool's identities nothing has used for a day\n  cilium-idmig switch-prepare --etcd-config etcd.yaml --decision-log switch.jsonl --remove-unused-after 24h --yes\n\nExit status:\n  0  prepared (without --yes: the plan printed)\n  1  a write failed or met an object it may not touch\n  2  usage or configuration";
     pub const VERIFY: &str = "Examples:\n  # Every kvstore identity at its id, or where the log maps it\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log rollout.jsonl\n  # Every log of the migration, as JSON\n  cilium-idmig verify --etcd-config etcd.yaml --decision-log cilium-idmig-decisions-*.jsonl --output json\n\nExit status:\n  0  every valid kvstore identity is where it belongs\n  1  missing or different identities, or a store unreachable\n  2  usage or configuration: bad flags, an unreadable or damaged decision log";
@@ -126,6 +127,7 @@ impl CliCommand {
             | CliCommand::Rollback { log, .. }
             | CliCommand::Audit { log, .. }
             | CliCommand::SwitchReport { log, .. }
+            | CliCommand::Fleet { log, .. }
             | CliCommand::SwitchPrepare { log, .. }
             | CliCommand::Verify { log, .. }
             | CliCommand::Sandbox { log, .. } => Some(log),
@@ -288,6 +290,44 @@ pub enum CliCommand {
         /// reads them): those are listed as decided, not counted as findings.
         #[arg(long, num_args = 1..)]
         decision_log: Vec<PathBuf>,
+    },
+    /// Where every cluster's migration stands, one row per cluster: Cilium's version and
+    /// identity modes, its identities, the standing its sync publishes and how old it is,
+    /// what needs attention. Clusters are read side by side, each within --timeout; one that
+    /// hangs or refuses is a row that says so. Reads only.
+    #[command(after_long_help = examples::FLEET)]
+    Fleet {
+        #[command(flatten)]
+        log: Logging,
+        /// kubeconfig files to read clusters from (repeatable; default: KUBECONFIG, then
+        /// ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Vec<PathBuf>,
+        /// Contexts to read (repeatable; default: each file's current context).
+        #[arg(long, conflicts_with = "all_contexts")]
+        context: Vec<String>,
+        /// Read every context of the kubeconfig files.
+        #[arg(long)]
+        all_contexts: bool,
+        /// How long one cluster may take, e.g. 10s.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        timeout: Duration,
+        /// Also say what the switch to operator-managed identities would do (switch-report's
+        /// verdict, counts only; reads every pod).
+        #[arg(long)]
+        switch: bool,
+        /// The namespace Cilium runs in (its cilium-config and DaemonSet).
+        #[arg(long, default_value = "kube-system")]
+        cilium_namespace: String,
+        /// Where sync's Lease is (its standing is beside it), as sync's --lease-namespace.
+        #[arg(long, default_value = "kube-system")]
+        lease_namespace: String,
+        /// The name of sync's Lease, as sync's --lease-name: its standing is `<name>-status`.
+        #[arg(long, default_value = "cilium-idmig-sync")]
+        lease_name: String,
+        /// How the fleet is printed (json: one object per cluster).
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Before switching to operator-managed identities (Cilium 1.18's
     /// identity-management-mode: operator): for every pod, the labels the operator will

@@ -120,6 +120,27 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
             output,
             ..
         } => switch_report(k8s, cilium_namespace, output).await,
+        CliCommand::Fleet {
+            kubeconfig,
+            context,
+            all_contexts,
+            timeout,
+            switch,
+            cilium_namespace,
+            lease_namespace,
+            lease_name,
+            output,
+            ..
+        } => {
+            let opts = cilium_idmig::app::fleet::FleetOptions {
+                cilium_namespace,
+                lease_namespace,
+                lease_name,
+                timeout,
+                switch,
+            };
+            fleet(&kubeconfig, &context, all_contexts, opts, output).await
+        }
         CliCommand::SwitchPrepare {
             conn,
             cilium_namespace,
@@ -264,6 +285,37 @@ async fn switch_report(
     } else {
         Exit::Failed
     })
+}
+
+/// `fleet`: every cluster named, read side by side; exit 0 when every sync reached cutover.
+async fn fleet(
+    kubeconfigs: &[PathBuf],
+    contexts: &[String],
+    all: bool,
+    opts: cilium_idmig::app::fleet::FleetOptions,
+    output: super::args::Output,
+) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::fleet;
+    let clusters = fleet::clusters(kubeconfigs, contexts, all)?;
+    let rows = printer::reading(
+        &format!(
+            "reading {}",
+            cilium_idmig::core::words::count(clusters.len(), "cluster")
+        ),
+        fleet::read_fleet(&clusters, &opts),
+    )
+    .await;
+    match output {
+        super::args::Output::Json => super::out::json(&rows)?,
+        super::args::Output::Text => out!("{}", fleet::text(&rows))?,
+    }
+    Ok(
+        if cilium_idmig::core::fleet::row::all_reached_cutover(&rows) {
+            Exit::Ok
+        } else {
+            Exit::Failed
+        },
+    )
 }
 
 /// How `switch-prepare` was asked to run.

@@ -4,6 +4,8 @@
 //! change, at most every few seconds, and once a minute regardless so a reader can tell a
 //! quiet sync from a dead one).
 
+pub mod row;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -7,6 +7,7 @@ mod decisions_kept;
 mod docs;
 mod e2e;
 mod etcd;
+mod fleet;
 mod harness;
 mod hostile_input;
 mod image;

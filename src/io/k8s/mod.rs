@@ -7,6 +7,7 @@
 mod access;
 mod annotated;
 mod errors;
+mod fleet_facts;
 mod lists;
 mod notes;
 mod objects;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::harness::{Etcd, Run, bin};
 use crate::support::control_plane::ControlPlane;
 
+mod fleet;
 mod switch;
 
 const P: &str = "cilium/state/identities/v1";

@@ -130,6 +130,29 @@ pub async fn plan(target: &K8sTarget, spec: &RollbackSpec) -> Result<Vec<Op>> {
                 )
             })?
     };
+    // Endpoints kept in slices (enable-cilium-endpoint-slice) use identities too; a cluster
+    // without the slice CRD has none.
+    let mut in_use = in_use;
+    if !include_in_use && !created.is_empty() {
+        match crate::io::endpoints::endpoints_in_slices(target).await {
+            Ok(entries) => {
+                for (endpoint, id) in entries {
+                    let users = in_use.entry(id).or_default();
+                    if !users.contains(&endpoint) {
+                        users.push(endpoint);
+                    }
+                }
+            }
+            Err(e) if e.is_404() => {}
+            Err(e) => {
+                return Err(crate::Error::kube(
+                    target.server.clone(),
+                    "listing CiliumEndpointSlices to see which identities are in use (pass --include-in-use to delete without this check)",
+                    e,
+                ));
+            }
+        }
+    }
     let target_ref = &target;
     let mut ops: Vec<Op> = futures::stream::iter(created)
         .map(|(name, rec)| async move {

@@ -418,3 +418,33 @@ async fn the_steps_are_their_own_decisions_in_the_log_and_a_rollback_undoes_ever
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(!r.stdout.contains("to restore"), "{}", r.stdout);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rollback_keeps_an_identity_an_endpoint_slice_entry_uses() {
+    let test = "real::switch::beyond::rollback_keeps_an_identity_an_endpoint_slice_entry_uses";
+    let Some(sc) = Scenario::start(test).await else {
+        return;
+    };
+    let cp = &sc.cp;
+    cp.apply(SLICE_CRD);
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/ciliumendpointslices.cilium.io",
+    ]);
+    // Only a slice names 2003 (no CiliumEndpoint does): it is in use all the same.
+    cp.apply(
+        "apiVersion: cilium.io/v2alpha1\nkind: CiliumEndpointSlice\nmetadata: {name: ces-9}\nnamespace: shop\nendpoints: [{name: old-3, id: 2003}]\n",
+    );
+    let migrate = sc.dir.path().join("migrate.jsonl").display().to_string();
+    let r = sc.run(&["rollback", "--decision-log", &migrate]).await;
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let kept: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("keep")).collect();
+    assert!(
+        kept.iter()
+            .any(|l| l.contains("2003") && l.contains("shop/old-3")),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("delete       2003"), "{}", r.stdout);
+}

@@ -68,9 +68,9 @@ async fn fleet_shows_three_real_clusters_and_a_silent_one_each_as_it_stands() {
 
     // Waits on a decision: Kubernetes holds 300 for other labels (a remap to decide), and
     // node 10.0.0.9 still allocates from the kvstore.
-    waiting.apply(&format!(
-        "apiVersion: cilium.io/v2\nkind: CiliumIdentity\nmetadata: {{name: \"300\"}}\nsecurity-labels: {{k8s:app: b, k8s:io.kubernetes.pod.namespace: shop}}\n"
-    ));
+    waiting.apply(
+        "apiVersion: cilium.io/v2\nkind: CiliumIdentity\nmetadata: {name: \"300\"}\nsecurity-labels: {k8s:app: b, k8s:io.kubernetes.pod.namespace: shop}\n",
+    );
     let etcd_waiting = Etcd::start().await;
     etcd_waiting.put(&format!("{P}/id/300"), A.as_bytes()).await;
     etcd_waiting

@@ -104,27 +104,43 @@ impl ControlPlane {
                 return None;
             }
         };
-        let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(&script)
-            .arg("start")
-            .arg(dir.path())
-            .envs(vars.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let mut cp = ControlPlane {
-            script,
-            kubeconfig: dir.path().join("kubeconfig"),
-            kubeconfig_user: dir.path().join("kubeconfig-limited"),
-            url: String::new(),
-            dir,
+        // The script picks free ports by binding and letting go: another server starting
+        // at the same moment can take one first, and its etcd then never comes up. A start
+        // that fails so is tried again on fresh ports (the failed one stopped), twice at most.
+        let mut attempt = 0;
+        let mut cp = loop {
+            attempt += 1;
+            let dir = tempfile::tempdir().unwrap();
+            let out = Command::new(&script)
+                .arg("start")
+                .arg(dir.path())
+                .envs(vars.iter().copied())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let cp = ControlPlane {
+                script: script.clone(),
+                kubeconfig: dir.path().join("kubeconfig"),
+                kubeconfig_user: dir.path().join("kubeconfig-limited"),
+                url: String::new(),
+                dir,
+            };
+            if out.status.success() {
+                break cp;
+            }
+            let why = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(
+                attempt < 3 && why.contains("did not start"),
+                "the control plane did not start (attempt {attempt}): {why}\n{}",
+                std::fs::read_to_string(cp.dir.path().join("apiserver.log")).unwrap_or_default()
+            );
+            eprintln!(
+                "{test}: the control plane did not start ({}); once more",
+                why.trim()
+            );
+            drop(cp);
+            std::thread::sleep(std::time::Duration::from_secs(1));
         };
-        assert!(
-            out.status.success(),
-            "the control plane did not start: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(cp.dir.path().join("apiserver.log")).unwrap_or_default()
-        );
         cp.url = cp.env()["APISERVER_URL"].clone();
         let version = cp.version();
         let etcd = match vars.iter().find(|(k, _)| *k == "ETCD") {

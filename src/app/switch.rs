@@ -301,8 +301,8 @@ pub fn plan_text(p: &Preparation) -> String {
     }
     if !plan.kvstore_nodes.is_empty() {
         out.push_str(&format!(
-            "kvstore: {} still allocate there ({}): --yes writes nothing until every agent is in CRD mode\n",
-            crate::core::words::count(plan.kvstore_nodes.len(), "node"),
+            "kvstore: {} there ({}): --yes writes nothing until every agent is in CRD mode\n",
+            crate::core::switch::prepare::still_allocating(plan.kvstore_nodes.len()),
             crate::core::audit::names_list(&plan.kvstore_nodes, 5)
         ));
     }

@@ -103,8 +103,8 @@ impl PreparePlan {
         let nodes = &self.kvstore_nodes;
         (!nodes.is_empty() && !self.is_empty()).then(|| {
             format!(
-                "{} still allocate from the kvstore ({}): an agent there may draw any id between this read and a create, so nothing is written while one does; move every agent to CRD mode (identity-allocation-mode: crd; `sync` reaches cutover when none is left), then run switch-prepare again",
-                crate::core::words::count(nodes.len(), "node"),
+                "{} from the kvstore ({}): an agent there may draw any id between this read and a create, so nothing is written while one does; move every agent to CRD mode (identity-allocation-mode: crd; `sync` reaches cutover when none is left), then run switch-prepare again",
+                still_allocating(nodes.len()),
                 crate::core::audit::names_list(nodes, 5)
             )
         })
@@ -135,6 +135,12 @@ impl PreparePlan {
             )
         })
     }
+}
+
+/// `1 node still allocates`, `2 nodes still allocate`.
+pub fn still_allocating(nodes: usize) -> String {
+    let verb = if nodes == 1 { "allocates" } else { "allocate" };
+    format!("{} still {verb}", crate::core::words::count(nodes, "node"))
 }
 
 /// What the kvstore holds now: ids (`id/` keys, sync's reservations among them, and the ids

@@ -285,7 +285,7 @@ fn nothing_is_written_while_an_agent_allocates_from_the_kvstore_and_its_ids_stay
     );
     let why = plan.refuse_while_agents_on_kvstore().expect("refused");
     assert!(
-        why.contains("1 node still allocate from the kvstore (10.0.0.9)"),
+        why.contains("1 node still allocates from the kvstore (10.0.0.9)"),
         "{why}"
     );
     // Every agent in CRD mode: the duplicate goes, and nothing is refused.

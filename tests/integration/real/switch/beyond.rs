@@ -325,7 +325,7 @@ async fn an_agent_still_on_the_kvstore_is_named_and_nothing_is_written_until_it_
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     assert!(
         r.stderr
-            .contains("1 node still allocate from the kvstore (10.0.0.9)"),
+            .contains("1 node still allocates from the kvstore (10.0.0.9)"),
         "{}",
         r.stderr
     );
@@ -334,7 +334,7 @@ async fn an_agent_still_on_the_kvstore_is_named_and_nothing_is_written_until_it_
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
     assert!(
         r.stdout
-            .contains("kvstore: 1 node still allocate there (10.0.0.9)"),
+            .contains("kvstore: 1 node still allocates there (10.0.0.9)"),
         "{}",
         r.stdout
     );

@@ -100,7 +100,11 @@ impl PreparePlan {
     /// sync does, when asked). The operator's controller runs only once every agent is in
     /// CRD mode; so does this.
     pub fn refuse_while_agents_on_kvstore(&self) -> Option<String> {
-        let nodes = &self.kvstore_nodes;
+        self.refusal_with(&self.kvstore_nodes)
+    }
+
+    /// The refusal while `nodes` allocate from the kvstore, for a plan that writes.
+    fn refusal_with(&self, nodes: &[String]) -> Option<String> {
         (!nodes.is_empty() && !self.is_empty()).then(|| {
             format!(
                 "{} from the kvstore ({}): an agent there may draw any id between this read and a create, so nothing is written while one does; move every agent to CRD mode (identity-allocation-mode: crd; `sync` reaches cutover when none is left), then run switch-prepare again",
@@ -109,17 +113,12 @@ impl PreparePlan {
             )
         })
     }
-}
 
-impl PreparePlan {
     /// Why the kvstore, read again just before the writes, forbids them: an agent came to
     /// allocate there, or an id to create was taken there since the plan was made.
     pub fn kvstore_moved(&self, now: &KvstoreHolds) -> Option<String> {
-        let again = PreparePlan {
-            kvstore_nodes: now.nodes.iter().cloned().collect(),
-            ..self.clone()
-        };
-        if let Some(why) = again.refuse_while_agents_on_kvstore() {
+        let nodes: Vec<String> = now.nodes.iter().cloned().collect();
+        if let Some(why) = self.refusal_with(&nodes) {
             return Some(why);
         }
         let taken: Vec<u32> = self

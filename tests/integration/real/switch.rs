@@ -240,6 +240,16 @@ impl Scenario {
             .0
     }
 
+    /// The CiliumEndpointSlice CRD posted (it is optional in the control plane) and served.
+    fn serve_slices(&self) {
+        self.cp.apply(SLICE_CRD);
+        self.cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/ciliumendpointslices.cilium.io",
+        ]);
+    }
+
     /// The plan of `switch-prepare --remove-unused-after 0s` (nothing written), as JSON.
     async fn plan_removing_unused(&self) -> serde_json::Value {
         let args = [
@@ -630,12 +640,7 @@ async fn endpoints_in_slices_count_and_with_no_endpoint_known_nothing_is_removed
     };
     let cp = &sc.cp;
     // Endpoints kept in slices (enable-cilium-endpoint-slice): web-2's names 1000.
-    cp.apply(SLICE_CRD);
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ciliumendpointslices.cilium.io",
-    ]);
+    sc.serve_slices();
     cp.apply(
         "apiVersion: cilium.io/v2alpha1\nkind: CiliumEndpointSlice\nmetadata: {name: ces-1}\nnamespace: shop\nendpoints: [{name: web-2, id: 1000}]\n",
     );

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{CILIUM_CONFIG, P, SLICE_CRD, Scenario, endpoint, label_key, namespace_with_pods};
+use super::{CILIUM_CONFIG, P, Scenario, endpoint, label_key, namespace_with_pods};
 use super::{operator_set, run_controller};
 use crate::harness::Etcd;
 use crate::support::control_plane::{ControlPlane, cilium_bin, skip};
@@ -162,12 +162,7 @@ async fn with_endpoints_in_slices_the_prepared_switch_draws_nothing_and_cilium_1
         return;
     };
     let cp = &sc.cp;
-    cp.apply(SLICE_CRD);
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ciliumendpointslices.cilium.io",
-    ]);
+    sc.serve_slices();
     // A gone pod whose endpoint names 2005 while a stale slice entry names 2006: both ids
     // are in use, neither is removed.
     cp.apply(&endpoint("shop", "gone-1", 2005));
@@ -426,12 +421,7 @@ async fn rollback_keeps_an_identity_an_endpoint_slice_entry_uses() {
         return;
     };
     let cp = &sc.cp;
-    cp.apply(SLICE_CRD);
-    cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ciliumendpointslices.cilium.io",
-    ]);
+    sc.serve_slices();
     // Only a slice names 2003 (no CiliumEndpoint does): it is in use all the same.
     cp.apply(
         "apiVersion: cilium.io/v2alpha1\nkind: CiliumEndpointSlice\nmetadata: {name: ces-9}\nnamespace: shop\nendpoints: [{name: old-3, id: 2003}]\n",

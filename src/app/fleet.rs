@@ -10,9 +10,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::config::Kubeconfig;
 
-use crate::core::fleet::row::{ClusterFacts, ClusterRow, SwitchSeen, SyncSeen};
+use tokio::sync::mpsc;
+
+use crate::core::fleet::row::{Cells, ClusterFacts, ClusterRow, KvstoreSeen, SwitchSeen, SyncSeen};
 use crate::core::fleet::{Standing, status_name};
+use crate::core::range::{ClusterScope, MaxConnectedClusters};
 use crate::error::{Error, Result};
+use crate::io::etcd::{EtcdConnection, EtcdOptions};
 use crate::io::k8s::{K8sOptions, K8sTarget};
 
 /// Clusters read at once (each a handful of requests).
@@ -32,13 +36,41 @@ pub struct FleetOptions {
     pub switch: bool,
 }
 
-/// One cluster to read: a context of a kubeconfig.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One cluster to read: a context of a kubeconfig, and its kvstore where one was named.
+#[derive(Debug, Clone)]
 pub struct ClusterRef {
     /// What its row is called: the context's name.
     pub name: String,
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
+    /// Its Cilium kvstore (`--etcd-config-for CONTEXT=FILE`): counted by `fleet`, scanned
+    /// by the TUI's screens of the cluster.
+    pub etcd: Option<EtcdOptions>,
+}
+
+/// Gives each cluster named in `kvstores` (context, then its etcd) its kvstore; a context
+/// no cluster has is refused by name, as a typo would otherwise count nothing silently.
+pub fn with_kvstores(
+    clusters: &mut [ClusterRef],
+    kvstores: Vec<(String, EtcdOptions)>,
+) -> Result<()> {
+    for (context, etcd) in kvstores {
+        let Some(c) = clusters
+            .iter_mut()
+            .find(|c| c.context.as_deref() == Some(context.as_str()))
+        else {
+            return Err(Error::Config(format!(
+                "--etcd-config-for names context {context}, which is not among the clusters read: name one of {}",
+                clusters
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        c.etcd = Some(etcd);
+    }
+    Ok(())
 }
 
 /// The clusters named: each `context` (of the kubeconfig files given, else of KUBECONFIG or
@@ -81,6 +113,7 @@ pub fn clusters(
             kubeconfig: path.clone(),
             context: Some(name.clone()),
             name,
+            etcd: None,
         }));
     }
     // One name per row: a context name found in two files is told apart by its file.
@@ -160,15 +193,172 @@ pub async fn read_cluster(c: &ClusterRef, opts: &FleetOptions) -> ClusterRow {
             Err(e) => switch_error(e),
         })
     };
-    let (facts, switch) = tokio::join!(facts, switch);
+    let kvstore = async {
+        let etcd = c.etcd.as_ref()?;
+        let read = tokio::time::timeout(opts.timeout, count_kvstore(etcd))
+            .await
+            .map_err(within("the kvstore"));
+        Some(match read {
+            Ok(Ok(n)) => KvstoreSeen {
+                identities: Some(n),
+                error: None,
+            },
+            Ok(Err(e)) => KvstoreSeen {
+                identities: None,
+                error: Some(e.to_string()),
+            },
+            Err(e) => KvstoreSeen {
+                identities: None,
+                error: Some(e),
+            },
+        })
+    };
+    let (facts, switch, kvstore) = tokio::join!(facts, switch, kvstore);
     match facts.map_err(within("reading the cluster")) {
         Ok(Ok(mut f)) => {
             f.switch = switch;
+            f.kvstore = kvstore;
             ClusterRow::read(c.name.clone(), server, f)
         }
         Ok(Err(e)) => ClusterRow::unread(c.name.clone(), server, e.to_string()),
         Err(e) => ClusterRow::unread(c.name.clone(), server, e),
     }
+}
+
+/// The identities (`id/` keys) the cluster's kvstore holds: one count-only request.
+async fn count_kvstore(etcd: &EtcdOptions) -> Result<usize> {
+    EtcdConnection::connect(etcd)
+        .await?
+        .count_identities(&etcd.prefix)
+        .await
+}
+
+/// Clusters read again on request, each row sent as its cluster answers (with its place
+/// among the clusters), so that one that hangs holds no other row up. Every cluster is
+/// read once at the start; each `()` sent on `again` reads them all again.
+pub struct FleetReader {
+    pub again: mpsc::Sender<()>,
+    pub rows: mpsc::Receiver<(usize, ClusterRow)>,
+}
+
+/// Starts the task that reads `clusters` for the TUI's Fleet screen; it ends when the
+/// screen drops its side.
+pub fn spawn_reader(clusters: Vec<ClusterRef>, opts: FleetOptions) -> FleetReader {
+    let (again_tx, mut again) = mpsc::channel::<()>(1);
+    let (rows_tx, rows) = mpsc::channel(clusters.len().max(1));
+    tokio::spawn(async move {
+        loop {
+            // Owned per cluster: a spawned task's stream cannot lend out its own borrows.
+            let mut read = futures::stream::iter(clusters.clone().into_iter().enumerate())
+                .map(|(i, c)| {
+                    let opts = opts.clone();
+                    async move { (i, read_cluster(&c, &opts).await) }
+                })
+                .buffer_unordered(AT_ONCE);
+            while let Some(row) = read.next().await {
+                if rows_tx.send(row).await.is_err() {
+                    return;
+                }
+            }
+            if again.recv().await.is_none() {
+                return;
+            }
+        }
+    });
+    FleetReader {
+        again: again_tx,
+        rows,
+    }
+}
+
+/// How a cluster is opened from the Fleet screen.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Where Cilium runs: its `cilium-config` gives the cluster's range.
+    pub cilium_namespace: String,
+    /// The range where `cilium-config` is not found (the flags').
+    pub fallback: ClusterScope,
+    /// How long reaching it may take.
+    pub timeout: Duration,
+    pub consistent_reads: bool,
+}
+
+/// A cluster reached from the Fleet screen: its API server, its range, its kvstore.
+pub struct Reached {
+    pub target: K8sTarget,
+    pub scope: ClusterScope,
+    pub etcd: EtcdOptions,
+}
+
+/// Reaches a cluster to open its screens: it needs its kvstore named, an API server that
+/// answers within the timeout, and a `cilium-config` that reads (or none).
+pub async fn reach(c: &ClusterRef, opts: &OpenOptions) -> Result<Reached> {
+    let Some(etcd) = c.etcd.clone() else {
+        return Err(Error::Config(format!(
+            "no kvstore is named for it: pass --etcd-config-for {}=FILE (its Cilium etcd config)",
+            c.context.as_deref().unwrap_or(&c.name)
+        )));
+    };
+    let reach = async {
+        let mut target = K8sTarget::connect(&K8sOptions {
+            kubeconfig: c.kubeconfig.clone(),
+            context: c.context.clone(),
+        })
+        .await?;
+        target.consistent_reads = opts.consistent_reads;
+        let scope = scope_of(&target, &opts.cilium_namespace, opts.fallback).await?;
+        Ok::<_, Error>((target, scope))
+    };
+    let (target, scope) = tokio::time::timeout(opts.timeout, reach)
+        .await
+        .map_err(|_| {
+            Error::Config(format!(
+                "no answer within {}s: check that its API server is up, or pass a longer --timeout",
+                opts.timeout.as_secs_f64()
+            ))
+        })??;
+    Ok(Reached {
+        target,
+        scope,
+        etcd,
+    })
+}
+
+/// The identity range of a cluster opened from the fleet: what its `cilium-config` says
+/// (its agents allocate there), else `fallback` (the flags'). A value Cilium's agents would
+/// refuse is refused here too rather than guessed.
+pub async fn scope_of(
+    target: &K8sTarget,
+    cilium_namespace: &str,
+    fallback: ClusterScope,
+) -> Result<ClusterScope> {
+    let config = crate::app::switch::CILIUM_CONFIG;
+    let data = target
+        .config_map_data(cilium_namespace, config)
+        .await
+        .map_err(|e| Error::kube(target.server.clone(), "reading cilium-config", e))?;
+    let Some(data) = data else {
+        return Ok(fallback);
+    };
+    let bad = |what: &str, why: String| {
+        Error::Config(format!(
+            "{cilium_namespace}/{config}'s {what} {why}: fix it there (Cilium's agents refuse it too)"
+        ))
+    };
+    let get = |k: &str| data.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let cluster_id = match get("cluster-id") {
+        None => 0,
+        Some(v) => v
+            .parse::<u32>()
+            .map_err(|_| bad("cluster-id", format!("is {v:?}, not a number")))?,
+    };
+    let mcc = match get("max-connected-clusters") {
+        None => MaxConnectedClusters::default(),
+        Some(v) => v
+            .parse::<MaxConnectedClusters>()
+            .map_err(|e| bad("max-connected-clusters", e))?,
+    };
+    ClusterScope::new(cluster_id, mcc).map_err(|e| bad("cluster-id", e))
 }
 
 fn switch_error(error: String) -> SwitchSeen {
@@ -234,6 +424,7 @@ async fn facts(target: &K8sTarget, opts: &FleetOptions) -> Result<ClusterFacts> 
         identities,
         sync,
         switch: None,
+        kvstore: None,
     })
 }
 
@@ -245,38 +436,25 @@ fn age_of(updated: &str) -> Option<i64> {
 
 /// The fleet as a table: one row per cluster, then the counts.
 pub fn text(rows: &[ClusterRow]) -> String {
-    let mut out = format!(
-        "{:<20} {:<10} {:<15} {:>10} {:<22} {:>6}  {}\n",
-        "CLUSTER", "CILIUM", "MODES", "IDENTITIES", "SYNC", "AGE", "NEXT"
-    );
+    let line = |c: [&str; 8]| {
+        format!(
+            "{:<20} {:<10} {:<15} {:>10} {:>8} {:<22} {:>6}  {}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+        )
+    };
+    let mut out = line(Cells::HEADER);
     for r in rows {
-        let f = r.facts.clone().unwrap_or_default();
-        let modes = match (&r.facts, &f.identity_allocation_mode) {
-            (None, _) => "-".to_string(),
-            (_, alloc) => format!(
-                "{}/{}",
-                alloc.as_deref().unwrap_or("?"),
-                f.identity_management_mode.as_deref().unwrap_or("agent")
-            ),
-        };
-        let (sync, age) = match &f.sync {
-            Some(s) => (
-                s.standing.phase.as_str().to_string(),
-                s.age_s.map_or("?".into(), |a| format!("{a}s")),
-            ),
-            None if r.facts.is_some() => ("none".into(), "-".into()),
-            None => ("-".into(), "-".into()),
-        };
-        out.push_str(&format!(
-            "{:<20} {:<10} {:<15} {:>10} {:<22} {:>6}  {}\n",
-            r.cluster,
-            f.cilium_version.as_deref().unwrap_or("-"),
-            modes,
-            f.identities.map_or("-".into(), |n| n.to_string()),
-            sync,
-            age,
-            r.attention.as_deref().unwrap_or("nothing: cutover reached")
-        ));
+        let c = Cells::of(r);
+        out.push_str(&line([
+            &r.cluster,
+            &c.cilium,
+            &c.modes,
+            &c.identities,
+            &c.kvstore,
+            &c.sync,
+            &c.age,
+            &c.next,
+        ]));
     }
     let reached = rows.iter().filter(|r| r.reached_cutover()).count();
     let attention = rows.iter().filter(|r| r.attention.is_some()).count();

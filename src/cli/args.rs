@@ -27,7 +27,7 @@ pub const LONG_VERSION: &str = concat!(
 /// too (a test checks that they parse and that the guide shows them), and the exit status.
 pub mod examples {
     pub const MAIN: &str = "Examples:\n  # The interactive migrator against Cilium's etcd (the kubeconfig as kubectl finds it)\n  cilium-idmig --etcd-config etcd.yaml\n  # The same on the embedded sandbox: no etcd, no Kubernetes\n  cilium-idmig demo\n\nExit status (the same for every command):\n  0  done\n  1  failed work: writes that failed, a verify mismatch, objects a rollback kept, etcd or the API server unreachable or failing after the retries\n  2  usage or configuration: bad flags or files, a refused plan, missing permissions (a 401/403, etcd's permission denied), a decision log another sync holds";
-    pub const TUI: &str = "Examples:\n  # Review and commit against Cilium's etcd (the kubeconfig as kubectl finds it)\n  cilium-idmig tui --etcd-config etcd.yaml\n  # Pick up a review where it ended (a quit, a dropped SSH session)\n  cilium-idmig tui --etcd-config etcd.yaml --resume review.jsonl\n  # Review what a run created, then delete it\n  cilium-idmig tui --rollback rollout.jsonl\n\nExit status:\n  0  quit after the work was done, or with nothing to do\n  1  a commit or rollback left writes failed or not made\n  2  usage or configuration: bad flags, unreadable files, a damaged log";
+    pub const TUI: &str = "Examples:\n  # Review and commit against Cilium's etcd (the kubeconfig as kubectl finds it)\n  cilium-idmig tui --etcd-config etcd.yaml\n  # Review what a run created, then delete it\n  cilium-idmig tui --rollback rollout.jsonl\n  # The Fleet screen over two clusters; Enter opens either's screens on its own kvstore\n  cilium-idmig tui --context east --context west --etcd-config-for east=east-etcd.yaml --etcd-config-for west=west-etcd.yaml\n\nExit status:\n  0  quit after the work was done, or with nothing to do\n  1  a commit or rollback left writes failed or not made\n  2  usage or configuration: bad flags, unreadable files, a damaged log";
     pub const PLAN: &str = "Examples:\n  # Read both sides and write the plan; changes nothing\n  cilium-idmig plan --etcd-config etcd.yaml --output plan.json\n  # A cluster of a mesh installed with max-connected-clusters 511\n  cilium-idmig plan --etcd-config etcd.yaml --cluster-id 3 --max-connected-clusters 511\n\nExit status:\n  0  both sides read and the plan made (and written with --output)\n  1  etcd or the API server unreachable or failing after the retries\n  2  usage or configuration: bad flags, an existing --output file, missing permissions";
     pub const APPLY: &str = "Examples:\n  # Apply a reviewed plan\n  cilium-idmig apply --etcd-config etcd.yaml --plan plan.json --yes\n  # Apply the decisions made in the TUI\n  cilium-idmig apply --etcd-config etcd.yaml --resume review.jsonl --yes\n  # Plan and apply in one go, every proposal accepted\n  cilium-idmig apply --etcd-config etcd.yaml --yes --accept-proposals\n\nExit status:\n  0  every write made or already there\n  1  writes failed or not attempted (a rerun finishes them)\n  2  usage or configuration: no --yes, a refused plan, undecided conflicts, missing permissions";
     pub const ROLLBACK: &str = "Examples:\n  # What a rollback would delete; changes nothing\n  cilium-idmig rollback --decision-log rollout.jsonl\n  # Delete exactly what that run created\n  cilium-idmig rollback --decision-log rollout.jsonl --yes\n  # A run whose log is lost, by the annotation on its objects\n  cilium-idmig rollback --run 20261201T010203Z-4f2a --yes\n\nExit status:\n  0  everything planned deleted or already gone (without --yes: the plan printed)\n  1  an object kept or a delete failed\n  2  usage or configuration, including a missing rollback role";
@@ -168,6 +168,29 @@ pub struct TuiArgs {
     /// switch-report does.
     #[arg(long, default_value = "kube-system")]
     pub cilium_namespace: String,
+    /// Open the Fleet screen over every context of the kubeconfig (as `--context` given
+    /// for each).
+    #[arg(long)]
+    pub all_contexts: bool,
+    /// With several clusters: the etcd config of one cluster's Cilium kvstore, as
+    /// CONTEXT=FILE (repeatable); Enter on the Fleet screen opens a cluster that has one.
+    #[arg(long, value_name = "CONTEXT=FILE", value_parser = parse_etcd_config_for)]
+    pub etcd_config_for: Vec<(String, PathBuf)>,
+    /// With several clusters: how long one may take to be read or opened, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `CONTEXT=FILE`: a cluster's context and its kvstore's etcd config.
+pub fn parse_etcd_config_for(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((context, file)) if !context.is_empty() && !file.is_empty() => {
+            Ok((context.to_string(), PathBuf::from(file)))
+        }
+        _ => Err(format!(
+            "{s:?} is not CONTEXT=FILE: name the kubeconfig context, then its Cilium etcd config file"
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -306,6 +329,13 @@ pub enum CliCommand {
         /// Contexts to read (repeatable; default: each file's current context).
         #[arg(long, conflicts_with = "all_contexts")]
         context: Vec<String>,
+        /// The etcd config of one cluster's Cilium kvstore, as CONTEXT=FILE (repeatable):
+        /// its identities are counted beside Kubernetes'.
+        #[arg(long, value_name = "CONTEXT=FILE", value_parser = parse_etcd_config_for)]
+        etcd_config_for: Vec<(String, PathBuf)>,
+        /// Where Cilium keeps identities in each kvstore named.
+        #[arg(long, default_value = DEFAULT_PREFIX)]
+        kvstore_prefix: String,
         /// Read every context of the kubeconfig files.
         #[arg(long)]
         all_contexts: bool,
@@ -497,9 +527,10 @@ pub struct K8sConn {
     /// kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// kubeconfig context to use (default: the kubeconfig's current context).
+    /// kubeconfig context to use (default: the kubeconfig's current context). `tui` takes
+    /// it more than once and opens the Fleet screen over those clusters.
     #[arg(long)]
-    pub context: Option<String>,
+    pub context: Vec<String>,
     /// Cilium cluster ID (0..=255, or 0..=511 with --max-connected-clusters 511); sets the identity range.
     #[arg(long, default_value_t = 0)]
     pub cluster_id: u32,
@@ -575,10 +606,22 @@ impl K8sConn {
         ClusterScope::new(self.cluster_id, self.max_connected_clusters)
             .map_err(cilium_idmig::Error::Config)
     }
+    /// The one context named, if any: only `tui` opens several (its Fleet screen).
+    pub fn one_context(&self) -> cilium_idmig::Result<Option<String>> {
+        match self.context.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(one.clone())),
+            many => Err(cilium_idmig::Error::Config(format!(
+                "--context is given {} times ({}): this command works on one cluster; pass one, or use `tui` or `fleet` for several",
+                many.len(),
+                many.join(", ")
+            ))),
+        }
+    }
     pub async fn target(&self) -> cilium_idmig::Result<K8sTarget> {
         let mut target = K8sTarget::connect(&K8sOptions {
             kubeconfig: self.kubeconfig.clone(),
-            context: self.context.clone(),
+            context: self.one_context()?,
         })
         .await?;
         target.consistent_reads = self.consistent_reads;

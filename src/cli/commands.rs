@@ -123,6 +123,8 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
         CliCommand::Fleet {
             kubeconfig,
             context,
+            etcd_config_for,
+            kvstore_prefix,
             all_contexts,
             timeout,
             switch,
@@ -139,7 +141,18 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 timeout,
                 switch,
             };
-            fleet(&kubeconfig, &context, all_contexts, opts, output).await
+            let kvstores = etcd_config_for
+                .into_iter()
+                .map(|(context, file)| {
+                    let etcd = cilium_idmig::io::etcd::EtcdOptions {
+                        config_file: Some(file),
+                        prefix: kvstore_prefix.clone(),
+                        ..Default::default()
+                    };
+                    (context, etcd)
+                })
+                .collect();
+            fleet(&kubeconfig, &context, all_contexts, kvstores, opts, output).await
         }
         CliCommand::SwitchPrepare {
             conn,
@@ -292,11 +305,13 @@ async fn fleet(
     kubeconfigs: &[PathBuf],
     contexts: &[String],
     all: bool,
+    kvstores: Vec<(String, cilium_idmig::io::etcd::EtcdOptions)>,
     opts: cilium_idmig::app::fleet::FleetOptions,
     output: super::args::Output,
 ) -> anyhow::Result<Exit> {
     use cilium_idmig::app::fleet;
-    let clusters = fleet::clusters(kubeconfigs, contexts, all)?;
+    let mut clusters = fleet::clusters(kubeconfigs, contexts, all)?;
+    fleet::with_kvstores(&mut clusters, kvstores)?;
     let rows = printer::reading(
         &format!(
             "reading {}",

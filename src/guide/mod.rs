@@ -354,3 +354,103 @@ async fn generated_docs_pictures_of_every_screen_match_the_tui() {
         stale.join("\n")
     );
 }
+
+/// The Fleet screen over four clusters as they might stand mid-migration: drawn by the
+/// TUI's own view from rows made by `fleet`'s own rules.
+#[test]
+fn generated_docs_picture_of_the_fleet_screen_matches_the_tui() {
+    use crate::core::fleet::About;
+    use crate::core::fleet::row::{ClusterFacts, ClusterRow, KvstoreSeen, SyncSeen};
+    use crate::core::sync::SyncStatus;
+    use crate::tui::model::FleetModel;
+    use crate::tui::msg::FleetMsg;
+    use crate::tui::update::update_fleet;
+
+    let about = About::default();
+    let facts =
+        |version: &str, mode: &str, identities: usize, sync: Option<SyncSeen>| ClusterFacts {
+            cilium_version: Some(version.into()),
+            identity_allocation_mode: Some(mode.into()),
+            identities: Some(identities),
+            kvstore: Some(KvstoreSeen {
+                identities: Some(identities),
+                error: None,
+            }),
+            sync,
+            ..Default::default()
+        };
+    let seen = |status: SyncStatus, age_s| {
+        Some(SyncSeen {
+            standing: crate::core::fleet::Standing::following(&status, &about),
+            age_s: Some(age_s),
+        })
+    };
+    let reached = seen(SyncStatus::default(), 3600).map(|s| SyncSeen {
+        standing: s.standing.ended(true, None),
+        ..s
+    });
+    let waiting = SyncStatus {
+        pending: 2,
+        kvstore_nodes: 3,
+        cutover_wait: Some(CutoverWait::Nodes(3)),
+        ..Default::default()
+    };
+    let following = SyncStatus {
+        kvstore_nodes: 12,
+        cutover_wait: Some(CutoverWait::Nodes(12)),
+        ..Default::default()
+    };
+    let rows = [
+        ClusterRow::read(
+            "prod-eu".into(),
+            "https://10.0.1.1:6443".into(),
+            facts("v1.16.4", "crd", 41210, reached),
+        ),
+        ClusterRow::read(
+            "prod-us".into(),
+            "https://10.0.2.1:6443".into(),
+            facts("v1.16.4", "kvstore", 38877, seen(waiting, 4)),
+        ),
+        ClusterRow::read(
+            "stage".into(),
+            "https://10.0.3.1:6443".into(),
+            facts("v1.15.11", "kvstore", 2290, seen(following, 12)),
+        ),
+        ClusterRow::read(
+            "edge-1".into(),
+            "https://10.0.4.1:6443".into(),
+            facts("v1.14.19", "kvstore", 610, None),
+        ),
+        ClusterRow::unread(
+            "edge-2".into(),
+            "https://10.0.5.1:6443".into(),
+            "no answer within 10s (reading the cluster)".into(),
+        ),
+    ];
+    let mut m = FleetModel::new(rows.iter().map(|r| r.cluster.clone()).collect(), false);
+    update_fleet(&mut m, FleetMsg::Resize { rows: HEIGHT });
+    let now = std::time::Instant::now();
+    for (index, row) in rows.into_iter().enumerate() {
+        update_fleet(
+            &mut m,
+            FleetMsg::Row {
+                index,
+                row: Box::new(row),
+                now,
+            },
+        );
+    }
+    update_fleet(
+        &mut m,
+        FleetMsg::Key(KeyEvent::new(KeyCode::Char('n'), KeyModifiers::NONE)),
+    );
+    let mut t = Terminal::new(TestBackend::new(WIDTH, HEIGHT)).unwrap();
+    t.draw(|f| crate::tui::view::draw_fleet(&m, f)).unwrap();
+    let drawn = svg::to_svg(t.backend().buffer(), "Fleet screen");
+    let path = dir().join("fleet.svg");
+    assert!(
+        written(&path, &drawn),
+        "{} differs from what the TUI draws: run UPDATE_SNAPSHOTS=1 cargo test generated_docs",
+        path.display()
+    );
+}

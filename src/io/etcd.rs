@@ -186,6 +186,22 @@ impl EtcdConnection {
         Ok(snap)
     }
 
+    /// How many identities (`id/` keys) the kvstore holds: one count-only request.
+    pub async fn count_identities(&self, prefix: &str) -> Result<usize> {
+        let prefix = normalize_prefix(prefix);
+        let mut kv = self.client.kv_client();
+        let id_prefix = format!("{prefix}id/").into_bytes();
+        let id_end = prefix_end(&id_prefix);
+        let head = self
+            .range(
+                &mut kv,
+                id_prefix,
+                GetOptions::new().with_range(id_end).with_count_only(),
+            )
+            .await?;
+        Ok(usize::try_from(head.count()).unwrap_or(0))
+    }
+
     /// Reads the `id/` keys and their label keys at one pinned revision; no node counts yet.
     pub async fn read_masters(&self, prefix: &str, page_size: i64) -> Result<KvSnapshot> {
         let prefix = normalize_prefix(prefix);

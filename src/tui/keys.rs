@@ -76,6 +76,7 @@ const ROLLBACK: Scope = Scope::On(Screen::Rollback);
 const SYNC: Scope = Scope::On(Screen::Sync);
 const AUDIT: Scope = Scope::On(Screen::Audit);
 const SWITCH: Scope = Scope::On(Screen::Switch);
+const FLEET: Scope = Scope::On(Screen::Fleet);
 
 pub const BINDINGS: &[Binding] = &[
     Binding {
@@ -108,7 +109,7 @@ pub const BINDINGS: &[Binding] = &[
         label: "q",
         short: "quit",
         action: KeyAction::Quit,
-        help: "quit (Esc closes a popup first)",
+        help: "quit (Esc closes a popup first; from a fleet, goes back)",
     },
     Binding {
         scope: Scope::Global,
@@ -686,6 +687,94 @@ pub const BINDINGS: &[Binding] = &[
         action: KeyAction::End,
         help: "last pod",
     },
+    Binding {
+        scope: FLEET,
+        keys: &[(Enter, N)],
+        label: "Enter",
+        short: "open",
+        action: KeyAction::Open,
+        help: "open this cluster's screens (Esc comes back to the fleet)",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Char('n'), N)],
+        label: "n",
+        short: "next",
+        action: KeyAction::NextConflict,
+        help: "next cluster that needs attention",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Char('N'), S), (Char('N'), N)],
+        label: "N",
+        short: "previous",
+        action: KeyAction::PrevConflict,
+        help: "previous cluster that needs attention",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Char('/'), N)],
+        label: "/",
+        short: "filter",
+        action: KeyAction::Search,
+        help: "filter the clusters by name or by what they need (Enter keeps it, Esc clears it)",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Char('R'), S), (Char('R'), N)],
+        label: "R",
+        short: "read again",
+        action: KeyAction::Rescan,
+        help: "read every cluster again now (they are read again every 30 s)",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Down, N), (Char('j'), N)],
+        label: "↓/j",
+        short: "down",
+        action: KeyAction::Down,
+        help: "next cluster",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Up, N), (Char('k'), N)],
+        label: "↑/k",
+        short: "up",
+        action: KeyAction::Up,
+        help: "previous cluster",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(PageDown, N)],
+        label: "PgDn",
+        short: "page down",
+        action: KeyAction::PageDown,
+        help: "page down",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(PageUp, N)],
+        label: "PgUp",
+        short: "page up",
+        action: KeyAction::PageUp,
+        help: "page up",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(Home, N), (Char('g'), N)],
+        label: "g",
+        short: "top",
+        action: KeyAction::Home,
+        help: "first cluster",
+    },
+    Binding {
+        scope: FLEET,
+        keys: &[(End, N), (Char('G'), S), (Char('G'), N)],
+        label: "G",
+        short: "bottom",
+        action: KeyAction::End,
+        help: "last cluster",
+    },
 ];
 
 fn scope_matches(scope: Scope, screen: Screen) -> bool {
@@ -697,13 +786,18 @@ fn scope_matches(scope: Scope, screen: Screen) -> bool {
 
 /// Whether a global binding works on `screen`: a rollback is a screen of its own, with no
 /// other screen to go to and no plan to export, so those keys do nothing there (and its help
-/// does not list them).
+/// does not list them); the Fleet screen, above every cluster's screens, takes only help and
+/// quit of them.
 fn global_works_on(b: &Binding, screen: Screen) -> bool {
     let elsewhere = matches!(
         b.action,
         KeyAction::Go(_) | KeyAction::NextScreen | KeyAction::Export
     );
-    !(screen == Screen::Rollback && elsewhere)
+    match screen {
+        Screen::Rollback => !elsewhere,
+        Screen::Fleet => matches!(b.action, KeyAction::Help | KeyAction::Quit),
+        _ => true,
+    }
 }
 
 /// The action bound to a key on a screen; screen bindings win over global ones.

@@ -32,3 +32,42 @@ pub enum Msg {
 pub enum Command {
     Send(ServiceRequest),
 }
+
+/// What reaches the Fleet screen's `update`.
+#[derive(Debug, Clone)]
+pub enum FleetMsg {
+    Key(KeyEvent),
+    Resize {
+        rows: u16,
+    },
+    Tick {
+        now: Instant,
+    },
+    /// One cluster answered (its place among the clusters, and its row).
+    Row {
+        index: usize,
+        row: Box<crate::core::fleet::row::ClusterRow>,
+        now: Instant,
+    },
+    /// A cluster could not be opened, and why.
+    OpenFailed {
+        index: usize,
+        error: String,
+    },
+    /// Back from a cluster's screens (Esc), with what the visit left to say.
+    Back {
+        index: usize,
+        said: Vec<String>,
+        now: Instant,
+    },
+    Signal,
+}
+
+/// What the Fleet screen's `update` asks the runtime to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetCommand {
+    /// Read every cluster again.
+    ReadAgain,
+    /// Open this cluster's screens.
+    Open(usize),
+}

@@ -871,3 +871,30 @@ mod pictures;
 mod rollback;
 mod switch;
 mod sync;
+
+#[test]
+fn esc_on_a_cluster_opened_from_the_fleet_goes_back_past_the_same_question_and_q_quits() {
+    let mut m = scanned_model();
+    m.fleet_cluster = Some("prod-a".into());
+    update(&mut m, key('3'));
+    update(&mut m, key('a'));
+    update(&mut m, code(KeyCode::Esc));
+    assert!(
+        matches!(m.modal, Some(Modal::ConfirmQuit { uncommitted: 1 })),
+        "decided and not committed: asked first, as q asks; {:?}",
+        m.modal
+    );
+    assert!(!m.quit);
+    update(&mut m, key('y'));
+    assert!(m.quit && m.back, "back to the fleet");
+    assert!(crate::tui::TuiEnd::of(&m).back);
+
+    // `q` ends the session; Esc on a cluster not opened from a fleet quits as before.
+    for (fleet, k, back) in [(true, key('q'), false), (false, code(KeyCode::Esc), false)] {
+        let mut m = scanned_model();
+        m.fleet_cluster = fleet.then(|| "prod-a".to_string());
+        update(&mut m, k);
+        assert!(m.quit);
+        assert_eq!(m.back, back);
+    }
+}

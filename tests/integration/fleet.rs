@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cilium_idmig::sandbox::{Sandbox, SandboxConfig};
 
-use crate::harness::run;
+use crate::harness::{Etcd, Tmux, bin, run};
 
 /// A kubeconfig with one context per `(name, server)`.
 fn kubeconfig(path: &Path, clusters: &[(&str, String)]) {
@@ -53,12 +53,9 @@ fn silent_server() -> (std::net::TcpListener, String) {
     (l, url)
 }
 
-fn rows(stdout: &str) -> Vec<serde_json::Value> {
-    serde_json::from_str::<Vec<serde_json::Value>>(stdout).expect(stdout)
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover() {
+/// Three sandboxes: one whose sync reached cutover an hour ago, one waiting on `pending`
+/// decisions, one with no sync.
+async fn three_clusters(pending: &str) -> (Sandbox, Sandbox, Sandbox) {
     let reached = Sandbox::start(SandboxConfig::default()).await.unwrap();
     let waiting = Sandbox::start(SandboxConfig::default()).await.unwrap();
     let no_sync = Sandbox::start(SandboxConfig::default()).await.unwrap();
@@ -66,9 +63,19 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
     standing(
         &waiting,
         "waiting-for-decisions",
-        "2",
+        pending,
         Duration::from_secs(5),
     );
+    (reached, waiting, no_sync)
+}
+
+fn rows(stdout: &str) -> Vec<serde_json::Value> {
+    serde_json::from_str::<Vec<serde_json::Value>>(stdout).expect(stdout)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover() {
+    let (reached, waiting, no_sync) = three_clusters("2").await;
     no_sync.add_config_map(
         "kube-system",
         "cilium-config",
@@ -163,4 +170,85 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
     .await;
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("no context nope"), "{}", r.stderr);
+}
+
+/// The real binary's TUI over three contexts, under tmux: the Fleet screen first, `n` to the
+/// cluster that needs attention, Enter opens its screens on its own kvstore, a commit there,
+/// Esc back to the fleet (read again, the visit said), a filter, a cluster with no kvstore
+/// named that is not opened and says why, and `q` with each cluster's log named.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fleet_screen_opens_a_cluster_and_esc_comes_back_under_tmux() {
+    const P: &str = "cilium/state/identities/v1";
+    let etcd = Etcd::start().await;
+    etcd.put(&format!("{P}/id/300"), b"k8s:app=a;").await;
+    etcd.put(&format!("{P}/id/301"), b"k8s:app=b;").await;
+    let (reached, waiting, no_sync) = three_clusters("1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("fleet.yaml");
+    kubeconfig(
+        &kc,
+        &[
+            ("reached", reached.url()),
+            ("waiting", waiting.url()),
+            ("no-sync", no_sync.url()),
+        ],
+    );
+    let cmd = format!(
+        "cd {} && {} tui --kubeconfig {} --all-contexts --etcd-config-for waiting={}; echo EXITED $?; sleep 600",
+        dir.path().display(),
+        bin(),
+        kc.display(),
+        etcd.config_file().display()
+    );
+    let t = Tmux::start("fleet", &cmd);
+    t.wait_for("3 clusters: 1 reached cutover, 2 need attention", 30);
+    // `n` skips `reached` (nothing to do) for `waiting`; Enter opens it.
+    t.keys(&["n", "Enter"]);
+    let opened = t.wait_for("scanned 2 identities", 30);
+    assert!(
+        opened.contains(" waiting ·"),
+        "the header names it:\n{opened}"
+    );
+    t.keys(&["4", "Enter"]);
+    t.wait_for("Type yes", 10);
+    t.keys(&["y", "e", "s", "Enter"]);
+    t.wait_for("verified: ", 30);
+    t.keys(&["Escape"]);
+    let back = t.wait_for("back from waiting: commit: 2 created", 10);
+    assert!(back.contains("Fleet"), "{back}");
+    let ids = |sb: &Sandbox| sb.objects().into_keys().collect::<Vec<String>>();
+    assert_eq!(ids(&waiting), ["300", "301"], "created in waiting");
+    assert!(ids(&reached).is_empty(), "and nowhere else");
+    // The filter narrows the rows; a cluster with no kvstore named says so, and stays.
+    t.keys(&["/", "n", "o", "-", "s", "Enter"]);
+    let filtered = t.wait_for("filter: no-s", 5);
+    assert!(
+        !filtered.lines().any(|l| l.starts_with("reached ")),
+        "{filtered}"
+    );
+    t.keys(&["Enter"]);
+    t.wait_for("no-sync was not opened: no kvstore is named for it", 10);
+    t.wait_for("--etcd-config-for no-sync=FILE", 1);
+    t.keys(&["q"]);
+    let end = t.wait_for("EXITED 0", 10);
+    assert!(end.contains("waiting: commit: 2 created"), "{end}");
+    let log_line = end
+        .lines()
+        .find(|l| l.starts_with("waiting: decision log: "))
+        .unwrap_or_else(|| panic!("no log named:\n{end}"));
+    let log = dir.path().join(
+        log_line
+            .trim_start_matches("waiting: decision log: ")
+            .trim(),
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("\"outcome\":\"created\""), "{text}");
+    assert!(
+        log.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .contains("-waiting-"),
+        "the cluster's name is in its log's: {}",
+        log.display()
+    );
 }

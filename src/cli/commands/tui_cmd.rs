@@ -4,6 +4,15 @@ use super::*;
 
 /// `tui` (and no command): the interactive migrator on the cluster.
 pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
+    if args.all_contexts || args.conn.k8s.context.len() > 1 {
+        return fleet_tui(args).await;
+    }
+    if !args.etcd_config_for.is_empty() {
+        return Err(cilium_idmig::Error::Config(
+            "--etcd-config-for names the kvstores of several clusters: pass --context more than once (or --all-contexts), or --etcd-config for one cluster".into(),
+        )
+        .into());
+    }
     let TuiArgs {
         conn,
         tuning,
@@ -32,6 +41,152 @@ pub(super) async fn tui(args: TuiArgs, bin_name: &str) -> anyhow::Result<Exit> {
         reserve_in_kvstore,
     };
     interactive(world, decision_log, tuning.options(), session, finish).await
+}
+
+/// `tui` over several contexts: the Fleet screen first, each cluster's screens opened from it
+/// with its own kvstore, range and decision log.
+async fn fleet_tui(args: TuiArgs) -> anyhow::Result<Exit> {
+    use cilium_idmig::app::fleet::{self, FleetOptions};
+    let refuse = |why: &str| -> anyhow::Result<Exit> {
+        Err(cilium_idmig::Error::Config(why.to_string()).into())
+    };
+    if !args.resume.is_empty() || !args.rollback.is_empty() || args.decision_log.is_some() {
+        return refuse(
+            "--resume, --rollback and --decision-log work on one cluster: pass one --context (each cluster opened from the Fleet screen keeps a decision log of its own)",
+        );
+    }
+    if !args.conn.etcd.etcd_endpoints.is_empty() || args.conn.etcd.etcd_config.is_some() {
+        return refuse(
+            "--etcd-endpoints and --etcd-config name one kvstore, and several clusters are open: pass --etcd-config-for CONTEXT=FILE for each cluster instead",
+        );
+    }
+    let kubeconfigs: Vec<PathBuf> = args.conn.k8s.kubeconfig.iter().cloned().collect();
+    let mut clusters = fleet::clusters(&kubeconfigs, &args.conn.k8s.context, args.all_contexts)?;
+    let base = args.conn.etcd();
+    let kvstores = args
+        .etcd_config_for
+        .iter()
+        .map(|(context, file)| {
+            (
+                context.clone(),
+                cilium_idmig::io::etcd::EtcdOptions {
+                    config_file: Some(file.clone()),
+                    ..base.clone()
+                },
+            )
+        })
+        .collect();
+    fleet::with_kvstores(&mut clusters, kvstores)?;
+    // Sync's standing is read where sync keeps its Lease by default, as `fleet` does.
+    let lease = cilium_idmig::app::lease::LeaseOptions::default();
+    let opts = FleetOptions {
+        cilium_namespace: args.cilium_namespace.clone(),
+        lease_namespace: lease.namespace,
+        lease_name: lease.name,
+        timeout: args.timeout,
+        switch: false,
+    };
+    let reader = fleet::spawn_reader(clusters.clone(), opts);
+    let reach = fleet::OpenOptions {
+        cilium_namespace: args.cilium_namespace.clone(),
+        fallback: args.conn.scope()?,
+        timeout: args.timeout,
+        consistent_reads: args.conn.k8s.consistent_reads,
+    };
+    let logs = Arc::new(std::sync::Mutex::new(ClusterLogs::default()));
+    let opener = {
+        let logs = logs.clone();
+        let (apply, reserve) = (args.tuning.options(), args.reserve_in_kvstore);
+        let open = move |c: fleet::ClusterRef| -> futures::future::BoxFuture<
+            'static,
+            Result<cilium_idmig::tui::OpenedCluster, String>,
+        > {
+            let (logs, apply, reach) = (logs.clone(), apply.clone(), reach.clone());
+            Box::pin(async move {
+                let fleet::Reached {
+                    target,
+                    scope,
+                    etcd,
+                } = fleet::reach(&c, &reach).await.map_err(|e| e.to_string())?;
+                let log = logs
+                    .lock()
+                    .map_err(|_| "the decision logs' list was poisoned".to_string())?
+                    .of(&c.name)
+                    .map_err(|e| e.to_string())?;
+                let world = World {
+                    kv: KvSource::Etcd(etcd),
+                    target,
+                    scope,
+                    cilium_namespace: reach.cilium_namespace,
+                };
+                let range = world.scope.range;
+                let handle = world.service("tui", log, apply, Vec::new(), reserve);
+                Ok(cilium_idmig::tui::OpenedCluster { handle, range })
+            })
+        };
+        Arc::new(open) as cilium_idmig::tui::Opener
+    };
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let visits = cilium_idmig::tui::run_fleet(clusters, reader, opener, no_color).await?;
+    // What stays on the terminal: each visit's totals, then each cluster's log.
+    let mut unfinished = false;
+    for v in &visits {
+        for line in v.end.said() {
+            outln!("{}: {line}", v.cluster)?;
+        }
+        unfinished |= v.end.commit.is_some_and(|s| s.unfinished());
+    }
+    let logs = std::mem::take(
+        &mut *logs
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the decision logs' list was poisoned"))?,
+    );
+    for (cluster, path, log) in logs.opened {
+        if log.discard_if_unused() {
+            outln!("{cluster}: decision log: none kept (nothing was decided or written)")?;
+        } else {
+            outln!("{cluster}: decision log: {}", path.display())?;
+        }
+    }
+    Ok(if unfinished { Exit::Failed } else { Exit::Ok })
+}
+
+/// The decision log of each cluster opened from the Fleet screen: one per cluster, kept
+/// over its visits, so that a second visit offers what the first left uncommitted.
+#[derive(Default)]
+struct ClusterLogs {
+    opened: Vec<(String, PathBuf, Arc<DecisionLog>)>,
+}
+
+impl ClusterLogs {
+    fn of(&mut self, cluster: &str) -> anyhow::Result<Arc<DecisionLog>> {
+        if let Some((_, _, log)) = self.opened.iter().find(|(c, _, _)| c == cluster) {
+            return Ok(log.clone());
+        }
+        let path = cluster_log_path(cluster);
+        let log = open_log(&path)?;
+        self.opened.push((cluster.to_string(), path, log.clone()));
+        Ok(log)
+    }
+}
+
+/// The default decision log's name with the cluster's in it (a context's characters that
+/// a file name should not hold become `_`).
+fn cluster_log_path(cluster: &str) -> PathBuf {
+    let safe: String = cluster
+        .chars()
+        .map(|c| match c.is_ascii_alphanumeric() || "-_.".contains(c) {
+            true => c,
+            false => '_',
+        })
+        .collect();
+    let default = decision_log::default_path();
+    let name = default.display().to_string();
+    PathBuf::from(name.replacen(
+        "cilium-idmig-decisions-",
+        &format!("cilium-idmig-decisions-{safe}-"),
+        1,
+    ))
 }
 
 /// What the TUI session does besides a fresh migration.

@@ -38,6 +38,18 @@ pub struct ClusterFacts {
     pub sync: Option<SyncSeen>,
     /// What `switch-report` would say, counts only.
     pub switch: Option<SwitchSeen>,
+    /// Its kvstore, where one was named for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kvstore: Option<KvstoreSeen>,
+}
+
+/// The cluster's kvstore as counted (or why it could not be).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvstoreSeen {
+    /// Identities (`id/` keys) it holds.
+    pub identities: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -90,6 +102,76 @@ impl ClusterRow {
     }
 }
 
+/// One cluster's row as words, the same in `fleet`'s table and the TUI's Fleet screen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cells {
+    pub cilium: String,
+    /// Identity allocation and management modes, `crd/operator`.
+    pub modes: String,
+    pub identities: String,
+    /// The kvstore's count, `error` when it could not be read, `-` when none was named.
+    pub kvstore: String,
+    /// Sync's phase, `none` when no sync published one.
+    pub sync: String,
+    pub age: String,
+    /// What needs attention first, or that nothing does.
+    pub next: String,
+}
+
+impl Cells {
+    /// The columns' names, the cluster's first.
+    pub const HEADER: [&'static str; 8] = [
+        "CLUSTER",
+        "CILIUM",
+        "MODES",
+        "IDENTITIES",
+        "KVSTORE",
+        "SYNC",
+        "AGE",
+        "NEXT",
+    ];
+
+    pub fn of(r: &ClusterRow) -> Cells {
+        let f = r.facts.clone().unwrap_or_default();
+        let modes = match (&r.facts, &f.identity_allocation_mode) {
+            (None, _) => "-".to_string(),
+            (_, alloc) => format!(
+                "{}/{}",
+                alloc.as_deref().unwrap_or("?"),
+                f.identity_management_mode.as_deref().unwrap_or("agent")
+            ),
+        };
+        let (sync, age) = match &f.sync {
+            Some(s) => (
+                s.standing.phase.as_str().to_string(),
+                s.age_s.map_or("?".into(), |a| format!("{a}s")),
+            ),
+            None if r.facts.is_some() => ("none".into(), "-".into()),
+            None => ("-".into(), "-".into()),
+        };
+        let kvstore = match &f.kvstore {
+            None => "-".into(),
+            Some(KvstoreSeen {
+                identities: Some(n),
+                ..
+            }) => n.to_string(),
+            Some(_) => "error".into(),
+        };
+        Cells {
+            cilium: f.cilium_version.unwrap_or_else(|| "-".into()),
+            modes,
+            identities: f.identities.map_or("-".into(), |n| n.to_string()),
+            kvstore,
+            sync,
+            age,
+            next: r
+                .attention
+                .clone()
+                .unwrap_or_else(|| "nothing: cutover reached".into()),
+        }
+    }
+}
+
 /// What needs an operator in a cluster read, first things first; `None` once its sync
 /// reached cutover and the switch would draw nothing.
 fn attention(f: &ClusterFacts) -> Option<String> {
@@ -119,6 +201,11 @@ fn attention(f: &ClusterFacts) -> Option<String> {
             "{} id(s) split: roll the nodes sync names to CRD mode next",
             s.splits
         ));
+    }
+    if let Some(error) = f.kvstore.as_ref().and_then(|k| k.error.as_ref())
+        && s.phase != Phase::CutoverReached
+    {
+        return Some(format!("its kvstore could not be read: {error}"));
     }
     if s.phase != Phase::CutoverReached {
         return Some(match s.waiting.is_empty() {

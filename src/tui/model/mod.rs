@@ -3,12 +3,14 @@
 
 mod audit;
 mod commit;
+mod fleet;
 mod switch;
 mod table;
 mod text_field;
 
 pub use audit::AuditView;
 pub use commit::{CommitPhase, CommitState, SessionTotals};
+pub use fleet::{FleetEntry, FleetModel, READ_EVERY};
 pub use switch::{SwitchView, needs_something};
 pub use table::{KindFilter, SortColumn, TableState};
 pub use text_field::TextField;
@@ -35,6 +37,9 @@ pub enum Screen {
     Audit,
     /// What the switch to operator-managed identities would do to every pod; reads only.
     Switch,
+    /// Several clusters opened at once: where each one's migration stands, above their
+    /// own screens (not a tab of one cluster's).
+    Fleet,
 }
 
 impl Screen {
@@ -61,6 +66,7 @@ impl Screen {
             Screen::Rollback => "Rollback",
             Screen::Audit => "Audit",
             Screen::Switch => "Switch",
+            Screen::Fleet => "Fleet",
         }
     }
 }
@@ -278,6 +284,11 @@ pub struct Model {
     pub help_scroll: u16,
     /// The path of the export under way, for its prompt again if it fails.
     pub exporting: Option<String>,
+    /// The cluster's name when it was opened from the Fleet screen: the header names it,
+    /// and Esc goes back there rather than quitting.
+    pub fleet_cluster: Option<String>,
+    /// Leaving goes back to the Fleet screen (Esc) rather than ending the session (`q`).
+    pub back: bool,
 }
 
 impl Model {
@@ -310,6 +321,8 @@ impl Model {
             preflight_scroll: 0,
             help_scroll: 0,
             exporting: None,
+            fleet_cluster: None,
+            back: false,
         }
     }
 

@@ -6,6 +6,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEventKind};
 mod commit;
 mod decisions;
 mod engine;
+mod fleet;
 mod popups;
 
 use super::keys::{KeyAction, action_for};
@@ -17,6 +18,7 @@ use commit::{pause, start_commit, stop_or_quit};
 use decisions::{decide, undo};
 pub use engine::merge_decisions;
 use engine::{on_engine, rescan};
+pub use fleet::update_fleet;
 use popups::on_modal_key;
 
 /// Commands to run at start.
@@ -69,7 +71,11 @@ pub fn update(model: &mut Model, msg: Msg) -> Vec<Command> {
             }
             vec![]
         }
-        Msg::Signal => stop_or_quit(model),
+        Msg::Signal => {
+            // A signal ends the whole session, the fleet's too.
+            model.back = false;
+            stop_or_quit(model)
+        }
     }
 }
 
@@ -279,6 +285,8 @@ fn on_key(model: &mut Model, key: KeyEvent) -> Vec<Command> {
 /// `q` (or Ctrl-C): quits, unless a commit runs (Ctrl-C stops it first), sync runs short
 /// of cutover (a typed word first) or decisions are not committed (asked first).
 fn on_quit(model: &mut Model, key: &KeyEvent) -> Vec<Command> {
+    // Opened from the Fleet screen, Esc goes back to it, past the same questions as `q`.
+    model.back = model.fleet_cluster.is_some() && key.code == KeyCode::Esc;
     if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
         return stop_or_quit(model);
     }

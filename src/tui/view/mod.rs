@@ -4,6 +4,8 @@
 mod audit;
 mod commit;
 mod conflicts;
+mod fleet;
+mod footer;
 mod identities;
 mod modal;
 mod preflight;
@@ -13,6 +15,8 @@ mod sync;
 mod theme;
 mod wrap;
 
+pub use fleet::draw_fleet;
+pub use footer::footer_hints;
 pub use theme::{Theme, symbol};
 
 use ratatui::Frame;
@@ -21,7 +25,6 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use super::keys::bindings_for;
 use super::model::{Model, Screen};
 use crate::core::planner::Kind;
 
@@ -44,6 +47,8 @@ pub fn view(model: &Model, frame: &mut Frame) {
         Screen::Sync => sync::draw(model, frame, body),
         Screen::Audit => audit::draw(model, frame, body),
         Screen::Switch => switch::draw(model, frame, body),
+        // Drawn by `fleet::draw` from the fleet's own model; a cluster's is never on it.
+        Screen::Fleet => {}
     }
     let t = Theme::of(model);
     let mut status_spans = vec![Span::raw(model.status.clone())];
@@ -103,11 +108,21 @@ fn draw_header(model: &Model, frame: &mut Frame, area: Rect) {
         });
     }
     // A rollback session plans no identities: its screen says what it will delete.
-    let counts = if model.rollback.is_some() {
+    let mut counts = if model.rollback.is_some() {
         vec![Span::raw(" rollback: deletes only what this tool created")]
     } else {
         kind_counts(model, usize::from(area.width))
     };
+    // Opened from the Fleet screen: which cluster this is.
+    if let Some(name) = &model.fleet_cluster {
+        counts.insert(
+            0,
+            Span::styled(
+                format!(" {name} ·"),
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+        );
+    }
     frame.render_widget(
         Paragraph::new(vec![Line::from(tabs), Line::from(counts)]),
         area,
@@ -190,36 +205,6 @@ pub fn offered(model: &Model, action: crate::tui::keys::KeyAction) -> bool {
         KeyAction::Retry => model.commit.phase == CommitPhase::Done && model.commit.has_work_left(),
         _ => true,
     }
-}
-
-/// The key hints that fit in `width` columns, most important first (the screen's own keys,
-/// then the global ones, in key-table order), leaving room for the closing `? more` (or
-/// `? help`); `true` when some had to be left out. `offered` leaves out keys that do
-/// nothing now.
-pub fn footer_hints(
-    screen: Screen,
-    width: u16,
-    offered: impl Fn(crate::tui::keys::KeyAction) -> bool,
-) -> (Vec<(&'static str, &'static str)>, bool) {
-    let cell = |label: &str, text: &str| label.chars().count() + text.chars().count() + 3;
-    let room = usize::from(width).saturating_sub(cell("?", "more"));
-    let mut used = 0;
-    let mut hints = Vec::new();
-    let mut cut = false;
-    for b in bindings_for(screen) {
-        if matches!(b.label, "1" | "2" | "3" | "4" | "5" | "6" | "?") || !offered(b.action) {
-            continue;
-        }
-        let text = b.short;
-        let w = cell(b.label, text);
-        if cut || used + w > room {
-            cut = true;
-            continue;
-        }
-        used += w;
-        hints.push((b.label, text));
-    }
-    (hints, cut)
 }
 
 /// Kind names short enough for the header at 100 columns.

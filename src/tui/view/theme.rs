@@ -14,9 +14,11 @@ pub struct Theme {
 
 impl Theme {
     pub fn of(model: &Model) -> Self {
-        Theme {
-            no_color: model.no_color,
-        }
+        Theme::plain(model.no_color)
+    }
+    /// The theme of a screen drawn without a cluster's model (the Fleet screen).
+    pub fn plain(no_color: bool) -> Self {
+        Theme { no_color }
     }
     pub fn fg(&self, c: Color) -> Style {
         if self.no_color {

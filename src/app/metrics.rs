@@ -39,6 +39,7 @@ pub struct Metrics {
     pub pending: IntGauge,
     pub splits: IntGauge,
     pub splits_found: IntCounter,
+    pub doubles: IntGauge,
     pub lag: Histogram,
     pub write_failures: IntCounter,
     /// `--reserve-in-kvstore`: ids reserved now, and every kvstore write and delete made.
@@ -115,6 +116,10 @@ impl Metrics {
                 "cilium_idmig_split_allocations_found_total",
                 "Split allocations found since sync started, each occurrence once",
             )?,
+            doubles: gauge(
+                "cilium_idmig_doubles",
+                "Label sets held under two ids (the plan's reuses and duplicates)",
+            )?,
             lag: Histogram::with_opts(
                 HistogramOpts::new(
                     "cilium_idmig_sync_lag_seconds",
@@ -180,12 +185,13 @@ impl Metrics {
 
     /// Every metric into the registry `/metrics` serves.
     fn register_all(&self) -> std::result::Result<(), prometheus::Error> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
             Box::new(self.kvstore_nodes.clone()),
             Box::new(self.mirrored.clone()),
             Box::new(self.pending.clone()),
             Box::new(self.splits.clone()),
             Box::new(self.splits_found.clone()),
+            Box::new(self.doubles.clone()),
             Box::new(self.lag.clone()),
             Box::new(self.write_failures.clone()),
             Box::new(self.kvstore_reservations.clone()),

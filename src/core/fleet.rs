@@ -76,6 +76,8 @@ pub struct Standing {
     /// Ids split now, and split allocations found since sync started.
     pub splits: usize,
     pub splits_found: u64,
+    /// Label sets held under two ids (see `SyncStatus::doubles`).
+    pub doubles: usize,
     pub kvstore_nodes: usize,
     pub identities: usize,
     pub lag_p99_ms: Option<u64>,
@@ -114,6 +116,7 @@ impl Standing {
             pending_decisions: status.pending,
             splits: status.splits,
             splits_found: status.splits_found,
+            doubles: status.doubles,
             kvstore_nodes: status.kvstore_nodes,
             identities: status.identities,
             lag_p99_ms: status.lag_p99.map(|d| d.as_millis() as u64),
@@ -163,6 +166,7 @@ impl Standing {
         put("pending-decisions", self.pending_decisions.to_string());
         put("splits", self.splits.to_string());
         put("splits-found", self.splits_found.to_string());
+        put("doubles", self.doubles.to_string());
         put("kvstore-nodes", self.kvstore_nodes.to_string());
         put("identities", self.identities.to_string());
         put(
@@ -188,6 +192,7 @@ impl Standing {
             pending_decisions: num("pending-decisions") as usize,
             splits: num("splits") as usize,
             splits_found: num("splits-found"),
+            doubles: num("doubles") as usize,
             kvstore_nodes: num("kvstore-nodes") as usize,
             identities: num("identities") as usize,
             lag_p99_ms: get("lag-p99-ms").parse().ok(),
@@ -298,6 +303,7 @@ mod tests {
                 pending: 1,
                 splits: 2,
                 splits_found: 5,
+                doubles: 3,
                 lag_p99: Some(Duration::from_millis(1500)),
                 ..Default::default()
             },

@@ -364,6 +364,17 @@ impl SyncState {
         self.moot.insert(id.to_string());
     }
 
+    /// Counts the label sets the plan finds under two ids (its reuses and duplicates), for
+    /// the status; kept as it was while no plan is made (a fresh read's first round).
+    pub(in crate::core::sync) fn count_doubles(&mut self) {
+        if let Some(c) = &self.cache {
+            self.status.doubles = c
+                .items()
+                .filter(|i| matches!(i.kind, Kind::Reuse | Kind::Duplicate))
+                .count();
+        }
+    }
+
     /// The next round looks at the item of kvstore id `id` again.
     fn look_at(&mut self, id: &[u8]) {
         self.look_at.insert(key_of(id));

@@ -221,6 +221,10 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
     // Malformed entries are recorded, never written.
     w.etcd.put(&format!("{P}/id/0306"), b"k8s:app=d;").await;
     s.wait_for_line("invalid: 0306", 10).await;
+    // A label set Kubernetes holds at 307 arrives in the kvstore at 308: a double.
+    w.sb.seed_identity(307, &labels("k8s:app=e;"));
+    w.etcd.put(&format!("{P}/id/308"), b"k8s:app=e;").await;
+    s.wait_for_line("conflict: 308 is a duplicate", 10).await;
     // Health and metrics.
     let (code, _, health) = http(&format!("http://{addr}"), "GET", "/healthz", None).await;
     assert_eq!((code, health.trim()), (200, "ok"));
@@ -229,6 +233,7 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         "cilium_idmig_identities_mirrored_total 2",
         "cilium_idmig_pending_decisions",
         "cilium_idmig_split_allocations 2",
+        "cilium_idmig_doubles 1",
         "cilium_idmig_sync_lag_seconds_bucket",
         "cilium_idmig_write_failures_total 0",
         "cilium_idmig_watch_up{source=\"etcd\"} 1",
@@ -256,12 +261,16 @@ async fn sync_mirrors_reports_and_reaches_cutover() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Where it stands, published beside its Lease (at most every 5 s): decisions wait,
-    // three nodes are left, two ids are split.
+    // three nodes are left, two ids are split, one label set is under two ids.
     let standing = wait_for(15, "the standing published", || {
         let d =
             w.sb.config_map_data("kube-system", "cilium-idmig-sync-status")?;
-        let now = (d["kvstore-nodes"].as_str(), d["splits"].as_str());
-        (d["phase"] == "waiting-for-decisions" && now == ("3", "2")).then_some(d)
+        let now = (
+            d["kvstore-nodes"].as_str(),
+            d["splits"].as_str(),
+            d["doubles"].as_str(),
+        );
+        (d["phase"] == "waiting-for-decisions" && now == ("3", "2", "1")).then_some(d)
     })
     .await;
     assert_eq!(

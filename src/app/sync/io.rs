@@ -145,6 +145,7 @@ impl shell::Io for AppIo<'_> {
         m.kvstore_nodes.set(status.kvstore_nodes as i64);
         m.pending.set(status.pending as i64);
         m.splits.set(status.splits as i64);
+        m.doubles.set(status.doubles as i64);
         // The splits found since the last publication.
         let new_splits = status.splits_found.saturating_sub(m.splits_found.get());
         m.splits_found.inc_by(new_splits);

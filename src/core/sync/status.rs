@@ -16,6 +16,9 @@ pub struct SyncStatus {
     pub splits: usize,
     /// Split allocations found since sync started, each occurrence once.
     pub splits_found: u64,
+    /// Label sets held under two ids at the last status tick (the plan's reuses and
+    /// duplicates: the kvstore's id and Kubernetes' differ, or two kvstore ids).
+    pub doubles: usize,
     pub failures: u64,
     pub removed_from_kvstore: u64,
     pub recreated: u64,

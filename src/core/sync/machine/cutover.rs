@@ -17,6 +17,7 @@ impl Machine {
         }
         state.refresh_lag_percentiles();
         state.status.watching = watching;
+        state.count_doubles();
         if state.status.kvstore_nodes > 0 {
             state.no_nodes_since = None;
             if self.cutover_announced && self.settings.reserve_in_kvstore {

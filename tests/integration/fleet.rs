@@ -82,7 +82,16 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
         &[("identity-allocation-mode", "crd")],
     );
     let (_held, silent) = silent_server();
+    // waiting's kvstore holds two identities; no-sync's is named but down.
+    let etcd = Etcd::start().await;
+    for id in ["300", "301"] {
+        let key = format!("cilium/state/identities/v1/id/{id}");
+        etcd.put(&key, b"k8s:app=a;").await;
+    }
     let dir = tempfile::tempdir().unwrap();
+    let down = dir.path().join("down.yaml");
+    let port = crate::harness::free_port();
+    std::fs::write(&down, format!("endpoints:\n- http://127.0.0.1:{port}\n")).unwrap();
     let kc = dir.path().join("fleet.yaml");
     kubeconfig(
         &kc,
@@ -94,6 +103,8 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
         ],
     );
     let kc = kc.display().to_string();
+    let waiting_kv = format!("waiting={}", etcd.config_file().display());
+    let no_sync_kv = format!("no-sync={}", down.display());
     let args = [
         "fleet",
         "--kubeconfig",
@@ -101,6 +112,10 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
         "--all-contexts",
         "--timeout",
         "2s",
+        "--etcd-config-for",
+        &waiting_kv,
+        "--etcd-config-for",
+        &no_sync_kv,
         "--output",
         "json",
     ];
@@ -129,6 +144,16 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
         by["waiting"]
     );
     assert_eq!(by["no-sync"]["facts"]["identity_allocation_mode"], "crd");
+    assert_eq!(by["waiting"]["facts"]["kvstore"]["identities"], 2);
+    assert!(
+        by["no-sync"]["facts"]["kvstore"]["error"].is_string(),
+        "{}",
+        by["no-sync"]
+    );
+    assert!(
+        by["reached"]["facts"].get("kvstore").is_none(),
+        "none named"
+    );
     assert!(
         by["no-sync"]["attention"]
             .as_str()
@@ -170,6 +195,32 @@ async fn every_cluster_is_a_row_within_its_timeout_and_the_exit_counts_cutover()
     .await;
     assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
     assert!(r.stderr.contains("no context nope"), "{}", r.stderr);
+    // So is a kvstore named for a context not read.
+    let r = run(
+        dir.path(),
+        &[&ok[..], &["--etcd-config-for", "nope=x.yaml"]].concat(),
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("--etcd-config-for names context nope"),
+        "{}",
+        r.stderr
+    );
+    // Only `tui` and `fleet` take several contexts; the rest refuse a second by name.
+    let two = ["--context", "reached", "--context", "waiting"];
+    let r = run(
+        dir.path(),
+        &[&["switch-report", "--kubeconfig", &kc][..], &two[..]].concat(),
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr
+            .contains("--context is given 2 times (reached, waiting)"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// The real binary's TUI over three contexts, under tmux: the Fleet screen first, `n` to the

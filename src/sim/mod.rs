@@ -374,7 +374,13 @@ impl Sim {
         self.reads_due()?;
         for i in 0..self.instances.len() {
             self.feed(i, Turn::Settle { stopped: false })?;
-            self.owed[i].settled();
+            // Only a settle the instance could pump at counts towards what it owes.
+            if self.settings.reserve_in_kvstore {
+                match reserved::excuse(&self.instances[i], &self.world, self.faults) {
+                    None => self.owed[i].settled(),
+                    Some(_) => self.owed[i].excused(),
+                }
+            }
         }
         Ok(())
     }

@@ -249,6 +249,11 @@ const REGRESSIONS: &[(u64, usize, &str)] = &[
         500,
         "other labels remapped to an id whose object sync made and the GC deleted: never made, and cutover announced without them (step 434)",
     ),
+    (
+        21890,
+        5000,
+        "the check's own: a settle before a restart counted as one the new instance pumped at, so an object it was told by its first list was owed a turn before it had asked for anything (step 173)",
+    ),
 ];
 
 #[test]

@@ -5,6 +5,7 @@
 //! torn (a write cut short), any other line that does not parse is damaged.
 
 pub mod carry;
+pub mod file;
 pub mod undo;
 
 use std::collections::BTreeSet;
@@ -233,7 +234,7 @@ pub struct ServerLine {
 }
 
 /// What a read of a log found.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct LogContents {
     pub records: Vec<Record>,
     /// The session lines, in order.
@@ -369,41 +370,70 @@ pub fn in_force(logs: &[&LogContents]) -> InForce {
 }
 
 /// The decisions in force at the end of `logs` and a decisions file read beside them (a
-/// restart's `--decisions`). The file's lines carry the clock of whoever wrote the file,
-/// which may run ahead of this machine's: a decision the logs already carried counts from
-/// when the logs first recorded it, not from the file's time, so a later decision made on
-/// this machine stays in force; a decision the logs never carried counts from the file's
-/// time, as a change made while sync was not running.
+/// restart's `--decisions`), as the file's follower would have left them. Where the logs
+/// carried a line of the file for an identity (`carried_from_file`), the file counts only
+/// if it says otherwise now: it changed since, so it is the newer word; if it says what was
+/// carried, the logs stand (a later decision made on this machine stays in force, whatever
+/// the file's clock said). Where the logs never carried the file's word on an identity, the
+/// two go by time, the file's lines at its own clock (a change made while sync was not
+/// running), and of two lines of the same time the logs have the last word.
 pub fn in_force_with_file(logs: &[&LogContents], file: &LogContents) -> InForce {
-    use std::collections::BTreeMap;
-    let mut carried: BTreeMap<(String, String), String> = BTreeMap::new();
-    for (step, r) in steps_in_time(logs) {
-        carried
-            .entry(step_key(&step))
-            .or_insert_with(|| r.ts.clone());
+    let carried = carried_from_file(logs);
+    let mut out = in_force(logs);
+    let now = in_force(&[file]);
+    for (id, last) in &carried {
+        let said = now.get(id);
+        if said.map(|(d, _)| d) == last.as_ref() {
+            continue;
+        }
+        match said {
+            Some(v) => out.insert(id.clone(), v.clone()),
+            None => out.remove(id),
+        };
     }
-    let mut as_carried = LogContents {
-        records: file.records.clone(),
+    let never_carried = LogContents {
+        records: file
+            .records
+            .iter()
+            .filter(|r| !carried.contains_key(&r.id))
+            .cloned()
+            .collect(),
         ..LogContents::default()
     };
-    for r in &mut as_carried.records {
-        if let Some(ts) = r.step().and_then(|s| carried.get(&step_key(&s))) {
-            r.ts = ts.clone();
-        }
+    if never_carried.records.is_empty() {
+        return out;
     }
-    let mut all = logs.to_vec();
-    all.push(&as_carried);
-    in_force(&all)
+    let mut all = vec![&never_carried];
+    all.extend_from_slice(logs);
+    let by_time = in_force(&all);
+    let ids: std::collections::BTreeSet<&String> =
+        never_carried.records.iter().map(|r| &r.id).collect();
+    for id in ids {
+        match by_time.get(id) {
+            Some(v) => out.insert(id.clone(), v.clone()),
+            None => out.remove(id),
+        };
+    }
+    out
 }
 
-/// A decision as what it decides (id, and the action and target as text), so that the same
-/// decision written in two places is one.
-fn step_key(step: &LogStep) -> (String, String) {
-    match step {
-        LogStep::Decide(d) => (d.id.clone(), format!("{:?} {:?}", d.action, d.target_id)),
-        LogStep::Undo { id } => (id.clone(), "undo".into()),
-        LogStep::Undecided { id } => (id.clone(), "undecided".into()),
+/// What the logs last carried from the decisions file, per identity: the decision, or
+/// `None` for an undo (a line marked `file::CARRIED_FROM_FILE`).
+pub fn carried_from_file(
+    logs: &[&LogContents],
+) -> std::collections::BTreeMap<String, Option<crate::core::planner::resume::LoggedDecision>> {
+    let mut last = std::collections::BTreeMap::new();
+    for (step, r) in steps_in_time(logs) {
+        if !r.decision.contains(file::CARRIED_FROM_FILE) {
+            continue;
+        }
+        let said = match step {
+            LogStep::Decide(d) => Some(d),
+            LogStep::Undo { .. } | LogStep::Undecided { .. } => None,
+        };
+        last.insert(r.id.clone(), said);
     }
+    last
 }
 
 /// Where a log's lines go: the file on disk (`io::decision_log`) or the simulation's bytes
@@ -627,11 +657,28 @@ mod resume_tests {
             ],
             ..LogContents::default()
         };
-        // Sync carried the file's skip of 300 at 00:00:01, then a person decided 300 on a
-        // screen here at 00:05:00; 301's skip was never carried (sync was down).
-        let log = LogContents {
+        // Sync carried the file's skip of 300 at 00:00:01 (the line it writes for it), then
+        // a person decided 300 on a screen here at 00:05:00; 301's skip was never carried
+        // (sync was down).
+        let carried = |ts: &str, r: &Record| {
+            use super::file::{DecisionChange, FROM_FILE, line_of};
+            let d = r.step().and_then(|s| match s {
+                LogStep::Decide(d) => Some(d),
+                _ => None,
+            });
+            Record {
+                ts: ts.into(),
+                ..line_of(
+                    &DecisionChange::Decided(d.unwrap()),
+                    None,
+                    Some(r),
+                    FROM_FILE,
+                )
+            }
+        };
+        let mut log = LogContents {
             records: vec![
-                at("2026-12-01T00:00:01Z", "300", "skip", None),
+                carried("2026-12-01T00:00:01Z", &file.records[0]),
                 at("2026-12-01T00:05:00Z", "300", "create", Some(4000)),
             ],
             ..LogContents::default()
@@ -643,6 +690,25 @@ mod resume_tests {
             "the later decision here stands"
         );
         assert_eq!(now["301"].0.action, crate::core::planner::Action::Skip);
+        // So it does when the screen decided in the very second the line was carried.
+        log.records[1].ts = "2026-12-01T00:00:01Z".into();
+        let now = in_force_with_file(&[&log], &file);
+        assert_eq!(
+            now["300"].0.target_id,
+            Some(4000),
+            "a tie goes to this machine"
+        );
+        // The file changed since it was carried: its new word is the newer one, whatever
+        // its clock says.
+        let mut changed = LogContents {
+            records: file.records.clone(),
+            ..LogContents::default()
+        };
+        changed
+            .records
+            .push(at("2026-12-01T00:00:30Z", "300", "create", Some(5000)));
+        let now = in_force_with_file(&[&log], &changed);
+        assert_eq!(now["300"].0.target_id, Some(5000));
         // Merged by the file's own time, the file would have won: the defect this mends.
         let naive = in_force(&[&log, &file]);
         assert_eq!(naive["300"].0.action, crate::core::planner::Action::Skip);

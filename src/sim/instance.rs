@@ -10,6 +10,7 @@ pub use super::log::{SimLog, decisions_in_force, unreleased};
 use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
+use crate::core::decision_log::file::{Follower, resume};
 use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::Elector;
@@ -80,6 +81,9 @@ pub struct Instance {
     pub reserver: Option<SimReservations>,
     /// When it last said its reservations met trouble (the queue waits after it).
     pub reserve_trouble: Option<Duration>,
+    /// Following the decisions file (`sync --decisions`), when the seed has one: core's
+    /// follower, the binary's.
+    pub follower: Option<Follower>,
 }
 
 /// The clock the machine sees: the simulation's time after a fixed start.
@@ -98,7 +102,7 @@ impl Instance {
     pub fn start(
         idx: usize,
         (settings, release_on_stop): (Settings, bool),
-        log: &SimLog,
+        (log, file): (&SimLog, Option<&SimLog>),
         world: &mut World,
         (clock, rng, trace): (&Clock, &mut Rng, &mut Trace),
     ) -> Result<Self, Failure> {
@@ -107,8 +111,43 @@ impl Instance {
         if let Some(note) = log.repair() {
             trace.line(world.now, format!("i{idx}: {note}"));
         }
-        let read = log.contents().map_err(read_back)?;
-        let shell = Shell::new(settings, decisions_in_force(&[&*read]), release_on_stop);
+        // The binary's merge: its log and the decisions file, what the log lacks logged
+        // first. (A start finds room on the disk: one that cannot log ends at once.) The
+        // lines are read as the binary's reader read each; the merge's own lines are
+        // appended once it is done with them.
+        let file_now = file.map(|f| f.bytes());
+        let file_read = match file {
+            Some(f) => Some(f.contents().map_err(read_back)?.clone()),
+            None => None,
+        };
+        let mut lines = Vec::new();
+        let merged = {
+            let own = log.contents().map_err(read_back)?;
+            let mut append = |r| {
+                lines.push(r);
+                Ok(())
+            };
+            resume(&[], &own, file_read.as_ref(), &mut append)
+                .map_err(|why| Failure::new("a start logs what it resumes", why))?
+        };
+        for line in lines {
+            log.at(world.now, false)
+                .append(line)
+                .map_err(|why| Failure::new("a start logs what it resumes", why))?;
+        }
+        // The log is the record: what the start acts on is what its log replays to.
+        let logged = decisions_in_force(&[&*log.contents().map_err(read_back)?]);
+        if logged != merged.decisions {
+            return Err(Failure::new(
+                "a start acts only on the decisions its log holds",
+                format!(
+                    "i{idx} resumed {:?}, its log replays to {logged:?}",
+                    merged.decisions
+                ),
+            ));
+        }
+        let follower = file_now.map(|bytes| Follower::new(bytes, merged.file));
+        let shell = Shell::new(settings, merged.decisions, release_on_stop);
         let mut i = Instance {
             idx,
             shell,
@@ -141,6 +180,7 @@ impl Instance {
             deferred: Vec::new(),
             reserver: None,
             reserve_trouble: None,
+            follower,
         };
         // Checked as every other call the shell makes: a start is no time to look away.
         i.fresh_round(world, log, (clock, rng, trace), true)?;

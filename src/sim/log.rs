@@ -76,6 +76,16 @@ impl SimLog {
         &self.0
     }
 
+    /// How many bytes were written (the file only grows: a new length is a new version).
+    pub fn written(&self) -> usize {
+        self.0.file().bytes.borrow().len()
+    }
+
+    /// The bytes written, as a reader of the file finds them.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.0.file().bytes.borrow().clone()
+    }
+
     /// The records appended so far, as the binary's reader read each.
     pub fn records(&self) -> std::cell::Ref<'_, Vec<Record>> {
         std::cell::Ref::map(self.0.file().read.borrow(), |c| &c.records)

@@ -18,6 +18,7 @@
 //! seed always gives the same run and the same trace digest.
 
 mod chaos;
+mod decisions_file;
 mod end;
 pub mod instance;
 pub mod lease;
@@ -99,6 +100,8 @@ struct Sim {
     releases_at_stop: usize,
     refused_batches: usize,
     denied_creates: usize,
+    /// The decisions file every instance follows, when the seed has one.
+    file: Option<decisions_file::DecisionsFile>,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -186,13 +189,15 @@ impl Sim {
         let mut world = World::new(nodes);
         world.gates = vec![None; instances];
         let logs: Vec<SimLog> = (0..instances).map(|_| SimLog::default()).collect();
+        let file = decisions_file::DecisionsFile::of_seed(seed);
         let clock = Clock(Instant::now());
         let mut trace = Trace::default();
         let started: Result<Vec<Instance>, Failure> = (0..instances)
             .map(|i| {
                 let ctx = (&clock, &mut rng, &mut trace);
                 let how = (settings.clone(), release_on_stop);
-                Instance::start(i, how, &logs[i], &mut world, ctx)
+                let logs = (&logs[i], file.as_ref().map(|f| &f.log));
+                Instance::start(i, how, logs, &mut world, ctx)
             })
             .collect();
         let started = started.map_err(|mut f| {
@@ -229,6 +234,7 @@ impl Sim {
             quiet: false,
             mail: Vec::new(),
             owed: (0..instances).map(|_| reserved::Owed::default()).collect(),
+            file,
             mutant,
             refusal_ends: 0,
             releases_at_stop: 0,
@@ -399,7 +405,8 @@ impl Sim {
             let watching = self.instances[i].watching();
             self.feed(i, Turn::Status { watching })?;
         }
-        Ok(())
+        // The binary's follower reads the file every 5 s, as often as the status.
+        self.decisions_file_tick()
     }
 
     /// Each read that failed is tried again once its wait is over (as the binary does).
@@ -700,6 +707,8 @@ impl Sim {
             );
             return Ok(());
         }
+        let id = item.id.clone();
+        self.screen_decided(i, &id);
         let input = match d {
             Decision::Decide(item) => {
                 let text = format!(

@@ -69,7 +69,12 @@ impl Sim {
                 }
             }
             note = format!(" mid-write ({made} of {} made)", ops.len());
-            if made == 0 && self.rng.chance(0.5) {
+            // Only the line being written when it was killed can be torn: the batch's own,
+            // never a decision logged since and handed to sync (a screen's, the file's).
+            let last_is_the_batchs = self.logs[i].records().last().is_some_and(|r| {
+                !crate::sim::log::from_a_screen(r) && ops.iter().any(|op| op.id == r.id)
+            });
+            if made == 0 && self.rng.chance(0.5) && last_is_the_batchs {
                 // Killed while logging: the last line is torn (a few of its bytes and its
                 // newline never written), and the next start's repair drops it.
                 let cut = 1 + self.rng.below(40) as usize;
@@ -151,11 +156,11 @@ impl Sim {
         let restarted = Instance::start(
             i,
             (self.settings.clone(), self.release_on_stop),
-            &self.logs[i],
+            (&self.logs[i], self.file.as_ref().map(|f| &f.log)),
             &mut self.world,
             ctx,
         )?;
         self.instances[i] = restarted;
-        Ok(())
+        self.kept_across_restart(i)
     }
 }

@@ -200,57 +200,16 @@ fn resume_decisions(
     cfg: &ServiceConfig,
     file: Option<&crate::io::decision_log::LogContents>,
 ) -> Result<(BTreeMap<String, LoggedDecision>, decisions_file::InForce)> {
-    let mut logs = Vec::new();
+    let mut resumed = Vec::new();
     for p in &cfg.resume {
-        logs.push(flows::read_log(p)?);
+        resumed.push(flows::read_log(p)?);
     }
-    logs.push(flows::read_log(cfg.log.path())?);
-    let mut recorded = decisions_file::in_force(&logs.iter().collect::<Vec<_>>());
-    // This run's log carries what the logs it resumed decided, so that it alone replays to
-    // the decisions sync acts on: `verify --decision-log` with it passes after cutover, and
-    // a later restart need not be given the other logs again.
-    if let Some((own, resumed)) = logs.split_last().filter(|(_, r)| !r.is_empty()) {
-        let mut own_in_force = decisions_file::in_force(&[own]);
-        let (_, not_logged) =
-            decisions_file::log_changes(&cfg.log, &mut own_in_force, &recorded, RESUMED);
-        if let Some(why) = not_logged {
-            return Err(crate::Error::file(cfg.log.path(), why));
-        }
-        // And where they record identities served, or skipped: what verify expects.
-        let resumed: Vec<_> = resumed.iter().collect();
-        for line in crate::core::decision_log::carry::served_lines(&resumed, own) {
-            cfg.log
-                .append(line)
-                .map_err(|e| crate::Error::file(cfg.log.path(), e.to_string()))?;
-        }
-    }
-    let Some(file) = file else {
-        return Ok((plain(&recorded), Default::default()));
-    };
-    // The file's lines count from when the logs carried them (its clock may run ahead).
-    let logged: Vec<_> = logs.iter().collect();
-    let with_file = crate::core::decision_log::in_force_with_file(&logged, file);
-    let (_, not_logged) = decisions_file::log_changes(
-        &cfg.log,
-        &mut recorded,
-        &with_file,
-        decisions_file::FROM_FILE,
-    );
-    if let Some(why) = not_logged {
-        return Err(crate::Error::file(cfg.log.path(), why));
-    }
-    Ok((plain(&recorded), decisions_file::in_force(&[file])))
-}
-
-/// A log given with `--resume`, as a carried line names where its decision came from.
-const RESUMED: &str = "a log it resumed";
-
-/// The decisions alone, without the lines they came from.
-fn plain(in_force: &decisions_file::InForce) -> BTreeMap<String, LoggedDecision> {
-    in_force
-        .iter()
-        .map(|(id, (d, _))| (id.clone(), d.clone()))
-        .collect()
+    let own = flows::read_log(cfg.log.path())?;
+    let mut append = |r| cfg.log.append(r).map_err(|e| e.to_string());
+    let resumed: Vec<_> = resumed.iter().collect();
+    let merged = crate::core::decision_log::file::resume(&resumed, &own, file, &mut append)
+        .map_err(|why| crate::Error::file(cfg.log.path(), why))?;
+    Ok((merged.decisions, merged.file))
 }
 
 /// The kvstore reservations the logs (any --resume logs, then this log) record as made and

@@ -365,8 +365,11 @@ pub type InForce =
 /// The decisions in force at the end of `logs`, each with its line, replayed in the order
 /// they were made (`steps_in_time`): how every restart reads its logs.
 pub fn in_force(logs: &[&LogContents]) -> InForce {
-    let steps = steps_in_time(logs);
-    crate::core::planner::resume::replay_with(steps.into_iter().map(|(s, r)| (s, r.clone())))
+    // Replayed over the lines borrowed; only those in force at the end are copied.
+    crate::core::planner::resume::replay_with(steps_in_time(logs))
+        .into_iter()
+        .map(|(id, (d, r))| (id, (d, r.clone())))
+        .collect()
 }
 
 /// The decisions in force at the end of `logs` and a decisions file read beside them (a

@@ -48,27 +48,38 @@ pub struct ClusterRef {
     pub etcd: Option<EtcdOptions>,
 }
 
-/// Gives each cluster named in `kvstores` (context, then its etcd) its kvstore; a context
-/// no cluster has is refused by name, as a typo would otherwise count nothing silently.
+/// Gives each cluster named in `kvstores` (its row's name or its context, then its etcd)
+/// its kvstore. A name no cluster has is refused, as a typo would otherwise count nothing
+/// silently; so is a context two kubeconfigs share (its rows are named `FILE:CONTEXT`).
 pub fn with_kvstores(
     clusters: &mut [ClusterRef],
     kvstores: Vec<(String, EtcdOptions)>,
 ) -> Result<()> {
-    for (context, etcd) in kvstores {
-        let Some(c) = clusters
-            .iter_mut()
-            .find(|c| c.context.as_deref() == Some(context.as_str()))
-        else {
-            return Err(Error::Config(format!(
-                "--etcd-config-for names context {context}, which is not among the clusters read: name one of {}",
-                clusters
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+    for (name, etcd) in kvstores {
+        let by_name = clusters.iter().position(|c| c.name == name);
+        let by_context: Vec<usize> = (0..clusters.len())
+            .filter(|&i| clusters[i].context.as_deref() == Some(name.as_str()))
+            .collect();
+        let at = match (by_name, by_context.as_slice()) {
+            (Some(i), _) => i,
+            (None, [i]) => *i,
+            (None, []) => {
+                return Err(Error::Config(format!(
+                    "--etcd-config-for names context {name}, which is not among the clusters read: name one of {}",
+                    clusters
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            (None, _) => {
+                return Err(Error::Config(format!(
+                    "--etcd-config-for names context {name}, which several kubeconfigs have: name the cluster as its row is named (FILE:CONTEXT)"
+                )));
+            }
         };
-        c.etcd = Some(etcd);
+        clusters[at].etcd = Some(etcd);
     }
     Ok(())
 }

@@ -11,7 +11,17 @@ use crate::harness::{Etcd, run};
 use crate::support::control_plane::ControlPlane;
 
 async fn fleet(dir: &std::path::Path, kubeconfigs: &[&std::path::Path]) -> Vec<serde_json::Value> {
+    fleet_with(dir, kubeconfigs, &[]).await
+}
+
+/// `fleet` over `kubeconfigs`, with `extra` flags.
+async fn fleet_with(
+    dir: &std::path::Path,
+    kubeconfigs: &[&std::path::Path],
+    extra: &[String],
+) -> Vec<serde_json::Value> {
     let mut args: Vec<String> = vec!["fleet".into()];
+    args.extend(extra.iter().cloned());
     for kc in kubeconfigs {
         args.push("--kubeconfig".into());
         args.push(kc.display().to_string());
@@ -153,6 +163,31 @@ async fn fleet_shows_three_real_clusters_and_a_silent_one_each_as_it_stands() {
             .contains("no answer within 3s"),
         "{}",
         row(&silent_kc)
+    );
+
+    // Each cluster's own kvstore, named by its row's name (the control planes share a
+    // context's name), is counted beside its Kubernetes identities.
+    let kvstore_of = |kc: &std::path::Path, etcd: &Etcd| {
+        let name = by_file(&rows, kc)["cluster"].as_str().unwrap().to_string();
+        vec![
+            "--etcd-config-for".to_string(),
+            format!("{name}={}", etcd.config_file().display()),
+        ]
+    };
+    let extra = [
+        kvstore_of(&done.kubeconfig, &etcd_done),
+        kvstore_of(&waiting.kubeconfig, &etcd_waiting),
+    ]
+    .concat();
+    let counted = fleet_with(d, &files[..3], &extra).await;
+    for kc in [&done.kubeconfig, &waiting.kubeconfig] {
+        let r = by_file(&counted, kc);
+        assert_eq!(r["facts"]["kvstore"]["identities"], 1, "{r}");
+    }
+    assert!(
+        by_file(&counted, &bare.kubeconfig)["facts"]
+            .get("kvstore")
+            .is_none()
     );
 
     // The node leaves the kvstore: the next read says so.

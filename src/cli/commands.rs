@@ -436,7 +436,7 @@ async fn switch_prepare(
     listener.abort();
     let done = done?;
     match how.json {
-        true => outln!("{}", serde_json::to_string_pretty(&done)?)?,
+        true => super::out::json(&done)?,
         false => out!(
             "{}{}",
             switch::plan_text(&prep),
@@ -478,7 +478,7 @@ async fn audit(
     .await?;
     run.report.explain_by_decisions(&decisions);
     match output {
-        super::args::Output::Json => outln!("{}", serde_json::to_string_pretty(&run)?)?,
+        super::args::Output::Json => super::out::json(&run)?,
         super::args::Output::Text => out!("{}", cilium_idmig::app::audit::summary(&run))?,
     }
     Ok(if run.report.clean() {
@@ -617,7 +617,8 @@ async fn plan(conn: Conn, output: Option<PathBuf>) -> anyhow::Result<Exit> {
     .await?;
     let plan = flows::plan_file(scan, &target, scope);
     if format.as_deref() == Some("json") {
-        outln!("{}", serde_json::to_string_pretty(&plan)?)?;
+        // Written as it serializes: at 65,280 identities the text is some 30 MB.
+        super::out::json(&plan)?;
         return Ok(Exit::Ok);
     }
     out!("{}", report::plan_summary(&plan))?;
@@ -674,7 +675,7 @@ async fn apply(
     }
     let run = run?;
     match json {
-        true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
+        true => super::out::json(&run.report)?,
         false => out!("{}", report::apply_summary(&run.report))?,
     }
     for id in &run.not_in_plan {
@@ -744,7 +745,7 @@ async fn apply(
 
 fn print_verify(r: &VerifyReport, json: bool) -> anyhow::Result<()> {
     match json {
-        true => outln!("{}", serde_json::to_string_pretty(r)?)?,
+        true => super::out::json(r)?,
         false => out!("{}", report::verify_summary(r))?,
     }
     Ok(())
@@ -793,7 +794,7 @@ async fn rollback(
     };
     let run = printer::run(&mut handle, req).await?;
     match json {
-        true => outln!("{}", serde_json::to_string_pretty(&run.report)?)?,
+        true => super::out::json(&run.report)?,
         false => out!("{}", report::rollback_summary(&run.report))?,
     }
     outln!("decision log: {}", log_path.display())?;

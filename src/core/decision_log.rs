@@ -420,14 +420,18 @@ pub fn in_force_with_file(logs: &[&LogContents], file: &LogContents) -> InForce 
     out
 }
 
+/// What marks a line sync wrote for a change of the decisions file (`line_of` in its `file` module), an
+/// undo's too: how a restart tells what the file said when it was last read.
+pub const CARRIED_FROM_FILE: &str = "(carried from the decisions file";
+
 /// What the logs last carried from the decisions file, per identity: the decision, or
-/// `None` for an undo (a line marked `file::CARRIED_FROM_FILE`).
+/// `None` for an undo (a line marked `CARRIED_FROM_FILE`).
 pub fn carried_from_file(
     logs: &[&LogContents],
 ) -> std::collections::BTreeMap<String, Option<crate::core::planner::resume::LoggedDecision>> {
     let mut last = std::collections::BTreeMap::new();
     for (step, r) in steps_in_time(logs) {
-        if !r.decision.contains(file::CARRIED_FROM_FILE) {
+        if !r.decision.contains(CARRIED_FROM_FILE) {
             continue;
         }
         let said = match step {
@@ -663,21 +667,15 @@ mod resume_tests {
         // Sync carried the file's skip of 300 at 00:00:01 (the line it writes for it), then
         // a person decided 300 on a screen here at 00:05:00; 301's skip was never carried
         // (sync was down).
+        // (As the file module's `line_of` words it: the decision, who made it there, the mark.)
         let carried = |ts: &str, r: &Record| {
-            use super::file::{DecisionChange, FROM_FILE, line_of};
-            let d = r.step().and_then(|s| match s {
-                LogStep::Decide(d) => Some(d),
-                _ => None,
-            });
-            Record {
-                ts: ts.into(),
-                ..line_of(
-                    &DecisionChange::Decided(d.unwrap()),
-                    None,
-                    Some(r),
-                    FROM_FILE,
-                )
-            }
+            let mut line = r.decision_only();
+            line.ts = ts.into();
+            line.decision = format!(
+                "{} {CARRIED_FROM_FILE}: decided by {} at {})",
+                r.decision, r.operator, r.ts
+            );
+            line
         };
         let mut log = LogContents {
             records: vec![

@@ -5,50 +5,12 @@
 //! restart merges it through core's `resume`. Checked: a decision made on this machine after
 //! a file line dated ahead was carried stays in force across a restart.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::file_state::AHEAD;
 use super::*;
 use crate::core::decision_log::file::{DecisionChange, FileRead};
 use crate::core::decision_log::{decision_record, in_force};
-
-/// How far ahead of the machine's clock a bastion's clock runs, now and then.
-const AHEAD: Duration = Duration::from_secs(600);
-
-/// The file, its writer's own draws (a stream apart from the seed's, so a seed without a
-/// file plays as it did before there was one), and what a restart must keep.
-pub struct DecisionsFile {
-    pub log: SimLog,
-    rng: Rng,
-    /// A decision on a screen that overrides a file line dated ahead, to be made once the
-    /// line was carried: (instance, kvstore id, the file's line was carried).
-    overrides: Vec<(usize, String, bool)>,
-    /// What a restart must find in force: (instance, kvstore id, the screen's decision).
-    kept: Vec<(usize, String, LoggedDecision)>,
-    /// The file's length as each instance last read it: it only grows, so a read is due
-    /// only when it changed (as the binary's follower reads bytes that changed).
-    seen: BTreeMap<usize, usize>,
-}
-
-impl DecisionsFile {
-    /// A seed's file, or none (half the seeds).
-    pub fn of_seed(seed: u64) -> Option<Self> {
-        let mut rng = Rng::new(seed ^ 0x5EED_F11E_D0C5);
-        rng.chance(0.5).then(|| DecisionsFile {
-            log: SimLog::default(),
-            rng,
-            overrides: Vec::new(),
-            kept: Vec::new(),
-            seen: BTreeMap::new(),
-        })
-    }
-
-    /// Whatever was expected of `id` on instance `i` is moot: something later decided it.
-    fn later_on(&mut self, i: usize, id: &str) {
-        self.kept.retain(|(j, k, _)| !(*j == i && k == id));
-        self.overrides.retain(|(j, k, _)| !(*j == i && k == id));
-    }
-}
 
 impl Sim {
     /// The status tick's turn of the file: the operator writes now and then, every

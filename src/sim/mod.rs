@@ -20,6 +20,7 @@
 mod chaos;
 mod decisions_file;
 mod end;
+mod file_state;
 pub mod instance;
 pub mod lease;
 pub mod log;
@@ -101,7 +102,7 @@ struct Sim {
     refused_batches: usize,
     denied_creates: usize,
     /// The decisions file every instance follows, when the seed has one.
-    file: Option<decisions_file::DecisionsFile>,
+    file: Option<file_state::DecisionsFile>,
 }
 
 /// What an operator does on a screen while sync runs.
@@ -189,7 +190,7 @@ impl Sim {
         let mut world = World::new(nodes);
         world.gates = vec![None; instances];
         let logs: Vec<SimLog> = (0..instances).map(|_| SimLog::default()).collect();
-        let file = decisions_file::DecisionsFile::of_seed(seed);
+        let file = file_state::DecisionsFile::of_seed(seed);
         let clock = Clock(Instant::now());
         let mut trace = Trace::default();
         let started: Result<Vec<Instance>, Failure> = (0..instances)

@@ -21,9 +21,7 @@ pub enum DecisionChange {
 /// The decisions file, as a carried line names where its decision came from.
 pub const FROM_FILE: &str = "the decisions file";
 
-/// What marks a line sync wrote for a change of the decisions file, an undo's too: how a
-/// restart tells what the file said when it was last read.
-pub const CARRIED_FROM_FILE: &str = "(carried from the decisions file";
+pub use super::CARRIED_FROM_FILE;
 
 /// A log given with `--resume`, as a carried line names where its decision came from.
 pub const RESUMED: &str = "a log it resumed";

@@ -19,7 +19,8 @@ use crate::io::decision_log::{DecisionLog, LogContents};
 /// object does (the kubelet's sync period), so a few seconds more add little.
 pub const EVERY: Duration = Duration::from_secs(5);
 
-pub use crate::core::decision_log::file::{DecisionChange, FROM_FILE, Follower, log_changes};
+pub use crate::core::decision_log::file::DecisionChange;
+use crate::core::decision_log::file::Follower;
 
 /// What following the file says: a change carried over, or a file that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +29,7 @@ pub enum Said {
     Trouble(String),
 }
 
-pub use crate::core::decision_log::{InForce, in_force};
+pub use crate::core::decision_log::InForce;
 
 /// The decisions file as it is now: its bytes and what they read as; `None` while there is
 /// no file (a ConfigMap not created yet: nothing decided there so far).

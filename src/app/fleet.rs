@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::core::fleet::row::{Cells, ClusterFacts, ClusterRow, KvstoreSeen, SwitchSeen, SyncSeen};
 use crate::core::fleet::{Standing, status_name};
-use crate::core::range::{ClusterScope, MaxConnectedClusters};
+use crate::core::range::ClusterScope;
 use crate::error::{Error, Result};
 use crate::io::etcd::{EtcdConnection, EtcdOptions};
 use crate::io::k8s::{K8sOptions, K8sTarget};
@@ -356,19 +356,13 @@ pub async fn scope_of(
             "{cilium_namespace}/{config}'s {what} {why}: fix it there (Cilium's agents refuse it too)"
         ))
     };
-    let get = |k: &str| data.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
-    let cluster_id = match get("cluster-id") {
-        None => 0,
-        Some(v) => v
-            .parse::<u32>()
-            .map_err(|_| bad("cluster-id", format!("is {v:?}, not a number")))?,
-    };
-    let mcc = match get("max-connected-clusters") {
-        None => MaxConnectedClusters::default(),
-        Some(v) => v
-            .parse::<MaxConnectedClusters>()
-            .map_err(|e| bad("max-connected-clusters", e))?,
-    };
+    let mesh = crate::core::switch::settings::mesh_of(&data);
+    let cluster_id = mesh
+        .cluster_id
+        .map_err(|r| bad("cluster-id", format!("is {:?}, {}", r.value, r.why)))?;
+    let mcc = mesh
+        .max_connected_clusters
+        .map_err(|r| bad("max-connected-clusters", r.why))?;
     ClusterScope::new(cluster_id, mcc).map_err(|e| bad("cluster-id", e))
 }
 

@@ -141,17 +141,11 @@ pub async fn run(cmd: CliCommand, bin_name: &str) -> anyhow::Result<Exit> {
                 timeout,
                 switch,
             };
-            let kvstores = etcd_config_for
-                .into_iter()
-                .map(|(context, file)| {
-                    let etcd = cilium_idmig::io::etcd::EtcdOptions {
-                        config_file: Some(file),
-                        prefix: kvstore_prefix.clone(),
-                        ..Default::default()
-                    };
-                    (context, etcd)
-                })
-                .collect();
+            let base = cilium_idmig::io::etcd::EtcdOptions {
+                prefix: kvstore_prefix,
+                ..Default::default()
+            };
+            let kvstores = kvstores_named(&etcd_config_for, &base);
             fleet(&kubeconfig, &context, all_contexts, kvstores, opts, output).await
         }
         CliCommand::SwitchPrepare {
@@ -301,6 +295,24 @@ async fn switch_report(
 }
 
 /// `fleet`: every cluster named, read side by side; exit 0 when every sync reached cutover.
+/// Each cluster's kvstore as `--etcd-config-for NAME=FILE` names it: `base` (prefix, page
+/// size) read from that cluster's etcd config.
+fn kvstores_named(
+    named: &[(String, PathBuf)],
+    base: &cilium_idmig::io::etcd::EtcdOptions,
+) -> Vec<(String, cilium_idmig::io::etcd::EtcdOptions)> {
+    named
+        .iter()
+        .map(|(name, file)| {
+            let etcd = cilium_idmig::io::etcd::EtcdOptions {
+                config_file: Some(file.clone()),
+                ..base.clone()
+            };
+            (name.clone(), etcd)
+        })
+        .collect()
+}
+
 async fn fleet(
     kubeconfigs: &[PathBuf],
     contexts: &[String],

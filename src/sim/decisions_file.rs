@@ -48,16 +48,7 @@ impl Sim {
                 ..item_of(d)
             })
         } else {
-            let state = self.instances[i].shell.machine().state();
-            let waiting = state.waiting();
-            file.rng.pick(&waiting).and_then(|(id, labels, _)| {
-                let item = state.planned_items().into_iter().find(|it| it.id == *id)?;
-                Some(PlanItem {
-                    labels: labels.to_string(),
-                    decided: true,
-                    ..item
-                })
-            })
+            proposal(self.instances[i].shell.machine().state(), &mut file.rng)
         };
         let Some(item) = item else {
             return;

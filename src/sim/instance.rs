@@ -130,26 +130,25 @@ impl Instance {
             resume(&[], &own, file_read.as_ref(), &mut append)
                 .map_err(|why| Failure::new("a start logs what it resumes", why))?
         };
-        // With nothing logged, what it acts on is its log's replay by construction.
+        // The log is the record: what the start acts on is what its log replays to (with
+        // nothing logged, its replay already, by construction).
         let logged_any = !lines.is_empty();
         for line in lines {
             log.at(world.now, false)
                 .append(line)
                 .map_err(|why| Failure::new("a start logs what it resumes", why))?;
         }
-        // The log is the record: what the start acts on is what its log replays to.
-        let logged = match logged_any {
-            true => decisions_in_force(&[&*log.contents().map_err(read_back)?]),
-            false => merged.decisions.clone(),
-        };
-        if logged != merged.decisions {
-            return Err(Failure::new(
-                "a start acts only on the decisions its log holds",
-                format!(
-                    "i{idx} resumed {:?}, its log replays to {logged:?}",
-                    merged.decisions
-                ),
-            ));
+        if logged_any {
+            let logged = decisions_in_force(&[&*log.contents().map_err(read_back)?]);
+            if logged != merged.decisions {
+                return Err(Failure::new(
+                    "a start acts only on the decisions its log holds",
+                    format!(
+                        "i{idx} resumed {:?}, its log replays to {logged:?}",
+                        merged.decisions
+                    ),
+                ));
+            }
         }
         let follower = file_now.map(|bytes| Follower::new(bytes, merged.file));
         let shell = Shell::new(settings, merged.decisions, release_on_stop);

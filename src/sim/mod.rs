@@ -670,19 +670,14 @@ impl Sim {
     /// item as the screen shows it once decided.
     fn decision(&mut self, i: usize) -> Option<PlanItem> {
         let state = self.instances[i].shell.machine().state();
-        let (id, labels, _) = self.rng.pick(&state.waiting()).cloned()?;
-        let item = state.planned_items().into_iter().find(|it| it.id == id)?;
-        let (action, target_id) = if self.rng.chance(0.7) {
-            (item.action, item.target_id)
-        } else {
-            (Action::Skip, None)
-        };
-        Some(PlanItem {
-            labels: labels.to_string(),
-            action,
-            target_id,
-            decided: true,
-            ..item
+        let item = proposal(state, &mut self.rng)?;
+        Some(match self.rng.chance(0.7) {
+            true => item,
+            false => PlanItem {
+                action: Action::Skip,
+                target_id: None,
+                ..item
+            },
         })
     }
 
@@ -731,6 +726,18 @@ impl Sim {
         };
         self.feed(i, Turn::Input(input))
     }
+}
+
+/// A conflict `state` has waiting, drawn by `rng`, as its plan proposes it now: the item as
+/// a screen (or the decisions file) shows it once decided.
+fn proposal(state: &crate::core::sync::SyncState, rng: &mut Rng) -> Option<PlanItem> {
+    let (id, labels, _) = rng.pick(&state.waiting()).cloned()?;
+    let item = state.planned_items().into_iter().find(|it| it.id == id)?;
+    Some(PlanItem {
+        labels: labels.to_string(),
+        decided: true,
+        ..item
+    })
 }
 
 /// The row a screen shows for a decision in force.

@@ -62,20 +62,7 @@ async fn fleet_tui(args: TuiArgs) -> anyhow::Result<Exit> {
     }
     let kubeconfigs: Vec<PathBuf> = args.conn.k8s.kubeconfig.iter().cloned().collect();
     let mut clusters = fleet::clusters(&kubeconfigs, &args.conn.k8s.context, args.all_contexts)?;
-    let base = args.conn.etcd();
-    let kvstores = args
-        .etcd_config_for
-        .iter()
-        .map(|(context, file)| {
-            (
-                context.clone(),
-                cilium_idmig::io::etcd::EtcdOptions {
-                    config_file: Some(file.clone()),
-                    ..base.clone()
-                },
-            )
-        })
-        .collect();
+    let kvstores = kvstores_named(&args.etcd_config_for, &args.conn.etcd());
     fleet::with_kvstores(&mut clusters, kvstores)?;
     // Sync's standing is read where sync keeps its Lease by default, as `fleet` does.
     let lease = cilium_idmig::app::lease::LeaseOptions::default();

@@ -96,6 +96,39 @@ impl ShownSettings {
     }
 }
 
+/// What `cilium-config` says of the mesh, as Cilium's agents read it: the cluster id and
+/// max-connected-clusters, absent or empty meaning 0 and 255.
+pub struct Mesh {
+    pub cluster_id: Result<u32, Refused>,
+    pub max_connected_clusters: Result<MaxConnectedClusters, Refused>,
+}
+
+/// A value Cilium's agents refuse: what is written there, and why.
+#[derive(Debug)]
+pub struct Refused {
+    pub value: String,
+    pub why: String,
+}
+
+/// The mesh `cilium-config`'s `data` sets (see `Mesh`).
+pub fn mesh_of(data: &BTreeMap<String, String>) -> Mesh {
+    let get = |k: &str| data.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let refused = |v: &str, why: String| Refused {
+        value: v.to_string(),
+        why,
+    };
+    Mesh {
+        cluster_id: get("cluster-id").map_or(Ok(0), |v| {
+            v.parse::<u32>()
+                .map_err(|_| refused(v, "not a number".into()))
+        }),
+        max_connected_clusters: get("max-connected-clusters")
+            .map_or(Ok(MaxConnectedClusters::default()), |v| {
+                v.parse::<MaxConnectedClusters>().map_err(|e| refused(v, e))
+            }),
+    }
+}
+
 /// What settles a `cilium-config` that could not be read.
 const SETTLE_NAMESPACE: &str = "pass --cilium-namespace with the namespace Cilium runs in";
 
@@ -171,38 +204,33 @@ impl Settings {
         let cluster_name = get("cluster-name")
             .unwrap_or(DEFAULT_CLUSTER_NAME)
             .to_string();
-        let cluster_id = match get("cluster-id") {
-            None => 0,
-            Some(v) => match v.parse::<u32>() {
-                Ok(id) => id,
-                Err(_) => {
-                    cannot_know.push(format!(
-                        "cluster-id is {v:?}, not a number: id 0 is assumed"
-                    ));
-                    guessed.push(Guess {
-                        what: format!("cluster-id {v:?} in cilium-config is not a number"),
-                        settle: "fix cluster-id in cilium-config (Cilium's agents refuse it too)"
-                            .into(),
-                    });
-                    0
-                }
-            },
+        let mesh = mesh_of(data);
+        let cluster_id = match mesh.cluster_id {
+            Ok(id) => id,
+            Err(Refused { value: v, .. }) => {
+                cannot_know.push(format!(
+                    "cluster-id is {v:?}, not a number: id 0 is assumed"
+                ));
+                guessed.push(Guess {
+                    what: format!("cluster-id {v:?} in cilium-config is not a number"),
+                    settle: "fix cluster-id in cilium-config (Cilium's agents refuse it too)"
+                        .into(),
+                });
+                0
+            }
         };
-        let max_connected_clusters = match get("max-connected-clusters") {
-            None => MaxConnectedClusters::default(),
-            Some(v) => match v.parse::<MaxConnectedClusters>() {
-                Ok(m) => m,
-                Err(e) => {
-                    cannot_know.push(format!(
-                        "max-connected-clusters is {v:?} ({e}): 255 is assumed"
-                    ));
-                    guessed.push(Guess {
-                        what: format!("max-connected-clusters {v:?} in cilium-config is not 255 or 511"),
-                        settle: "fix max-connected-clusters in cilium-config (Cilium's agents refuse it too)".into(),
-                    });
-                    MaxConnectedClusters::default()
-                }
-            },
+        let max_connected_clusters = match mesh.max_connected_clusters {
+            Ok(m) => m,
+            Err(Refused { value: v, why: e }) => {
+                cannot_know.push(format!(
+                    "max-connected-clusters is {v:?} ({e}): 255 is assumed"
+                ));
+                guessed.push(Guess {
+                    what: format!("max-connected-clusters {v:?} in cilium-config is not 255 or 511"),
+                    settle: "fix max-connected-clusters in cilium-config (Cilium's agents refuse it too)".into(),
+                });
+                MaxConnectedClusters::default()
+            }
         };
         let filter = LabelFilter::cilium_1_18(&labels)?;
         for p in filter.patterns_matching_nothing() {

@@ -113,27 +113,57 @@ pub struct KvSnapshot {
 /// no write depends on a count.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeCounts {
-    by_label: HashMap<u64, u32>,
+    by_label: HashMap<u64, u32, Prehashed>,
     /// `value/` keys per identity (label key and the id the key holds): what a plan shows
     /// for an id. Two kvstore ids with one label set are used by different nodes.
-    by_identity: HashMap<u64, u32>,
+    by_identity: HashMap<u64, u32, Prehashed>,
     /// `value/` keys per node: the nodes still in kvstore mode (their keys live on leases
     /// that lapse once an agent leaves kvstore mode).
     by_node: BTreeMap<String, u32>,
 }
 
+/// The counts' keys are hashes already: the map takes them as they are rather than hash
+/// them a second time.
+type Prehashed = std::hash::BuildHasherDefault<PassThrough>;
+
+#[derive(Debug, Default)]
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys reach here; any other input still hashes, if slowly.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The seed of the label keys' hashes: fixed, so a count is keyed alike in every process
+/// (a replayed simulation sees the same maps).
+const COUNT_SEED: u64 = 0x6964_6d69_6700_0001;
+
 impl NodeCounts {
-    /// A label key's hash, or an identity's (`(label key, id)`).
-    fn hash(key: impl std::hash::Hash) -> u64 {
-        use std::hash::Hasher;
-        // SipHash with fixed keys: the same hash in every process.
-        let mut h = std::hash::DefaultHasher::new();
-        key.hash(&mut h);
-        h.finish()
+    /// A label key's hash.
+    fn hash_label(label_key: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        foldhash::quality::FixedState::with_seed(COUNT_SEED).hash_one(label_key)
+    }
+
+    /// An identity's hash: its id's, seeded by its label key's (the label key is not read
+    /// twice).
+    fn hash_identity(label: u64, id: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        foldhash::quality::FixedState::with_seed(label).hash_one(id)
     }
 
     /// One fewer at `h`; a count that reaches 0 goes.
-    fn one_less(counts: &mut HashMap<u64, u32>, h: u64) {
+    fn one_less(counts: &mut HashMap<u64, u32, Prehashed>, h: u64) {
         if let Some(n) = counts.get_mut(&h) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -144,8 +174,8 @@ impl NodeCounts {
 
     pub fn with_capacity(n: usize) -> Self {
         NodeCounts {
-            by_label: HashMap::with_capacity(n),
-            by_identity: HashMap::with_capacity(n),
+            by_label: HashMap::with_capacity_and_hasher(n, Prehashed::default()),
+            by_identity: HashMap::with_capacity_and_hasher(n, Prehashed::default()),
             by_node: BTreeMap::new(),
         }
     }
@@ -153,7 +183,7 @@ impl NodeCounts {
     /// Nodes whose `value/` key for `label_key` holds `id` (0 when none).
     pub fn of_identity(&self, label_key: &[u8], id: &[u8]) -> u32 {
         self.by_identity
-            .get(&Self::hash((label_key, id)))
+            .get(&Self::hash_identity(Self::hash_label(label_key), id))
             .copied()
             .unwrap_or(0)
     }
@@ -161,17 +191,18 @@ impl NodeCounts {
     /// Nodes using `label_key` (0 when none).
     pub fn get(&self, label_key: &[u8]) -> u32 {
         self.by_label
-            .get(&Self::hash(label_key))
+            .get(&Self::hash_label(label_key))
             .copied()
             .unwrap_or(0)
     }
 
     /// Adds `n` nodes to `label_key` at `id` (node names unknown, as in generated data).
     pub fn add(&mut self, label_key: &[u8], id: &[u8], n: u32) {
-        *self.by_label.entry(Self::hash(label_key)).or_default() += n;
+        let label = Self::hash_label(label_key);
+        *self.by_label.entry(label).or_default() += n;
         *self
             .by_identity
-            .entry(Self::hash((label_key, id)))
+            .entry(Self::hash_identity(label, id))
             .or_default() += n;
     }
 
@@ -192,15 +223,29 @@ impl NodeCounts {
         }
     }
 
+    /// Adds another count of other `value/` keys (a read in parts, each counted apart).
+    pub fn merge(&mut self, other: NodeCounts) {
+        for (h, n) in other.by_label {
+            *self.by_label.entry(h).or_default() += n;
+        }
+        for (h, n) in other.by_identity {
+            *self.by_identity.entry(h).or_default() += n;
+        }
+        for (node, n) in other.by_node {
+            *self.by_node.entry(node).or_default() += n;
+        }
+    }
+
     /// One `value/` key gone (its lease lapsed, or the agent released the identity); `id`:
     /// what it held, where the watch says (etcd's previous value of a deleted key).
     pub fn remove_key(&mut self, label_key: &[u8], node: &[u8], id: Option<&[u8]>) {
         if node == RESERVATION_NODE.as_bytes() {
             return;
         }
-        Self::one_less(&mut self.by_label, Self::hash(label_key));
+        let label = Self::hash_label(label_key);
+        Self::one_less(&mut self.by_label, label);
         if let Some(id) = id {
-            Self::one_less(&mut self.by_identity, Self::hash((label_key, id)));
+            Self::one_less(&mut self.by_identity, Self::hash_identity(label, id));
         }
         let node = String::from_utf8_lossy(node);
         if let Some(n) = self.by_node.get_mut(node.as_ref()) {
@@ -269,6 +314,36 @@ mod tests {
             classify_key(p, b"cilium/state/identities/v1/value//node-1"),
             KeyKind::Other
         ));
+    }
+
+    #[test]
+    fn counts_made_in_parts_and_merged_are_the_counts_made_whole() {
+        let keys: [(&[u8], &[u8], &[u8]); 6] = [
+            (b"k8s:a=1;", b"node-1", b"300"),
+            (b"k8s:a=1;", b"node-2", b"300"),
+            (b"k8s:a=1;", b"node-3", b"301"),
+            (b"k8s:b=1;", b"node-1", b"302"),
+            (b"k8s:b=1;", RESERVATION_NODE.as_bytes(), b"302"),
+            (b"k8s:c=1;", b"node-2", b"303"),
+        ];
+        let mut whole = NodeCounts::with_capacity(4);
+        for (l, n, id) in keys {
+            whole.add_key(l, n, id);
+        }
+        for split in 0..=keys.len() {
+            let (mut low, mut high) = (NodeCounts::default(), NodeCounts::default());
+            for (l, n, id) in &keys[..split] {
+                low.add_key(l, n, id);
+            }
+            for (l, n, id) in &keys[split..] {
+                high.add_key(l, n, id);
+            }
+            low.merge(high);
+            assert_eq!(low, whole, "split at {split}");
+        }
+        assert_eq!(whole.get(b"k8s:a=1;"), 3);
+        assert_eq!(whole.of_identity(b"k8s:a=1;", b"301"), 1);
+        assert_eq!(whole.nodes().count(), 3);
     }
 
     #[test]

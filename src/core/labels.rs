@@ -234,16 +234,34 @@ pub fn to_security_labels(labels: &[Label]) -> SecurityLabels {
 /// Rebuilds the canonical kvstore label key from a `security-labels` map, if every map key
 /// has a source. Used to show Kubernetes-side labels in the same form as kvstore ones.
 pub fn label_key_from_map(map: &SecurityLabels) -> Option<String> {
-    let mut labels = Vec::with_capacity(map.len());
-    for (k, v) in map {
+    label_key_from_pairs(map.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// The canonical label key of `security-labels` entries (`source:key`, value), if every key
+/// has a source; borrowed, so a listed object's labels are encoded without a copy of each.
+pub fn label_key_from_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> Option<String> {
+    let mut labels = Vec::with_capacity(pairs.size_hint().0);
+    for (k, v) in pairs {
         let (source, key) = k.split_once(':')?;
-        labels.push(Label {
-            source: source.to_string(),
-            key: key.to_string(),
-            value: v.clone(),
-        });
+        labels.push((source, key, v));
     }
-    Some(encode_label_key(&labels))
+    // Stable, as `encode_label_key`'s: labels of one key keep their sources' order.
+    labels.sort_by(|a, b| a.1.cmp(b.1));
+    let mut out = String::with_capacity(
+        labels
+            .iter()
+            .map(|l| l.0.len() + l.1.len() + l.2.len() + 3)
+            .sum(),
+    );
+    for (source, key, value) in labels {
+        out.push_str(source);
+        out.push(':');
+        out.push_str(key);
+        out.push('=');
+        out.push_str(value);
+        out.push(';');
+    }
+    Some(out)
 }
 
 /// A label set in Cilium's canonical kvstore form (`source:key=value;...`, sorted by key).

@@ -169,6 +169,20 @@ mod tests {
         ))
     }
 
+    fn masters_of(entries: &[(&str, &str)]) -> Vec<MasterEntry> {
+        entries
+            .iter()
+            .map(|(id, labels)| MasterEntry::new(*id, *labels))
+            .collect()
+    }
+
+    fn objects_of(objects: &[(u32, &str)]) -> BTreeMap<u32, LabelKey> {
+        objects
+            .iter()
+            .map(|(id, labels)| (*id, sl(labels)))
+            .collect()
+    }
+
     #[test]
     fn a_mapping_recorded_for_other_labels_says_nothing_of_the_id_reused_since() {
         // 300 was mapped to 900 for A; the kvstore's GC freed 300 and an agent took it for B.
@@ -188,22 +202,63 @@ mod tests {
     }
 
     #[test]
+    fn verify_reads_expectations_without_own_id_mappings_alike() {
+        let masters = masters_of(&[
+            ("300", "k8s:w=1;"),
+            ("301", "k8s:w=2;"),
+            ("302", "k8s:w=3;"),
+            ("303", "k8s:w=4;"),
+            ("304", "k8s:w=5;"),
+        ]);
+        let k8s = objects_of(&[
+            (300, "k8s:w=1;"),
+            (900, "k8s:w=2;"),
+            (302, "k8s:w=3;"),
+            (303, "k8s:other=x;"),
+        ]);
+        let mut expect = Expectations::default();
+        // At its own id, for its labels; at its own id for labels since replaced; remapped;
+        // remapped for labels since replaced; skipped.
+        for (id, to, labels) in [
+            ("300", Some(300), "k8s:w=1;"),
+            ("303", Some(303), "k8s:old=1;"),
+            ("301", Some(900), "k8s:w=2;"),
+            ("302", Some(901), "k8s:old=2;"),
+            ("304", None, "k8s:w=5;"),
+        ] {
+            expect.mappings.insert(id.into(), to);
+            expect.mapped_labels.insert(id.into(), labels.into());
+        }
+        let range = IdRange::for_cluster(0).unwrap();
+        let compact = expect.clone().for_verify_only();
+        assert_eq!(compact.mappings.len(), 3, "{:?}", compact.mappings);
+        assert!(!compact.mapped_labels.contains_key("300"));
+        let (full, lean) = (
+            verify(&masters, &k8s, &expect, range),
+            verify(&masters, &k8s, &compact, range),
+        );
+        assert_eq!(format!("{full:?}"), format!("{lean:?}"));
+        assert_eq!((full.ok, full.mapped, full.problems.len()), (3, 1, 1));
+    }
+
+    #[test]
     fn verifies_own_ids_mappings_and_reports_each_problem() {
-        let masters = vec![
-            MasterEntry::new("300", "k8s:a=1;"),
-            MasterEntry::new("301", "k8s:a=2;"),
-            MasterEntry::new("302", "k8s:a=3;"),
-            MasterEntry::new("303", "k8s:a=4;"),
-            MasterEntry::new("304", "k8s:a=5;"),
-            MasterEntry::new("305", "k8s:a=7;"),
-            MasterEntry::new("bad", "k8s:a=6;"),
-        ];
-        let mut k8s = BTreeMap::new();
-        k8s.insert(300, sl("k8s:a=1;"));
-        k8s.insert(305, sl("k8s:a=7;"));
-        k8s.insert(301, sl("k8s:other=x;"));
-        k8s.insert(900, sl("k8s:a=2;"));
-        k8s.insert(303, sl("k8s:a=wrong;"));
+        let masters = masters_of(&[
+            ("300", "k8s:a=1;"),
+            ("301", "k8s:a=2;"),
+            ("302", "k8s:a=3;"),
+            ("303", "k8s:a=4;"),
+            ("304", "k8s:a=5;"),
+            ("305", "k8s:a=7;"),
+            ("bad", "k8s:a=6;"),
+        ]);
+        let k8s = objects_of(&[
+            (300, "k8s:a=1;"),
+            (305, "k8s:a=7;"),
+            (301, "k8s:other=x;"),
+            (900, "k8s:a=2;"),
+            (303, "k8s:a=wrong;"),
+        ]);
         let mut maps = BTreeMap::new();
         maps.insert("301".to_string(), Some(900));
         maps.insert("304".to_string(), None);

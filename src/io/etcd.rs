@@ -252,14 +252,14 @@ impl EtcdConnection {
 
     /// Counts the `value/` keys per label key at the snapshot's revision: how many nodes use
     /// each identity. They number one per identity per node, millions on a large cluster, so
-    /// they are read keys-only and only counted: memory does not grow with them. etcd 3.4
-    /// walks every key from a request's start to its range end before applying the limit, so
-    /// one wide range paged costs O(n²/page); the snapshot's label keys split the `value/`
-    /// space into ranges of about a page each, which keeps the pass linear.
+    /// they are only counted: memory does not grow with them. etcd 3.4 walks every key from
+    /// a request's start to its range end before applying the limit, so one wide range paged
+    /// costs O(n²/page); the snapshot's label keys split the `value/` space into ranges of
+    /// about a page each, which keeps the pass linear. The space is read as two halves at
+    /// once, each on a task of its own: once the list of identities is in, both cores decode
+    /// and etcd serves two streams, where one stream left a core idle between pages.
     pub async fn count_nodes(&self, snap: &KvSnapshot, page_size: i64) -> Result<NodeCounts> {
         let prefix = normalize_prefix(&snap.source.prefix);
-        let revision = snap.source.revision;
-        let mut kv = self.client.kv_client().max_decoding_message_size(64 << 20);
         let value_prefix = format!("{prefix}value/").into_bytes();
         let value_end = prefix_end(&value_prefix);
         let mut bounds: Vec<&[u8]> = snap
@@ -270,41 +270,39 @@ impl EtcdConnection {
             .collect();
         bounds.sort_unstable();
         bounds.dedup();
-        let mut counts = NodeCounts::with_capacity(snap.masters.len());
-        let mut count_into = |item: &etcd_client::KeyValue| {
-            if let KeyKind::Slave { label_key, node } = classify_key(&prefix, item.key()) {
-                counts.add_key(label_key, node, item.value());
-            }
+        // Every 8th label key is split point enough (a range spans tens of label keys), and
+        // owned copies of those cost an eighth of the label keys.
+        let bounds: Vec<Vec<u8>> = bounds
+            .iter()
+            .step_by(8)
+            .map(|b| [value_prefix.as_slice(), b].concat())
+            .collect();
+        let span = |lo: Vec<u8>, bounds: Vec<Vec<u8>>, end: Vec<u8>| CountSpan {
+            conn: self.clone(),
+            prefix: prefix.clone(),
+            revision: snap.source.revision,
+            page_size,
+            lo,
+            bounds,
+            end,
         };
-        let (mut lo, mut next, mut group) = (value_prefix.clone(), 0usize, 64usize);
-        loop {
-            next = (next + group).min(bounds.len());
-            let hi = bounds
-                .get(next)
-                .map(|b| [value_prefix.as_slice(), *b].concat())
-                .unwrap_or_else(|| value_end.clone());
-            // With values: a node uses the id its key names (a few bytes a key).
-            let keys = self
-                .page_range(
-                    &mut kv,
-                    lo,
-                    &hi,
-                    revision,
-                    false,
-                    page_size,
-                    &mut count_into,
-                )
-                .await?;
-            if hi == value_end {
-                break;
-            }
-            // Aim the next range at about one page of keys.
-            let per_label = (keys / group.max(1)).max(1);
-            group = (page_size as usize / per_label).clamp(1, 8192);
-            lo = hi;
-        }
+        let counts = if bounds.len() < 4 {
+            span(value_prefix, bounds, value_end).count().await?
+        } else {
+            let mut low = bounds;
+            let mut high = low.split_off(low.len() / 2);
+            let middle = high.remove(0);
+            let upper = span(middle.clone(), high, value_end);
+            let upper = tokio::spawn(upper.count());
+            let mut counts = span(value_prefix, low, middle).count().await?;
+            let upper = upper
+                .await
+                .map_err(|e| self.err("counting node references", e))??;
+            counts.merge(upper);
+            counts
+        };
         tracing::info!(
-            revision,
+            revision = snap.source.revision,
             label_keys = counts.len(),
             "counted node references"
         );
@@ -410,6 +408,62 @@ impl EtcdConnection {
                 _ => return Ok(seen),
             }
         }
+    }
+}
+
+/// One part of the `value/` space to count, `[lo, end)`, read in ranges that end at the next
+/// split point about a page of keys on; owned, so it runs on a task of its own.
+struct CountSpan {
+    conn: EtcdConnection,
+    prefix: String,
+    revision: i64,
+    page_size: i64,
+    lo: Vec<u8>,
+    /// Split points inside `(lo, end)`, in order, each a whole `value/` key prefix.
+    bounds: Vec<Vec<u8>>,
+    end: Vec<u8>,
+}
+
+impl CountSpan {
+    async fn count(self) -> Result<NodeCounts> {
+        let mut kv = self
+            .conn
+            .client
+            .kv_client()
+            .max_decoding_message_size(64 << 20);
+        let mut counts = NodeCounts::with_capacity(self.bounds.len() * 8);
+        let prefix = self.prefix.as_str();
+        let mut count_into = |item: &etcd_client::KeyValue| {
+            if let KeyKind::Slave { label_key, node } = classify_key(prefix, item.key()) {
+                counts.add_key(label_key, node, item.value());
+            }
+        };
+        let (mut lo, mut next, mut group) = (self.lo.clone(), 0usize, 8usize);
+        loop {
+            next = (next + group).min(self.bounds.len());
+            let hi = self.bounds.get(next).unwrap_or(&self.end).clone();
+            // With values: a node uses the id its key names (a few bytes a key).
+            let keys = self
+                .conn
+                .page_range(
+                    &mut kv,
+                    lo,
+                    &hi,
+                    self.revision,
+                    false,
+                    self.page_size,
+                    &mut count_into,
+                )
+                .await?;
+            if hi == self.end {
+                break;
+            }
+            // Aim the next range at about one page of keys.
+            let per_bound = (keys / group.max(1)).max(1);
+            group = (self.page_size as usize / per_bound).clamp(1, 1024);
+            lo = hi;
+        }
+        Ok(counts)
     }
 }
 

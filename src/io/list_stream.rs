@@ -34,6 +34,21 @@ pub struct ObjectMeta {
 }
 
 impl ListedObject {
+    /// The canonical label key of its `security-labels` (as `canonical_key` of `labels`),
+    /// read in place: a list of 65,280 objects copies no label twice.
+    pub fn label_key(self) -> crate::core::labels::LabelKey {
+        let in_place = self
+            .security_labels
+            .as_ref()
+            .map_or(Some(String::new()), |m| {
+                crate::core::labels::label_key_from_pairs(
+                    m.iter()
+                        .map(|(k, v)| (k.as_str(), v.as_deref().unwrap_or_default())),
+                )
+            });
+        in_place.unwrap_or_else(|| crate::core::labels::canonical_key(&self.labels()))
+    }
+
     pub fn labels(self) -> SecurityLabels {
         self.security_labels
             .unwrap_or_default()
@@ -138,15 +153,44 @@ pub struct WatchEvent {
 
 /// A watch event's object: an identity, a bookmark, or (for ERROR) a Status.
 #[derive(Debug, Clone, Deserialize, Default)]
+#[serde(from = "EventFields")]
 pub struct EventObject {
-    #[serde(flatten)]
     pub identity: ListedObject,
-    #[serde(default)]
     pub code: Option<u16>,
-    #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default)]
     pub message: Option<String>,
+}
+
+/// An event object's fields as they come, side by side. Not `#[serde(flatten)]`: a flattened
+/// struct is read through a buffered tree of every field (an object's `managedFields` too),
+/// which made half of a streamed 65,280-object list's parse; here the fields the tool does
+/// not read are skipped as they stream past.
+#[derive(Deserialize)]
+struct EventFields {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(rename = "security-labels", default)]
+    security_labels: Option<BTreeMap<String, Option<String>>>,
+    #[serde(default)]
+    code: Option<u16>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl From<EventFields> for EventObject {
+    fn from(f: EventFields) -> Self {
+        EventObject {
+            identity: ListedObject {
+                metadata: f.metadata,
+                security_labels: f.security_labels,
+            },
+            code: f.code,
+            reason: f.reason,
+            message: f.message,
+        }
+    }
 }
 
 /// A synchronous reader over body chunks sent from the async side, so serde can parse a
@@ -204,6 +248,24 @@ mod tests {
         assert!(parse_list(&b"{\"items\":[{\"metadata\":"[..], |_| {}).is_err());
         assert!(parse_list(&b"[]"[..], |_| {}).is_err());
         assert!(parse_list(&br#"{"items":null,"metadata":{}}"#[..], |_| {}).is_ok());
+    }
+
+    #[test]
+    fn a_label_key_read_in_place_is_the_canonical_key_of_its_labels() {
+        for labels in [
+            r#"{"k8s:app":"web","reserved:host":null,"k8s:io.kubernetes.pod.namespace":"shop"}"#,
+            r#"{"k8s:app":"a","container:app":"b","any:zz":"c"}"#,
+            r#"{"nosource":"x","k8s:a":"b"}"#,
+            r#"{}"#,
+            r#"null"#,
+        ] {
+            let obj: ListedObject = serde_json::from_str(&format!(
+                r#"{{"metadata":{{"name":"300"}},"security-labels":{labels}}}"#
+            ))
+            .unwrap();
+            let canonical = crate::core::labels::canonical_key(&obj.clone().labels());
+            assert_eq!(obj.label_key(), canonical, "{labels}");
+        }
     }
 
     #[test]

@@ -58,6 +58,44 @@ async fn reads_masters_and_counts_nodes_in_pages() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn every_label_keys_nodes_are_counted_across_the_parts_read_at_once() {
+    // Enough label keys that the `value/` space is read as two parts at once, each in
+    // ranges of a few keys: every count must come out whole, none twice.
+    let etcd = Etcd::start().await;
+    let mut c = etcd.client().await.unwrap();
+    for i in 0..400u32 {
+        let labels = format!("k8s:app=w{i:03};");
+        c.put(format!("{P}/id/{}", 300 + i), labels.clone(), None)
+            .await
+            .unwrap();
+        for n in 0..i % 5 {
+            c.put(
+                format!("{P}/value/{labels}/node-{n}"),
+                (300 + i).to_string(),
+                None,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let snap = read_snapshot(&opts(&etcd, 7)).await.unwrap();
+    for i in 0..400u32 {
+        let labels = format!("k8s:app=w{i:03};");
+        assert_eq!(snap.node_counts.get(labels.as_bytes()), i % 5, "{labels}");
+        assert_eq!(
+            snap.node_counts
+                .of_identity(labels.as_bytes(), (300 + i).to_string().as_bytes()),
+            i % 5
+        );
+    }
+    assert_eq!(
+        snap.node_counts.total(),
+        (0..400u64).map(|i| i % 5).sum::<u64>()
+    );
+    assert_eq!(snap.node_counts.nodes().count(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn snapshot_is_pinned_to_one_revision_while_etcd_changes() {
     let etcd = Etcd::start().await;
     for i in 0..300u32 {

@@ -18,7 +18,7 @@ use super::transport::{
     EventLines, READ_ATTEMPTS, READ_TIMEOUT, STREAM_IDLE, parse_streamed, wait_out_throttled,
 };
 use crate::core::identity::collection_path;
-use crate::core::labels::{LabelKey, canonical_key};
+use crate::core::labels::LabelKey;
 use crate::error::Result;
 use crate::io::list_stream::{ListedObject, parse_list};
 use crate::io::retry::Policy;
@@ -40,7 +40,7 @@ impl K8sSnapshot {
         let name = obj.metadata.name.clone();
         match crate::core::kvstore::parse_id(name.as_bytes()) {
             Ok(id) => {
-                self.identities.insert(id, canonical_key(&obj.labels()));
+                self.identities.insert(id, obj.label_key());
             }
             Err(_) => self.other_names.push(name),
         }

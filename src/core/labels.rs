@@ -204,20 +204,30 @@ pub fn valid_label_key(raw: &[u8]) -> Result<&str, LabelKeyError> {
 
 /// Encodes labels the way Cilium's `GetKey` does: sorted by key, `source:key=value;` each.
 pub fn encode_label_key(labels: &[Label]) -> String {
-    let mut sorted: Vec<&Label> = labels.iter().collect();
-    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    encode_sorted(
+        labels
+            .iter()
+            .map(|l| (l.source.as_str(), l.key.as_str(), l.value.as_str()))
+            .collect(),
+    )
+}
+
+/// The one encoding of a label key, over borrowed (source, key, value) triples: sorted by
+/// key, stably (labels of one key keep their sources' order), `source:key=value;` each.
+fn encode_sorted(mut labels: Vec<(&str, &str, &str)>) -> String {
+    labels.sort_by(|a, b| a.1.cmp(b.1));
     let mut out = String::with_capacity(
         labels
             .iter()
-            .map(|l| l.source.len() + l.key.len() + l.value.len() + 3)
+            .map(|l| l.0.len() + l.1.len() + l.2.len() + 3)
             .sum(),
     );
-    for l in sorted {
-        out.push_str(&l.source);
+    for (source, key, value) in labels {
+        out.push_str(source);
         out.push(':');
-        out.push_str(&l.key);
+        out.push_str(key);
         out.push('=');
-        out.push_str(&l.value);
+        out.push_str(value);
         out.push(';');
     }
     out
@@ -245,23 +255,7 @@ pub fn label_key_from_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>)
         let (source, key) = k.split_once(':')?;
         labels.push((source, key, v));
     }
-    // Stable, as `encode_label_key`'s: labels of one key keep their sources' order.
-    labels.sort_by(|a, b| a.1.cmp(b.1));
-    let mut out = String::with_capacity(
-        labels
-            .iter()
-            .map(|l| l.0.len() + l.1.len() + l.2.len() + 3)
-            .sum(),
-    );
-    for (source, key, value) in labels {
-        out.push_str(source);
-        out.push(':');
-        out.push_str(key);
-        out.push('=');
-        out.push_str(value);
-        out.push(';');
-    }
-    Some(out)
+    Some(encode_sorted(labels))
 }
 
 /// A label set in Cilium's canonical kvstore form (`source:key=value;...`, sorted by key).

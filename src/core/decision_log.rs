@@ -6,6 +6,7 @@
 
 pub mod carry;
 pub mod file;
+pub mod reservations;
 pub mod undo;
 
 use std::collections::BTreeSet;
@@ -429,6 +430,23 @@ pub const CARRIED_FROM_FILE: &str = "(carried from the decisions file";
 pub fn carried_from_file(
     logs: &[&LogContents],
 ) -> std::collections::BTreeMap<String, Option<crate::core::planner::resume::LoggedDecision>> {
+    last_carried_from_file(logs)
+        .into_iter()
+        .map(|(id, (said, _))| (id, said))
+        .collect()
+}
+
+/// Per identity, what the logs last carried from the decisions file (`None`: an undo),
+/// with the line that carried it.
+pub fn last_carried_from_file<'a>(
+    logs: &[&'a LogContents],
+) -> std::collections::BTreeMap<
+    String,
+    (
+        Option<crate::core::planner::resume::LoggedDecision>,
+        &'a Record,
+    ),
+> {
     let mut last = std::collections::BTreeMap::new();
     for (step, r) in steps_in_time(logs) {
         if !r.decision.contains(CARRIED_FROM_FILE) {
@@ -438,7 +456,7 @@ pub fn carried_from_file(
             LogStep::Decide(d) => Some(d),
             LogStep::Undo { .. } | LogStep::Undecided { .. } => None,
         };
-        last.insert(r.id.clone(), said);
+        last.insert(r.id.clone(), (said, r));
     }
     last
 }
@@ -648,6 +666,71 @@ mod resume_tests {
         skip.outcome = Some(Outcome::Skipped);
         assert!(skip.step().is_some());
         assert!(decided.step().is_some());
+    }
+
+    #[test]
+    fn a_log_that_resumed_another_restarts_alone_as_the_two_did() {
+        use super::file::resume;
+        use super::reservations::{RELEASE_RESERVATION, RESERVE_IN_KVSTORE, unreleased_in};
+        let at = |ts: &str, id: &str, action: &str, target: Option<u32>| Record {
+            ts: ts.into(),
+            ..Record::decision(id, "k8s:a=b;", Kind::Remap, (action, "operator"), target)
+        };
+        let reservation = |id: u32, action: &str, revision: i64| {
+            let mut r = at("2026-12-01T00:01:00Z", &id.to_string(), action, Some(id));
+            r.decided_by = Some("rule".into());
+            r.kvstore_revision = Some(revision);
+            r
+        };
+        // A decisions file whose clock runs ahead, its skip of 300 carried by the old log,
+        // then 300 decided here later; reservations made, one released.
+        let file = LogContents {
+            records: vec![at("2026-12-01T00:10:00Z", "300", "skip", None)],
+            ..LogContents::default()
+        };
+        let mut carried = file.records[0].decision_only();
+        carried.ts = "2026-12-01T00:00:01Z".into();
+        carried.decision = format!("skip {CARRIED_FROM_FILE}: decided by x at y)");
+        let old = LogContents {
+            records: vec![
+                carried,
+                reservation(4000, RESERVE_IN_KVSTORE, 12),
+                reservation(4001, RESERVE_IN_KVSTORE, 13),
+                reservation(4001, RELEASE_RESERVATION, 13),
+                at("2026-12-01T00:05:00Z", "300", "create", Some(4000)),
+            ],
+            ..LogContents::default()
+        };
+        // Started on a new log with --resume naming the old one: what it writes.
+        let start = |resumed: &[&LogContents], own: &LogContents| {
+            let mut lines = Vec::new();
+            let mut append = |mut r: Record| {
+                r.ts = "2026-12-01T00:06:00Z".into();
+                lines.push(r);
+                Ok(())
+            };
+            let merged = resume(resumed, own, Some(&file), &mut append).unwrap();
+            (merged.decisions, lines)
+        };
+        let (first, lines) = start(&[&old], &LogContents::default());
+        assert_eq!(first["300"].target_id, Some(4000));
+        let new = LogContents {
+            records: lines,
+            ..LogContents::default()
+        };
+        // A later start given the new log alone: the same decision, the same reservation.
+        let (later, again) = start(&[], &new);
+        assert_eq!(later, first, "the decision made here stays in force");
+        assert!(again.is_empty(), "nothing to carry: {again:?}");
+        let held = unreleased_in(&[&new]);
+        assert_eq!(
+            held.into_iter().collect::<Vec<_>>(),
+            [(4000, ("k8s:a=b;".to_string(), 12))],
+            "the reservation not released is the new log's to take over"
+        );
+        // Resumed once more, nothing is carried twice.
+        let (_, twice) = start(&[&old], &new);
+        assert!(twice.is_empty(), "{twice:?}");
     }
 
     #[test]

@@ -81,6 +81,8 @@ impl Sim {
     fn check_decisions_carried_out(&self, i: usize) -> Result<(), Failure> {
         // Each log read whole from its bytes, as the binary reads a file, is what every
         // start and check read line by line.
+        // (A log moved away from is read as the binary reads a `--resume` log: a line torn
+        // when its writer was killed is left there, and ignored.)
         for (n, log) in self.logs.iter().enumerate() {
             log.reads_back().map_err(|why| {
                 Failure::new(
@@ -89,7 +91,12 @@ impl Sim {
                 )
             })?;
         }
-        let log = self.logs[i].records();
+        // Every log the instance wrote, those it moved away from first: a decision made
+        // before a move may be carried out after it.
+        let log: Vec<crate::core::decision_log::Record> = self.logs[i]
+            .chain()
+            .flat_map(|l| l.records().clone())
+            .collect();
         for (at, line) in log.iter().enumerate() {
             // An operator's decision to create, made on a screen, as the binary's log
             // records it (not the line sync writes before carrying a decision out).

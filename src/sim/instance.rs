@@ -6,10 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use super::log::{SimLog, decisions_in_force, unreleased};
+pub use super::log::{SimLog, decisions_in_force};
 use super::report::{Failure, Trace};
 use super::reserver::SimReservations;
 use super::world::World;
+use crate::core::decision_log::LogContents;
 use crate::core::decision_log::file::{Follower, resume};
 use crate::core::kvstore::{MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
@@ -18,6 +19,7 @@ use crate::core::outcome::Outcome;
 use crate::core::planner::Op;
 use crate::core::retry::{Backoff, Policy};
 use crate::core::rng::Rng;
+use crate::core::sync::reserve::unreleased_in;
 
 use crate::core::sync::machine::cutover::{cutover_verdict, logged_verdict};
 use crate::core::sync::machine::{
@@ -31,6 +33,9 @@ use crate::core::sync::{BatchOutcome, CutoverWait};
 /// up to, and what the simulation keeps beside it to check it.
 pub struct Instance {
     pub idx: usize,
+    /// Started with `--resume` naming the log its own replaced (`SimLog::moved`): every
+    /// read of the logs this process makes reads that one first, as the binary's does.
+    resumes: bool,
     pub shell: Shell,
     pub alive: bool,
     pub kv_pos: i64,
@@ -121,13 +126,20 @@ impl Instance {
             None => None,
         };
         let mut lines = Vec::new();
+        // A start on a new log is given the one it replaced as `--resume`.
+        let resumed = match log.to_resume() {
+            Some(old) => Some(old.contents().map_err(read_back)?),
+            None => None,
+        };
+        let resumed: Vec<&LogContents> = resumed.iter().map(|c| &**c).collect();
+        let resumes = !resumed.is_empty();
         let merged = {
             let own = log.contents().map_err(read_back)?;
             let mut append = |r| {
                 lines.push(r);
                 Ok(())
             };
-            resume(&[], &own, file_read.as_ref(), &mut append)
+            resume(&resumed, &own, file_read.as_ref(), &mut append)
                 .map_err(|why| Failure::new("a start logs what it resumes", why))?
         };
         // The log is the record: what the start acts on is what its log replays to (with
@@ -154,6 +166,7 @@ impl Instance {
         let shell = Shell::new(settings, merged.decisions, release_on_stop);
         let mut i = Instance {
             idx,
+            resumes,
             shell,
             alive: true,
             kv_pos: 0,
@@ -234,8 +247,15 @@ impl Instance {
         self.verify = None;
         if self.shell.wants_writer() {
             self.reserver = Some(SimReservations::start(world, clock.at(world.now)));
-            let read = log.contents().map_err(read_back)?;
-            self.shell.writer_started(unreleased(&read));
+            // As the binary reads them: the log it resumed, if any, then its own.
+            let own = log.contents().map_err(read_back)?;
+            let resumed = match log.replaced().filter(|_| self.resumes) {
+                Some(old) => Some(old.contents().map_err(read_back)?),
+                None => None,
+            };
+            let mut logs: Vec<&LogContents> = resumed.iter().map(|c| &**c).collect();
+            logs.push(&own);
+            self.shell.writer_started(unreleased_in(&logs));
         }
         let now = clock.at(world.now);
         let gate = world.lease_valid(self.idx);

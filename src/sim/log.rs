@@ -12,7 +12,6 @@ use crate::core::decision_log::{
     LogContents, LogFile, Record, Writer, in_force, read_from, torn_note, torn_tail,
 };
 use crate::core::planner::resume::LoggedDecision;
-use crate::core::sync::reserve::{Unreleased, note_reservations};
 
 /// The bytes of one log, the simulated clock its lines are stamped with, and the disk.
 #[derive(Default)]
@@ -58,12 +57,15 @@ impl LogFile for MemFile {
     }
 }
 
-/// An instance's decision log.
-pub struct SimLog(Writer<MemFile>);
+/// An instance's decision log, and the logs it replaced.
+pub struct SimLog(Writer<MemFile>, Vec<SimLog>);
 
 impl Default for SimLog {
     fn default() -> Self {
-        SimLog(Writer::new(MemFile::default(), "sim-operator".into()))
+        SimLog(
+            Writer::new(MemFile::default(), "sim-operator".into()),
+            Vec::new(),
+        )
     }
 }
 
@@ -74,6 +76,34 @@ impl SimLog {
         f.now.set(now);
         f.full.set(disk_full);
         &self.0
+    }
+
+    /// A new, empty log in place of this one, as an operator moves sync to a new log file
+    /// (a new disk, a new host): the next start is given the old one as its `--resume`
+    /// log, and only that start; later starts are given the new log alone.
+    pub fn moved(old: SimLog) -> SimLog {
+        let mut new = SimLog::default();
+        let SimLog(writer, mut earlier) = old;
+        earlier.push(SimLog(writer, Vec::new()));
+        new.1 = earlier;
+        new
+    }
+
+    /// The log this one replaced, if it did.
+    pub fn replaced(&self) -> Option<&SimLog> {
+        self.1.last()
+    }
+
+    /// The log this one replaced, when nothing is written in this one yet: what a start
+    /// is given as `--resume`.
+    pub fn to_resume(&self) -> Option<&SimLog> {
+        self.replaced().filter(|_| self.written() == 0)
+    }
+
+    /// The logs this one replaced, oldest first, then this one: the whole record of the
+    /// instance, which the simulation's checks read (the binary never reads them all).
+    pub fn chain(&self) -> impl Iterator<Item = &SimLog> {
+        self.1.iter().chain([self])
     }
 
     /// How many bytes were written (the file only grows: a new length is a new version).
@@ -167,12 +197,4 @@ pub fn decisions_in_force(logs: &[&LogContents]) -> BTreeMap<String, LoggedDecis
         .into_iter()
         .map(|(id, (d, _))| (id, d))
         .collect()
-}
-
-/// What `log` records as reserved and not released, read by core's `note_reservations` as
-/// the binary reads a decision log.
-pub fn unreleased(log: &LogContents) -> Unreleased {
-    let mut made = Unreleased::new();
-    note_reservations(&mut made, log);
-    made
 }

@@ -161,10 +161,13 @@ pub fn run_mutant(seed: u64, steps: usize, mutant: Mutant) -> SeedRun {
         released: sim
             .logs
             .iter()
+            .flat_map(|l| l.chain())
             .map(|l| {
                 l.records()
                     .iter()
-                    .filter(|r| r.action.as_deref() == Some("release-reservation"))
+                    .filter(|r| {
+                        r.action.as_deref() == Some(crate::core::sync::reserve::RELEASE_RESERVATION)
+                    })
                     .count()
             })
             .sum(),

@@ -10,13 +10,15 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::log::{SimLog, unreleased};
+use super::log::SimLog;
 use super::report::Failure;
 use super::world::{ResWrite, World};
 use crate::core::at_once::at_once;
+use crate::core::decision_log::LogContents;
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 use crate::core::rng::Rng;
+use crate::core::sync::reserve::unreleased_in;
 use crate::core::sync::reserve::writer::{KvWrites, Released, Reserved, WriteLine, Writer};
 use crate::core::sync::reserve::{KeepAlive, Reply, Request};
 
@@ -250,12 +252,13 @@ impl SimReservations {
             return Ok(());
         }
         // Held against the log, not the writer: what it records as reserved and not
-        // released, still as written and used by no node, is left behind.
-        let log = kv
-            .log
-            .contents()
-            .map_err(|why| Failure::new("the decision log reads back", why))?;
-        let left: Vec<String> = unreleased(&log)
+        // released, still as written and used by no node, is left behind. Every log the
+        // instance wrote counts, those it moved away from too: a reservation a log it no
+        // longer names recorded is still the tool's key in etcd.
+        let read: Result<Vec<_>, String> = kv.log.chain().map(|l| l.contents()).collect();
+        let read = read.map_err(|why| Failure::new("the decision log reads back", why))?;
+        let logs: Vec<&LogContents> = read.iter().map(|c| &**c).collect();
+        let left: Vec<String> = unreleased_in(&logs)
             .into_iter()
             .filter(|(id, (labels, revision))| {
                 let key = id.to_string();

@@ -4,7 +4,7 @@
 //! Lease given up as its keeper gives it up, then started afresh from its log and a read.
 
 use super::Sim;
-use super::instance::Instance;
+use super::instance::{Instance, SimLog};
 use super::lease;
 use super::report::Failure;
 use crate::core::sync::machine::LeaseHolder;
@@ -152,6 +152,17 @@ impl Sim {
     pub(super) fn restart(&mut self, i: usize) -> Result<(), Failure> {
         // A process that ended writes nothing; the restarted one starts its keeper afresh.
         self.world.gates[i] = None;
+        if self.rng.chance(0.15) {
+            // The operator moves sync to a new log (a new disk, another host) and names the
+            // old one with `--resume` at this start only, as the docs allow: the new log
+            // alone carries what a later start needs.
+            let old = std::mem::take(&mut self.logs[i]);
+            self.logs[i] = SimLog::moved(old);
+            self.trace.line(
+                self.world.now,
+                format!("i{i} starts on a new log, resuming the one it replaces"),
+            );
+        }
         let ctx = (&self.clock, &mut self.rng, &mut self.trace);
         let restarted = Instance::start(
             i,

@@ -133,6 +133,16 @@ fn a_seed_replays_exactly_and_seeds_differ() {
 /// bug itself in a few lines.)
 const REGRESSIONS: &[(u64, usize, &str)] = &[
     (
+        19,
+        5000,
+        "a restart on a new log resuming the old: the reservations the old log made were not carried, so a later start given the new log alone left their master keys in etcd",
+    ),
+    (
+        2,
+        5000,
+        "a restart on a new log resuming the old: what the old log carried from a decisions file dated ahead was not carried, so a later start let the file's line undo a decision made here since",
+    ),
+    (
         91,
         5000,
         "reservations: a master key of sync's own that Cilium's GC took before a compaction was missing from the fresh view, never forgotten, and its id never reserved again",

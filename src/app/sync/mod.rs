@@ -215,11 +215,12 @@ fn resume_decisions(
 /// The kvstore reservations the logs (any --resume logs, then this log) record as made and
 /// not released now.
 fn unreleased_in_logs(cfg: &ServiceConfig) -> Result<reserve::Unreleased> {
-    let mut reserved = BTreeMap::new();
+    let mut logs = Vec::new();
     for p in cfg.resume.iter().chain([&cfg.log.path().to_path_buf()]) {
-        reserve::note_reservations(&mut reserved, &flows::read_log(p)?);
+        logs.push(flows::read_log(p)?);
     }
-    Ok(reserved)
+    let logs: Vec<_> = logs.iter().collect();
+    Ok(crate::core::sync::reserve::unreleased_in(&logs))
 }
 
 /// What lives across rounds: the configuration, the lease, the shell (with the machine

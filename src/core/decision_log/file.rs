@@ -7,7 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{InForce, LogContents, Record, carry, in_force, in_force_with_file};
+use super::{
+    InForce, LogContents, Record, carried_from_file, carry, in_force, in_force_with_file,
+    last_carried_from_file, reservations,
+};
 use crate::core::planner::resume::{self, LoggedDecision};
 
 /// A decision made (or undone) while sync runs: from a screen, or read from the file.
@@ -156,12 +159,33 @@ pub fn resume(
     // a later restart need not be given the other logs again.
     if !resumed.is_empty() {
         let mut own_in_force = in_force(&[own]);
+        // What they last carried from the decisions file, first, as its line said it: a
+        // later start given this log alone still tells the file's word it already acted on
+        // from a change made since (a decision made here after a line dated ahead stays in
+        // force). Each such line is a decision or an undo, so the decision in force follows.
+        let mine = carried_from_file(&[own]);
+        for (id, (said, line)) in last_carried_from_file(&logs) {
+            if mine.get(&id) == Some(&said) {
+                continue;
+            }
+            append(line.clone())?;
+            match said {
+                Some(d) => own_in_force.insert(id, (d, line.clone())),
+                None => own_in_force.remove(&id),
+            };
+        }
         let (_, not_logged) = log_changes(append, &mut own_in_force, &recorded, RESUMED);
         if let Some(why) = not_logged {
             return Err(why);
         }
         // And where they record identities served, or skipped: what verify expects.
         for line in carry::served_lines(resumed, own) {
+            append(line)?;
+        }
+        // And the reservations they made and did not release: still the tool's keys in
+        // etcd, which a later start given this log alone must take over (found by the
+        // simulation once its restarts moved to a new log).
+        for line in reservations::carried_lines(resumed, own) {
             append(line)?;
         }
     }

@@ -21,6 +21,13 @@ struct Scripted {
     stopped: Cell<bool>,
     /// The log refuses lines from now on.
     log_full: bool,
+    /// Every line logged, whole.
+    lines: RefCell<Vec<Record>>,
+    /// What the watchers were told, and the totals they see.
+    events: RefCell<Vec<ApplyEvent>>,
+    progress: RefCell<Progress>,
+    /// The server's 429s this batch, as the binary's client counts them.
+    throttles: u64,
 }
 
 impl IdentityWrites for Scripted {
@@ -61,8 +68,18 @@ impl IdentityWrites for Scripted {
             return Err("log.jsonl: No space left on device".into());
         }
         let outcome = line.outcome.expect("an outcome's line");
-        self.logged.borrow_mut().push((line.id, outcome));
+        self.logged.borrow_mut().push((line.id.clone(), outcome));
+        self.lines.borrow_mut().push(line);
         Ok(())
+    }
+    async fn emit(&self, event: ApplyEvent) {
+        self.events.borrow_mut().push(event);
+    }
+    fn progress(&self, change: impl FnOnce(&mut Progress)) {
+        change(&mut self.progress.borrow_mut());
+    }
+    fn throttled(&self) -> u64 {
+        self.throttles
     }
     fn server(&self) -> String {
         "https://api:6443".into()
@@ -283,4 +300,115 @@ fn a_refusal_heard_is_said_even_when_the_log_cannot_keep_its_line() {
     let r = run(&full, vec![create(300), create(301)]).expect("the refusal, not the log");
     assert!(r.results[0].refused);
     assert_eq!(*full.sent.borrow(), ["create 300"]);
+}
+
+#[test]
+fn the_watchers_see_what_was_done_and_the_log_names_each_decision() {
+    let io = Scripted {
+        throttles: 3,
+        ..Scripted::default()
+    };
+    io.creates.borrow_mut().insert(
+        301,
+        [status(
+            400,
+            "BadRequest",
+            "admission webhook \"w\" denied the request: no",
+        )]
+        .into(),
+    );
+    let with = |id: u32, op: OpKind, expect: Option<(&str, &str)>| Op {
+        op,
+        expect: expect.map(|(u, rv)| (u.to_string(), rv.to_string())),
+        decided_by: DecidedBy::Operator,
+        ..create(id)
+    };
+    let ops = vec![
+        create(300),
+        create(301),
+        with(302, OpKind::Map, None),
+        with(303, OpKind::Skip, None),
+        with(304, OpKind::AlreadyDone, None),
+        with(305, OpKind::Delete, Some(("u305", "4"))),
+        with(306, OpKind::Delete, Some(("u306", ""))),
+        with(307, OpKind::Keep, None),
+    ];
+    let r = run(&io, ops).unwrap();
+    let started: Vec<_> = io
+        .events
+        .borrow()
+        .iter()
+        .filter_map(|e| match e {
+            ApplyEvent::Started {
+                writes,
+                deletes,
+                already_gone,
+                total,
+            } => Some((*writes, *deletes, *already_gone, *total)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        started,
+        [(4, 2, 1, 8)],
+        "writes, deletes, already gone, total"
+    );
+    let problems: Vec<String> = io
+        .events
+        .borrow()
+        .iter()
+        .filter_map(|e| match e {
+            ApplyEvent::Problem(p) => Some(p.id.clone()),
+            _ => None,
+        })
+        .collect();
+    // The denial, and the object a rollback keeps: each said as it happens.
+    assert_eq!(problems, ["301", "307"]);
+    assert_eq!(
+        *io.progress.borrow(),
+        Progress {
+            total: 8,
+            writes: 4,
+            done: 8,
+            created: 1,
+            deleted: 2,
+            failed: 2,
+            retries: 0,
+            throttled: 3,
+        }
+    );
+    assert_eq!(r.throttled, 3);
+    assert_eq!(r.count(Outcome::Created), 1);
+    assert_eq!(r.count(Outcome::Denied), 1);
+    assert!(!r.succeeded(), "a denial is a problem");
+    // Each line names the decision carried out and who took it: what a resume and an
+    // auditor read.
+    let named: Vec<(String, Option<String>, Option<String>)> = io
+        .lines
+        .borrow()
+        .iter()
+        .map(|l| (l.id.clone(), l.action.clone(), l.decided_by.clone()))
+        .collect();
+    let want = |id: &str, action: &str, by: &str| {
+        (
+            id.to_string(),
+            Some(action.to_string()),
+            Some(by.to_string()),
+        )
+    };
+    assert_eq!(
+        named,
+        [
+            want("300", "create", "proposal"),
+            want("301", "create", "proposal"),
+            want("302", "map", "operator"),
+            want("303", "skip", "operator"),
+            want("304", "none", "operator"),
+            want("305", "delete", "operator"),
+            want("306", "delete", "operator"),
+            want("307", "keep", "operator"),
+        ]
+    );
+    let fine = run(&Scripted::default(), vec![create(310)]).unwrap();
+    assert!(fine.succeeded() && fine.count(Outcome::Created) == 1);
 }

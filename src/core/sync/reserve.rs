@@ -14,60 +14,10 @@ use super::SyncState;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::range::IdRange;
 
-/// Reservations the decision logs record as made and not released: id, label key, and the
-/// revision its master key was written at.
-pub type Unreleased = BTreeMap<u32, (LabelKey, i64)>;
-
-/// A decision log's line about a reservation, as far as what is left unreleased goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recorded {
-    /// Made (`reserve-in-kvstore`), its master key written at `revision`.
-    Reserved {
-        id: u32,
-        labels: LabelKey,
-        revision: i64,
-    },
-    /// Released at cutover (`release-reservation`): no longer sync's, deleted or kept.
-    Released { id: u32 },
-}
-
-/// Folds one decision log (logs in order) into the reservations recorded as made and not
-/// released (`note_unreleased`): what a sync restarted takes over.
-pub fn note_reservations(made: &mut Unreleased, log: &crate::core::decision_log::LogContents) {
-    let lines = log.records.iter().filter_map(|r| {
-        let id = r.id.parse::<u32>().ok()?;
-        match (r.action.as_deref(), r.kvstore_revision) {
-            (Some("reserve-in-kvstore"), Some(revision)) => Some(Recorded::Reserved {
-                id,
-                labels: r.labels.clone(),
-                revision,
-            }),
-            (Some("release-reservation"), _) => Some(Recorded::Released { id }),
-            _ => None,
-        }
-    });
-    note_unreleased(made, lines);
-}
-
-/// Folds a decision log's reservation lines (logs in order) into `made`: what is recorded
-/// as reserved and not released, which a sync restarted (after a crash, an upgrade, or on
-/// another host) takes over. The binary reads its logs, the simulation its own, through it.
-pub fn note_unreleased(made: &mut Unreleased, lines: impl IntoIterator<Item = Recorded>) {
-    for line in lines {
-        match line {
-            Recorded::Reserved {
-                id,
-                labels,
-                revision,
-            } => {
-                made.insert(id, (labels, revision));
-            }
-            Recorded::Released { id } => {
-                made.remove(&id);
-            }
-        }
-    }
-}
+pub use crate::core::decision_log::reservations::{
+    RELEASE_RESERVATION, RESERVE_IN_KVSTORE, Recorded, Unreleased, note_reservations,
+    note_unreleased, unreleased_in,
+};
 
 /// A reservation an earlier sync recorded in its decision log and did not release.
 #[derive(Debug, Clone, PartialEq, Eq)]

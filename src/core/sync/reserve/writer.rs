@@ -8,7 +8,9 @@
 
 use std::collections::BTreeSet;
 
-use super::{Earlier, Ledger, Reply, Request, Said, Unreserve};
+use super::{
+    Earlier, Ledger, RELEASE_RESERVATION, RESERVE_IN_KVSTORE, Reply, Request, Said, Unreserve,
+};
 use crate::core::kvstore::RESERVATION_NODE;
 use crate::core::labels::LabelKey;
 
@@ -322,7 +324,7 @@ impl Writer {
                 "id/{id} changed since it was written at revision {revision}: not held, nothing written"
             )
         };
-        let mut l = line(id, &labels, "reserve-in-kvstore", what);
+        let mut l = line(id, &labels, RESERVE_IN_KVSTORE, what);
         l.revision = back.then_some(revision);
         io.log(l)?;
         Ok(back)
@@ -359,7 +361,7 @@ impl Writer {
                 let mut l = line(
                     id,
                     labels,
-                    "reserve-in-kvstore",
+                    RESERVE_IN_KVSTORE,
                     format!(
                         "put id/{id} and value/{labels}/{RESERVATION_NODE} at revision {revision}: reserved"
                     ),
@@ -371,7 +373,7 @@ impl Writer {
                 io.log(line(
                     id,
                     labels,
-                    "reserve-in-kvstore",
+                    RESERVE_IN_KVSTORE,
                     format!(
                         "id/{id} already held for {}: nothing written",
                         String::from_utf8_lossy(&other)
@@ -504,7 +506,7 @@ impl Writer {
                 }
                 Released::Kept(why) => format!("kept id/{id}: {why}"),
             };
-            io.log(line(id, &labels, "release-reservation", what))?;
+            io.log(line(id, &labels, RELEASE_RESERVATION, what))?;
         }
         io.counted(0, 0);
         Ok(deleted)

@@ -692,6 +692,19 @@ impl Instance {
         if let Some(broke) = io.broke.take() {
             return Err(broke);
         }
+        if let Ok(r) = &report
+            && r.throttled != io.throttles.get()
+        {
+            return Err(Failure::new(
+                "a batch counts the server's push-backs as the server made them",
+                format!(
+                    "i{}: the server answered 429 {} time(s), the report says {}",
+                    self.idx,
+                    io.throttles.get(),
+                    r.throttled
+                ),
+            ));
+        }
         let refusals = io.refusals.get();
         let report = report.map_err(|e| (Default::default(), e.to_string()));
         Ok((batch_outcome(report), refusals))

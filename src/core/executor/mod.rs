@@ -86,9 +86,7 @@ pub trait IdentityWrites {
     /// From now on no new write starts (the batch halts).
     fn stop(&self);
     /// The server's 429s since this batch began, on any of its requests.
-    fn throttled(&self) -> u64 {
-        0
-    }
+    fn throttled(&self) -> u64;
     /// `e` answered a request sent with a credential renewed since: worth another try.
     fn sent_with_old_token(&self, _e: &RequestError) -> bool {
         false

@@ -38,6 +38,8 @@ pub struct SimWrites<'a> {
     stopped: Cell<bool>,
     /// Requests the server refused (401, 403 from RBAC) in this batch.
     pub refusals: Cell<u32>,
+    /// Requests the server pushed back (429, API Priority and Fairness) in this batch.
+    pub throttles: Cell<u64>,
     /// The first invariant a write broke.
     pub broke: RefCell<Option<Failure>>,
 }
@@ -62,6 +64,7 @@ impl<'a> SimWrites<'a> {
             faults,
             stopped: Cell::new(false),
             refusals: Cell::new(0),
+            throttles: Cell::new(0),
             broke: RefCell::new(None),
         }
     }
@@ -82,6 +85,17 @@ impl<'a> SimWrites<'a> {
                     "ciliumidentities.cilium.io is forbidden: User \"system:serviceaccount:kube-system:cilium-idmig\" cannot {verb} resource \"ciliumidentities\" in API group \"cilium.io\" at the cluster scope"
                 ),
             ));
+        }
+        if self.faults.flaky && self.rng.borrow_mut().chance(0.03) {
+            // API Priority and Fairness pushing back: waited out, never an attempt.
+            self.throttles.set(self.throttles.get() + 1);
+            return Some(RequestError::Status {
+                code: 429,
+                plain: false,
+                reason: "TooManyRequests".into(),
+                message: "too many requests, please try again later".into(),
+                retry_after: Some(std::time::Duration::from_secs(1)),
+            });
         }
         if self.faults.server_down || (self.faults.flaky && self.rng.borrow_mut().chance(0.05)) {
             return Some(status(
@@ -186,6 +200,10 @@ impl IdentityWrites for SimWrites<'_> {
     fn log(&self, line: Record) -> Result<(), String> {
         let now = self.world.borrow().now;
         self.log.at(now, self.faults.disk_full).append(line)
+    }
+
+    fn throttled(&self) -> u64 {
+        self.throttles.get()
     }
 
     fn server(&self) -> String {

@@ -19,7 +19,9 @@ impl Sim {
         let Some(file) = self.file.as_mut() else {
             return Ok(());
         };
-        if file.rng.chance(0.3) {
+        // Once the rollout is over the operator writes no more: cutover's bound is for a
+        // rollout nobody changes (an undo then opens a conflict again, and its wait).
+        if !self.quiet && file.rng.chance(0.3) {
             self.write_file_line();
         }
         for i in 0..self.instances.len() {

@@ -71,8 +71,14 @@ impl Sim {
             note = format!(" mid-write ({made} of {} made)", ops.len());
             // Only the line being written when it was killed can be torn: the batch's own,
             // never a decision logged since and handed to sync (a screen's, the file's).
+            // The batch's lines are the executor's record of each op, decision and outcome
+            // alike; a line of the same id written before (a start's carried decision or
+            // reservation, a screen's) was whole before the batch began.
             let last_is_the_batchs = self.logs[i].records().last().is_some_and(|r| {
-                !crate::sim::log::from_a_screen(r) && ops.iter().any(|op| op.id == r.id)
+                ops.iter().any(|op| {
+                    let line = crate::core::executor::record(op, None);
+                    (&r.id, &r.decision, &r.action) == (&line.id, &line.decision, &line.action)
+                })
             });
             if made == 0 && self.rng.chance(0.5) && last_is_the_batchs {
                 // Killed while logging: the last line is torn (a few of its bytes and its

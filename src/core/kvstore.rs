@@ -55,6 +55,39 @@ pub fn classify_key<'a>(prefix: &str, key: &'a [u8]) -> KeyKind<'a> {
     KeyKind::Other
 }
 
+/// An id as a master key spells it (the `<n>` of `id/<n>`), with no string on the heap:
+/// the masters are keyed by those bytes and looked up by number on sync's hot paths.
+pub struct IdDigits {
+    buf: [u8; 10],
+    at: usize,
+}
+
+impl IdDigits {
+    pub fn of(mut id: u32) -> Self {
+        let mut d = IdDigits {
+            buf: [0; 10],
+            at: 10,
+        };
+        loop {
+            d.at -= 1;
+            d.buf[d.at] = b'0' + (id % 10) as u8;
+            id /= 10;
+            if id == 0 {
+                return d;
+            }
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.at..]
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits were written.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
 /// Parses the `<n>` of `id/<n>` strictly: plain decimal as Cilium formats it, no sign, no
 /// leading zero, no whitespace, and within 32 bits (the width of a numeric identity).
 pub fn parse_id(raw: &[u8]) -> Result<u32, String> {
@@ -299,6 +332,15 @@ impl NodesOf for HashMap<Vec<u8>, u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_is_spelled_as_its_master_key_and_reads_back() {
+        for id in [0, 7, 10, 256, 65_535, 99_999, u32::MAX] {
+            let d = IdDigits::of(id);
+            assert_eq!(d.as_str(), id.to_string());
+            assert_eq!(parse_id(d.as_bytes()), Ok(id));
+        }
+    }
 
     #[test]
     fn a_value_key_needs_a_label_key_before_its_node() {

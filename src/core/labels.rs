@@ -133,7 +133,10 @@ fn scan_label_key<'a>(
         .strip_suffix(';')
         .ok_or(LabelKeyError::MissingTrailingSemicolon)?;
     let mut prev: Option<&str> = None;
-    for (index, item) in body.split(';').enumerate() {
+    let mut start = 0;
+    for index in 0.. {
+        let (end, colon, equals) = scan_item(body.as_bytes(), start);
+        let item = &body[start..end];
         if item.is_empty() {
             return Err(LabelKeyError::EmptyItem { index });
         }
@@ -144,17 +147,23 @@ fn scan_label_key<'a>(
                 bytes: item.len(),
             });
         }
-        let (source, rest) = item
-            .split_once(':')
-            .filter(|(s, _)| !s.is_empty())
-            .ok_or_else(|| LabelKeyError::MissingSource {
-                item: item.to_string(),
-            })?;
-        let (key, value) = rest
-            .split_once('=')
-            .ok_or_else(|| LabelKeyError::MissingEquals {
-                item: item.to_string(),
-            })?;
+        // `:` and `=` are ASCII, so a byte found is a character boundary.
+        let source = match colon {
+            Some(c) if c > start => &body[start..c],
+            _ => {
+                return Err(LabelKeyError::MissingSource {
+                    item: item.to_string(),
+                });
+            }
+        };
+        let (key, value) = match (colon, equals) {
+            (Some(c), Some(e)) => (&body[c + 1..e], &body[e + 1..end]),
+            _ => {
+                return Err(LabelKeyError::MissingEquals {
+                    item: item.to_string(),
+                });
+            }
+        };
         if key.is_empty() {
             return Err(LabelKeyError::EmptyKey {
                 item: item.to_string(),
@@ -185,8 +194,29 @@ fn scan_label_key<'a>(
         }
         each(source, key, value);
         prev = Some(key);
+        if end == body.len() {
+            break;
+        }
+        start = end + 1;
     }
     Ok(())
+}
+
+/// One item of a label key's body, read from `start` in one pass (a key is checked at every
+/// plan and at every change sync follows): where it ends (its `;`, or the body's end), its
+/// first `:`, and the first `=` after that `:`.
+fn scan_item(body: &[u8], start: usize) -> (usize, Option<usize>, Option<usize>) {
+    let (mut colon, mut equals) = (None, None);
+    for (at, b) in body[start..].iter().enumerate() {
+        let at = start + at;
+        match b {
+            b';' => return (at, colon, equals),
+            b':' if colon.is_none() => colon = Some(at),
+            b'=' if colon.is_some() && equals.is_none() => equals = Some(at),
+            _ => {}
+        }
+    }
+    (body.len(), colon, equals)
 }
 
 /// Parses raw kvstore bytes (which need not be UTF-8) into labels.
@@ -348,6 +378,47 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_label_splits_at_its_first_colon_then_the_first_equals_after_it() {
+        let read = |raw: &str| {
+            parse_label_key(raw).map(|ls| {
+                ls.into_iter()
+                    .map(|l| format!("{}|{}|{}", l.source, l.key, l.value))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(read("k8s:a=b=c;"), Ok(vec!["k8s|a|b=c".into()]));
+        assert_eq!(read("k8s:a:b=c;"), Ok(vec!["k8s|a:b|c".into()]));
+        assert_eq!(read("k=8s:a=;"), Ok(vec!["k=8s|a|".into()]));
+        assert_eq!(
+            read("k8s:a=1;reserved:b=é:2;"),
+            Ok(vec!["k8s|a|1".into(), "reserved|b|é:2".into()])
+        );
+        assert_eq!(
+            read(":a=1;"),
+            Err(LabelKeyError::MissingSource {
+                item: ":a=1".into()
+            })
+        );
+        assert_eq!(
+            read("k8s=a:1;"),
+            Err(LabelKeyError::MissingEquals {
+                item: "k8s=a:1".into()
+            })
+        );
+        assert_eq!(
+            read("k8s:=1;"),
+            Err(LabelKeyError::EmptyKey {
+                item: "k8s:=1".into()
+            })
+        );
+        assert_eq!(
+            read("k8s:a=1;;"),
+            Err(LabelKeyError::EmptyItem { index: 1 })
+        );
+        assert_eq!(read(";"), Err(LabelKeyError::EmptyItem { index: 0 }));
+    }
 
     #[test]
     fn the_size_bound_is_inclusive() {

@@ -14,7 +14,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 
-use crate::core::kvstore::{MasterEntry, NodeCounts, parse_id};
+use crate::core::kvstore::{IdDigits, MasterEntry, NodeCounts, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::planner::resume::LoggedDecision;
 use crate::core::planner::{self, Around, Kind, PlanItem};
@@ -49,7 +49,7 @@ fn h(labels: &[u8]) -> u64 {
 
 /// Whether kvstore id `n` holds exactly `labels`.
 fn holds(masters: &BTreeMap<Vec<u8>, Vec<u8>>, n: u32, labels: &[u8]) -> bool {
-    masters.get(n.to_string().as_bytes()).map(Vec::as_slice) == Some(labels)
+    masters.get(IdDigits::of(n).as_bytes()).map(Vec::as_slice) == Some(labels)
 }
 
 /// Every `(hash, id)` of one hash, lowest id first.
@@ -261,7 +261,7 @@ impl PlanCache {
             hashes.insert(h(new.as_bytes()));
         }
         // The kvstore identity at `n` meets another object.
-        if let Some(value) = masters.get(n.to_string().as_bytes()) {
+        if let Some(value) = masters.get(IdDigits::of(n).as_bytes()) {
             hashes.insert(h(value));
         }
         self.refresh_free(n, masters, k8s);
@@ -278,7 +278,7 @@ impl PlanCache {
         if !self.range.contains(n) {
             return;
         }
-        if k8s.contains_key(&n) || masters.contains_key(n.to_string().as_bytes()) {
+        if k8s.contains_key(&n) || masters.contains_key(IdDigits::of(n).as_bytes()) {
             self.free.take(n);
         } else {
             self.free.give(n);
@@ -294,7 +294,7 @@ impl PlanCache {
             self.find_remaps(hash, masters, k8s);
         }
         for moved in self.assign() {
-            if let Some(value) = masters.get(moved.to_string().as_bytes()) {
+            if let Some(value) = masters.get(IdDigits::of(moved).as_bytes()) {
                 hashes.insert(h(value));
             }
         }
@@ -440,7 +440,7 @@ impl PlanCache {
 fn label_sets<'m>(ids: &[u32], masters: &'m BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<&'m [u8]> {
     let mut sets: Vec<&[u8]> = Vec::new();
     for n in ids {
-        if let Some(v) = masters.get(n.to_string().as_bytes())
+        if let Some(v) = masters.get(IdDigits::of(*n).as_bytes())
             && !sets.contains(&v.as_slice())
         {
             sets.push(v);

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::core::kvstore::{KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id};
+use crate::core::kvstore::{
+    IdDigits, KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id,
+};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::outcome::Outcome;
 use crate::core::plan_cache::{ItemKey, PlanCache, key_of};
@@ -235,7 +237,7 @@ impl SyncState {
     fn reservations_alone(&self) -> impl Iterator<Item = u32> + '_ {
         self.own_masters.iter().copied().filter(|id| {
             self.masters
-                .get(id.to_string().as_bytes())
+                .get(IdDigits::of(*id).as_bytes())
                 .is_none_or(|labels| self.counts.get(labels) == 0)
         })
     }
@@ -392,7 +394,7 @@ impl SyncState {
     /// create there did): the identity at `t`, the remap that got `t` (which may have moved
     /// since the wait began), a decision for `t`.
     fn look_at_target(&mut self, t: u32) {
-        self.look_at.insert(key_of(t.to_string().as_bytes()));
+        self.look_at.insert(key_of(IdDigits::of(t).as_bytes()));
         if let Some(c) = &self.cache {
             self.look_at.extend(c.remap_to(t));
         }

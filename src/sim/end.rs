@@ -5,6 +5,7 @@
 use super::*;
 use crate::core::planner::resume::LogStep;
 use crate::sim::log::from_a_screen;
+use std::collections::HashMap;
 
 impl Sim {
     /// A tick of the quiet end: everything the watches have delivered, each instance's
@@ -80,22 +81,37 @@ impl Sim {
     /// or undo took it back. Read from the log and the world, not from the machine.
     fn check_decisions_carried_out(&self, i: usize) -> Result<(), Failure> {
         // Each log read whole from its bytes, as the binary reads a file, is what every
-        // start and check read line by line.
-        // (A log moved away from is read as the binary reads a `--resume` log: a line torn
-        // when its writer was killed is left there, and ignored.)
+        // start and check read line by line: the logs moved away from too, and the
+        // decisions file.
         for (n, log) in self.logs.iter().enumerate() {
-            log.reads_back().map_err(|why| {
+            for (k, moved) in log.chain().enumerate() {
+                let torn_ok = k + 1 < log.chain().count();
+                moved.reads_back(torn_ok).map_err(|why| {
+                    Failure::new(
+                        "the decision log reads back as it was written",
+                        format!("i{n} (log {k}): {why}"),
+                    )
+                })?;
+            }
+        }
+        if let Some(file) = &self.file {
+            file.log.reads_back(false).map_err(|why| {
                 Failure::new(
                     "the decision log reads back as it was written",
-                    format!("i{n}: {why}"),
+                    format!("the decisions file: {why}"),
                 )
             })?;
         }
         // Every log the instance wrote, those it moved away from first: a decision made
         // before a move may be carried out after it.
-        let log: Vec<crate::core::decision_log::Record> = self.logs[i]
-            .chain()
-            .flat_map(|l| l.records().clone())
+        let logs: Vec<_> = self.logs[i].chain().map(|l| l.records()).collect();
+        let log: Vec<&crate::core::decision_log::Record> =
+            logs.iter().flat_map(|l| l.iter()).collect();
+        // The last line about each identity: a line after a decision ends it.
+        let last: HashMap<&str, usize> = log
+            .iter()
+            .enumerate()
+            .map(|(at, l)| (l.id.as_str(), at))
             .collect();
         for (at, line) in log.iter().enumerate() {
             // An operator's decision to create, made on a screen, as the binary's log
@@ -108,7 +124,7 @@ impl Sim {
             }
             // Any later line about it: another decision, an undo, the write's decision
             // line, a refusal, a moot closing, an outcome.
-            let ended = log[at + 1..].iter().any(|l| l.id == d.id);
+            let ended = last.get(d.id.as_str()).is_some_and(|&l| l > at);
             let still = self.world.masters.get(&d.id) == Some(&d.labels);
             // Served already: its target holds its labels (made before, by whoever).
             let served = d

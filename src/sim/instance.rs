@@ -121,25 +121,19 @@ impl Instance {
         // lines are read as the binary's reader read each; the merge's own lines are
         // appended once it is done with them.
         let file_now = file.map(|f| f.bytes());
-        let file_read = match file {
-            Some(f) => Some(f.contents().map_err(read_back)?.clone()),
-            None => None,
-        };
         let mut lines = Vec::new();
         // A start on a new log is given the one it replaced as `--resume`.
-        let resumed = match log.to_resume() {
-            Some(old) => Some(old.contents().map_err(read_back)?),
-            None => None,
-        };
-        let resumed: Vec<&LogContents> = resumed.iter().map(|c| &**c).collect();
-        let resumes = !resumed.is_empty();
+        let resumes = log.to_resume();
         let merged = {
+            let file_read = file.map(SimLog::contents).transpose().map_err(read_back)?;
+            let resumed = log.resumed(resumes).map_err(read_back)?;
+            let resumed: Vec<&LogContents> = resumed.iter().map(|c| &**c).collect();
             let own = log.contents().map_err(read_back)?;
             let mut append = |r| {
                 lines.push(r);
                 Ok(())
             };
-            resume(&resumed, &own, file_read.as_ref(), &mut append)
+            resume(&resumed, &own, file_read.as_deref(), &mut append)
                 .map_err(|why| Failure::new("a start logs what it resumes", why))?
         };
         // The log is the record: what the start acts on is what its log replays to (with
@@ -249,10 +243,7 @@ impl Instance {
             self.reserver = Some(SimReservations::start(world, clock.at(world.now)));
             // As the binary reads them: the log it resumed, if any, then its own.
             let own = log.contents().map_err(read_back)?;
-            let resumed = match log.replaced().filter(|_| self.resumes) {
-                Some(old) => Some(old.contents().map_err(read_back)?),
-                None => None,
-            };
+            let resumed = log.resumed(self.resumes).map_err(read_back)?;
             let mut logs: Vec<&LogContents> = resumed.iter().map(|c| &**c).collect();
             logs.push(&own);
             self.shell.writer_started(unreleased_in(&logs));
@@ -342,16 +333,21 @@ impl Instance {
                 _ => None,
             })
             .collect();
+        // Both sides are in id order: the kvstore's ids are walked beside the objects'.
+        let mut told_kv = self.shadow.kv.keys().peekable();
         self.shadow
             .k8s
             .iter()
             .filter(|(id, labels)| {
                 // The cheap checks first: this runs for every object at every check.
-                if !RANGE.contains(**id) || self.shadow.kv.contains_key(id) {
+                while told_kv.next_if(|kv| kv < id).is_some() {}
+                if !RANGE.contains(**id) || told_kv.peek() == Some(id) {
                     return false;
                 }
-                let key = id.to_string();
-                !world.masters.contains_key(&key)
+                // The id spelled as a kvstore key, without a string per object.
+                let key = crate::core::kvstore::IdDigits::of(**id);
+                let key = key.as_str();
+                !world.masters.contains_key(key)
                     && !untold.contains(key.as_bytes())
                     && world.objects.get(id).is_some_and(|(l, _)| l == *labels)
                     && valid_label_key(labels.as_bytes()).is_ok()

@@ -1,6 +1,6 @@
 //! An instance's decision log as the simulation keeps it: bytes in memory behind core's
-//! `LogFile`, written through core's `Writer` and read back through core's reader, the very
-//! code the binary runs on its file. It outlives a crash (a torn last line, which the next
+//! `LogFile`, written through core's `Writer`, the very code the binary runs on its file,
+//! and read back whole through core's reader at the end of each seed. It outlives a crash (a torn last line, which the next
 //! start repairs as the binary's open does), and fills up with the disk (a full disk refuses
 //! each line).
 
@@ -19,10 +19,14 @@ pub struct MemFile {
     bytes: RefCell<Vec<u8>>,
     now: Cell<Duration>,
     full: Cell<bool>,
-    /// Each whole line appended, read back by the binary's reader as it was written: what
-    /// a start and the checks read, without reading the whole log again at every call
-    /// (`SimLog::reads_back` holds the two readings equal).
+    /// Each whole line appended: the record the writer encoded, or a line read back by the
+    /// binary's reader (a session's, the server's). What a start and the checks read,
+    /// without decoding a line at every append; `SimLog::reads_back` holds it equal to the
+    /// binary's reading of the bytes.
     read: RefCell<LogContents>,
+    /// The clock's time as a line's `ts` spells it, for the time it was spelled at: many
+    /// lines are stamped at one simulated time, and spelling it is a seed's hot path.
+    spelled: RefCell<(Duration, String)>,
 }
 
 /// When the simulated rollout starts, on the log's clock.
@@ -45,15 +49,30 @@ impl LogFile for MemFile {
         Ok(())
     }
 
+    fn append_record(&self, line: &[u8], record: &Record) -> Result<(), String> {
+        if self.full.get() {
+            return Err("No space left on device (os error 28)".into());
+        }
+        self.bytes.borrow_mut().extend_from_slice(line);
+        self.read.borrow_mut().records.push(record.clone());
+        Ok(())
+    }
+
     fn unencodable(&self, e: serde_json::Error) -> String {
         e.to_string()
     }
 
     fn now(&self) -> String {
         let at = self.now.get();
-        jiff::Timestamp::new(EPOCH_SECS + at.as_secs() as i64, at.subsec_nanos() as i32)
-            .map(|t| t.to_string())
-            .unwrap_or_default()
+        let mut spelled = self.spelled.borrow_mut();
+        if spelled.0 != at || spelled.1.is_empty() {
+            let ts =
+                jiff::Timestamp::new(EPOCH_SECS + at.as_secs() as i64, at.subsec_nanos() as i32)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+            *spelled = (at, ts);
+        }
+        spelled.1.clone()
     }
 }
 
@@ -94,10 +113,22 @@ impl SimLog {
         self.1.last()
     }
 
-    /// The log this one replaced, when nothing is written in this one yet: what a start
-    /// is given as `--resume`.
-    pub fn to_resume(&self) -> Option<&SimLog> {
-        self.replaced().filter(|_| self.written() == 0)
+    /// Whether a start now is given the log this one replaced as `--resume`: a start on
+    /// the new log before anything is written in it. The process keeps that answer (once
+    /// it writes, the log is no longer empty) and reads the log through `resumed`.
+    pub fn to_resume(&self) -> bool {
+        self.replaced().is_some() && self.written() == 0
+    }
+
+    /// The `--resume` log of a process that `resumes`, as the binary's reader reads it.
+    pub fn resumed(
+        &self,
+        resumes: bool,
+    ) -> Result<Option<std::cell::Ref<'_, LogContents>>, String> {
+        match self.replaced().filter(|_| resumes) {
+            Some(old) => old.contents().map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The logs this one replaced, oldest first, then this one: the whole record of the
@@ -131,16 +162,19 @@ impl SimLog {
         }
     }
 
-    /// The whole log read again from its bytes, as the binary reads a file, is what was read
-    /// line by line: the same records, no torn or damaged line.
-    pub fn reads_back(&self) -> Result<(), String> {
+    /// The whole log read again from its bytes, as the binary reads a file, is what was kept
+    /// line by line: the same records, no damaged line, and no torn one unless `torn_ok`
+    /// (a log moved away from keeps a line torn when its writer was killed; a reader of a
+    /// `--resume` log ignores it).
+    pub fn reads_back(&self, torn_ok: bool) -> Result<(), String> {
         let f = self.0.file();
         let bytes = f.bytes.borrow();
         let whole = read_from(&bytes[..]).map_err(|e| e.to_string())?;
         let lines = f.read.borrow();
-        if whole.records != lines.records || whole.torn_tail || !whole.bad_lines.is_empty() {
+        let torn = whole.torn_tail && !torn_ok;
+        if whole.records != lines.records || torn || !whole.bad_lines.is_empty() {
             return Err(format!(
-                "{} records read whole, {} line by line (torn {}, damaged {})",
+                "{} records read whole, {} kept line by line (torn {}, damaged {})",
                 whole.records.len(),
                 lines.records.len(),
                 whole.torn_tail,

@@ -7,9 +7,35 @@ use std::time::Duration;
 /// What happened, shortened to the last lines for a report, and digested whole.
 #[derive(Debug, Default)]
 pub struct Trace {
-    last: VecDeque<String>,
-    digest: u64,
+    /// The last lines, each with its time: a line is written out in full only for a
+    /// report (or `--trace`), not as it is traced, which is most of a seed's lines.
+    last: VecDeque<(Duration, String)>,
+    digest: Fnv,
     pub lines: u64,
+    /// The last time spelled as a line starts (`{:>9.1}s `): most lines come at a time
+    /// the line before came at.
+    spelled: (Duration, String),
+}
+
+/// FNV-1a over a line's text as it is written out: the same digest in every process and
+/// on every platform.
+#[derive(Debug)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for b in s.bytes() {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x100_0000_01b3);
+        }
+        Ok(())
+    }
 }
 
 /// Every line also printed to stderr as it happens (`simulate --trace`, for one seed).
@@ -18,34 +44,38 @@ pub static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 /// Lines kept for a failure's report.
 const TRACE_KEPT: usize = 60;
 
+/// A line as a report shows it: its time, then what happened.
+fn written(t: Duration, s: &str) -> String {
+    format!("{:>9.1}s {s}", t.as_secs_f64())
+}
+
 impl Trace {
     pub fn line(&mut self, t: Duration, s: String) {
-        let line = format!("{:>9.1}s {s}", t.as_secs_f64());
+        use std::fmt::Write;
         if ECHO.load(std::sync::atomic::Ordering::Relaxed) {
-            eprintln!("{line}");
+            eprintln!("{}", written(t, &s));
         }
-        // FNV-1a: the same digest in every process and on every platform.
-        if self.lines == 0 {
-            self.digest = 0xcbf2_9ce4_8422_2325;
+        // The digest reads the line as `written` spells it, without building it.
+        if self.spelled.0 != t || self.spelled.1.is_empty() {
+            self.spelled = (t, format!("{:>9.1}s ", t.as_secs_f64()));
         }
-        for b in line.bytes().chain([b'\n']) {
-            self.digest ^= u64::from(b);
-            self.digest = self.digest.wrapping_mul(0x100_0000_01b3);
-        }
+        let _ = self.digest.write_str(&self.spelled.1);
+        let _ = self.digest.write_str(&s);
+        let _ = self.digest.write_str("\n");
         self.lines += 1;
-        self.last.push_back(line);
-        if self.last.len() > TRACE_KEPT {
+        if self.last.len() == TRACE_KEPT {
             self.last.pop_front();
         }
+        self.last.push_back((t, s));
     }
 
     pub fn digest(&self) -> u64 {
-        self.digest
+        self.digest.0
     }
 
     /// The last lines, oldest first.
     pub fn last_lines(&self) -> Vec<String> {
-        self.last.iter().cloned().collect()
+        self.last.iter().map(|(t, s)| written(*t, s)).collect()
     }
 }
 

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    InForce, LogContents, Record, carried_from_file, carry, in_force, in_force_with_file,
-    last_carried_from_file, reservations,
+    InForce, LogContents, Record, carried_from_file, carry, in_force, last_carried_from_file,
+    reservations, with_file,
 };
 use crate::core::planner::resume::{self, LoggedDecision};
 
@@ -195,14 +195,15 @@ pub fn resume(
             file: InForce::default(),
         });
     };
-    let with_file = in_force_with_file(&logs, file);
+    let file_says = in_force(&[file]);
+    let with_file = with_file(recorded.clone(), &logs, &file_says, file);
     let (_, not_logged) = log_changes(append, &mut recorded, &with_file, FROM_FILE);
     if let Some(why) = not_logged {
         return Err(why);
     }
     Ok(Resumed {
         decisions: plain(&recorded),
-        file: in_force(&[file]),
+        file: file_says,
     })
 }
 

@@ -126,7 +126,7 @@ impl SyncState {
         self.overlay_sees(Some(id), old.as_deref().map(str::as_bytes));
         self.k8s.remove(&id);
         // Made again, or held back as made once: looked at whatever the plan says.
-        self.look_at(id.to_string().as_bytes());
+        self.look_at(crate::core::kvstore::IdDigits::of(id).as_bytes());
         if let Some(c) = &mut self.cache {
             c.object_changed(id, old.as_ref(), (&self.masters, &self.k8s, &self.counts));
         }
@@ -145,7 +145,10 @@ impl SyncState {
         // Even one this sync made and would not make again now waits: whether nodes use its
         // labels is read from the same trailing view (a node's `value/` key may arrive just
         // before the kvstore's deletes).
-        if self.masters.contains_key(id.to_string().as_bytes()) {
+        if self
+            .masters
+            .contains_key(crate::core::kvstore::IdDigits::of(id).as_bytes())
+        {
             self.settling.insert(id, now + RECREATE_SETTLE);
         }
     }
@@ -255,12 +258,16 @@ impl SyncState {
         let Some(k8s_labels) = self.k8s.get(&id) else {
             return false;
         };
-        let Some(kv_value) = self.masters.get(id.to_string().as_bytes()) else {
+        let Some(kv_value) = self
+            .masters
+            .get(crate::core::kvstore::IdDigits::of(id).as_bytes())
+        else {
             return false;
         };
         // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that
         // sync used as a remap target (the kvstore did not hold it), and that is a split too.
-        valid_label_key(kv_value).is_ok_and(|kv| kv != k8s_labels.as_str())
+        // The same bytes are no split, and need no reading (most ids, most of the time).
+        kv_value.as_slice() != k8s_labels.as_bytes() && valid_label_key(kv_value).is_ok()
     }
 
     /// A split allocation: Kubernetes holds `id` for other labels than the kvstore. Found
@@ -269,7 +276,9 @@ impl SyncState {
     /// labels can be named (an agent writes its `value/` key just after the master key).
     pub(super) fn check_split(&mut self, id: u32, now: Instant) {
         if !self.is_split(id) {
-            self.end_split_if_over(id);
+            if self.splits.remove(&id) {
+                self.status.splits = self.splits.len();
+            }
             return;
         }
         if !self.splits.insert(id) {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::decided::Decisions;
 use super::{BatchOutcome, CutoverWait, KvChange, SyncReport, SyncState, SyncStatus, Taken};
-use crate::core::kvstore::{MasterEntry, NodeCounts, parse_id};
+use crate::core::kvstore::{IdDigits, MasterEntry, NodeCounts, parse_id};
 use crate::core::labels::LabelKey;
 use crate::core::outcome::Outcome;
 use crate::core::planner::resume::LoggedDecision;
@@ -387,7 +387,12 @@ impl Machine {
                 .own_masters
                 .iter()
                 .copied()
-                .filter(|id| !self.state.masters.contains_key(id.to_string().as_bytes()))
+                .filter(|id| {
+                    !self
+                        .state
+                        .masters
+                        .contains_key(IdDigits::of(*id).as_bytes())
+                })
                 .collect();
             out.extend(gone.into_iter().map(|id| self.master_gone(id)));
             out.push(Output::Reserve(Reserve::FreshKvstore));
@@ -684,7 +689,7 @@ impl Machine {
                 Some(SplitFound {
                     id,
                     k8s_labels: state.k8s.get(&id)?.clone(),
-                    kv_value: state.masters.get(id.to_string().as_bytes())?.clone(),
+                    kv_value: state.masters.get(IdDigits::of(id).as_bytes())?.clone(),
                     found,
                 })
             })

@@ -273,8 +273,12 @@ impl Queue {
         let whole_view = std::mem::take(&mut self.whole_view_due);
         // Only ids the kvstore does not hold are copied out of the view (at 65,280 objects
         // a copy of the whole view would be 18 MiB).
-        let needs =
-            |id: u32| range.contains(id) && !state.masters.contains_key(id.to_string().as_bytes());
+        let needs = |id: u32| {
+            range.contains(id)
+                && !state
+                    .masters
+                    .contains_key(crate::core::kvstore::IdDigits::of(id).as_bytes())
+        };
         let mut wanted: BTreeMap<u32, LabelKey> = std::mem::take(&mut self.queued)
             .into_iter()
             .filter(|(id, _)| needs(*id))

@@ -27,7 +27,7 @@ impl Shadow {
 
     pub(super) fn split(&self, id: u32) -> bool {
         match (self.kv.get(&id), self.k8s.get(&id)) {
-            (Some(v), Some(l)) => valid_label_key(v).is_ok_and(|kv| kv != l.as_str()),
+            (Some(v), Some(l)) => v.as_slice() != l.as_bytes() && valid_label_key(v).is_ok(),
             _ => false,
         }
     }

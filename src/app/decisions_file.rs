@@ -37,7 +37,7 @@ pub fn read(path: &Path) -> Result<Option<(Vec<u8>, LogContents)>> {
     let Some(bytes) = bytes_of(path)? else {
         return Ok(None);
     };
-    let contents = crate::io::decision_log::parse(path, &bytes)?;
+    let contents = crate::io::decision_log::parse_decisions_file(path, &bytes)?;
     Ok(Some((bytes, contents)))
 }
 
@@ -80,7 +80,8 @@ pub fn follow<E: From<Said> + Send + 'static>(
                 }
             };
             let parse = |bytes: &[u8]| {
-                crate::io::decision_log::parse(&path, bytes).map_err(|e| e.to_string())
+                crate::io::decision_log::parse_decisions_file(&path, bytes)
+                    .map_err(|e| e.to_string())
             };
             let mut append = |r| log.append(r).map_err(|e| e.to_string());
             let read = match follower.read_again(now, parse, &mut append) {

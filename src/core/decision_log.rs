@@ -325,9 +325,27 @@ pub fn expect(e: &mut Expectations, r: &Record) {
 }
 
 /// Reads every line, handing each record to `on_record`; the sessions, and what did not
-/// parse, are returned (with no records).
-pub fn fold_from(
+/// parse, are returned (with no records). A last line without its newline is torn and left
+/// out, even if it reads: the writer that was killed in it never finished it, and a start
+/// that opens the log to write removes it (`torn_tail`), so every reader of the log reads
+/// the same lines (found by the simulation: a `--resume` log read a line its own restart cut).
+pub fn fold_from(r: impl BufRead, on_record: impl FnMut(Record)) -> std::io::Result<LogContents> {
+    fold_lines(r, false, on_record)
+}
+
+/// `read_from` for a decisions file, which sync only reads and which is replaced whole, not
+/// written a line at a time by a process that can be killed: a last line without its newline
+/// (an editor's, a ConfigMap's `|-`) counts when it reads whole.
+pub fn read_decisions_file_from(r: impl BufRead) -> std::io::Result<LogContents> {
+    let mut records = Vec::new();
+    let mut out = fold_lines(r, true, |rec| records.push(rec))?;
+    out.records = records;
+    Ok(out)
+}
+
+fn fold_lines(
     mut r: impl BufRead,
+    unterminated_counts: bool,
     mut on_record: impl FnMut(Record),
 ) -> std::io::Result<LogContents> {
     let mut out = LogContents::default();
@@ -346,6 +364,10 @@ pub fn fold_from(
             Err(_) => String::from_utf8_lossy(&buf),
         };
         if text.trim().is_empty() {
+            continue;
+        }
+        if !complete && !unterminated_counts {
+            out.torn_tail = true;
             continue;
         }
         match serde_json::from_str::<Record>(text.trim_end()) {
@@ -655,6 +677,35 @@ mod tests {
         assert!(
             note.contains("4 bytes") && note.contains("log.jsonl"),
             "{note}"
+        );
+    }
+
+    #[test]
+    fn a_whole_line_that_lost_only_its_newline_is_torn_in_a_log_and_whole_in_a_decisions_file() {
+        let line = |id: &str| {
+            let r = Record::decision(id, "k8s:a=1;", Kind::Duplicate, ("skip", "operator"), None);
+            serde_json::to_string(&r).unwrap()
+        };
+        let bytes = format!("{}\n{}", line("256"), line("257"));
+        // A log: what its own restart keeps once it cut the torn line (`torn_tail`), a
+        // reader of it as a `--resume` log keeps too.
+        let log = read_from(bytes.as_bytes()).unwrap();
+        let ids: Vec<&str> = log.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!((ids, log.torn_tail), (vec!["256"], true));
+        let cut = torn_tail(bytes.as_bytes(), true).unwrap();
+        let kept = read_from(&bytes.as_bytes()[..bytes.len() - cut]).unwrap();
+        assert_eq!(kept.records, log.records);
+        // A decisions file: the last line counts when it reads whole, not when it is cut.
+        let file = read_decisions_file_from(bytes.as_bytes()).unwrap();
+        let ids: Vec<&str> = file.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!((ids, file.torn_tail), (vec!["256", "257"], false));
+        let cut_short = read_decisions_file_from(&bytes.as_bytes()[..bytes.len() - 3]).unwrap();
+        assert_eq!((cut_short.records.len(), cut_short.torn_tail), (1, true));
+        // Blank tails are no line at all.
+        assert!(
+            !read_from(format!("{}\n  ", line("256")).as_bytes())
+                .unwrap()
+                .torn_tail
         );
     }
 }

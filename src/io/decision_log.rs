@@ -224,6 +224,16 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<LogContents> {
     Ok(c)
 }
 
+/// A decisions file already in memory (`bytes`, read from `path`), read as core's
+/// `read_decisions_file_from` reads one (a last line without its newline counts when whole),
+/// and refused as a log is when a line is damaged.
+pub fn parse_decisions_file(path: &Path, bytes: &[u8]) -> Result<LogContents> {
+    let c = crate::core::decision_log::read_decisions_file_from(bytes)
+        .map_err(|e| Error::file_cause(path, e))?;
+    refuse_damaged(path, &c)?;
+    Ok(c)
+}
+
 /// A log with a damaged line (not the torn last one) is refused, naming the line.
 fn refuse_damaged(path: &Path, c: &LogContents) -> Result<()> {
     let Some((line, why)) = c.bad_lines.first() else {

@@ -1,8 +1,8 @@
 //! An instance's decision log as the simulation keeps it: bytes in memory behind core's
 //! `LogFile`, written through core's `Writer`, the very code the binary runs on its file,
-//! and read back whole through core's reader at the end of each seed. It outlives a crash (a torn last line, which the next
-//! start repairs as the binary's open does), and fills up with the disk (a full disk refuses
-//! each line).
+//! and read back whole through core's reader at the end of each seed. It outlives a crash
+//! (a torn last line, which the next start repairs as the binary's open does), and fills up
+//! with the disk (a full disk refuses each line).
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;

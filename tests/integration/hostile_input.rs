@@ -106,9 +106,14 @@ proptest! {
     #[test]
     fn decision_log_reader_never_panics(lines in proptest::collection::vec(format_bytes(), 0..6)) {
         let good = r#"{"ts":"t","operator":"o","id":"300","labels":"k8s:a=b;","kind":"create","decision":"create","target_id":300,"outcome":"created","error":null}"#;
+        // The good line is whole (its newline written); the hostile ones follow it, the
+        // last one without a newline, as a line cut short would be.
         let mut text = good.as_bytes().to_vec();
-        for l in &lines {
-            text.push(b'\n');
+        text.push(b'\n');
+        for (n, l) in lines.iter().enumerate() {
+            if n > 0 {
+                text.push(b'\n');
+            }
             text.extend_from_slice(l);
         }
         let c = decision_log::read_from(&text[..]).unwrap();

@@ -6,6 +6,7 @@
 
 pub mod carry;
 pub mod file;
+pub mod line;
 pub mod reservations;
 pub mod undo;
 
@@ -298,8 +299,15 @@ pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)>
     let mut all: Vec<(Option<jiff::Timestamp>, usize, usize, LogStep, &'a Record)> = Vec::new();
     for (n, log) in logs.iter().enumerate() {
         let mut at: Option<jiff::Timestamp> = None;
+        // Lines come in bursts of one time: a time the line before had is not read again.
+        let mut read: Option<(&str, Option<jiff::Timestamp>)> = None;
         for (k, r) in log.records.iter().enumerate() {
-            if let Ok(t) = r.ts.parse::<jiff::Timestamp>() {
+            let t = match read {
+                Some((ts, t)) if ts == r.ts => t,
+                _ => r.ts.parse::<jiff::Timestamp>().ok(),
+            };
+            read = Some((&r.ts, t));
+            if let Some(t) = t {
                 at = Some(at.map_or(t, |a| a.max(t)));
             }
             if let Some(step) = r.step() {
@@ -370,7 +378,11 @@ fn fold_lines(
             out.torn_tail = true;
             continue;
         }
-        match serde_json::from_str::<Record>(text.trim_end()) {
+        let record = match line::read_record_line(text.trim_end()) {
+            Some(record) => Ok(record),
+            None => serde_json::from_str::<Record>(text.trim_end()),
+        };
+        match record {
             Ok(rec) => on_record(rec),
             Err(e) => match serde_json::from_str::<SessionLine>(text.trim_end()) {
                 Ok(s) => out.sessions.push(s),
@@ -563,7 +575,7 @@ impl<F: LogFile> Writer<F> {
         record.operator = self.operator.clone();
         self.recorded
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let line = encoded(&record).map_err(|e| self.file.unencodable(e))?;
+        let line = line::record_line(&record);
         self.file.append_record(&line, &record)?;
         // Only once the line is written: a decision whose line failed is no record.
         if record.is_decision() {
@@ -661,6 +673,26 @@ pub fn decision_record(name: &str, item: &crate::core::planner::PlanItem) -> Rec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decision_alone_keeps_who_made_it_and_when_and_drops_what_the_write_did() {
+        // An export writes it as the decisions file's line: dated as it was decided.
+        let decided = Record::decision("302", "k8s:b=c;", Kind::Create, ("create", "alice"), None);
+        let mut r = decided.clone();
+        r.ts = "2026-12-01T00:00:00Z".into();
+        r.operator = "alice".into();
+        r.outcome = Some(crate::core::outcome::Outcome::Created);
+        r.uid = Some("u-1".into());
+        let d = r.decision_only();
+        let when_and_who = (d.ts.as_str(), d.operator.as_str());
+        assert_eq!(when_and_who, ("2026-12-01T00:00:00Z", "alice"));
+        assert_eq!((d.outcome, d.uid.as_deref()), (None, None));
+        assert_eq!(
+            d.step(),
+            decided.step(),
+            "the line a resume reads as the decision"
+        );
+    }
 
     #[test]
     fn a_torn_last_line_is_found_and_a_whole_one_is_not() {

@@ -91,6 +91,15 @@ impl IdDigits {
 /// Parses the `<n>` of `id/<n>` strictly: plain decimal as Cilium formats it, no sign, no
 /// leading zero, no whitespace, and within 32 bits (the width of a numeric identity).
 pub fn parse_id(raw: &[u8]) -> Result<u32, String> {
+    // The common case, read straight from the digits: every plan and change reads ids.
+    if let [first @ b'1'..=b'9', rest @ ..] = raw
+        && rest.len() < 9
+        && rest.iter().all(u8::is_ascii_digit)
+    {
+        return Ok(rest
+            .iter()
+            .fold(u32::from(first - b'0'), |n, d| n * 10 + u32::from(d - b'0')));
+    }
     let s = std::str::from_utf8(raw).map_err(|_| "id is not valid UTF-8".to_string())?;
     if s.is_empty() {
         return Err("id is empty".into());
@@ -484,8 +493,23 @@ mod tests {
         assert_eq!(parse_id(b"300"), Ok(300));
         assert_eq!(parse_id(b"0"), Ok(0));
         assert_eq!(parse_id(b"4294967295"), Ok(u32::MAX));
+        for n in [
+            1,
+            9,
+            10,
+            256,
+            65_535,
+            99_999_999,
+            999_999_999,
+            1_000_000_000,
+            4_000_000_001,
+        ] {
+            assert_eq!(parse_id(n.to_string().as_bytes()), Ok(n));
+        }
         for bad in [
             &b""[..],
+            b"30 ",
+            b"3000000000000",
             b"+300",
             b"-1",
             b"0300",

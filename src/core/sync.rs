@@ -5,7 +5,9 @@
 //! clock comes in as `now`; the watches, the writes, the log and the metrics stay in
 //! `app::sync`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use foldhash::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::core::kvstore::{

@@ -512,8 +512,8 @@ impl Sim {
             return Ok(());
         }
         let excuse = reserved::excuse(&self.instances[i], &self.world, self.faults);
-        let unreserved = self.instances[i].unreserved(&self.world);
-        self.owed[i].turn(i, excuse, unreserved)
+        let (inst, world) = (&self.instances[i], &self.world);
+        self.owed[i].turn(i, excuse, || inst.unreserved(world))
     }
 
     /// The keep-alive of instance `i`'s reservation lease (and what it left undone), when

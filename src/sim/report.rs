@@ -12,7 +12,7 @@ pub struct Trace {
     last: VecDeque<(Duration, String)>,
     digest: Fnv,
     pub lines: u64,
-    /// The last time spelled as a line starts (`{:>9.1}s `): most lines come at a time
+    /// The last time spelled as a line starts (`time_prefix`): most lines come at a time
     /// the line before came at.
     spelled: (Duration, String),
 }
@@ -46,7 +46,30 @@ const TRACE_KEPT: usize = 60;
 
 /// A line as a report shows it: its time, then what happened.
 fn written(t: Duration, s: &str) -> String {
-    format!("{:>9.1}s {s}", t.as_secs_f64())
+    time_prefix(t) + s
+}
+
+/// How a line starts: its time in seconds to a tenth, `{:>9.1}s `. A time in whole
+/// milliseconds (all of the simulation's) is spelled from its digits, rounded to the
+/// nearest tenth as float formatting rounds; float formatting was a hundredth of a seed.
+/// Only a time halfway between two tenths is left to it (which way the float's binary
+/// value rounds is its to say).
+fn time_prefix(t: Duration) -> String {
+    let ms = t.as_millis();
+    if !t.subsec_nanos().is_multiple_of(1_000_000) || ms % 100 == 50 {
+        return format!("{:>9.1}s ", t.as_secs_f64());
+    }
+    let tenths = (ms + 50) / 100;
+    let number = (tenths / 10).to_string();
+    let mut out = String::with_capacity(16);
+    for _ in (number.len() + 2)..9 {
+        out.push(' ');
+    }
+    out.push_str(&number);
+    out.push('.');
+    out.push(char::from(b'0' + (tenths % 10) as u8));
+    out.push_str("s ");
+    out
 }
 
 impl Trace {
@@ -57,7 +80,7 @@ impl Trace {
         }
         // The digest reads the line as `written` spells it, without building it.
         if self.spelled.0 != t || self.spelled.1.is_empty() {
-            self.spelled = (t, format!("{:>9.1}s ", t.as_secs_f64()));
+            self.spelled = (t, time_prefix(t));
         }
         let _ = self.digest.write_str(&self.spelled.1);
         let _ = self.digest.write_str(&s);
@@ -96,5 +119,28 @@ impl Failure {
             step: 0,
             trace: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_is_spelled_as_float_formatting_spells_it() {
+        let ms = (0..300_000)
+            .step_by(7)
+            .chain([1, 49, 50, 51, 150, 250, 949, 950, 951, 1_250, 1_350, 99_999])
+            .chain([123_456_700, 9_999_999_900, 9_999_999_950, 9_999_999_999]);
+        for ms in ms {
+            let t = Duration::from_millis(ms);
+            assert_eq!(
+                time_prefix(t),
+                format!("{:>9.1}s ", t.as_secs_f64()),
+                "{ms} ms"
+            );
+        }
+        let t = Duration::new(3, 123_456);
+        assert_eq!(time_prefix(t), format!("{:>9.1}s ", t.as_secs_f64()));
     }
 }

@@ -44,12 +44,13 @@ impl Owed {
     }
 
     /// The writer's turn is over: each id still unreserved with nothing to excuse it is
-    /// owed one turn more, and none may be owed `WITHIN_TURNS`.
+    /// owed one turn more, and none may be owed `WITHIN_TURNS`. What is unreserved is
+    /// asked for only when it counts (it walks every object).
     pub fn turn(
         &mut self,
         i: usize,
         excuse: Option<&'static str>,
-        unreserved: Vec<u32>,
+        unreserved: impl FnOnce() -> Vec<u32>,
     ) -> Result<(), Failure> {
         if excuse.is_some() {
             self.excused();
@@ -60,7 +61,7 @@ impl Owed {
             return Ok(());
         }
         let before = std::mem::take(&mut self.turns);
-        for id in unreserved {
+        for id in unreserved() {
             let n = before.get(&id).copied().unwrap_or(0) + 1;
             if n >= WITHIN_TURNS {
                 return Err(Failure::new(
@@ -122,13 +123,13 @@ mod tests {
         // finds an object unreserved, but the instance has not pumped since the excuse.
         owed.settled();
         owed.excused();
-        assert!(owed.turn(0, None, vec![256]).is_ok());
-        assert!(owed.turn(0, None, vec![256]).is_ok(), "still no settle");
+        assert!(owed.turn(0, None, || vec![256]).is_ok());
+        assert!(owed.turn(0, None, || vec![256]).is_ok(), "still no settle");
         // Two turns, each after a settle, and it is still not reserved: that fails.
         owed.settled();
-        assert!(owed.turn(0, None, vec![256]).is_ok());
+        assert!(owed.turn(0, None, || vec![256]).is_ok());
         owed.settled();
-        let failed = owed.turn(0, None, vec![256]).unwrap_err();
+        let failed = owed.turn(0, None, || vec![256]).unwrap_err();
         assert!(failed.detail.contains("object 256"), "{}", failed.detail);
     }
 }

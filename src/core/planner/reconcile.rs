@@ -1,7 +1,9 @@
 //! Re-validates a plan's decisions (possibly edited by hand) against the live state and turns
 //! them into the operations apply will carry out. Pure: no IO.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::decision::DecidedBy;
 use super::item::{Action, Kind, PlanItem};

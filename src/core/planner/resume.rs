@@ -2,7 +2,9 @@
 //! decisions and undos in order, and re-applying what is left to a fresh plan with the same
 //! rules as a hand-edited plan. Those that no longer fit are dropped, each with why. Pure.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashSet, HashSetExt};
 
 use super::decision::DecidedBy;
 use super::item::{Action, Kind, PlanItem};
@@ -386,7 +388,7 @@ mod tests {
     fn reads_back_what_the_tui_and_apply_write() {
         let mut item = plan(
             &[MasterEntry::new("300", A)],
-            &HashMap::new(),
+            &std::collections::HashMap::new(),
             &BTreeMap::new(),
             range(),
         )
@@ -513,7 +515,7 @@ mod tests {
         k8s.insert(400, A.to_string());
         k8s.insert(301, B.to_string());
         let decisions = creates_at(&[("300", A, 5000), ("301", B, 5001)]);
-        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let live = plan(&masters, &std::collections::HashMap::new(), &k8s, range());
         let r = resume(&live, &decisions, &k8s, range());
         assert_eq!(r.resumed, 0, "{:?}", r.dropped);
         let item = |id: &str| r.items.iter().find(|i| i.id == id).unwrap();
@@ -537,7 +539,7 @@ mod tests {
         let mut k8s = BTreeMap::new();
         k8s.insert(300, "k8s:app=x;".to_string());
         k8s.insert(301, "k8s:app=y;".to_string());
-        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let live = plan(&masters, &std::collections::HashMap::new(), &k8s, range());
         let proposed: Vec<Option<u32>> = live.iter().map(|i| i.target_id).collect();
         assert_eq!(proposed, [Some(256), Some(257)]);
         let decisions = creates_at(&[("300", A, 301), ("301", B, 256)]);
@@ -583,7 +585,7 @@ mod tests {
         .into_iter()
         .collect();
         k8s.insert(6000, "k8s:app=z;".to_string());
-        let live = plan(&masters, &HashMap::new(), &k8s, range());
+        let live = plan(&masters, &std::collections::HashMap::new(), &k8s, range());
         let r = resume(&live, &decisions, &k8s, range());
         assert_eq!(r.resumed, 1);
         let item = |id: &str| r.items.iter().find(|i| i.id == id).unwrap();

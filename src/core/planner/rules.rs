@@ -2,7 +2,9 @@
 //! a safe resolution, with the lowest free id for a remap. Pure and deterministic.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt};
 
 use super::item::{Action, Kind, PlanItem};
 use crate::core::kvstore::{MasterEntry, NodesOf, parse_id};

@@ -3,7 +3,9 @@
 //! refused (each said once, until decided again). They outlive a round: a fresh read keeps
 //! them as they are.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::core::planner::resume::LoggedDecision;
 

@@ -7,7 +7,9 @@
 //! the writes out (each announced in the decision log first); the simulation drives the
 //! same rules against its own etcd.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashSet;
 use std::time::{Duration, Instant};
 
 use super::SyncState;

@@ -769,7 +769,7 @@ fn a_relist_ends_the_splits_of_objects_gone_meanwhile_and_finds_new_ones() {
         "9".into(),
         t0,
     );
-    assert_eq!(sync.splits, HashSet::from([301]));
+    assert_eq!(sync.splits, HashSet::from_iter([301]));
     assert_eq!((sync.status.splits, sync.status.splits_found), (1, 2));
     assert_eq!(sync.k8s_version, "9");
 }

@@ -49,7 +49,7 @@ fn each_outcome_of_a_halted_batch_is_folded_in_on_its_own() {
     );
     // Made or found made: served, and never made again.
     assert_eq!(sync.k8s.keys().copied().collect::<Vec<_>>(), [300, 301]);
-    assert_eq!(sync.created, HashSet::from([300]));
+    assert_eq!(sync.created, HashSet::from_iter([300]));
     assert_eq!(sync.unwritten_now(), 3);
     // The others wait, then are tried again, all three.
     let (ops, _) = sync.round(

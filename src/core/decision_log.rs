@@ -321,8 +321,13 @@ pub fn steps_in_time<'a>(logs: &[&'a LogContents]) -> Vec<(LogStep, &'a Record)>
 
 /// Reads every line of a log (see the module).
 pub fn read_from(r: impl BufRead) -> std::io::Result<LogContents> {
+    read_lines(r, false)
+}
+
+/// Every line read, the records kept in order; `unterminated_counts` as `fold_lines` says.
+fn read_lines(r: impl BufRead, unterminated_counts: bool) -> std::io::Result<LogContents> {
     let mut records = Vec::new();
-    let mut out = fold_from(r, |rec| records.push(rec))?;
+    let mut out = fold_lines(r, unterminated_counts, |rec| records.push(rec))?;
     out.records = records;
     Ok(out)
 }
@@ -345,10 +350,7 @@ pub fn fold_from(r: impl BufRead, on_record: impl FnMut(Record)) -> std::io::Res
 /// written a line at a time by a process that can be killed: a last line without its newline
 /// (an editor's, a ConfigMap's `|-`) counts when it reads whole.
 pub fn read_decisions_file_from(r: impl BufRead) -> std::io::Result<LogContents> {
-    let mut records = Vec::new();
-    let mut out = fold_lines(r, true, |rec| records.push(rec))?;
-    out.records = records;
-    Ok(out)
+    read_lines(r, true)
 }
 
 fn fold_lines(

@@ -113,7 +113,10 @@ pub fn parse_label_key(raw: &str) -> Result<Vec<Label>, LabelKeyError> {
 
 /// The key of an item already scanned (valid): `source:key=value`.
 fn item_key(item: &str) -> Option<&str> {
-    Some(item.split_once(':')?.1.split_once('=')?.0)
+    match scan_item(item.as_bytes(), 0) {
+        (_, Some(colon), Some(equals)) => Some(&item[colon + 1..equals]),
+        _ => None,
+    }
 }
 
 /// `parse_label_key`'s checks, each label handed to `each` (source, key, value) as it is

@@ -6,9 +6,9 @@
 //! `app::sync`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashSet};
-use std::time::{Duration, Instant};
 
 use crate::core::kvstore::{
     IdDigits, KeyKind, KvSnapshot, MasterEntry, NodeCounts, classify_key, parse_id,

@@ -84,8 +84,9 @@ impl Sim {
         // start and check read line by line: the logs moved away from too, and the
         // decisions file.
         for (n, log) in self.logs.iter().enumerate() {
+            let logs = log.chain().count();
             for (k, moved) in log.chain().enumerate() {
-                let torn_ok = k + 1 < log.chain().count();
+                let torn_ok = k + 1 < logs;
                 moved.reads_back(torn_ok).map_err(|why| {
                     Failure::new(
                         "the decision log reads back as it was written",

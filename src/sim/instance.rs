@@ -12,7 +12,7 @@ use super::reserver::SimReservations;
 use super::world::World;
 use crate::core::decision_log::LogContents;
 use crate::core::decision_log::file::{Follower, resume};
-use crate::core::kvstore::{MasterEntry, parse_id};
+use crate::core::kvstore::{IdDigits, MasterEntry, parse_id};
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::lease::Elector;
 use crate::core::outcome::Outcome;
@@ -345,7 +345,7 @@ impl Instance {
                     return false;
                 }
                 // The id spelled as a kvstore key, without a string per object.
-                let key = crate::core::kvstore::IdDigits::of(**id);
+                let key = IdDigits::of(**id);
                 let key = key.as_str();
                 !world.masters.contains_key(key)
                     && !untold.contains(key.as_bytes())

@@ -126,7 +126,7 @@ impl SyncState {
         self.overlay_sees(Some(id), old.as_deref().map(str::as_bytes));
         self.k8s.remove(&id);
         // Made again, or held back as made once: looked at whatever the plan says.
-        self.look_at(crate::core::kvstore::IdDigits::of(id).as_bytes());
+        self.look_at(IdDigits::of(id).as_bytes());
         if let Some(c) = &mut self.cache {
             c.object_changed(id, old.as_ref(), (&self.masters, &self.k8s, &self.counts));
         }
@@ -145,10 +145,7 @@ impl SyncState {
         // Even one this sync made and would not make again now waits: whether nodes use its
         // labels is read from the same trailing view (a node's `value/` key may arrive just
         // before the kvstore's deletes).
-        if self
-            .masters
-            .contains_key(crate::core::kvstore::IdDigits::of(id).as_bytes())
-        {
+        if self.masters.contains_key(IdDigits::of(id).as_bytes()) {
             self.settling.insert(id, now + RECREATE_SETTLE);
         }
     }
@@ -258,10 +255,7 @@ impl SyncState {
         let Some(k8s_labels) = self.k8s.get(&id) else {
             return false;
         };
-        let Some(kv_value) = self
-            .masters
-            .get(crate::core::kvstore::IdDigits::of(id).as_bytes())
-        else {
+        let Some(kv_value) = self.masters.get(IdDigits::of(id).as_bytes()) else {
             return false;
         };
         // Sync's own objects are no exception: a kvstore-mode agent can hand out an id that
@@ -276,9 +270,7 @@ impl SyncState {
     /// labels can be named (an agent writes its `value/` key just after the master key).
     pub(super) fn check_split(&mut self, id: u32, now: Instant) {
         if !self.is_split(id) {
-            if self.splits.remove(&id) {
-                self.status.splits = self.splits.len();
-            }
+            self.forget_split(id);
             return;
         }
         if !self.splits.insert(id) {
@@ -291,7 +283,14 @@ impl SyncState {
 
     /// A split that no longer holds leaves the count of splits now.
     fn end_split_if_over(&mut self, id: u32) {
-        if !self.is_split(id) && self.splits.remove(&id) {
+        if !self.is_split(id) {
+            self.forget_split(id);
+        }
+    }
+
+    /// `id` is no split (any more): out of the splits and their count.
+    fn forget_split(&mut self, id: u32) {
+        if self.splits.remove(&id) {
             self.status.splits = self.splits.len();
         }
     }

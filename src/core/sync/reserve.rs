@@ -8,11 +8,12 @@
 //! same rules against its own etcd.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use foldhash::HashSet;
 use std::time::{Duration, Instant};
 
+use foldhash::HashSet;
+
 use super::SyncState;
+use crate::core::kvstore::IdDigits;
 use crate::core::labels::{LabelKey, valid_label_key};
 use crate::core::range::IdRange;
 
@@ -276,10 +277,7 @@ impl Queue {
         // Only ids the kvstore does not hold are copied out of the view (at 65,280 objects
         // a copy of the whole view would be 18 MiB).
         let needs = |id: u32| {
-            range.contains(id)
-                && !state
-                    .masters
-                    .contains_key(crate::core::kvstore::IdDigits::of(id).as_bytes())
+            range.contains(id) && !state.masters.contains_key(IdDigits::of(id).as_bytes())
         };
         let mut wanted: BTreeMap<u32, LabelKey> = std::mem::take(&mut self.queued)
             .into_iter()

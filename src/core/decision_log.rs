@@ -10,6 +10,8 @@ pub mod line;
 pub mod reservations;
 pub mod undo;
 
+pub use line::Record;
+
 use std::collections::BTreeSet;
 use std::io::BufRead;
 
@@ -23,45 +25,6 @@ use crate::core::range::MaxConnectedClusters;
 use crate::core::server_said::ServerSaid;
 use crate::core::verify::Expectations;
 use crate::core::verify::expect::Logged;
-
-/// One line of the log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub ts: String,
-    pub operator: String,
-    pub id: String,
-    pub labels: String,
-    pub kind: Kind,
-    /// The decision as text, for a person: `create (operator)`, or an operator's action in
-    /// the TUI, `edit (create 4000)`.
-    pub decision: String,
-    /// The same decision as fields, which a resume reads: who decided (`operator`,
-    /// `accept-proposals`, `proposal`, `rule`) and the action (`create`, `none`, `map`,
-    /// `skip`, `undo`, or what a rollback, a moot closing or a reservation did), the target
-    /// being `target_id`. Absent in logs written before; those are read from the text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub action: Option<String>,
-    pub target_id: Option<u32>,
-    /// Absent on a pure decision record.
-    pub outcome: Option<Outcome>,
-    pub error: Option<String>,
-    /// On `created`: the object's uid and resourceVersion as the API server returned them,
-    /// so `rollback` deletes exactly that object (absent in logs written before).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_version: Option<String>,
-    /// A write or delete in the kvstore (`sync --reserve-in-kvstore` only): the keys, the
-    /// revision and what happened. Such a line carries no outcome: it serves no identity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kvstore: Option<String>,
-    /// For a reservation: the revision its master key was written at, so that a later sync
-    /// can tell the key is still the one written (and its own to keep or release).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kvstore_revision: Option<i64>,
-}
 
 impl Record {
     /// What this line says of its identity, as verify reads it.

@@ -1,11 +1,52 @@
-//! A record's line, spelled by hand byte for byte as `serde_json` spells it, and read back
+//! One line of the decision log: the record (its methods beside the log's reading, in
+//! `decision_log`), spelled by hand byte for byte as `serde_json` spells it, and read back
 //! by hand when it is spelled so (any other line is serde's to read): tests hold both equal
 //! to serde on any record and on any line. Every start reads its logs whole, and serde's
 //! general reading and per-byte escaping were a seventh of a simulated seed.
 
-use super::Record;
+use serde::{Deserialize, Serialize};
+
 use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
+
+/// One line of the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub ts: String,
+    pub operator: String,
+    pub id: String,
+    pub labels: String,
+    pub kind: Kind,
+    /// The decision as text, for a person: `create (operator)`, or an operator's action in
+    /// the TUI, `edit (create 4000)`.
+    pub decision: String,
+    /// The same decision as fields, which a resume reads: who decided (`operator`,
+    /// `accept-proposals`, `proposal`, `rule`) and the action (`create`, `none`, `map`,
+    /// `skip`, `undo`, or what a rollback, a moot closing or a reservation did), the target
+    /// being `target_id`. Absent in logs written before; those are read from the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    pub target_id: Option<u32>,
+    /// Absent on a pure decision record.
+    pub outcome: Option<Outcome>,
+    pub error: Option<String>,
+    /// On `created`: the object's uid and resourceVersion as the API server returned them,
+    /// so `rollback` deletes exactly that object (absent in logs written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// A write or delete in the kvstore (`sync --reserve-in-kvstore` only): the keys, the
+    /// revision and what happened. Such a line carries no outcome: it serves no identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore: Option<String>,
+    /// For a reservation: the revision its master key was written at, so that a later sync
+    /// can tell the key is still the one written (and its own to keep or release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvstore_revision: Option<i64>,
+}
 
 /// `record` as one line of the log: its JSON, then a newline. Cannot fail, unlike serde's.
 pub fn record_line(r: &Record) -> Vec<u8> {

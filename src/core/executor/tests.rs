@@ -28,6 +28,8 @@ struct Scripted {
     progress: RefCell<Progress>,
     /// The server's 429s this batch, as the binary's client counts them.
     throttles: u64,
+    /// The gate shuts during the wait that makes this many sleeps (a lease lost meanwhile).
+    shut_at_sleep: Option<usize>,
 }
 
 impl IdentityWrites for Scripted {
@@ -54,6 +56,9 @@ impl IdentityWrites for Scripted {
     }
     async fn sleep(&self, d: Duration) {
         self.slept.borrow_mut().push(d);
+        if self.shut_at_sleep == Some(self.slept.borrow().len()) {
+            self.stopped.set(true);
+        }
     }
     fn held_back(&self) -> Option<&'static str> {
         self.stopped.get().then_some("stopped")
@@ -249,6 +254,32 @@ fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
     assert_eq!(r.retries, u64::from(opts.max_attempts - 1));
     assert!(!r.results[1].refused);
     assert!(r.stopped.as_deref().unwrap().contains("kept failing"));
+}
+
+#[test]
+fn a_gate_that_shuts_while_a_create_waits_to_try_again_stops_it_being_sent_again() {
+    // A 500 to retry, a 429 to wait out: the wait ends with the gate shut (the lease lost),
+    // and the create is not sent again; it is left to a writer that holds the lease.
+    let busy = RequestError::Status {
+        code: 429,
+        plain: false,
+        reason: "TooManyRequests".into(),
+        message: String::new(),
+        retry_after: None,
+    };
+    for first in [
+        status(500, "InternalError", "etcdserver: leader changed"),
+        busy,
+    ] {
+        let io = Scripted {
+            shut_at_sleep: Some(1),
+            ..Scripted::default()
+        };
+        io.creates.borrow_mut().insert(300, [first].into());
+        let r = run(&io, vec![create(300)]).unwrap();
+        assert_eq!(outcomes(&r), [(300, Outcome::NotAttempted)]);
+        assert_eq!(*io.sent.borrow(), ["create 300"], "sent once, not again");
+    }
 }
 
 #[test]

@@ -97,7 +97,13 @@ impl Record {
         (action, decided_by): (&str, &str),
         target_id: Option<u32>,
     ) -> Self {
-        let text = format!("{action} ({decided_by})");
+        // `action (decided_by)`, spelled without the formatting machinery: every decision
+        // line of a sync starts here.
+        let mut text = String::with_capacity(action.len() + decided_by.len() + 3);
+        text.push_str(action);
+        text.push_str(" (");
+        text.push_str(decided_by);
+        text.push(')');
         Record::new(id, labels, kind, text, target_id).with_fields(decided_by, action)
     }
 
@@ -336,22 +342,23 @@ fn fold_lines(
             Ok(text) => std::borrow::Cow::Borrowed(text),
             Err(_) => String::from_utf8_lossy(&buf),
         };
-        if text.trim().is_empty() {
+        let text = text.trim_end();
+        if text.trim_start().is_empty() {
             continue;
         }
         if !complete && !unterminated_counts {
             out.torn_tail = true;
             continue;
         }
-        let record = match line::read_record_line(text.trim_end()) {
+        let record = match line::read_record_line(text) {
             Some(record) => Ok(record),
-            None => serde_json::from_str::<Record>(text.trim_end()),
+            None => serde_json::from_str::<Record>(text),
         };
         match record {
             Ok(rec) => on_record(rec),
-            Err(e) => match serde_json::from_str::<SessionLine>(text.trim_end()) {
+            Err(e) => match serde_json::from_str::<SessionLine>(text) {
                 Ok(s) => out.sessions.push(s),
-                Err(_) => match serde_json::from_str::<ServerLine>(text.trim_end()) {
+                Err(_) => match serde_json::from_str::<ServerLine>(text) {
                     Ok(s) => out.server_said.push(s),
                     Err(_) if !complete => out.torn_tail = true,
                     Err(_) => out.bad_lines.push((n, e.to_string())),
@@ -384,12 +391,9 @@ pub fn in_force(logs: &[&LogContents]) -> InForce {
 /// the file's clock said). Where the logs never carried the file's word on an identity, the
 /// two go by time, the file's lines at its own clock (a change made while sync was not
 /// running), and of two lines of the same time the logs have the last word.
-pub fn in_force_with_file(logs: &[&LogContents], file: &LogContents) -> InForce {
-    with_file(in_force(logs), logs, &in_force(&[file]), file)
-}
-
-/// `in_force_with_file`, given what `logs` and the file each replay to alone (`logs_say`,
-/// `now`): a start has both at hand already, and a replay of its logs is its cost.
+///
+/// `logs_say` and `now` are what `logs` and the file each replay to alone: a start has
+/// both at hand already, and a replay of its logs is its cost.
 pub fn with_file(
     logs_say: InForce,
     logs: &[&LogContents],
@@ -484,8 +488,8 @@ pub trait LogFile {
     /// Appends `line`, the encoding of `record`, as `append_line` does. A file held in
     /// memory (the simulation's) keeps the record as well, rather than decoding each line
     /// again; it reads the whole file back once, to hold the two equal.
-    fn append_record(&self, line: &[u8], record: &Record) -> Result<(), Self::Error> {
-        let _ = record;
+    fn append_record(&self, line: &[u8], record: Record) -> Result<(), Self::Error> {
+        drop(record);
         self.append_line(line)
     }
     /// A line that cannot be encoded, in the file's terms.
@@ -541,9 +545,10 @@ impl<F: LogFile> Writer<F> {
         self.recorded
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let line = line::record_line(&record);
-        self.file.append_record(&line, &record)?;
+        let decision = record.is_decision();
+        self.file.append_record(&line, record)?;
         // Only once the line is written: a decision whose line failed is no record.
-        if record.is_decision() {
+        if decision {
             self.decided
                 .store(true, std::sync::atomic::Ordering::SeqCst);
         }
@@ -711,6 +716,11 @@ mod tests {
 mod resume_tests {
     use super::*;
     use crate::core::outcome::Outcome;
+
+    /// What a start makes of `logs` and a decisions file, both read whole.
+    fn in_force_with_file(logs: &[&LogContents], file: &LogContents) -> InForce {
+        with_file(in_force(logs), logs, &in_force(&[file]), file)
+    }
 
     #[test]
     fn an_undo_while_the_create_is_in_flight_stays_undone_at_a_resume() {

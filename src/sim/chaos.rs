@@ -32,7 +32,7 @@ impl Sim {
             82 => {
                 if let Some(id) = self.world.both_gcs(&mut self.rng) {
                     self.trace
-                        .line(self.world.now, format!("both GCs take identity {id}"));
+                        .line(self.world.now, format_args!("both GCs take identity {id}"));
                 }
                 Ok(())
             }
@@ -44,13 +44,13 @@ impl Sim {
             87 => self.deliver(),
             88 => {
                 self.world.kv_compacted = self.world.kv_rev;
-                self.trace.line(self.world.now, "etcd compacted".into());
+                self.trace.line(self.world.now, "etcd compacted");
                 Ok(())
             }
             89 => {
                 self.world.k8s_window = self.world.k8s_rv;
                 self.trace
-                    .line(self.world.now, "watch cache window moved (410s)".into());
+                    .line(self.world.now, "watch cache window moved (410s)");
                 Ok(())
             }
             90..=91 => {
@@ -83,12 +83,14 @@ impl Sim {
             return;
         };
         if back {
-            self.trace
-                .line(self.world.now, format!("node {n} returns to kvstore mode"));
+            self.trace.line(
+                self.world.now,
+                format_args!("node {n} returns to kvstore mode"),
+            );
             self.world.nodes[n].mode = Mode::Kvstore;
         } else {
             self.trace
-                .line(self.world.now, format!("node {n} moves to CRD mode"));
+                .line(self.world.now, format_args!("node {n} moves to CRD mode"));
             self.world.roll(n);
         }
     }
@@ -102,7 +104,7 @@ impl Sim {
             "work"
         };
         self.trace
-            .line(self.world.now, format!("i{i} lease renewals {how}"));
+            .line(self.world.now, format_args!("i{i} lease renewals {how}"));
     }
 
     /// A fault comes or goes: now and then a permission taken away (granted again when a
@@ -127,7 +129,7 @@ impl Sim {
             self.faults.disk_full = !self.faults.disk_full;
         }
         self.trace
-            .line(self.world.now, format!("faults {:?}", self.faults));
+            .line(self.world.now, format_args!("faults {:?}", self.faults));
         Ok(())
     }
 }

@@ -77,7 +77,7 @@ impl Sim {
         };
         self.trace.line(
             self.world.now,
-            format!("decisions file: {name} {}{how}", item.id),
+            format_args!("decisions file: {name} {}{how}", item.id),
         );
     }
 
@@ -112,7 +112,7 @@ impl Sim {
             };
         };
         if let Some(t) = not_logged {
-            self.trace.line(now, format!("i{i} {t}"));
+            self.trace.line(now, format_args!("i{i} {t}"));
         }
         for change in logged {
             let input = match change {
@@ -125,12 +125,14 @@ impl Sim {
                         }
                     }
                     self.trace
-                        .line(now, format!("i{i} carries {} from the file", d.id));
+                        .line(now, format_args!("i{i} carries {} from the file", d.id));
                     Input::Decided(d)
                 }
                 DecisionChange::Undone(id) => {
-                    self.trace
-                        .line(now, format!("i{i} carries the undo of {id} from the file"));
+                    self.trace.line(
+                        now,
+                        format_args!("i{i} carries the undo of {id} from the file"),
+                    );
                     Input::Undone(id)
                 }
             };
@@ -196,7 +198,7 @@ impl Sim {
         file.kept.push((i, id.clone(), d.clone()));
         self.trace.line(
             now,
-            format!("operator overrides {id} after the file's line dated ahead: {action:?}"),
+            format_args!("operator overrides {id} after the file's line dated ahead: {action:?}"),
         );
         self.feed(i, Turn::Input(Input::Decided(d)))
     }

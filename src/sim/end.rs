@@ -48,7 +48,7 @@ impl Sim {
             self.world.kvstore_allocate(&mut self.rng, 0, &l);
             self.trace.line(
                 self.world.now,
-                "node 0 returns to kvstore mode for the quiet end".into(),
+                "node 0 returns to kvstore mode for the quiet end",
             );
         }
         let until = self.world.now + LEASE_DURATION * 2 + RETRY_AFTER_FAILURE;
@@ -165,8 +165,7 @@ impl Sim {
         for n in 0..self.world.nodes.len() {
             self.world.roll(n);
         }
-        self.trace
-            .line(self.world.now, "the rollout is over".into());
+        self.trace.line(self.world.now, "the rollout is over");
         let start = self.world.now;
         let bound = GRACE + VERIFY_EVERY * 2 + LEASE_DURATION + crate::core::sync::RETRY_AFTER;
         // Once cutover stands, the rollout's end runs this much longer before the decisions

@@ -114,7 +114,7 @@ impl Instance {
         // Opened as the binary opens its log (a torn last line removed), then read back
         // as its restart reads it.
         if let Some(note) = log.repair() {
-            trace.line(world.now, format!("i{idx}: {note}"));
+            trace.line(world.now, format_args!("i{idx}: {note}"));
         }
         // The binary's merge: its log and the decisions file, what the log lacks logged
         // first. (A start finds room on the disk: one that cannot log ends at once.) The
@@ -214,7 +214,7 @@ impl Instance {
             if let Some(id) = world.both_gcs(rng) {
                 trace.line(
                     world.now,
-                    format!("both GCs take identity {id} between i{}'s reads", self.idx),
+                    format_args!("both GCs take identity {id} between i{}'s reads", self.idx),
                 );
             }
         }
@@ -516,7 +516,7 @@ impl Instance {
         match end {
             None => Ok(()),
             Some(RoundEnd::Done(end)) => {
-                trace.line(world.now, format!("i{i} end cutover={}", end.cutover));
+                trace.line(world.now, format_args!("i{i} end cutover={}", end.cutover));
                 self.ended = true;
                 Ok(())
             }
@@ -525,7 +525,7 @@ impl Instance {
                 Ok(())
             }
             Some(RoundEnd::Resnapshot) => {
-                trace.line(world.now, format!("i{i} resnapshot"));
+                trace.line(world.now, format_args!("i{i} resnapshot"));
                 if self.shell.awaits_batch() {
                     let (outcome, _) =
                         self.execute_batch(world, log, (&mut *rng, faults, &mut *trace))?;
@@ -546,7 +546,7 @@ impl Instance {
                 self.shell.end_round();
                 if let Some(failed) = faults.on_read() {
                     // The read fails; the binary waits and reads again, or ends.
-                    trace.line(world.now, format!("i{i} cannot read both sides"));
+                    trace.line(world.now, format_args!("i{i} cannot read both sides"));
                     self.unread = true;
                     return self.read_failed(world.now, failed, trace);
                 }
@@ -558,7 +558,7 @@ impl Instance {
     /// The shell ended sync on a refusal: no more turns; the simulation does the rest of
     /// the binary's end (`Sim::refused_and_started_again`).
     fn refused(&mut self, why: String, now: Duration, trace: &mut Trace) {
-        trace.line(now, format!("i{} ends on {why}", self.idx));
+        trace.line(now, format_args!("i{} ends on {why}", self.idx));
         self.ended = true;
         self.refused_end = Some(why);
     }
@@ -612,7 +612,7 @@ impl Instance {
             match split::named(&f, nodes, now) {
                 Named::Report(s) => trace.line(
                     world.now,
-                    format!("i{i} split {} reported, nodes {:?}", s.id, s.nodes),
+                    format_args!("i{i} split {} reported, nodes {:?}", s.id, s.nodes),
                 ),
                 Named::Wait => self.naming.push(f),
                 Named::NotLabels => {}

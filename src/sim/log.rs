@@ -49,12 +49,12 @@ impl LogFile for MemFile {
         Ok(())
     }
 
-    fn append_record(&self, line: &[u8], record: &Record) -> Result<(), String> {
+    fn append_record(&self, line: &[u8], record: Record) -> Result<(), String> {
         if self.full.get() {
             return Err("No space left on device (os error 28)".into());
         }
         self.bytes.borrow_mut().extend_from_slice(line);
-        self.read.borrow_mut().records.push(record.clone());
+        self.read.borrow_mut().records.push(record);
         Ok(())
     }
 

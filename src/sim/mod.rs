@@ -247,7 +247,7 @@ impl Sim {
         };
         sim.trace.line(
             Duration::ZERO,
-            format!(
+            format_args!(
                 "seed {seed}: {instances} instance(s), {nodes} nodes, accept proposals {}, reserve in the kvstore {}, release at a stop {}",
                 sim.settings.accept_proposals, sim.settings.reserve_in_kvstore, sim.release_on_stop
             ),
@@ -281,8 +281,10 @@ impl Sim {
             return Ok(());
         }
         let refused = f.fault.refused;
-        self.trace
-            .line(self.world.now, format!("i{i} {}: {}", f.doing, f.error));
+        self.trace.line(
+            self.world.now,
+            format_args!("i{i} {}: {}", f.doing, f.error),
+        );
         if !refused {
             self.instances[i].watch_cut(f.path == Path::KvWatch);
         }
@@ -454,7 +456,7 @@ impl Sim {
         if let Some(j) = self.world.lease_holder()
             && before != Some(j)
         {
-            self.trace.line(now, format!("i{j} takes the lease"));
+            self.trace.line(now, format_args!("i{j} takes the lease"));
         }
         for i in 0..self.instances.len() {
             let e = &mut self.instances[i].elector;
@@ -563,7 +565,7 @@ impl Sim {
         if let Some(res) = self.instances[i].reserver.as_mut() {
             for done in std::mem::take(&mut res.done) {
                 self.trace
-                    .line(self.world.now, format!("i{i} etcd: {done}"));
+                    .line(self.world.now, format_args!("i{i} etcd: {done}"));
             }
         }
         for reply in replies {
@@ -624,7 +626,7 @@ impl Sim {
         };
         self.trace.line(
             self.world.now,
-            format!(
+            format_args!(
                 "i{i} verify {}",
                 if verdict.is_ok() { "passes" } else { "fails" }
             ),
@@ -636,7 +638,7 @@ impl Sim {
     fn k8s_gc(&mut self) {
         if let Some(id) = self.world.k8s_gc(&mut self.rng) {
             self.trace
-                .line(self.world.now, format!("GC deletes object {id}"));
+                .line(self.world.now, format_args!("GC deletes object {id}"));
         }
     }
 
@@ -702,7 +704,7 @@ impl Sim {
         if let Err(why) = self.logs[i].at(now, self.faults.disk_full).append(line) {
             self.trace.line(
                 now,
-                format!("operator's {name} on {} not logged: {why}", item.id),
+                format_args!("operator's {name} on {} not logged: {why}", item.id),
             );
             return Ok(());
         }
@@ -723,7 +725,8 @@ impl Sim {
                 })
             }
             Decision::Undo(item) => {
-                self.trace.line(now, format!("operator undoes {}", item.id));
+                self.trace
+                    .line(now, format_args!("operator undoes {}", item.id));
                 Input::Undone(item.id)
             }
         };

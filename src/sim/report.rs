@@ -73,8 +73,17 @@ fn time_prefix(t: Duration) -> String {
 }
 
 impl Trace {
-    pub fn line(&mut self, t: Duration, s: String) {
+    /// Traces what happened at `t`. Given as `format_args!`, the line is spelled straight
+    /// into the buffer of the line it pushes out of the kept ones: most lines cost no
+    /// allocation.
+    pub fn line(&mut self, t: Duration, what: impl std::fmt::Display) {
         use std::fmt::Write;
+        let mut s = match self.last.len() == TRACE_KEPT {
+            true => self.last.pop_front().map(|(_, s)| s).unwrap_or_default(),
+            false => String::new(),
+        };
+        s.clear();
+        let _ = write!(s, "{what}");
         if ECHO.load(std::sync::atomic::Ordering::Relaxed) {
             eprintln!("{}", written(t, &s));
         }
@@ -86,9 +95,6 @@ impl Trace {
         let _ = self.digest.write_str(&s);
         let _ = self.digest.write_str("\n");
         self.lines += 1;
-        if self.last.len() == TRACE_KEPT {
-            self.last.pop_front();
-        }
         self.last.push_back((t, s));
     }
 

@@ -24,7 +24,7 @@ impl Sim {
         self.faults.kv_reads_refused = false;
         self.trace.line(
             self.world.now,
-            format!(
+            format_args!(
                 "i{i} ended on {why} (the Lease given up: {gave_up}); granted again, started again"
             ),
         );
@@ -38,7 +38,7 @@ impl Sim {
         self.faults.webhook_denies = false;
         self.trace.line(
             self.world.now,
-            "the webhook's rule changed; every sync started again".into(),
+            "the webhook's rule changed; every sync started again",
         );
         for i in 0..self.instances.len() {
             self.stop_and_restart(i)?;
@@ -88,8 +88,10 @@ impl Sim {
                 note.push_str(", last log line torn");
             }
         }
-        self.trace
-            .line(self.world.now, format!("i{i} crashes{note} and restarts"));
+        self.trace.line(
+            self.world.now,
+            format_args!("i{i} crashes{note} and restarts"),
+        );
         self.restart(i)
     }
 
@@ -131,15 +133,17 @@ impl Sim {
             }
             self.reservations_done(i)?;
             let now = self.world.now;
-            self.trace
-                .line(now, format!("i{i} releases its reservations at its stop"));
+            self.trace.line(
+                now,
+                format_args!("i{i} releases its reservations at its stop"),
+            );
             self.with_writer(i, |res, w| res.release(i, w))
                 .transpose()?;
         }
         let gave_up = self.give_lease_up(i)?;
         self.trace.line(
             self.world.now,
-            format!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
+            format_args!("i{i} stops cleanly (the Lease given up: {gave_up}) and restarts"),
         );
         self.restart(i)
     }
@@ -166,7 +170,7 @@ impl Sim {
             self.logs[i] = SimLog::moved(old);
             self.trace.line(
                 self.world.now,
-                format!("i{i} starts on a new log, resuming the one it replaces"),
+                format_args!("i{i} starts on a new log, resuming the one it replaces"),
             );
         }
         let ctx = (&self.clock, &mut self.rng, &mut self.trace);

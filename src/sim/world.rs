@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::report::Failure;
-use crate::core::kvstore::{NodeCounts, RESERVATION_NODE};
+use crate::core::kvstore::{IdDigits, NodeCounts, RESERVATION_NODE};
 use crate::core::labels::LabelKey;
 use crate::core::lease::LeaseRecord;
 use crate::core::lease::keeper::LeaseError;
@@ -202,7 +202,7 @@ impl World {
             None => {
                 // The pool knows only the master keys: an id Kubernetes holds looks free.
                 let free: Vec<u32> = POOL
-                    .filter(|id| !self.masters.contains_key(&id.to_string()))
+                    .filter(|&id| !self.masters.contains_key(IdDigits::of(id).as_str()))
                     .collect();
                 let Some(&id) = rng.pick(&free) else {
                     return;

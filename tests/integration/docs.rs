@@ -362,6 +362,80 @@ fn docs_command_lines_parse_with_the_cli() {
     );
 }
 
+/// What `cargo` can be asked for by name here: the profiles, benchmarks and examples.
+fn cargo_names() -> BTreeMap<&'static str, BTreeSet<String>> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let lines: Vec<&str> = manifest.lines().map(str::trim).collect();
+    let profiles = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("[profile.")?.split(['.', ']']).next())
+        .chain(["dev", "release", "test", "bench"])
+        .map(str::to_string)
+        .collect();
+    // A `[[bench]]` table's `name`, the first line after it that gives one.
+    let benches = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l == "[[bench]]")
+        .filter_map(|(i, _)| {
+            lines[i + 1..]
+                .iter()
+                .find_map(|l| l.strip_prefix("name = \""))
+                .map(|n| n.trim_end_matches('"').to_string())
+        })
+        .collect();
+    let mut files = Vec::new();
+    files_with(&root().join("examples"), "rs", &mut files);
+    let examples = files
+        .iter()
+        .filter_map(|f| Some(f.file_stem()?.to_string_lossy().into_owned()))
+        .collect();
+    BTreeMap::from([
+        ("--profile", profiles),
+        ("--bench", benches),
+        ("--example", examples),
+    ])
+}
+
+/// Every `cargo` line in a code block of the README, the guide and BENCHMARKS.md names a
+/// profile, benchmark and example the crate has: one renamed fails here, not for a reader.
+#[test]
+fn docs_cargo_lines_name_profiles_benches_and_examples_that_exist() {
+    let names = cargo_names();
+    let mut pages = pages();
+    pages.push(parse_page(&root().join("BENCHMARKS.md")));
+    let (mut checked, mut bad) = (0, Vec::new());
+    for page in &pages {
+        for block in &page.blocks {
+            for (n, line) in &block.lines {
+                let words = shell_words(line.trim().trim_start_matches("$ "));
+                let Some(cargo) = words.iter().position(|w| w == "cargo") else {
+                    continue;
+                };
+                for pair in words[cargo..].windows(2) {
+                    let Some(known) = names.get(pair[0].as_str()) else {
+                        continue;
+                    };
+                    checked += 1;
+                    if !known.contains(&pair[1]) {
+                        bad.push(format!("{}:{n}: {} {}", page.rel, pair[0], pair[1]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} names found in cargo lines");
+    assert!(
+        bad.is_empty(),
+        "cargo lines name what the crate does not have:\n{}",
+        bad.join("\n")
+    );
+    // The check can fail: a profile the manifest does not define is not among them.
+    assert!(names["--profile"].contains("sim"));
+    assert!(!names["--profile"].contains("no-such-profile"));
+    assert!(names["--bench"].contains("real") && names["--example"].contains("simulate"));
+}
+
 /// Every command (the tool itself first) with its name as typed.
 fn commands() -> Vec<(String, clap::Command)> {
     let mut cli = args::Cli::command();

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::kvstore::IdDigits;
 use crate::core::outcome::Outcome;
 use crate::core::planner::Kind;
 
@@ -67,7 +68,7 @@ pub fn record_line(r: &Record) -> Vec<u8> {
     }
     out.extend_from_slice(b",\"target_id\":");
     match r.target_id {
-        Some(t) => number(&mut out, i64::from(t)),
+        Some(t) => out.extend_from_slice(IdDigits::of(t).as_bytes()),
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b",\"outcome\":");
@@ -137,19 +138,24 @@ fn any_to_escape(w: u64) -> bool {
 /// Whether `bytes` hold any byte to escape, read eight at a time; the last few are read as
 /// a word filled out with a letter (most strings are short, so the tail is much of them).
 fn needs_escape(bytes: &[u8]) -> bool {
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(word);
-        if any_to_escape(u64::from_le_bytes(w)) {
+    let mut at = 0;
+    while let Some(w) = word_at(bytes, at) {
+        if any_to_escape(w) {
             return true;
         }
+        at += 8;
     }
     let mut w = [b'a'; 8];
-    for (to, from) in w.iter_mut().zip(words.remainder()) {
+    for (to, from) in w.iter_mut().zip(&bytes[at..]) {
         *to = *from;
     }
     any_to_escape(u64::from_le_bytes(w))
+}
+
+/// The eight bytes from `at` as one word, if there are eight.
+fn word_at(bytes: &[u8], at: usize) -> Option<u64> {
+    let w: [u8; 8] = bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(w))
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes: the short forms where JSON has
@@ -256,14 +262,7 @@ pub fn read_record_line(text: &str) -> Option<Record> {
 }
 
 fn kind_named(name: &str) -> Option<Kind> {
-    Kind::ALL
-        .into_iter()
-        .chain([
-            Kind::SwitchCreate,
-            Kind::SwitchRemoveDuplicate,
-            Kind::SwitchRemoveUnused,
-        ])
-        .find(|k| k.as_str() == name)
+    Kind::EVERY.into_iter().find(|k| k.as_str() == name)
 }
 
 fn outcome_named(name: &str) -> Option<Outcome> {
@@ -298,10 +297,8 @@ impl<'a> Cursor<'a> {
         // Eight bytes at a time up to the word with the closing quote (or an escape, or a
         // control byte, which serde would reject), then a byte at a time.
         let mut end = 0;
-        while let Some(word) = bytes.get(end..end + 8) {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(word);
-            if any_to_escape(u64::from_le_bytes(w)) {
+        while let Some(w) = word_at(bytes, end) {
+            if any_to_escape(w) {
                 break;
             }
             end += 8;
@@ -523,5 +520,28 @@ mod tests {
             number(&mut mine, n);
             assert_eq!(mine, serde_json::to_vec(&n).unwrap());
         }
+    }
+
+    #[test]
+    fn every_kind_is_read_back_by_the_name_serde_gives_it() {
+        for (i, k) in Kind::EVERY.into_iter().enumerate() {
+            // A kind added to the enum fails to build here until it is placed in EVERY.
+            let place = match k {
+                Kind::AlreadyMigrated => 0,
+                Kind::Create => 1,
+                Kind::Remap => 2,
+                Kind::Reuse => 3,
+                Kind::Duplicate => 4,
+                Kind::Invalid => 5,
+                Kind::SwitchCreate => 6,
+                Kind::SwitchRemoveDuplicate => 7,
+                Kind::SwitchRemoveUnused => 8,
+            };
+            assert_eq!(place, i, "{k:?} out of its place in EVERY");
+            let name = serde_json::to_string(&k).unwrap();
+            assert_eq!(name, format!("\"{}\"", k.as_str()));
+            assert_eq!(kind_named(k.as_str()), Some(k));
+        }
+        assert_eq!(kind_named("no-such-kind"), None);
     }
 }

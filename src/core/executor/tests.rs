@@ -14,6 +14,8 @@ struct Scripted {
     creates: RefCell<BTreeMap<u32, VecDeque<RequestError>>>,
     /// What a read after a 409 finds.
     existing: BTreeMap<u32, Existing>,
+    /// Answers to reads, per id, in order, before it finds what `existing` holds.
+    reads: RefCell<BTreeMap<u32, VecDeque<RequestError>>>,
     deletes: RefCell<BTreeMap<u32, VecDeque<RequestError>>>,
     sent: RefCell<Vec<String>>,
     slept: RefCell<Vec<Duration>>,
@@ -45,7 +47,10 @@ impl IdentityWrites for Scripted {
     }
     async fn read(&self, id: u32) -> Result<Option<Existing>, RequestError> {
         self.sent.borrow_mut().push(format!("get {id}"));
-        Ok(self.existing.get(&id).cloned())
+        match self.reads.borrow_mut().entry(id).or_default().pop_front() {
+            Some(e) => Err(e),
+            None => Ok(self.existing.get(&id).cloned()),
+        }
     }
     async fn delete(&self, id: u32, _expected: &Written) -> Result<(), RequestError> {
         self.sent.borrow_mut().push(format!("delete {id}"));
@@ -212,8 +217,40 @@ fn a_409_reads_what_is_there_and_recognises_this_runs_own_object() {
         ]
     );
     assert_eq!(r.results[0].uid.as_deref(), Some("mine"));
+    assert_eq!(r.results[0].resource_version.as_deref(), Some("7"));
     assert_eq!(r.results[1].uid, None);
     assert!(r.results[2].existing.as_ref().unwrap().contains("app=db"));
+}
+
+#[test]
+fn a_409_whose_read_keeps_failing_counts_each_read_as_an_attempt_and_gives_up() {
+    let labels = to_security_labels(&parse_label_key(LABELS).unwrap());
+    let mut io = Scripted::default();
+    io.creates
+        .borrow_mut()
+        .insert(300, [status(409, "AlreadyExists", "exists")].into());
+    let down = status(500, "InternalError", "etcdserver: leader changed");
+    io.reads
+        .borrow_mut()
+        .insert(300, std::iter::repeat_n(down, 20).collect());
+    io.existing.insert(
+        300,
+        Existing {
+            written: Written {
+                uid: "theirs".into(),
+                resource_version: "3".into(),
+            },
+            labels,
+            this_run: false,
+        },
+    );
+    let r = run(&io, vec![create(300)]).unwrap();
+    // The create and the reads after it share the bound: no read is tried for ever.
+    let max = ApplyOptions::default().max_attempts;
+    assert_eq!(outcomes(&r), [(300, Outcome::Failed)]);
+    assert_eq!(r.results[0].attempts, max);
+    let reads = io.sent.borrow().iter().filter(|s| *s == "get 300").count();
+    assert_eq!(reads, max as usize - 1);
 }
 
 #[test]
@@ -243,6 +280,14 @@ fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
         ]
     );
     assert_eq!(r.results[0].attempts, 1, "a 429 is not an attempt");
+    // What the server answered is kept, for a rollback's delete to name exactly.
+    assert_eq!(
+        (
+            r.results[0].uid.as_deref(),
+            r.results[0].resource_version.as_deref()
+        ),
+        (Some("u300"), Some("1"))
+    );
     // 250 ms asked for, slept in steps of at most 100 ms, twice.
     let slept = io.slept.borrow();
     assert_eq!(

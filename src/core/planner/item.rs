@@ -39,6 +39,20 @@ impl Kind {
         Kind::Invalid,
     ];
 
+    /// Every kind, a plan's (`ALL`) then `switch-prepare`'s, in the order they are declared.
+    pub const EVERY: [Kind; 9] = {
+        let mut every = [Kind::SwitchCreate; 9];
+        let mut i = 0;
+        while i < Kind::ALL.len() {
+            every[i] = Kind::ALL[i];
+            i += 1;
+        }
+        every[6] = Kind::SwitchCreate;
+        every[7] = Kind::SwitchRemoveDuplicate;
+        every[8] = Kind::SwitchRemoveUnused;
+        every
+    };
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::AlreadyMigrated => "already-migrated",

@@ -74,12 +74,15 @@ pub enum Named {
 
 /// See `Named`.
 pub fn named(found: &SplitFound, nodes: Vec<String>, now: Instant) -> Named {
-    let Ok(kv_labels) = valid_label_key(&found.kv_value) else {
-        return Named::NotLabels;
-    };
+    // The wait first: a split waits at every look while no node is named, and the machine
+    // hands over only splits whose kvstore value was a label key when found (`is_split`),
+    // so the check of the labels is made once, when the split is reported.
     if nodes.is_empty() && now.saturating_duration_since(found.found) < SPLIT_NODES_WAIT {
         return Named::Wait;
     }
+    let Ok(kv_labels) = valid_label_key(&found.kv_value) else {
+        return Named::NotLabels;
+    };
     Named::Report(SplitAllocation {
         id: found.id,
         kvstore_labels: kv_labels.to_string(),

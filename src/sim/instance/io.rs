@@ -147,7 +147,7 @@ impl SimIo<'_> {
         }
     }
 
-    fn line(&mut self, text: String) {
+    fn line(&mut self, text: impl std::fmt::Display) {
         self.trace.line(self.world.now, text);
     }
 
@@ -197,7 +197,7 @@ impl SimIo<'_> {
                     ),
                 ));
             }
-            self.line(format!("i{i} split {}", f.id));
+            self.line(format_args!("i{i} split {}", f.id));
             self.must_report.remove(&f.id);
             self.naming.push(f);
         }
@@ -225,7 +225,7 @@ impl SimIo<'_> {
         };
         res.work(&mut w)?;
         self.trace
-            .line(w.world.now, format!("i{i} releases its reservations"));
+            .line(w.world.now, format_args!("i{i} releases its reservations"));
         res.release(i, &mut w)
     }
 
@@ -430,7 +430,7 @@ impl shell::Io for SimIo<'_> {
                         format!("i{i} closed {id} as moot with a decision on it in force"),
                     )));
                 }
-                self.line(format!("i{i} moot {id}"));
+                self.line(format_args!("i{i} moot {id}"));
             }
             Event::Cutover(report) => {
                 let checked = self.check_cutover();
@@ -441,19 +441,21 @@ impl shell::Io for SimIo<'_> {
                         format!("i{i} announced cutover with {unserved}"),
                     )));
                 }
-                self.line(format!("i{i} cutover {report}"));
+                self.line(format_args!("i{i} cutover {report}"));
                 // The latest: a node that comes back starts the rollout's end again.
                 *self.cutover = Some(self.world.now);
             }
-            Event::Conflict { id, kind, .. } => self.line(format!("i{i} conflict {id} {kind:?}")),
-            Event::Invalid { id, .. } => self.line(format!("i{i} invalid {id}")),
+            Event::Conflict { id, kind, .. } => {
+                self.line(format_args!("i{i} conflict {id} {kind:?}"))
+            }
+            Event::Invalid { id, .. } => self.line(format_args!("i{i} invalid {id}")),
             Event::Trouble(t) => {
                 if t.starts_with("reserving in the kvstore") {
                     *self.reserve_trouble = Some(self.world.now);
                 }
-                self.line(format!("i{i} trouble {t}"))
+                self.line(format_args!("i{i} trouble {t}"))
             }
-            Event::Note(n) => self.line(format!("i{i} note {n}")),
+            Event::Note(n) => self.line(format_args!("i{i} note {n}")),
             Event::Following | Event::Status(_) | Event::NodeCounts(_) | Event::Taken(_) => {}
         }
     }

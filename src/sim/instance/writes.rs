@@ -4,10 +4,11 @@
 //! every create checked to be the sole writer's, and each outcome logged as the binary logs it.
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::core::decision_log::Record;
-use crate::core::executor::{Existing, IdentityWrites, Written};
+use crate::core::executor::{ApplyOptions, Existing, IdentityWrites, Written};
 use crate::core::labels::{SecurityLabels, canonical_key, parse_label_key, to_security_labels};
 use crate::core::lease::write_held_back;
 use crate::core::request::RequestError;
@@ -42,6 +43,14 @@ pub struct SimWrites<'a> {
     pub throttles: Cell<u64>,
     /// The first invariant a write broke.
     pub broke: RefCell<Option<Failure>>,
+    /// How often each request was made in this batch, 429s aside (`tried`).
+    tries: RefCell<BTreeMap<(&'static str, u32), u32>>,
+}
+
+/// The most times one request (a create, read or delete of one id) is made in one batch,
+/// 429s aside, which are waited out and never an attempt: the executor's bound.
+fn most_tries() -> u32 {
+    ApplyOptions::default().max_attempts
 }
 
 fn status(code: u16, reason: &str, message: String) -> RequestError {
@@ -66,6 +75,30 @@ impl<'a> SimWrites<'a> {
             refusals: Cell::new(0),
             throttles: Cell::new(0),
             broke: RefCell::new(None),
+            tries: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Counts a request the server answers with `answer` (a 429 is no attempt). One made
+    /// more often than the executor's bound breaks an invariant and stops the batch: a
+    /// retry with no end would otherwise hang the seed, not fail it.
+    fn tried(&self, verb: &'static str, id: u32, answer: Option<&RequestError>) {
+        if answer.is_some_and(RequestError::is_throttled) {
+            return;
+        }
+        let mut tries = self.tries.borrow_mut();
+        let n = tries.entry((verb, id)).or_insert(0);
+        *n += 1;
+        if *n > most_tries() {
+            let i = self.idx;
+            self.broke.borrow_mut().get_or_insert(Failure::new(
+                "a request is made at most as often as the executor's retries allow",
+                format!(
+                    "i{i} made {verb} {id} {n} times in one batch (at most {})",
+                    most_tries()
+                ),
+            ));
+            self.stopped.set(true);
         }
     }
 
@@ -111,7 +144,9 @@ impl<'a> SimWrites<'a> {
 impl IdentityWrites for SimWrites<'_> {
     async fn create(&self, id: u32, labels: &SecurityLabels) -> Result<Written, RequestError> {
         let i = self.idx;
-        if let Some(e) = self.fault("create") {
+        let fault = self.fault("create");
+        self.tried("create", id, fault.as_ref());
+        if let Some(e) = fault {
             self.say(format!("i{i} create {id}: {}", e.code().unwrap_or(0)));
             return Err(e);
         }
@@ -146,7 +181,9 @@ impl IdentityWrites for SimWrites<'_> {
     }
 
     async fn read(&self, id: u32) -> Result<Option<Existing>, RequestError> {
-        if let Some(e) = self.fault("get") {
+        let fault = self.fault("get");
+        self.tried("get", id, fault.as_ref());
+        if let Some(e) = fault {
             return Err(e);
         }
         let world = self.world.borrow();
@@ -164,7 +201,9 @@ impl IdentityWrites for SimWrites<'_> {
     }
 
     async fn delete(&self, id: u32, expected: &Written) -> Result<(), RequestError> {
-        if let Some(e) = self.fault("delete") {
+        let fault = self.fault("delete");
+        self.tried("delete", id, fault.as_ref());
+        if let Some(e) = fault {
             return Err(e);
         }
         let mut world = self.world.borrow_mut();

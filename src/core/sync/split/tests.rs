@@ -46,6 +46,8 @@ fn a_kvstore_value_that_is_no_label_key_is_no_split_to_report() {
     let t0 = Instant::now();
     let f = found("not a label key", t0);
     assert_eq!(named(&f, vec!["node-1".into()], t0), Named::NotLabels);
+    // Nor once the wait for its nodes is over.
+    assert_eq!(named(&f, vec![], t0 + SPLIT_NODES_WAIT), Named::NotLabels);
 }
 
 #[test]

@@ -60,6 +60,8 @@ impl IdentityWrites for Scripted {
         }
     }
     async fn sleep(&self, d: Duration) {
+        // A wait with no end fails its test rather than hanging it.
+        assert!(self.slept.borrow().len() < 10_000, "slept 10,000 times");
         self.slept.borrow_mut().push(d);
         if self.shut_at_sleep == Some(self.slept.borrow().len()) {
             self.stopped.set(true);
@@ -112,6 +114,26 @@ fn create(id: u32) -> Op {
         decided_by: DecidedBy::Proposal,
         expect: None,
         reason: None,
+    }
+}
+
+/// A 429 from API Priority and Fairness, with the wait it asks for in milliseconds.
+fn too_many(retry_after_ms: Option<u64>) -> RequestError {
+    RequestError::Status {
+        code: 429,
+        plain: false,
+        reason: "TooManyRequests".into(),
+        message: String::new(),
+        retry_after: retry_after_ms.map(Duration::from_millis),
+    }
+}
+
+/// A rollback's delete of `id`, as this tool created it.
+fn delete(id: u32) -> Op {
+    Op {
+        op: OpKind::Delete,
+        expect: Some(("u".into(), "1".into())),
+        ..create(id)
     }
 }
 
@@ -256,13 +278,7 @@ fn a_409_whose_read_keeps_failing_counts_each_read_as_an_attempt_and_gives_up() 
 #[test]
 fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
     let io = Scripted::default();
-    let busy = RequestError::Status {
-        code: 429,
-        plain: false,
-        reason: "TooManyRequests".into(),
-        message: String::new(),
-        retry_after: Some(Duration::from_millis(250)),
-    };
+    let busy = too_many(Some(250));
     io.creates
         .borrow_mut()
         .insert(300, [busy.clone(), busy].into());
@@ -305,13 +321,7 @@ fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
 fn a_gate_that_shuts_while_a_create_waits_to_try_again_stops_it_being_sent_again() {
     // A 500 to retry, a 429 to wait out: the wait ends with the gate shut (the lease lost),
     // and the create is not sent again; it is left to a writer that holds the lease.
-    let busy = RequestError::Status {
-        code: 429,
-        plain: false,
-        reason: "TooManyRequests".into(),
-        message: String::new(),
-        retry_after: None,
-    };
+    let busy = too_many(None);
     for first in [
         status(500, "InternalError", "etcdserver: leader changed"),
         busy,
@@ -336,11 +346,6 @@ fn a_delete_refused_or_changed_is_said_so_and_a_log_that_refuses_ends_the_batch(
     io.deletes
         .borrow_mut()
         .insert(301, [status(403, "Forbidden", "cannot delete")].into());
-    let delete = |id: u32| Op {
-        op: OpKind::Delete,
-        expect: Some(("u".into(), "1".into())),
-        ..create(id)
-    };
     let r = run(&io, vec![delete(300), delete(301), delete(302)]).unwrap();
     assert_eq!(
         outcomes(&r),
@@ -362,6 +367,67 @@ fn a_delete_refused_or_changed_is_said_so_and_a_log_that_refuses_ends_the_batch(
         ["create 300"],
         "no write after the log refused"
     );
+}
+
+#[test]
+fn a_delete_waits_out_a_429_retries_a_500_to_its_bound_and_takes_a_404_as_gone() {
+    let io = Scripted::default();
+    let busy = too_many(Some(150));
+    io.deletes.borrow_mut().insert(300, [busy].into());
+    io.deletes
+        .borrow_mut()
+        .insert(301, [status(404, "NotFound", "not found")].into());
+    let down = status(500, "InternalError", "etcdserver: leader changed");
+    io.deletes
+        .borrow_mut()
+        .insert(302, std::iter::repeat_n(down, 20).collect());
+    let r = run(
+        &io,
+        vec![delete(300), delete(301), delete(302), delete(303)],
+    )
+    .unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [
+            (300, Outcome::Deleted),
+            (301, Outcome::AlreadyGone),
+            (302, Outcome::Failed),
+            (303, Outcome::NotAttempted)
+        ]
+    );
+    let max = ApplyOptions::default().max_attempts;
+    assert_eq!(r.results[0].attempts, 1, "a 429 is not an attempt");
+    assert_eq!(r.results[1].attempts, 1);
+    assert_eq!(r.results[2].attempts, max);
+    assert_eq!(r.retries, u64::from(max - 1));
+    let deletes = io
+        .sent
+        .borrow()
+        .iter()
+        .filter(|s| *s == "delete 302")
+        .count();
+    assert_eq!(deletes, max as usize);
+    assert!(r.stopped.as_deref().unwrap().contains("kept failing"));
+    // The 429's wait, in steps of at most 100 ms, before any retry's.
+    assert_eq!(
+        io.slept.borrow()[..2],
+        [Duration::from_millis(100), Duration::from_millis(50)]
+    );
+}
+
+#[test]
+fn a_stop_during_a_deletes_wait_for_a_429_sends_it_no_more() {
+    let io = Scripted {
+        shut_at_sleep: Some(1),
+        ..Scripted::default()
+    };
+    let busy = too_many(Some(500));
+    io.deletes.borrow_mut().insert(300, [busy].into());
+    let r = run(&io, vec![delete(300)]).unwrap();
+    assert_eq!(outcomes(&r), [(300, Outcome::NotAttempted)]);
+    assert_eq!(*io.sent.borrow(), ["delete 300"]);
+    // The wait ends at the stop, not after the 500 ms asked for.
+    assert_eq!(*io.slept.borrow(), [Duration::from_millis(100)]);
 }
 
 #[test]

@@ -45,7 +45,13 @@ pub struct SimWrites<'a> {
     pub broke: RefCell<Option<Failure>>,
     /// How often each request was made in this batch, 429s aside (`tried`).
     tries: RefCell<BTreeMap<(&'static str, u32), u32>>,
+    /// The executor's waits in this batch.
+    sleeps: Cell<u32>,
 }
+
+/// More waits than any batch makes: a batch's waits are a few steps each for its retries
+/// and the few 429s it meets.
+const MOST_SLEEPS: u32 = 100_000;
 
 /// The most times one request (a create, read or delete of one id) is made in one batch,
 /// 429s aside, which are waited out and never an attempt: the executor's bound.
@@ -76,6 +82,7 @@ impl<'a> SimWrites<'a> {
             throttles: Cell::new(0),
             broke: RefCell::new(None),
             tries: RefCell::new(BTreeMap::new()),
+            sleeps: Cell::new(0),
         }
     }
 
@@ -221,8 +228,21 @@ impl IdentityWrites for SimWrites<'_> {
         }
     }
 
-    /// The world's clock does not move inside a batch: the binary's waits pass at once.
-    async fn sleep(&self, _d: Duration) {}
+    /// The world's clock does not move inside a batch: the binary's waits pass at once. A
+    /// batch that waits without end (a wait that never shrinks) fails its seed rather than
+    /// hanging it: a 429's wait is a few steps, and a batch meets a few 429s.
+    async fn sleep(&self, _d: Duration) {
+        let n = self.sleeps.get() + 1;
+        self.sleeps.set(n);
+        if n > MOST_SLEEPS {
+            let i = self.idx;
+            self.broke.borrow_mut().get_or_insert(Failure::new(
+                "a batch's waits end",
+                format!("i{i} slept {n} times in one batch"),
+            ));
+            self.stopped.set(true);
+        }
+    }
 
     fn held_back(&self) -> Option<&'static str> {
         let gate = self.world.borrow().lease_valid(self.idx);

@@ -419,7 +419,8 @@ async fn delete_with_retries<W: IdentityWrites>(
 ) {
     let mut throttled = 0;
     loop {
-        if throttled > 0 && ctx.stopped() {
+        // As a create's: a stop during a wait (a 429's or a retry's) sends it no more.
+        if (result.attempts > 0 || throttled > 0) && ctx.stopped() {
             result.outcome = Outcome::NotAttempted;
             return;
         }

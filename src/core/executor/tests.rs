@@ -416,6 +416,22 @@ fn a_delete_waits_out_a_429_retries_a_500_to_its_bound_and_takes_a_404_as_gone()
 }
 
 #[test]
+fn a_stop_during_a_deletes_wait_to_try_again_sends_it_no_more() {
+    let io = Scripted {
+        shut_at_sleep: Some(1),
+        ..Scripted::default()
+    };
+    let down = status(500, "InternalError", "etcdserver: leader changed");
+    io.deletes.borrow_mut().insert(300, [down].into());
+    let r = run(&io, vec![delete(300), delete(301)]).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        [(300, Outcome::NotAttempted), (301, Outcome::NotAttempted)]
+    );
+    assert_eq!(*io.sent.borrow(), ["delete 300"]);
+}
+
+#[test]
 fn a_stop_during_a_deletes_wait_for_a_429_sends_it_no_more() {
     let io = Scripted {
         shut_at_sleep: Some(1),

@@ -377,35 +377,33 @@ fn a_delete_waits_out_a_429_retries_a_500_to_its_bound_and_takes_a_404_as_gone()
     io.deletes
         .borrow_mut()
         .insert(301, [status(404, "NotFound", "not found")].into());
+    // Any 409 is a precondition that did not hold, whatever reason the server words it with.
+    io.deletes
+        .borrow_mut()
+        .insert(302, [status(409, "AlreadyExists", "exists")].into());
     let down = status(500, "InternalError", "etcdserver: leader changed");
     io.deletes
         .borrow_mut()
-        .insert(302, std::iter::repeat_n(down, 20).collect());
-    let r = run(
-        &io,
-        vec![delete(300), delete(301), delete(302), delete(303)],
-    )
-    .unwrap();
+        .insert(303, std::iter::repeat_n(down, 20).collect());
+    let ids = [300, 301, 302, 303, 304];
+    let r = run(&io, ids.into_iter().map(delete).collect()).unwrap();
     assert_eq!(
         outcomes(&r),
         [
             (300, Outcome::Deleted),
             (301, Outcome::AlreadyGone),
-            (302, Outcome::Failed),
-            (303, Outcome::NotAttempted)
+            (302, Outcome::Kept),
+            (303, Outcome::Failed),
+            (304, Outcome::NotAttempted)
         ]
     );
     let max = ApplyOptions::default().max_attempts;
     assert_eq!(r.results[0].attempts, 1, "a 429 is not an attempt");
     assert_eq!(r.results[1].attempts, 1);
-    assert_eq!(r.results[2].attempts, max);
+    assert_eq!(r.results[3].attempts, max);
     assert_eq!(r.retries, u64::from(max - 1));
-    let deletes = io
-        .sent
-        .borrow()
-        .iter()
-        .filter(|s| *s == "delete 302")
-        .count();
+    let sent = io.sent.borrow();
+    let deletes = sent.iter().filter(|s| *s == "delete 303").count();
     assert_eq!(deletes, max as usize);
     assert!(r.stopped.as_deref().unwrap().contains("kept failing"));
     // The 429's wait, in steps of at most 100 ms, before any retry's.

@@ -313,6 +313,8 @@ fn a_429_is_waited_out_uncounted_and_a_500_retried_then_halts() {
     let opts = ApplyOptions::default();
     assert_eq!(r.results[1].attempts, opts.max_attempts);
     assert_eq!(r.retries, u64::from(opts.max_attempts - 1));
+    // The progress line counts them as they happen, as the report does at the end.
+    assert_eq!(io.progress.borrow().retries, r.retries);
     assert!(!r.results[1].refused);
     assert!(r.stopped.as_deref().unwrap().contains("kept failing"));
 }

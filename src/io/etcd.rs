@@ -256,8 +256,8 @@ impl EtcdConnection {
     /// a request's start to its range end before applying the limit, so one wide range paged
     /// costs O(n²/page); the snapshot's label keys split the `value/` space into ranges of
     /// about a page each, which keeps the pass linear. The space is read as two halves at
-    /// once, each on a task of its own: once the list of identities is in, both cores decode
-    /// and etcd serves two streams, where one stream left a core idle between pages.
+    /// once, each on a task of its own: etcd serves one half's page while the tool decodes
+    /// the other's, where one stream left etcd idle between pages.
     pub async fn count_nodes(&self, snap: &KvSnapshot, page_size: i64) -> Result<NodeCounts> {
         let prefix = normalize_prefix(&snap.source.prefix);
         let value_prefix = format!("{prefix}value/").into_bytes();

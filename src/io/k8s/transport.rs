@@ -42,7 +42,7 @@ impl EventLines {
     /// The next event; `None` when the stream ends.
     pub(super) async fn next(&mut self) -> Result<Option<WatchEvent>, RequestError> {
         loop {
-            if let Some(end) = self.pending[self.start..].iter().position(|b| *b == b'\n') {
+            if let Some(end) = memchr::memchr(b'\n', &self.pending[self.start..]) {
                 let line = &self.pending[self.start..self.start + end];
                 self.start += end + 1;
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -82,6 +82,9 @@ pub(super) async fn wait_out_throttled(times: u32, e: &RequestError, what: &str)
     tokio::time::sleep(wait).await;
 }
 
+/// Bytes of a streamed body handed to its parser at a time.
+const PARSE_BATCH: usize = 256 << 10;
+
 /// Parses a streamed body on a blocking thread while the download continues here.
 pub(super) async fn parse_streamed<T: Send + 'static>(
     mut body: Body,
@@ -90,12 +93,16 @@ pub(super) async fn parse_streamed<T: Send + 'static>(
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
     let parser = tokio::task::spawn_blocking(move || parse(ChunkReader::new(rx)));
     let mut failure = None;
+    // Frames are handed over in batches: a frame is a few KiB, and each one handed over
+    // alone woke the parser's thread, tens of thousands of wake-ups for a 100 MB list.
+    let mut batch = bytes::BytesMut::new();
     loop {
         match tokio::time::timeout(STREAM_IDLE, body.frame()).await {
             Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data()
-                    && tx.send(data).await.is_err()
-                {
+                if let Ok(data) = frame.into_data() {
+                    batch.extend_from_slice(&data);
+                }
+                if batch.len() >= PARSE_BATCH && tx.send(batch.split().freeze()).await.is_err() {
                     break; // The parser stopped (a malformed body): its error says why.
                 }
             }
@@ -103,7 +110,11 @@ pub(super) async fn parse_streamed<T: Send + 'static>(
                 failure = Some(RequestError::Transport(e.to_string()));
                 break;
             }
-            Ok(None) => break,
+            Ok(None) => {
+                // The rest; a parser that stopped has its own error to give.
+                let _ = tx.send(batch.split().freeze()).await;
+                break;
+            }
             Err(_) => {
                 failure = Some(RequestError::Timeout);
                 break;

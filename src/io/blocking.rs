@@ -1,7 +1,7 @@
 //! Blocking file work (a decision log's append, a whole log read) run so that it holds no
 //! async loop up: on a multi-threaded runtime `block_in_place` hands this worker's other
-//! tasks to another while the call runs; on a current-thread runtime (tests) or outside
-//! one, the call runs here.
+//! tasks to another while the call runs (the TUI's runtime); on a current-thread runtime
+//! (the headless commands', and tests') or outside one, the call runs here.
 
 /// Runs `f`, a call that may block on the disk, as the module says.
 pub fn off_the_loop<T>(f: impl FnOnce() -> T) -> T {
